@@ -1,0 +1,42 @@
+# Apiary build. `make demo` and `make test` are the whole quickstart.
+GO      ?= go
+BIN     ?= bin/apiary
+PKGS    ?= ./...
+# Tests run with the race detector off by default (2-core CI budget); `make race` runs it.
+TESTFLAGS ?= -count=1 -timeout 9m
+
+.PHONY: all build test race proto proto-check lint demo bench clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/apiary
+
+test: build
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+race:
+	$(GO) test -race $(TESTFLAGS) $(PKGS)
+
+# Regenerates api/ with buf run as a Go tool (tools/go.mod keeps its
+# dependencies apart from the server's).
+proto:
+	$(GO) tool -modfile=tools/go.mod buf lint
+	$(GO) tool -modfile=tools/go.mod buf generate
+
+# Fails if the committed generated code differs from what `make proto` makes.
+proto-check: proto
+	git diff --exit-code -- api/
+
+lint:
+	$(GO) vet $(PKGS)
+	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+demo: build
+	./scripts/demo.sh
+
+bench: build
+	./scripts/bench.sh
+
+clean:
+	rm -rf bin

@@ -1,0 +1,167 @@
+package placement
+
+// Resources is an amount of compute. Units: CPU in millicores, memory in MiB,
+// GPUs whole devices, GPUMilli thousandths of one GPU (a GPU-sharing request,
+// 1..999; exclusive with GPUs).
+type Resources struct {
+	CPUMillis int64
+	MemoryMiB int64
+	GPUs      int
+	GPUMilli  int
+}
+
+// Node is one schedulable host in a snapshot.
+type Node struct {
+	ID     string
+	Labels map[string]string
+	// Capacity is what the node offers; Capacity.GPUs is its GPU count.
+	Capacity Resources
+	// Allocated is CPU and memory already committed (GPU use is in GPUFreeMilli).
+	Allocated Resources
+	// GPUModel is the model of every GPU on the node ("" if none).
+	GPUModel string
+	// GPUFreeMilli is the free share of each GPU (1000 = idle); nil means all idle.
+	GPUFreeMilli []int
+	// MaxTasks caps concurrent tasks on the node; 0 means unlimited.
+	MaxTasks int
+	// RunningTasks is the number of tasks currently allocated to the node.
+	RunningTasks int
+	// Quarantined nodes get no new placements.
+	Quarantined bool
+	// Ineligible nodes (draining, not ready) get no new placements.
+	Ineligible bool
+	// Datasets held locally: name -> bytes.
+	Datasets map[string]int64
+}
+
+// Constraint is a hard rule on a node label. Op is one of "=", "!=", "in",
+// "not_in", "exists", "not_exists", "<", ">", "version".
+type Constraint struct {
+	Label  string
+	Op     string
+	Values []string
+}
+
+// Affinity is a soft preference on a node label, Weight in -100..100.
+type Affinity struct {
+	Label  string
+	Op     string
+	Values []string
+	Weight int
+}
+
+// Spread asks for a group's tasks to spread over the values of Label, evenly
+// or toward Targets (value -> percent).
+type Spread struct {
+	Label   string
+	Targets map[string]int
+	Weight  int
+}
+
+// DistinctProperty caps a group's tasks at MaxPerValue per value of Label.
+type DistinctProperty struct {
+	Label       string
+	MaxPerValue int
+}
+
+// Dataset is an input of a task and its size in bytes.
+type Dataset struct {
+	Name      string
+	SizeBytes int64
+}
+
+// Policy selects the scoring policy.
+type Policy string
+
+const (
+	PolicyBinpack       Policy = "binpack"
+	PolicySpread        Policy = "spread"
+	PolicyFragmentation Policy = "fragmentation"
+)
+
+// Task is one task to place.
+type Task struct {
+	// ID is unique in the batch ("<jobID>/<index>").
+	ID string
+	// GroupKey identifies the task group ("<jobID>/<group>"); distinct-hosts,
+	// distinct-property and spread rules count tasks with the same key.
+	GroupKey string
+	Priority int
+	Request  Resources
+	// GPUModels allowed; empty means any.
+	GPUModels          []string
+	Constraints        []Constraint
+	Affinities         []Affinity
+	Spreads            []Spread
+	DistinctHosts      bool
+	DistinctProperties []DistinctProperty
+	Datasets           []Dataset
+	// Jurisdictions the task may run in; a node's "jurisdiction" label must be
+	// one of them. Empty means any.
+	Jurisdictions []string
+	// ExcludedNodes are hard-excluded (e.g. the node refused this task recently).
+	ExcludedNodes map[string]bool
+	// FailedOn counts this task's earlier failures per node, for a penalty.
+	FailedOn map[string]int
+	// Policy overrides the engine default when set.
+	Policy Policy
+}
+
+// Allocation is a task already placed on a node (used for group rules and
+// preemption).
+type Allocation struct {
+	TaskID   string
+	GroupKey string
+	NodeID   string
+	Priority int
+	Request  Resources
+	// GPUIndices are the GPUs the allocation uses.
+	GPUIndices []int
+}
+
+// Snapshot is the input state: nodes and existing allocations.
+type Snapshot struct {
+	Nodes    []*Node
+	Existing []Allocation
+}
+
+// Placement assigns a task to a node.
+type Placement struct {
+	TaskID string
+	NodeID string
+	// GPUIndices the task gets (whole GPUs, or the one GPU it shares).
+	GPUIndices []int
+	Score      float64
+}
+
+// Unplaced is a task that fits nowhere, with the reason.
+type Unplaced struct {
+	TaskID string
+	// Reason is a one-line summary, e.g. "memory: 812 nodes, quarantined: 3".
+	Reason string
+	// Excluded counts nodes excluded per filter reason.
+	Excluded map[string]int
+	// Fragmented is true when total free capacity suffices but no node has it.
+	Fragmented bool
+}
+
+// Preemption proposes evicting allocations to make room for a task.
+type Preemption struct {
+	ForTaskID string
+	NodeID    string
+	Evict     []string
+}
+
+// Plan is the result of one placement pass. Placements are consistent with
+// each other: together they never over-commit a node.
+type Plan struct {
+	Placements  []Placement
+	Unplaced    []Unplaced
+	Preemptions []Preemption
+}
+
+// Placer places a batch of tasks onto a snapshot. Implementations must not
+// mutate the snapshot and must be deterministic for a given seed and input.
+type Placer interface {
+	Place(snap *Snapshot, tasks []Task) Plan
+}
