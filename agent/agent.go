@@ -1,0 +1,389 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/grafana/dskit/backoff"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// seenRetention is how long a finished attempt's key is remembered for
+// deduplication. A coordinator stops re-sending an assignment once it has
+// committed the attempt's final report; this covers a stream message that
+// was in flight at that moment.
+const seenRetention = 10 * time.Minute
+
+// Agent is a node agent. Create it with New and start it with Run.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	ledger  *Ledger
+	backoff backoff.Config
+	running atomic.Bool
+
+	mu        sync.Mutex
+	epoch     int64 // current node epoch; 0 while unregistered
+	region    string
+	seen      map[AttemptKey]*attemptState // this epoch's attempts, for dedup
+	lastPrune time.Time
+}
+
+// attemptState is the agent's view of one attempt of the current epoch.
+// Guarded by Agent.mu.
+type attemptState struct {
+	exec      *Execution // nil until started
+	cancelled bool       // a CANCEL arrived
+	finished  time.Time  // zero while the attempt may still run
+}
+
+// New validates cfg, fills in its defaults (see Config) and returns an agent
+// that has not connected yet. Errors name the invalid Config field.
+func New(cfg Config) (*Agent, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{
+		cfg:     c,
+		log:     c.Logger.With("node", c.NodeID),
+		ledger:  NewLedger(c.Capacity, c.GPUModel, c.MaxTasks),
+		backoff: backoff.Config{MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff},
+	}
+	return a, nil
+}
+
+// Config returns the agent's configuration with defaults filled in.
+func (a *Agent) Config() Config { return a.cfg }
+
+// NodeID returns the node's id.
+func (a *Agent) NodeID() string { return a.cfg.NodeID }
+
+// Epoch returns the current node epoch, or 0 while the agent is not
+// registered.
+func (a *Agent) Epoch() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.epoch
+}
+
+// Used returns the resources held by running attempts and their number.
+func (a *Agent) Used() (Resources, int) { return a.ledger.Used() }
+
+// Run registers the node and serves assignments until ctx is cancelled. When
+// the node epoch is lost it kills the epoch's attempts (without reporting
+// them) and registers again. On cancellation it kills every running process
+// group, waits for them to end, and returns nil; their tasks are reclaimed by
+// the coordinator when the lease lapses. Run returns an error only if the
+// coordinator addresses are unusable or Run was already called.
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.running.CompareAndSwap(false, true) {
+		return errors.New("agent: Run called twice")
+	}
+	coords, err := newCoordinators(a.cfg.CoordinatorAddrs, a.cfg.DialOptions)
+	if err != nil {
+		return err
+	}
+	defer coords.close()
+	rep := &reporter{coords: coords, rpcTimeout: a.cfg.RPCTimeout, backoff: a.backoff, log: a.log}
+	a.log.Info("agent starting", "coordinators", a.cfg.CoordinatorAddrs, "data_dir", a.cfg.DataDir,
+		"cpu_millis", a.cfg.Capacity.CPUMillis, "memory_mb", a.cfg.Capacity.MemoryMB,
+		"gpus", a.cfg.Capacity.GPUs, "max_tasks", a.cfg.MaxTasks)
+	req := &apiaryv1.RegisterNodeRequest{
+		NodeId: a.cfg.NodeID,
+		Labels: a.cfg.Labels,
+		Capacity: &apiaryv1.Resources{
+			CpuMillis: a.cfg.Capacity.CPUMillis,
+			MemoryMb:  a.cfg.Capacity.MemoryMB,
+			Gpus:      a.cfg.Capacity.GPUs,
+		},
+		GpuModel: a.cfg.GPUModel,
+		MaxTasks: int32(a.cfg.MaxTasks),
+	}
+	for {
+		sess, err := register(ctx, coords, req, a.cfg.RPCTimeout, a.backoff, a.log)
+		if err != nil {
+			break // ctx done
+		}
+		err = a.serveEpoch(ctx, sess, rep)
+		if ctx.Err() != nil {
+			break
+		}
+		a.log.Warn("re-registering", "old_epoch", sess.epoch, "reason", err)
+	}
+	a.log.Info("agent stopped")
+	return nil
+}
+
+// serveEpoch runs one node epoch until it is lost or ctx ends, then kills
+// the epoch's attempts and waits for them.
+func (a *Agent) serveEpoch(ctx context.Context, sess *session, rep *reporter) error {
+	ectx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	a.mu.Lock()
+	a.epoch, a.region = sess.epoch, sess.region
+	a.seen = make(map[AttemptKey]*attemptState)
+	a.mu.Unlock()
+
+	errc := make(chan error, 2)
+	go func() { errc <- sess.heartbeatLoop(ectx) }()
+	go func() {
+		errc <- sess.streamLoop(ectx, func(asg *apiaryv1.Assignment) {
+			a.handleAssignment(ectx, sess, rep, &wg, asg)
+		})
+	}()
+	err := <-errc
+	cancel()
+	<-errc
+
+	// No new attempt can start now (the stream loop has returned); an
+	// attempt still starting sees ectx done and abandons itself.
+	a.mu.Lock()
+	a.epoch = 0
+	n := 0
+	for _, st := range a.seen {
+		if st.exec != nil && st.finished.IsZero() {
+			st.exec.Abandon()
+			n++
+		}
+	}
+	a.mu.Unlock()
+	if n > 0 {
+		a.log.Warn("killing attempts of ended epoch", "epoch", sess.epoch, "attempts", n)
+	}
+	wg.Wait()
+	return err
+}
+
+// handleAssignment applies one assignment of the stream; it is called in
+// stream order from one goroutine.
+func (a *Agent) handleAssignment(ctx context.Context, sess *session, rep *reporter, wg *sync.WaitGroup, asg *apiaryv1.Assignment) {
+	key := AttemptKey{JobID: asg.GetJobId(), TaskIndex: asg.GetTaskIndex(), Attempt: asg.GetAttempt()}
+	log := a.log.With("job", key.JobID, "task", key.TaskIndex, "attempt", key.Attempt)
+	now := time.Now()
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pruneLocked(now)
+	if asg.GetNodeEpoch() != sess.epoch || a.epoch != sess.epoch {
+		log.Warn("ignoring assignment of another node epoch", "assignment_epoch", asg.GetNodeEpoch(), "epoch", sess.epoch)
+		return
+	}
+	switch asg.GetKind() {
+	case apiaryv1.Assignment_KIND_RUN:
+		if _, ok := a.seen[key]; ok {
+			log.Debug("duplicate assignment ignored")
+			return
+		}
+		st := &attemptState{}
+		a.seen[key] = st
+		if err := a.ledger.Reserve(key, requestOf(asg.GetResources())); err != nil {
+			st.finished = now
+			log.Info("refusing assignment", "reason", err)
+			wg.Go(func() {
+				req := a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_REFUSED)
+				req.Error = err.Error()
+				rep.send(ctx, req, nil)
+			})
+			return
+		}
+		wg.Go(func() { a.runAttempt(ctx, sess, rep, key, st, asg, log) })
+	case apiaryv1.Assignment_KIND_CANCEL:
+		st, ok := a.seen[key]
+		if !ok {
+			// Cancelled before it reached us: never run it, and say so.
+			a.seen[key] = &attemptState{cancelled: true, finished: now}
+			log.Info("attempt cancelled before it ran")
+			wg.Go(func() {
+				rep.send(ctx, a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_CANCELLED), nil)
+			})
+			return
+		}
+		if st.cancelled || !st.finished.IsZero() {
+			return
+		}
+		st.cancelled = true
+		log.Info("cancelling attempt")
+		if st.exec != nil {
+			st.exec.Cancel()
+		}
+	default:
+		log.Warn("ignoring assignment of unknown kind", "kind", asg.GetKind().String())
+	}
+}
+
+// runAttempt executes one admitted attempt and reports on it. Its resources
+// are held in the ledger until its process group is gone.
+func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, key AttemptKey,
+	st *attemptState, asg *apiaryv1.Assignment, log *slog.Logger) {
+	finish := func() {
+		a.ledger.Release(key)
+		a.mu.Lock()
+		st.finished = time.Now()
+		a.mu.Unlock()
+	}
+	region := asg.GetRegion()
+	if region == "" {
+		region = sess.region
+	}
+	dir, err := a.workDir(key)
+	var exec *Execution
+	if err == nil {
+		exec, err = Start(Spec{
+			Command:   asg.GetCommand(),
+			Args:      asg.GetArgs(),
+			Env:       attemptEnv(a.cfg.BaseEnv, asg, a.cfg.NodeID, region),
+			Dir:       dir,
+			Timeout:   time.Duration(asg.GetTimeoutMs()) * time.Millisecond,
+			TailBytes: a.cfg.TailBytes,
+			KillGrace: a.cfg.KillGrace,
+		})
+	}
+	if err != nil {
+		finish()
+		log.Warn("attempt failed to start", "err", err)
+		req := a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_START_FAILED)
+		req.Error = err.Error()
+		req.ExitCode = -1
+		req.StartTimeMs, req.EndTimeMs = time.Now().UnixMilli(), time.Now().UnixMilli()
+		if r := rep.send(ctx, req, nil); r.delivered && !r.accepted {
+			log.Info("report rejected", "kind", req.Kind.String(), "reason", r.reason)
+		}
+		return
+	}
+	a.mu.Lock()
+	st.exec = exec
+	if ctx.Err() != nil {
+		exec.Abandon() // the epoch ended while we were starting
+	} else if st.cancelled {
+		exec.Cancel()
+	}
+	a.mu.Unlock()
+	log.Info("attempt started", "pid", exec.Pid(), "dir", dir)
+
+	// STARTED is best effort: once the process has ended, it is not retried
+	// (the final report carries start_time_ms), but an RPC in flight is let
+	// finish so that it cannot overtake the final report.
+	startedc := make(chan reportResult, 1)
+	go func() {
+		req := a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
+		req.StartTimeMs = exec.StartTime().UnixMilli()
+		startedc <- rep.send(ctx, req, exec.Done())
+	}()
+	var started reportResult
+	select {
+	case started = <-startedc:
+		if started.delivered && !started.accepted {
+			log.Info("STARTED rejected; killing stale attempt", "reason", started.reason)
+			exec.Abandon()
+		}
+		<-exec.Done()
+	case <-exec.Done():
+		started = <-startedc
+	}
+	res := exec.Wait()
+	finish()
+	log.Info("attempt ended", "outcome", res.Outcome.String(), "exit_code", res.ExitCode,
+		"duration", res.Ended.Sub(res.Started), "err", res.Err)
+
+	if ctx.Err() != nil || res.Outcome == OutcomeAbandoned || (started.delivered && !started.accepted) {
+		return // stale: nobody wants to hear about it
+	}
+	var kind apiaryv1.ReportKind
+	switch res.Outcome {
+	case OutcomeTimedOut:
+		kind = apiaryv1.ReportKind_REPORT_KIND_TIMED_OUT
+	case OutcomeCancelled:
+		kind = apiaryv1.ReportKind_REPORT_KIND_CANCELLED
+	default:
+		kind = apiaryv1.ReportKind_REPORT_KIND_EXITED
+	}
+	req := a.newReport(sess, key, kind)
+	req.ExitCode = int32(res.ExitCode)
+	req.StdoutTail, req.StderrTail = res.StdoutTail, res.StderrTail
+	req.StartTimeMs, req.EndTimeMs = res.Started.UnixMilli(), res.Ended.UnixMilli()
+	if res.Err != nil {
+		req.Error = res.Err.Error()
+	}
+	if r := rep.send(ctx, req, nil); r.delivered && !r.accepted {
+		log.Info("report rejected", "kind", kind.String(), "reason", r.reason)
+	}
+}
+
+func (a *Agent) newReport(sess *session, key AttemptKey, kind apiaryv1.ReportKind) *apiaryv1.ReportTaskStatusRequest {
+	return &apiaryv1.ReportTaskStatusRequest{
+		NodeId:    a.cfg.NodeID,
+		NodeEpoch: sess.epoch,
+		JobId:     key.JobID,
+		TaskIndex: key.TaskIndex,
+		Attempt:   key.Attempt,
+		Kind:      kind,
+	}
+}
+
+// pruneLocked forgets attempts finished longer than seenRetention ago, at
+// most once a minute.
+func (a *Agent) pruneLocked(now time.Time) {
+	if now.Sub(a.lastPrune) < time.Minute {
+		return
+	}
+	a.lastPrune = now
+	for k, st := range a.seen {
+		if !st.finished.IsZero() && now.Sub(st.finished) > seenRetention {
+			delete(a.seen, k)
+		}
+	}
+}
+
+// workDir returns <DataDir>/work/<jobID>/<index>/<attempt>, refusing job ids
+// that would escape DataDir.
+func (a *Agent) workDir(key AttemptKey) (string, error) {
+	id := key.JobID
+	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\\\x00") {
+		return "", fmt.Errorf("job id %q is not usable as a directory name", id)
+	}
+	if key.TaskIndex < 0 || key.Attempt < 0 {
+		return "", fmt.Errorf("negative task index or attempt in %s", key)
+	}
+	return filepath.Join(a.cfg.DataDir, "work", id,
+		strconv.Itoa(int(key.TaskIndex)), strconv.Itoa(int(key.Attempt))), nil
+}
+
+// attemptEnv is base, then the assignment's env (sorted by name), then the
+// APIARY_* variables, which win over both.
+func attemptEnv(base []string, asg *apiaryv1.Assignment, nodeID, region string) []string {
+	env := slices.Clone(base)
+	for _, k := range slices.Sorted(maps.Keys(asg.GetEnv())) {
+		env = append(env, k+"="+asg.GetEnv()[k])
+	}
+	return append(env,
+		"APIARY_JOB_ID="+asg.GetJobId(),
+		"APIARY_TASK_INDEX="+strconv.Itoa(int(asg.GetTaskIndex())),
+		"APIARY_ATTEMPT="+strconv.Itoa(int(asg.GetAttempt())),
+		"APIARY_REGION="+region,
+		"APIARY_NODE_ID="+nodeID,
+		"APIARY_FENCING_TOKEN="+strconv.FormatInt(asg.GetFencingToken(), 10),
+	)
+}
+
+func requestOf(r *apiaryv1.Resources) Request {
+	return Request{
+		CPUMillis: r.GetCpuMillis(),
+		MemoryMB:  r.GetMemoryMb(),
+		GPUs:      r.GetGpus(),
+		GPUMilli:  r.GetGpuMilli(),
+		GPUModels: r.GetGpuModels(),
+	}
+}

@@ -1,0 +1,190 @@
+package agent
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+)
+
+// Resources is an amount of node resources.
+type Resources struct {
+	// CPUMillis is CPU in millicores (1000 = one core).
+	CPUMillis int64
+	// MemoryMB is memory in MiB.
+	MemoryMB int64
+	// GPUs is a number of whole GPUs.
+	GPUs int32
+}
+
+// Defaults used by Config.withDefaults.
+const (
+	DefaultTailBytes  = 16384
+	DefaultKillGrace  = 3 * time.Second
+	DefaultRPCTimeout = 5 * time.Second
+	DefaultAddr       = "127.0.0.1:7070"
+)
+
+// Config configures an Agent. The zero value of every field means "use the
+// default" documented on it; only CoordinatorAddrs has no default in New.
+type Config struct {
+	// NodeID names the node in its region. Default: the host name.
+	NodeID string
+	// Labels are the node's labels, matched by task constraints.
+	Labels map[string]string
+	// Capacity is what the node offers. A zero CPUMillis defaults to
+	// runtime.NumCPU()*1000; a zero MemoryMB to MemTotal from /proc/meminfo
+	// (in MiB); GPUs defaults to 0.
+	Capacity Resources
+	// GPUModel is the GPU model name, matched against Resources.gpu_models.
+	GPUModel string
+	// MaxTasks caps concurrently running attempts; 0 means only resources
+	// limit them.
+	MaxTasks int
+	// DataDir holds the attempts' working directories and full logs, under
+	// DataDir/work. Default: $TMPDIR/apiary-agent-<NodeID>.
+	DataDir string
+	// CoordinatorAddrs are gRPC addresses (host:port) of the region's
+	// coordinators, tried in order; the agent moves to the next one when one
+	// is unavailable. Required.
+	CoordinatorAddrs []string
+	// TailBytes is how many trailing bytes of stdout and of stderr each are
+	// kept in memory and sent with the final report. Default 16384; negative
+	// means 0 (no tail).
+	TailBytes int
+	// Logger receives structured logs. Default: slog.Default().
+	Logger *slog.Logger
+
+	// KillGrace is the time between SIGTERM and SIGKILL when a process group
+	// is killed (timeout, cancel, abandon, shutdown). Default 3 s.
+	KillGrace time.Duration
+	// RPCTimeout bounds each unary RPC. Default 5 s.
+	RPCTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the jittered exponential backoff of
+	// registration, stream reconnects and report retries. Defaults 100 ms
+	// and 5 s.
+	MinBackoff, MaxBackoff time.Duration
+	// BaseEnv is the environment every attempt starts from, before the
+	// assignment's env and the APIARY_* variables are added. Default: the
+	// agent's own environment (os.Environ()), as Nomad's raw_exec does.
+	BaseEnv []string
+	// DialOptions are extra gRPC dial options (credentials, interceptors).
+	// Default: insecure transport credentials.
+	DialOptions []grpc.DialOption
+}
+
+// withDefaults returns a copy of c with defaults filled in, or an error that
+// names the invalid field.
+func (c Config) withDefaults() (Config, error) {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.NodeID == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			return c, fmt.Errorf("node id: empty and host name unknown: %v", err)
+		}
+		c.NodeID = h
+	}
+	if c.Capacity.CPUMillis == 0 {
+		c.Capacity.CPUMillis = int64(runtime.NumCPU()) * 1000
+	}
+	if c.Capacity.MemoryMB == 0 {
+		mb, err := detectMemoryMiB()
+		if err != nil {
+			return c, fmt.Errorf("capacity: memory not given and not detected: %w", err)
+		}
+		c.Capacity.MemoryMB = mb
+	}
+	if c.Capacity.CPUMillis < 0 || c.Capacity.MemoryMB < 0 || c.Capacity.GPUs < 0 {
+		return c, errors.New("capacity: cpu, memory and gpus must be >= 0")
+	}
+	if c.MaxTasks < 0 {
+		return c, errors.New("max tasks: must be >= 0")
+	}
+	if c.TailBytes == 0 {
+		c.TailBytes = DefaultTailBytes
+	} else if c.TailBytes < 0 {
+		c.TailBytes = 0
+	}
+	if c.DataDir == "" {
+		c.DataDir = filepath.Join(os.TempDir(), "apiary-agent-"+c.NodeID)
+	}
+	abs, err := filepath.Abs(c.DataDir)
+	if err != nil {
+		return c, fmt.Errorf("data dir: %w", err)
+	}
+	c.DataDir = abs
+	var addrs []string
+	for _, a := range c.CoordinatorAddrs {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		return c, errors.New("coordinator addrs: at least one address is required")
+	}
+	c.CoordinatorAddrs = addrs
+	for k := range c.Labels {
+		if k == "" {
+			return c, errors.New("labels: empty label name")
+		}
+	}
+	if c.KillGrace <= 0 {
+		c.KillGrace = DefaultKillGrace
+	}
+	if c.RPCTimeout <= 0 {
+		c.RPCTimeout = DefaultRPCTimeout
+	}
+	if c.MinBackoff <= 0 {
+		c.MinBackoff = 100 * time.Millisecond
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 5 * time.Second
+	}
+	if c.MaxBackoff < c.MinBackoff {
+		c.MaxBackoff = c.MinBackoff
+	}
+	if c.BaseEnv == nil {
+		c.BaseEnv = os.Environ()
+	}
+	return c, nil
+}
+
+// detectMemoryMiB reads MemTotal from /proc/meminfo, in MiB.
+func detectMemoryMiB() (int64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return parseMemTotal(f)
+}
+
+// parseMemTotal parses a /proc/meminfo body and returns MemTotal in MiB.
+func parseMemTotal(r io.Reader) (int64, error) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+			kb, err := strconv.ParseInt(fields[1], 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("meminfo: MemTotal: %w", err)
+			}
+			return kb / 1024, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("meminfo: no MemTotal line")
+}

@@ -1,0 +1,84 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// coordinators is the agent's list of coordinator addresses with one lazy
+// gRPC connection each, and the index of the one in use. Every coordinator of
+// a region serves AgentService against the same etcd, so an epoch created
+// through one is valid through all; moving between them is always safe.
+type coordinators struct {
+	addrs []string
+	conns []*grpc.ClientConn
+
+	mu  sync.Mutex
+	cur int
+}
+
+func newCoordinators(addrs []string, opts []grpc.DialOption) (*coordinators, error) {
+	if len(opts) == 0 {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	c := &coordinators{addrs: addrs}
+	for _, a := range addrs {
+		cc, err := grpc.NewClient(a, opts...)
+		if err != nil {
+			c.close()
+			return nil, fmt.Errorf("coordinator address %q: %w", a, err)
+		}
+		c.conns = append(c.conns, cc)
+	}
+	return c, nil
+}
+
+// client returns the coordinator in use and its index, for failover.
+func (c *coordinators) client() (int, apiaryv1.AgentServiceClient) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur, apiaryv1.NewAgentServiceClient(c.conns[c.cur])
+}
+
+// addr returns the address at index i.
+func (c *coordinators) addr(i int) string { return c.addrs[i] }
+
+// failover moves to the next address if idx is still the one in use (so
+// that several callers failing on the same coordinator move only once).
+func (c *coordinators) failover(idx int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == idx {
+		c.cur = (c.cur + 1) % len(c.conns)
+	}
+}
+
+func (c *coordinators) close() {
+	for _, cc := range c.conns {
+		cc.Close()
+	}
+}
+
+// transient reports whether err is worth retrying (possibly on another
+// coordinator): the transport failed or the server was briefly unable to
+// answer. Any other error is the server's answer.
+func transient(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted,
+		codes.Aborted, codes.Internal, codes.Unknown, codes.Canceled:
+		return true
+	}
+	return false
+}

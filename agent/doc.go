@@ -1,0 +1,49 @@
+// Package agent is Apiary's node agent: the process that runs on every
+// worker host, registers the host with its region's coordinators, and runs
+// the attempts it is assigned as local subprocesses.
+//
+// # What it owns
+//
+//   - The node's session with its region (session.go): RegisterNode creates a
+//     node epoch; Heartbeat renews its lease; StreamAssignments delivers the
+//     epoch's RUN and CANCEL assignments. The agent talks to any coordinator
+//     in its list and moves to the next one when one is unavailable
+//     (coordinators.go).
+//   - Local admission (ledger.go): its own account of the resources held by
+//     running attempts. The coordinator's placement is optimistic and may be
+//     stale; the agent is the last word and answers an assignment that does
+//     not fit with REPORT_KIND_REFUSED, never running it.
+//   - Execution of one attempt (executor.go): a subprocess in its own working
+//     directory <DataDir>/work/<jobID>/<index>/<attempt>/ and its own process
+//     group, with full stdout/stderr in files there and the last TailBytes of
+//     each kept in memory (tail.go); the timeout and cancellation kill the
+//     whole process group.
+//   - Reports (reporter.go): every report is retried with backoff on transport
+//     errors until the coordinator accepts or rejects it. A rejected report
+//     means the attempt is stale: the agent stops caring about it and kills it
+//     if it still runs.
+//   - Fencing on the node side (agent.go): assignments are deduplicated by
+//     (job, task index, attempt) and ignored unless they carry the current
+//     node epoch. When the epoch is lost (FAILED_PRECONDITION on heartbeat, or
+//     no successful heartbeat for a whole lease TTL) every attempt of that epoch
+//     is killed and never reported, and the agent registers again.
+//
+// # What it must not touch
+//
+// The agent never reads or writes etcd and never decides a task's state: the
+// coordinator's task state machine (package regional) is the only authority,
+// and a report is only a claim it may reject. The agent does not place work
+// (package placement) and does not retry failed attempts itself; a retry is
+// a new attempt dispatched by the coordinator. It keeps no state across
+// restarts: a restarted agent is a new node epoch.
+//
+// # Use
+//
+// In-process (e.g. `apiary dev`, tests):
+//
+//	a, err := agent.New(agent.Config{CoordinatorAddrs: []string{"127.0.0.1:7070"}, DataDir: dir})
+//	if err != nil { ... }
+//	err = a.Run(ctx) // returns nil after ctx is cancelled and every process group is killed
+//
+// As a subprocess: `apiary agent --addr 127.0.0.1:7070 --data-dir DIR`.
+package agent

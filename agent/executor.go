@@ -1,0 +1,300 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Spec describes one attempt to execute.
+type Spec struct {
+	// Command is a program path, or a name looked up in the agent's PATH.
+	Command string
+	Args    []string
+	// Env is the complete environment of the process ("K=V" entries).
+	Env []string
+	// Dir is the working directory; it is created (with parents) if missing.
+	// stdout.log and stderr.log are written in it.
+	Dir string
+	// Timeout is the wall-clock limit; 0 means none.
+	Timeout time.Duration
+	// TailBytes is how many trailing bytes of stdout and of stderr each are
+	// kept in memory for the result.
+	TailBytes int
+	// KillGrace is the time between SIGTERM and SIGKILL when the process
+	// group is killed; 0 means SIGKILL at once.
+	KillGrace time.Duration
+}
+
+// Outcome says why an attempt's process ended.
+type Outcome int
+
+const (
+	// OutcomeExited: the process exited on its own.
+	OutcomeExited Outcome = iota
+	// OutcomeTimedOut: killed because it ran past Spec.Timeout.
+	OutcomeTimedOut
+	// OutcomeCancelled: killed by Execution.Cancel.
+	OutcomeCancelled
+	// OutcomeAbandoned: killed by Execution.Abandon (stale epoch, shutdown).
+	OutcomeAbandoned
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeExited:
+		return "exited"
+	case OutcomeTimedOut:
+		return "timed out"
+	case OutcomeCancelled:
+		return "cancelled"
+	case OutcomeAbandoned:
+		return "abandoned"
+	}
+	return fmt.Sprintf("outcome(%d)", int(o))
+}
+
+// Result is what an ended attempt left behind.
+type Result struct {
+	Outcome Outcome
+	// ExitCode is the process's exit status, or -1 if a signal ended it.
+	ExitCode int
+	// StdoutTail and StderrTail are the last TailBytes of each stream, as
+	// valid UTF-8.
+	StdoutTail, StderrTail string
+	// Started and Ended bracket the process's life as seen by the agent.
+	Started, Ended time.Time
+	// Err is an unexpected wait or log-file error, if any; the exit code is
+	// still meaningful.
+	Err error
+}
+
+// Execution is one running attempt: a process that leads its own process
+// group. Its methods are safe for concurrent use.
+type Execution struct {
+	spec    Spec
+	cmd     *exec.Cmd
+	pgid    int
+	started time.Time
+	done    chan struct{}
+	result  Result
+
+	mu       sync.Mutex
+	exited   bool    // the leader was reaped; never signal the group again
+	stopping Outcome // reason of the first stop; valid if stopped
+	stopped  bool
+	timer    *time.Timer
+}
+
+// copyGrace bounds how long the log copiers may run after the process group
+// was killed (a process that left the group with setsid can hold a pipe).
+const copyGrace = 2 * time.Second
+
+// Start starts the attempt described by spec. An error means no process was
+// started (command not found, not executable, working directory not
+// creatable, ...); it is the START_FAILED case.
+func Start(spec Spec) (*Execution, error) {
+	if spec.Command == "" {
+		return nil, errors.New("empty command")
+	}
+	if err := os.MkdirAll(spec.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("work dir: %w", err)
+	}
+	cmd := exec.Command(spec.Command, spec.Args...)
+	if cmd.Err != nil {
+		return nil, cmd.Err
+	}
+	cmd.Dir = spec.Dir
+	cmd.Env = spec.Env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+
+	var closers []io.Closer
+	cleanup := func() {
+		for _, c := range closers {
+			c.Close()
+		}
+	}
+	type stream struct {
+		r    *os.File
+		file *os.File
+		tail *TailBuffer
+	}
+	var streams [2]stream
+	for i, name := range []string{"stdout.log", "stderr.log"} {
+		f, err := os.OpenFile(filepath.Join(spec.Dir, name), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+		if err != nil {
+			cleanup()
+			return nil, fmt.Errorf("log file: %w", err)
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			f.Close()
+			cleanup()
+			return nil, fmt.Errorf("pipe: %w", err)
+		}
+		closers = append(closers, f, r, w)
+		streams[i] = stream{r: r, file: f, tail: NewTailBuffer(spec.TailBytes)}
+		if i == 0 {
+			cmd.Stdout = w
+		} else {
+			cmd.Stderr = w
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		cleanup()
+		return nil, err
+	}
+	e := &Execution{
+		spec:    spec,
+		cmd:     cmd,
+		pgid:    cmd.Process.Pid,
+		started: time.Now(),
+		done:    make(chan struct{}),
+	}
+	// The child has its copies of the write ends; close ours so the readers
+	// see EOF when the last process holding them is gone.
+	cmd.Stdout.(*os.File).Close()
+	cmd.Stderr.(*os.File).Close()
+
+	var copiers sync.WaitGroup
+	var copyErr [2]error
+	for i := range streams {
+		s := streams[i]
+		copiers.Go(func() {
+			w := &logWriter{file: s.file, tail: s.tail}
+			_, err := io.Copy(w, s.r)
+			if errors.Is(err, os.ErrClosed) {
+				err = nil
+			}
+			copyErr[i] = errors.Join(err, w.err)
+		})
+	}
+	if spec.Timeout > 0 {
+		e.mu.Lock()
+		e.timer = time.AfterFunc(spec.Timeout, func() { e.stop(OutcomeTimedOut) })
+		e.mu.Unlock()
+	}
+	go func() {
+		waitErr := cmd.Wait()
+		ended := time.Now()
+		e.mu.Lock()
+		// Leftovers of the group (daemons, background jobs) do not outlive
+		// the attempt.
+		_ = syscall.Kill(-e.pgid, syscall.SIGKILL)
+		e.exited = true
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+		outcome := OutcomeExited
+		if e.stopped {
+			outcome = e.stopping
+		}
+		e.mu.Unlock()
+
+		copied := make(chan struct{})
+		go func() { copiers.Wait(); close(copied) }()
+		select {
+		case <-copied:
+		case <-time.After(copyGrace):
+			streams[0].r.Close()
+			streams[1].r.Close()
+			<-copied
+		}
+		for _, s := range streams {
+			s.r.Close()
+			s.file.Close()
+		}
+		res := Result{
+			Outcome:    outcome,
+			ExitCode:   cmd.ProcessState.ExitCode(),
+			StdoutTail: streams[0].tail.String(),
+			StderrTail: streams[1].tail.String(),
+			Started:    e.started,
+			Ended:      ended,
+		}
+		var exitErr *exec.ExitError
+		if waitErr != nil && !errors.As(waitErr, &exitErr) {
+			res.Err = waitErr
+		}
+		res.Err = errors.Join(res.Err, copyErr[0], copyErr[1])
+		e.result = res
+		close(e.done)
+	}()
+	return e, nil
+}
+
+// logWriter writes to the full log file and the tail; a file error (disk
+// full) is remembered once and does not stop the tail.
+type logWriter struct {
+	file *os.File
+	tail *TailBuffer
+	err  error
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	if w.err == nil {
+		if _, err := w.file.Write(p); err != nil {
+			w.err = fmt.Errorf("log file %s: %w", w.file.Name(), err)
+		}
+	}
+	return w.tail.Write(p)
+}
+
+// Pid returns the process id, which is also its process group id.
+func (e *Execution) Pid() int { return e.pgid }
+
+// StartTime returns when the process was started.
+func (e *Execution) StartTime() time.Time { return e.started }
+
+// Done is closed when the process has ended and its result is ready.
+func (e *Execution) Done() <-chan struct{} { return e.done }
+
+// Wait blocks until the process has ended and returns its result.
+func (e *Execution) Wait() Result {
+	<-e.done
+	return e.result
+}
+
+// Cancel kills the process group (SIGTERM, then SIGKILL after KillGrace);
+// the result's outcome is OutcomeCancelled unless the process had already
+// ended or was already being stopped. It does not wait.
+func (e *Execution) Cancel() { e.stop(OutcomeCancelled) }
+
+// Abandon kills the process group like Cancel, with OutcomeAbandoned.
+func (e *Execution) Abandon() { e.stop(OutcomeAbandoned) }
+
+func (e *Execution) stop(reason Outcome) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.exited || e.stopped {
+		return
+	}
+	e.stopped, e.stopping = true, reason
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	if e.spec.KillGrace <= 0 {
+		_ = syscall.Kill(-e.pgid, syscall.SIGKILL)
+		return
+	}
+	_ = syscall.Kill(-e.pgid, syscall.SIGTERM)
+	go func() {
+		t := time.NewTimer(e.spec.KillGrace)
+		defer t.Stop()
+		select {
+		case <-e.done:
+		case <-t.C:
+			e.mu.Lock()
+			if !e.exited {
+				_ = syscall.Kill(-e.pgid, syscall.SIGKILL)
+			}
+			e.mu.Unlock()
+		}
+	}()
+}

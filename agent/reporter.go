@@ -1,0 +1,69 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/grafana/dskit/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// reporter delivers ReportTaskStatus calls: retried with backoff (moving to
+// the next coordinator) on transient errors, until accepted or rejected.
+type reporter struct {
+	coords     *coordinators
+	rpcTimeout time.Duration
+	backoff    backoff.Config
+	log        *slog.Logger
+}
+
+// reportResult is the coordinator's answer to one report.
+type reportResult struct {
+	accepted bool
+	reason   string // why it was rejected
+	// delivered is false when ctx ended or giveUp fired first; the report's
+	// fate is then unknown.
+	delivered bool
+}
+
+// send delivers req. It stops retrying when ctx is done or giveUp is closed
+// (nil never closes). A non-transient gRPC error counts as a rejection: the
+// coordinator answered and will not take the report.
+func (r *reporter) send(ctx context.Context, req *apiaryv1.ReportTaskStatusRequest, giveUp <-chan struct{}) reportResult {
+	b := backoff.New(ctx, r.backoff)
+	for b.Ongoing() {
+		idx, cl := r.coords.client()
+		cctx, cancel := context.WithTimeout(ctx, r.rpcTimeout)
+		resp, err := cl.ReportTaskStatus(cctx, req)
+		cancel()
+		if err == nil {
+			return reportResult{accepted: resp.GetAccepted(), reason: resp.GetReason(), delivered: true}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if !transient(err) {
+			return reportResult{reason: err.Error(), delivered: true}
+		}
+		if status.Code(err) == codes.Unavailable {
+			r.coords.failover(idx)
+		}
+		r.log.Debug("report not delivered, retrying", "kind", req.GetKind().String(),
+			"job", req.GetJobId(), "task", req.GetTaskIndex(), "attempt", req.GetAttempt(),
+			"coordinator", r.coords.addr(idx), "err", err)
+		t := time.NewTimer(b.NextDelay())
+		select {
+		case <-giveUp:
+			t.Stop()
+			return reportResult{}
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+	return reportResult{}
+}

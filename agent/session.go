@@ -1,0 +1,182 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/grafana/dskit/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// errEpochLost means the node epoch is gone: the coordinator answered
+// FAILED_PRECONDITION, or no heartbeat succeeded for a whole lease TTL (the
+// lease has lapsed, so the coordinator has reclaimed the epoch's tasks).
+var errEpochLost = errors.New("node epoch lost")
+
+// Fallbacks when a coordinator leaves the timing fields of
+// RegisterNodeResponse at zero.
+const (
+	fallbackHeartbeat = time.Second
+	fallbackLeaseTTL  = 10 * time.Second
+)
+
+// session is one node epoch: registered once, then kept alive by heartbeats
+// and fed by an assignment stream, until the epoch is lost or ctx ends.
+type session struct {
+	coords     *coordinators
+	nodeID     string
+	epoch      int64
+	region     string
+	heartbeat  time.Duration
+	leaseTTL   time.Duration
+	rpcTimeout time.Duration
+	backoff    backoff.Config
+	log        *slog.Logger
+}
+
+// register creates a new node epoch, retrying with backoff (and moving to
+// the next coordinator) until it succeeds or ctx ends; it returns ctx's error
+// only.
+func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterNodeRequest,
+	rpcTimeout time.Duration, bo backoff.Config, log *slog.Logger) (*session, error) {
+	b := backoff.New(ctx, bo)
+	for b.Ongoing() {
+		idx, cl := coords.client()
+		cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+		resp, err := cl.RegisterNode(cctx, req)
+		cancel()
+		if err == nil {
+			s := &session{
+				coords:     coords,
+				nodeID:     req.GetNodeId(),
+				epoch:      resp.GetNodeEpoch(),
+				region:     resp.GetRegion(),
+				heartbeat:  time.Duration(resp.GetHeartbeatIntervalMs()) * time.Millisecond,
+				leaseTTL:   time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond,
+				rpcTimeout: rpcTimeout,
+				backoff:    bo,
+				log:        log,
+			}
+			if s.heartbeat <= 0 {
+				s.heartbeat = fallbackHeartbeat
+			}
+			if s.leaseTTL <= 0 {
+				s.leaseTTL = fallbackLeaseTTL
+			}
+			log.Info("registered", "coordinator", coords.addr(idx), "epoch", s.epoch,
+				"region", s.region, "heartbeat", s.heartbeat, "lease_ttl", s.leaseTTL)
+			return s, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		log.Warn("register failed", "coordinator", coords.addr(idx), "err", err)
+		coords.failover(idx)
+		b.Wait()
+	}
+	return nil, ctx.Err()
+}
+
+// heartbeatLoop renews the lease every heartbeat interval. It returns
+// errEpochLost when the epoch is gone, or ctx's error.
+func (s *session) heartbeatLoop(ctx context.Context) error {
+	lastOK := time.Now()
+	t := time.NewTimer(s.heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		idx, cl := s.coords.client()
+		cctx, cancel := context.WithTimeout(ctx, min(s.rpcTimeout, s.leaseTTL))
+		resp, err := cl.Heartbeat(cctx, &apiaryv1.HeartbeatRequest{NodeId: s.nodeID, NodeEpoch: s.epoch})
+		cancel()
+		next := s.heartbeat
+		switch {
+		case err == nil:
+			lastOK = time.Now()
+			if ttl := time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond; ttl > 0 {
+				s.leaseTTL = ttl
+			}
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case status.Code(err) == codes.FailedPrecondition:
+			s.log.Warn("node epoch gone", "epoch", s.epoch, "coordinator", s.coords.addr(idx), "err", err)
+			return errEpochLost
+		default:
+			s.log.Warn("heartbeat failed", "epoch", s.epoch, "coordinator", s.coords.addr(idx), "err", err)
+			s.coords.failover(idx)
+			// Retry sooner than a full interval: the lease is running out.
+			next = max(s.heartbeat/4, 10*time.Millisecond)
+		}
+		if time.Since(lastOK) >= s.leaseTTL {
+			s.log.Warn("no heartbeat for a whole lease TTL; epoch presumed lost",
+				"epoch", s.epoch, "lease_ttl", s.leaseTTL)
+			return errEpochLost
+		}
+		t.Reset(next)
+	}
+}
+
+// streamLoop keeps an assignment stream open for the epoch, reconnecting
+// with backoff (and moving to the next coordinator) after errors, and passes
+// each assignment to handle in order. It returns errEpochLost if the
+// coordinator refuses the epoch (FAILED_PRECONDITION), or ctx's error.
+func (s *session) streamLoop(ctx context.Context, handle func(*apiaryv1.Assignment)) error {
+	b := backoff.New(ctx, s.backoff)
+	for b.Ongoing() {
+		idx, cl := s.coords.client()
+		opened := time.Now()
+		n, err := s.streamOnce(ctx, cl, handle)
+		if ctx.Err() != nil {
+			break
+		}
+		if status.Code(err) == codes.FailedPrecondition {
+			s.log.Warn("assignment stream refused the epoch", "epoch", s.epoch, "err", err)
+			return errEpochLost
+		}
+		if n > 0 || time.Since(opened) > s.backoff.MaxBackoff {
+			b.Reset()
+		}
+		s.log.Warn("assignment stream ended; reconnecting", "coordinator", s.coords.addr(idx), "received", n, "err", err)
+		if err == nil || status.Code(err) == codes.Unavailable || errors.Is(err, io.EOF) {
+			s.coords.failover(idx)
+		}
+		b.Wait()
+	}
+	return ctx.Err()
+}
+
+// streamOnce runs one stream until it fails; it returns the number of
+// assignments received and the error that ended it (nil on a clean EOF).
+func (s *session) streamOnce(ctx context.Context, cl apiaryv1.AgentServiceClient, handle func(*apiaryv1.Assignment)) (int, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := cl.StreamAssignments(sctx, &apiaryv1.StreamAssignmentsRequest{NodeId: s.nodeID, NodeEpoch: s.epoch})
+	if err != nil {
+		return 0, fmt.Errorf("open: %w", err)
+	}
+	n := 0
+	for {
+		msg, err := st.Recv()
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+		n++
+		if a := msg.GetAssignment(); a != nil {
+			handle(a)
+		}
+	}
+}
