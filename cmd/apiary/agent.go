@@ -1,0 +1,125 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"apiary.dev/apiary/agent"
+)
+
+func init() { register(newAgentCmd) }
+
+// newAgentCmd is `apiary agent`: the node agent, run until SIGINT/SIGTERM.
+func newAgentCmd() *cobra.Command {
+	var (
+		addr      string
+		nodeID    string
+		labels    []string
+		cpuMillis int64
+		memoryMB  int64
+		gpus      int32
+		gpuModel  string
+		maxTasks  int
+		dataDir   string
+		tailBytes int
+		logFormat string
+	)
+	defaultAddr := os.Getenv("APIARY_ADDR")
+	if defaultAddr == "" {
+		defaultAddr = agent.DefaultAddr
+	}
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run a node agent: register with the region, run assigned tasks as subprocesses",
+		Long: `Run a node agent. It registers this host with a coordinator of its region
+(labels, capacity), keeps its lease alive, receives assignments, and runs each
+attempt as a subprocess in its own working directory and process group under
+--data-dir/work/<job>/<task>/<attempt>/, where full stdout/stderr logs stay.
+Capacity is detected unless given. SIGINT or SIGTERM stops it, killing the
+running tasks; the region re-runs them elsewhere.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := agentLogger(logFormat)
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			lbls, err := parseAgentLabels(labels)
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			if cpuMillis < 0 || memoryMB < 0 || gpus < 0 || maxTasks < 0 {
+				return withCode(exitInvalid, fmt.Errorf("--cpu-millis, --memory-mb, --gpus and --max-tasks must be >= 0"))
+			}
+			if tailBytes < 0 {
+				return withCode(exitInvalid, fmt.Errorf("--tail-bytes must be >= 0"))
+			}
+			if cmd.Flags().Changed("tail-bytes") && tailBytes == 0 {
+				tailBytes = -1 // explicitly no tail; 0 means the default in agent.Config
+			}
+			a, err := agent.New(agent.Config{
+				NodeID:           nodeID,
+				Labels:           lbls,
+				Capacity:         agent.Resources{CPUMillis: cpuMillis, MemoryMB: memoryMB, GPUs: gpus},
+				GPUModel:         gpuModel,
+				MaxTasks:         maxTasks,
+				DataDir:          dataDir,
+				CoordinatorAddrs: strings.Split(addr, ","),
+				TailBytes:        tailBytes,
+				Logger:           logger,
+			})
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return a.Run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", defaultAddr, "comma-separated coordinator gRPC addresses (env APIARY_ADDR)")
+	f.StringVar(&nodeID, "node-id", "", "node id (default: host name)")
+	f.StringArrayVar(&labels, "label", nil, "node label k=v (repeatable)")
+	f.Int64Var(&cpuMillis, "cpu-millis", 0, "CPU capacity in millicores (default: number of CPUs x 1000)")
+	f.Int64Var(&memoryMB, "memory-mb", 0, "memory capacity in MiB (default: MemTotal from /proc/meminfo)")
+	f.Int32Var(&gpus, "gpus", 0, "number of GPUs")
+	f.StringVar(&gpuModel, "gpu-model", "", "GPU model name")
+	f.IntVar(&maxTasks, "max-tasks", 0, "max concurrent tasks (0: limited by resources only)")
+	f.StringVar(&dataDir, "data-dir", "", "directory for task working dirs and full logs (default: $TMPDIR/apiary-agent-<node-id>)")
+	f.IntVar(&tailBytes, "tail-bytes", agent.DefaultTailBytes, "bytes of stdout and of stderr tail sent with each result")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	return cmd
+}
+
+// agentLogger returns a slog logger on stderr in the given format.
+func agentLogger(format string) (*slog.Logger, error) {
+	switch format {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(os.Stderr, nil)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, nil)), nil
+	}
+	return nil, fmt.Errorf("--log-format: must be text or json, not %q", format)
+}
+
+// parseAgentLabels parses repeated k=v flags into a map.
+func parseAgentLabels(kvs []string) (map[string]string, error) {
+	out := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--label %q: want key=value", kv)
+		}
+		if _, dup := out[k]; dup {
+			return nil, fmt.Errorf("--label %q: label %q given twice", kv, k)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
