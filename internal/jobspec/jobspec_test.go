@@ -317,11 +317,15 @@ func TestValidateProtoSpec(t *testing.T) {
 		{func(s *apiaryv1.JobSpec) { s.Tasks[0].Env = map[string]string{"A-B": "1"} }, "tasks[0].env.A-B"},
 		{func(s *apiaryv1.JobSpec) { s.Scheduler = "random" }, "scheduler"},
 		{func(s *apiaryv1.JobSpec) { s.Tasks[0].Constraints = []*apiaryv1.Constraint{{Label: "", Op: "exists"}} }, "tasks[0].constraints[0].label"},
-		{func(s *apiaryv1.JobSpec) { s.Tasks[0].Constraints = []*apiaryv1.Constraint{{Label: "a", Op: "<", Values: []string{"NaN"}}} }, "tasks[0].constraints[0].values[0]"},
+		{func(s *apiaryv1.JobSpec) {
+			s.Tasks[0].Constraints = []*apiaryv1.Constraint{{Label: "a", Op: "<", Values: []string{"NaN"}}}
+		}, "tasks[0].constraints[0].values[0]"},
 		{func(s *apiaryv1.JobSpec) {
 			s.Tasks[0].Affinities = []*apiaryv1.Affinity{{Label: "a", Op: "=", Values: []string{"x"}, Weight: 101}}
 		}, "tasks[0].affinities[0].weight"},
-		{func(s *apiaryv1.JobSpec) { s.Tasks[0].Spreads = []*apiaryv1.Spread{{Label: "z", Targets: map[string]int32{"a": -1}}} }, "tasks[0].spread[0].targets.a"},
+		{func(s *apiaryv1.JobSpec) {
+			s.Tasks[0].Spreads = []*apiaryv1.Spread{{Label: "z", Targets: map[string]int32{"a": -1}}}
+		}, "tasks[0].spread[0].targets.a"},
 		{func(s *apiaryv1.JobSpec) {
 			s.Tasks[0].DistinctProperties = []*apiaryv1.DistinctProperty{{Label: "rack", MaxPerValue: -1}}
 		}, "tasks[0].distinct_property[0].max_per_value"},
