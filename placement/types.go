@@ -105,6 +105,12 @@ type Task struct {
 	FailedOn map[string]int
 	// Policy overrides the engine default when set.
 	Policy Policy
+	// AntiAffinityGroups are group keys this task must never share a node
+	// with (hard; K8s required pod anti-affinity on the hostname topology).
+	// A task whose own group is listed is anti-affine to its siblings, like
+	// DistinctHosts. Checked against existing allocations by their GroupKey
+	// and, symmetrically, against tasks placed earlier in the same batch.
+	AntiAffinityGroups []string
 }
 
 // Allocation is a task already placed on a node (used for group rules and
@@ -165,3 +171,12 @@ type Plan struct {
 type Placer interface {
 	Place(snap *Snapshot, tasks []Task) Plan
 }
+
+// Baseline policies, mainly for `apiary placement simulate` and the
+// benchmarks: best-fit (the node with the least remaining resources after
+// placement, as in the FGD paper's baseline) and random (uniform over the
+// feasible nodes, seeded).
+const (
+	PolicyBestFit Policy = "bestfit"
+	PolicyRandom  Policy = "random"
+)

@@ -1,0 +1,303 @@
+package placement
+
+import (
+	"cmp"
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// Options configures an engine. The zero value is a valid bin-packing engine.
+type Options struct {
+	// Policy is the default scoring policy (a region default); a task's own
+	// Policy overrides it. Empty means PolicyBinpack.
+	Policy Policy
+	// Seed makes selection deterministic: the same seed, snapshot and tasks
+	// give the same plan. It drives the candidate scan order and ties.
+	Seed int64
+	// CandidateLimit bounds the scan per task: the engine visits nodes in a
+	// seeded pseudo-random order and stops once it has found this many
+	// feasible nodes, then scores only those (K8s percentageOfNodesToScore,
+	// Nomad's LimitIterator). 0 means DefaultCandidateLimit; negative means
+	// every feasible node is scored. A task that fits nowhere is always
+	// checked against every node, so "unplaced" never comes from sampling.
+	CandidateLimit int
+	// Weights of the score stages; zero fields take their defaults.
+	Weights Weights
+	// Workload is the observed task-size distribution the fragmentation
+	// score measures against (FGD's "target workload"). Empty means the
+	// engine uses DefaultWorkload.
+	Workload []WorkloadClass
+	// PreemptionDelta is the priority margin a task needs over the tasks it
+	// would evict: victims have Priority <= task Priority - PreemptionDelta.
+	// 0 means 10 (Nomad's preemption rule); set DisablePreemption to turn
+	// preemption proposals off.
+	PreemptionDelta   int
+	DisablePreemption bool
+}
+
+// DefaultCandidateLimit is the default number of feasible nodes scored per
+// task. See BENCHMARKS.md for the quality it costs on the Alibaba trace.
+const DefaultCandidateLimit = 256
+
+// Weights weigh the score stages in the final weighted mean (Nomad averages
+// its rank scores; K8s sums plugin scores times plugin weights). Zero means
+// the default shown.
+type Weights struct {
+	Fit            float64 // resource fit (bin-pack/spread/fragmentation): 1
+	Affinity       float64 // label affinities: 1
+	Spread         float64 // spread across a label: 1
+	Locality       float64 // data locality: 1
+	FailurePenalty float64 // earlier failures of the task on the node: 1
+}
+
+func (w Weights) withDefaults() Weights {
+	d := func(x *float64) {
+		if *x == 0 {
+			*x = 1
+		}
+	}
+	d(&w.Fit)
+	d(&w.Affinity)
+	d(&w.Spread)
+	d(&w.Locality)
+	d(&w.FailurePenalty)
+	return w
+}
+
+// Engine is the placement engine. It is safe for concurrent use: all state
+// of a Place call lives in that call.
+type Engine struct {
+	opts Options
+	w    Weights
+	frag *fragModel
+}
+
+// New returns the placement engine as a Placer.
+func New(opts Options) Placer { return NewEngine(opts) }
+
+// NewEngine returns the placement engine.
+func NewEngine(opts Options) *Engine {
+	if opts.Policy == "" {
+		opts.Policy = PolicyBinpack
+	}
+	if opts.CandidateLimit == 0 {
+		opts.CandidateLimit = DefaultCandidateLimit
+	}
+	if opts.PreemptionDelta == 0 {
+		opts.PreemptionDelta = 10
+	}
+	wl := opts.Workload
+	if len(wl) == 0 {
+		wl = DefaultWorkload
+	}
+	return &Engine{opts: opts, w: opts.Weights.withDefaults(), frag: newFragModel(wl)}
+}
+
+// Place places tasks in order of descending Priority (stable), each against
+// the usage left by the ones before it.
+func (e *Engine) Place(snap *Snapshot, tasks []Task) Plan {
+	s := e.NewSession(snap, tasks)
+	order := make([]int, len(tasks))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(tasks[b].Priority, tasks[a].Priority) })
+	var plan Plan
+	for _, k := range order {
+		r := s.PlaceOne(&tasks[k])
+		switch {
+		case r.Placement != nil:
+			plan.Placements = append(plan.Placements, *r.Placement)
+		case r.Unplaced != nil:
+			plan.Unplaced = append(plan.Unplaced, *r.Unplaced)
+			if r.Preemption != nil {
+				plan.Preemptions = append(plan.Preemptions, *r.Preemption)
+			}
+		}
+	}
+	return plan
+}
+
+// Session places tasks one at a time against a working copy of a snapshot;
+// each placement is applied to the working copy before the next. Place is a
+// Session over the batch. A Session is not safe for concurrent use.
+type Session struct {
+	e   *Engine
+	st  *state
+	rng *rand.Rand
+
+	cands []cand
+	raw   []float64
+	gbuf  []int
+}
+
+type cand struct {
+	i     int
+	share int // GPU index for a share request, -1 otherwise
+}
+
+// Result is the outcome for one task: exactly one of Placement and Unplaced
+// is set; Preemption may accompany Unplaced.
+type Result struct {
+	Placement  *Placement
+	Unplaced   *Unplaced
+	Preemption *Preemption
+}
+
+// NewSession starts a session. batch lists the tasks that will be placed (it
+// may be nil): existing allocations with their IDs are being re-placed and
+// stop counting toward group rules.
+func (e *Engine) NewSession(snap *Snapshot, batch []Task) *Session {
+	if snap == nil {
+		snap = &Snapshot{}
+	}
+	seed := uint64(e.opts.Seed)
+	return &Session{e: e, st: newState(snap, batch), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
+
+// PlaceOne places t and applies it to the session's working copy.
+func (s *Session) PlaceOne(t *Task) Result {
+	c := s.e.compileTask(t)
+	st := s.st
+	n := len(st.nodes)
+	if n == 0 {
+		return Result{Unplaced: &Unplaced{TaskID: t.ID, Reason: "no nodes in snapshot", Excluded: map[string]int{}}}
+	}
+	limit := s.e.opts.CandidateLimit
+	if limit < 0 || limit > n {
+		limit = n
+	}
+	start, stride := s.scanOrder(n)
+	s.cands = s.cands[:0]
+	nsc := len(c.scorers)
+	s.raw = s.raw[:0]
+	for j, i := 0, start; j < n && len(s.cands) < limit; j++ {
+		v := st.view(i)
+		if c.feasible(st, i, &v) == "" {
+			share := -1
+			if c.req.GPUMilli > 0 {
+				share = c.pickShare(s.e, st, i, &v)
+			}
+			s.cands = append(s.cands, cand{i: i, share: share})
+			gpus := s.gpuList(c, &v, share)
+			for _, sc := range c.scorers {
+				s.raw = append(s.raw, sc.s.score(c, st, i, &v, gpus))
+			}
+		}
+		i += stride
+		if i >= n {
+			i -= n
+		}
+	}
+	if len(s.cands) == 0 {
+		u := s.explain(c)
+		r := Result{Unplaced: u}
+		if !s.e.opts.DisablePreemption {
+			r.Preemption = s.preempt(c)
+		}
+		return r
+	}
+	// Normalise and select.
+	for k, sc := range c.scorers {
+		if sc.n != normMinMax {
+			continue
+		}
+		lo, hi := math.Inf(1), math.Inf(-1)
+		for j := range s.cands {
+			x := s.raw[j*nsc+k]
+			lo, hi = math.Min(lo, x), math.Max(hi, x)
+		}
+		for j := range s.cands {
+			x := &s.raw[j*nsc+k]
+			if hi > lo {
+				*x = (*x - lo) / (hi - lo)
+			} else {
+				*x = 1
+			}
+		}
+	}
+	best, bestScore, ties := -1, math.Inf(-1), 0
+	for j := range s.cands {
+		var sum float64
+		for k, sc := range c.scorers {
+			sum += sc.w * s.raw[j*nsc+k]
+		}
+		sum /= c.wsum
+		switch {
+		case sum > bestScore+1e-12:
+			best, bestScore, ties = j, sum, 1
+		case sum >= bestScore-1e-12:
+			ties++
+			if s.rng.IntN(ties) == 0 {
+				best = j
+			}
+		}
+	}
+	cb := s.cands[best]
+	v := st.view(cb.i)
+	gpus := append([]int(nil), s.gpuList(c, &v, cb.share)...)
+	st.apply(cb.i, t, c.req, gpus)
+	return Result{Placement: &Placement{TaskID: t.ID, NodeID: st.nodes[cb.i].ID, GPUIndices: gpus, Score: bestScore}}
+}
+
+// scanOrder returns a seeded start and a stride coprime with n, so the scan
+// visits every node exactly once in a scattered order without an O(n)
+// shuffle.
+func (s *Session) scanOrder(n int) (start, stride int) {
+	start = s.rng.IntN(n)
+	if n <= 2 {
+		return start, 1
+	}
+	for {
+		stride = 1 + s.rng.IntN(n-1)
+		if gcd(stride, n) == 1 {
+			return start, stride
+		}
+	}
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// gpuList returns the GPUs the task would get on a node (a scratch slice).
+func (s *Session) gpuList(c *taskCtx, v *view, share int) []int {
+	s.gbuf = s.gbuf[:0]
+	if share >= 0 {
+		return append(s.gbuf, share)
+	}
+	if c.req.GPUs > 0 {
+		for g, f := range v.gpuFree {
+			if f >= 1000 {
+				s.gbuf = append(s.gbuf, g)
+				if len(s.gbuf) == c.req.GPUs {
+					break
+				}
+			}
+		}
+	}
+	return s.gbuf
+}
+
+// pickShare chooses the GPU for a share request on a feasible node: the one
+// with the least free share that fits (best fit), the most free under the
+// spread policy, or the least fragmenting under the fragmentation policy.
+func (c *taskCtx) pickShare(e *Engine, st *state, i int, v *view) int {
+	if c.policy == PolicyFragmentation {
+		return e.frag.pickShare(c, st, i, v)
+	}
+	best := -1
+	for g, f := range v.gpuFree {
+		if f < c.req.GPUMilli {
+			continue
+		}
+		if best < 0 || (c.policy == PolicySpread && f > v.gpuFree[best]) || (c.policy != PolicySpread && f < v.gpuFree[best]) {
+			best = g
+		}
+	}
+	return best
+}

@@ -1,0 +1,111 @@
+package placement
+
+// groupIndex counts a task group's allocations per node and per label value,
+// over the snapshot's existing allocations (minus those being re-placed in
+// this batch) plus the placements made so far in the batch. Counts are built
+// lazily, the first time a rule of the group needs them, then kept current.
+type groupIndex struct {
+	st       *state
+	existing map[string][]int // group -> indices into Snapshot.Existing
+	nodeByID map[string]int
+	placed   map[string][]int // group -> node indices placed in this batch
+	perNode  map[string]map[int]int
+	perValue map[string]map[string]map[string]int // group -> label -> value -> n
+}
+
+func newGroupIndex(st *state) *groupIndex {
+	return &groupIndex{st: st, placed: map[string][]int{}}
+}
+
+// groupKey is the key group rules count under: the task's GroupKey, or its
+// own ID for a task without a group.
+func groupKey(t *Task) string {
+	if t.GroupKey != "" {
+		return t.GroupKey
+	}
+	return t.ID
+}
+
+func (g *groupIndex) init() {
+	if g.existing != nil {
+		return
+	}
+	g.existing = map[string][]int{}
+	g.nodeByID = make(map[string]int, len(g.st.nodes))
+	for i, n := range g.st.nodes {
+		g.nodeByID[n.ID] = i
+	}
+	for i := range g.st.snap.Existing {
+		a := &g.st.snap.Existing[i]
+		if g.st.batchIDs[a.TaskID] {
+			continue
+		}
+		k := a.GroupKey
+		if k == "" {
+			k = a.TaskID
+		}
+		g.existing[k] = append(g.existing[k], i)
+	}
+}
+
+// nodeCounts returns group -> node index -> allocations.
+func (g *groupIndex) nodeCounts(group string) map[int]int {
+	if g.perNode == nil {
+		g.perNode = map[string]map[int]int{}
+	}
+	if m, ok := g.perNode[group]; ok {
+		return m
+	}
+	g.init()
+	m := map[int]int{}
+	for _, ai := range g.existing[group] {
+		if i, ok := g.nodeByID[g.st.snap.Existing[ai].NodeID]; ok {
+			m[i]++
+		}
+	}
+	for _, i := range g.placed[group] {
+		m[i]++
+	}
+	g.perNode[group] = m
+	return m
+}
+
+// valueCounts returns label value -> allocations of the group on nodes with
+// that value. Nodes without the label count under "".
+func (g *groupIndex) valueCounts(group, label string) map[string]int {
+	if g.perValue == nil {
+		g.perValue = map[string]map[string]map[string]int{}
+	}
+	byLabel := g.perValue[group]
+	if byLabel == nil {
+		byLabel = map[string]map[string]int{}
+		g.perValue[group] = byLabel
+	}
+	if m, ok := byLabel[label]; ok {
+		return m
+	}
+	g.init()
+	m := map[string]int{}
+	for _, ai := range g.existing[group] {
+		if i, ok := g.nodeByID[g.st.snap.Existing[ai].NodeID]; ok {
+			m[g.st.nodes[i].Labels[label]]++
+		}
+	}
+	for _, i := range g.placed[group] {
+		m[g.st.nodes[i].Labels[label]]++
+	}
+	byLabel[label] = m
+	return m
+}
+
+// add records a placement of t on node i.
+func (g *groupIndex) add(t *Task, i int) {
+	group := groupKey(t)
+	g.placed[group] = append(g.placed[group], i)
+	if m, ok := g.perNode[group]; ok {
+		m[i]++
+	}
+	for label, m := range g.perValue[group] {
+		m[g.st.nodes[i].Labels[label]]++
+	}
+}

@@ -1,0 +1,163 @@
+package placement
+
+import (
+	"cmp"
+	"slices"
+)
+
+// preempt proposes evictions for a task that fits nowhere, in the spirit of
+// Nomad's preemption (nomad/scheduler/preemption.go) and the K8s
+// DefaultPreemption plugin: on every node that passes the task's non-capacity
+// filters, pick the fewest existing allocations of lower priority (at least
+// Options.PreemptionDelta lower) that make room, lowest priority first;
+// propose the node needing the fewest evictions, then the lowest highest
+// victim priority, then the lowest total victim priority.
+//
+// The proposal is a separate part of the plan: the engine does not count the
+// freed room (no placement in the plan relies on it) and the caller must
+// commit the evictions before the task is placed in a later pass. Within one
+// Place call a victim is proposed at most once and a node hosts at most one
+// preemption.
+func (s *Session) preempt(c *taskCtx) *Preemption {
+	st := s.st
+	if len(st.snap.Existing) == 0 {
+		return nil
+	}
+	if st.byNode == nil {
+		st.byNode = map[string][]int{}
+		for k := range st.snap.Existing {
+			a := &st.snap.Existing[k]
+			if st.batchIDs[a.TaskID] {
+				continue
+			}
+			st.byNode[a.NodeID] = append(st.byNode[a.NodeID], k)
+		}
+		st.claimed = map[string]bool{}
+		st.preempted = map[int]bool{}
+	}
+	limit := c.t.Priority - s.e.opts.PreemptionDelta
+	type choice struct {
+		node   int
+		evict  []int
+		maxPri int
+		sumPri int
+	}
+	var best *choice
+	var victims []int
+	for i, n := range st.nodes {
+		allocs := st.byNode[n.ID]
+		if len(allocs) == 0 || st.preempted[i] {
+			continue
+		}
+		v := st.view(i)
+		ok := true
+		for _, f := range c.filters[:c.nonRes] {
+			if _, isMax := f.(maxTasksFilter); isMax {
+				continue // evictions free task slots
+			}
+			if f.check(c, st, i, &v) != "" {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		victims = victims[:0]
+		for _, k := range allocs {
+			a := &st.snap.Existing[k]
+			if a.Priority <= limit && !st.claimed[a.TaskID] {
+				victims = append(victims, k)
+			}
+		}
+		if len(victims) == 0 {
+			continue
+		}
+		// Lowest priority first; among equals the largest first, so few
+		// evictions suffice.
+		slices.SortFunc(victims, func(x, y int) int {
+			ax, ay := &st.snap.Existing[x], &st.snap.Existing[y]
+			if r := cmp.Compare(ax.Priority, ay.Priority); r != 0 {
+				return r
+			}
+			if r := cmp.Compare(size(ay.Request), size(ax.Request)); r != 0 {
+				return r
+			}
+			return cmp.Compare(ax.TaskID, ay.TaskID)
+		})
+		var picked []int
+		fit := false
+		for _, k := range victims {
+			picked = append(picked, k)
+			if s.fitsWithout(c, i, &v, picked) {
+				fit = true
+				break
+			}
+		}
+		if !fit {
+			continue
+		}
+		// Drop victims that turned out unnecessary, highest priority first.
+		for j := len(picked) - 1; j >= 0 && len(picked) > 1; j-- {
+			trial := slices.Delete(slices.Clone(picked), j, j+1)
+			if s.fitsWithout(c, i, &v, trial) {
+				picked = trial
+			}
+		}
+		ch := choice{node: i, evict: picked}
+		for _, k := range picked {
+			p := st.snap.Existing[k].Priority
+			ch.maxPri = max(ch.maxPri, p)
+			ch.sumPri += p
+		}
+		if best == nil || len(ch.evict) < len(best.evict) ||
+			(len(ch.evict) == len(best.evict) && (ch.maxPri < best.maxPri ||
+				(ch.maxPri == best.maxPri && ch.sumPri < best.sumPri))) {
+			b := ch
+			best = &b
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	p := &Preemption{ForTaskID: c.t.ID, NodeID: st.nodes[best.node].ID}
+	for _, k := range best.evict {
+		id := st.snap.Existing[k].TaskID
+		st.claimed[id] = true
+		p.Evict = append(p.Evict, id)
+	}
+	st.preempted[best.node] = true
+	return p
+}
+
+func size(r Resources) int64 {
+	return r.CPUMillis + r.MemoryMiB + int64(r.GPUs)*1_000_000 + int64(r.GPUMilli)*1000
+}
+
+// fitsWithout reports whether the task fits node i once the given existing
+// allocations are gone.
+func (s *Session) fitsWithout(c *taskCtx, i int, v *view, evict []int) bool {
+	w := *v
+	w.gpuFree = slices.Clone(v.gpuFree)
+	for _, k := range evict {
+		a := &s.st.snap.Existing[k]
+		r := normRequest(a.Request)
+		w.cpuFree += r.CPUMillis
+		w.memFree += r.MemoryMiB
+		w.tasks--
+		for _, g := range a.GPUIndices {
+			if g < 0 || g >= len(w.gpuFree) {
+				continue
+			}
+			if r.GPUs > 0 {
+				w.gpuFree[g] = 1000
+			} else {
+				w.gpuFree[g] = min(1000, w.gpuFree[g]+r.GPUMilli)
+			}
+		}
+	}
+	if m := s.st.nodes[i].MaxTasks; m > 0 && w.tasks >= m {
+		return false
+	}
+	return fits(c.req, &w) == ""
+}

@@ -1,0 +1,221 @@
+package placement
+
+import "math"
+
+// Scores are the second stage: the K8s scheduling framework's Score plugins,
+// Nomad's RankIterators. A scorer rates one feasible node for one task given
+// the GPUs the task would get there, and declares how its raw value is
+// normalised across the candidates before the weighted sum (K8s
+// NormalizeScore; Nomad's ScoreNormalizationIterator averages scores that
+// are already in [-1, 1]).
+type scorer interface {
+	score(c *taskCtx, st *state, i int, v *view, gpus []int) float64
+	// norm says how raw scores are normalised.
+	norm() normKind
+}
+
+type normKind uint8
+
+const (
+	// normFixed: the raw score is already in [-1, 1] and is used as is.
+	normFixed normKind = iota
+	// normMinMax: raw scores are scaled over the candidates to [0, 1]
+	// (all equal: 1), so a scorer with a natural unit (GPU milli of
+	// fragmentation) can be weighed against the others.
+	normMinMax
+)
+
+// fitScorer is the resource-fit score (Nomad ScoreFitBinPack/ScoreFitSpread,
+// K8s NodeResourcesFit MostAllocated/LeastAllocated). Over the dimensions the
+// node has (cpu, memory, and GPUs when it has any), with f_d the free fraction
+// of dimension d after the placement:
+//
+//	binpack = 1 - mean_d (10^f_d - 1) / 9   (Nomad's 20 - Σ10^f, scaled; 1 = full)
+//	spread  = mean_d f_d                      (K8s LeastAllocated)
+type fitScorer struct{ spread bool }
+
+func (s fitScorer) norm() normKind { return normFixed }
+
+func (s fitScorer) score(c *taskCtx, st *state, i int, v *view, _ []int) float64 {
+	n := st.nodes[i]
+	var sum float64
+	dims := 0
+	add := func(free, cap float64) {
+		if cap <= 0 {
+			return
+		}
+		f := free / cap
+		if f < 0 {
+			f = 0
+		}
+		if s.spread {
+			sum += f
+		} else {
+			sum += (math.Pow(10, f) - 1) / 9
+		}
+		dims++
+	}
+	add(float64(v.cpuFree-c.req.CPUMillis), float64(n.Capacity.CPUMillis))
+	add(float64(v.memFree-c.req.MemoryMiB), float64(n.Capacity.MemoryMiB))
+	if g := len(v.gpuFree); g > 0 {
+		add(float64(sumFree(v.gpuFree)-c.req.GPUs*1000-c.req.GPUMilli), float64(g*1000))
+	}
+	if dims == 0 {
+		return 0
+	}
+	if s.spread {
+		return sum / float64(dims)
+	}
+	return 1 - sum/float64(dims)
+}
+
+// affinityScorer is Nomad's node affinity: Σ weights of the matching
+// affinities / Σ |weights|, in [-1, 1] (negative weights are anti-affinity).
+type affinityScorer struct{}
+
+func (affinityScorer) norm() normKind { return normFixed }
+
+func (affinityScorer) score(c *taskCtx, st *state, i int, _ *view, _ []int) float64 {
+	var got, tot float64
+	labels := st.nodes[i].Labels
+	for k := range c.aff {
+		a := &c.aff[k]
+		w := float64(a.weight)
+		tot += math.Abs(w)
+		if a.m.match(labels) {
+			got += w
+		}
+	}
+	if tot == 0 {
+		return 0
+	}
+	return got / tot
+}
+
+// localityScorer prefers nodes holding the most input bytes: bytes of the
+// task's datasets present on the node / total input bytes, in [0, 1].
+type localityScorer struct{}
+
+func (localityScorer) norm() normKind { return normFixed }
+
+func (localityScorer) score(c *taskCtx, st *state, i int, _ *view, _ []int) float64 {
+	if c.inputBytes <= 0 {
+		return 0
+	}
+	held := st.nodes[i].Datasets
+	var b int64
+	for _, d := range c.t.Datasets {
+		if h, ok := held[d.Name]; ok {
+			b += min(h, d.SizeBytes)
+		}
+	}
+	return float64(b) / float64(c.inputBytes)
+}
+
+// failureScorer penalises nodes where this task failed before (Nomad's
+// NodeReschedulingPenaltyIterator): -(1 - 2^-k) after k failures there.
+type failureScorer struct{}
+
+func (failureScorer) norm() normKind { return normFixed }
+
+func (failureScorer) score(c *taskCtx, st *state, i int, _ *view, _ []int) float64 {
+	k := c.t.FailedOn[st.nodes[i].ID]
+	if k <= 0 {
+		return 0
+	}
+	return -(1 - math.Pow(2, -float64(k)))
+}
+
+// spreadScorer is Nomad's spread block: for each Spread of the task, a boost
+// in [-1, 1] toward the value of the label that is furthest below its share,
+// weighted by Spread.Weight (default 50). With Targets (value -> percent,
+// unlisted values share the remaining percent as Nomad's "*"), the boost is
+// (desired - used) / desired with desired = percent × (group size + 1); for
+// an even spread it is (max - used) / max over the label's values in the
+// snapshot. A node without the label gets -1.
+type spreadScorer struct{}
+
+func (spreadScorer) norm() normKind { return normFixed }
+
+func (spreadScorer) score(c *taskCtx, st *state, i int, _ *view, _ []int) float64 {
+	var got, tot float64
+	for k := range c.t.Spreads {
+		sp := &c.t.Spreads[k]
+		w := float64(sp.Weight)
+		if w <= 0 {
+			w = 50
+		}
+		tot += w
+		got += w * spreadBoost(c, st, i, sp)
+	}
+	if tot == 0 {
+		return 0
+	}
+	return got / tot
+}
+
+func spreadBoost(c *taskCtx, st *state, i int, sp *Spread) float64 {
+	val, ok := st.nodes[i].Labels[sp.Label]
+	if !ok {
+		return -1
+	}
+	counts := st.groups.valueCounts(c.group, sp.Label)
+	if len(sp.Targets) > 0 {
+		total := 0
+		for _, n := range counts {
+			total += n
+		}
+		pct, listed := sp.Targets[val]
+		used := counts[val]
+		if !listed {
+			rest := 100
+			for _, p := range sp.Targets {
+				rest -= p
+			}
+			pct = max(rest, 0)
+			used = 0
+			for v, n := range counts {
+				if _, l := sp.Targets[v]; !l {
+					used += n
+				}
+			}
+		}
+		if pct <= 0 {
+			return -1
+		}
+		desired := float64(pct) / 100 * float64(total+1)
+		b := (desired - float64(used)) / desired
+		return math.Max(-1, math.Min(1, b))
+	}
+	mx := 0
+	for _, v := range st.labelValues(sp.Label) {
+		if n := counts[v]; n > mx {
+			mx = n
+		}
+	}
+	if mx == 0 {
+		return 0
+	}
+	return float64(mx-counts[val]) / float64(mx)
+}
+
+// labelValues returns the distinct values of label over the snapshot's
+// nodes, computed once per Place call.
+func (st *state) labelValues(label string) []string {
+	if vs, ok := st.values[label]; ok {
+		return vs
+	}
+	seen := map[string]bool{}
+	var vs []string
+	for _, n := range st.nodes {
+		if v, ok := n.Labels[label]; ok && !seen[v] {
+			seen[v] = true
+			vs = append(vs, v)
+		}
+	}
+	if st.values == nil {
+		st.values = map[string][]string{}
+	}
+	st.values[label] = vs
+	return vs
+}
