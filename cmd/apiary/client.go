@@ -1,0 +1,215 @@
+package main
+
+// Shared plumbing of the client commands (job, node): flags, connection,
+// error → exit code mapping and output helpers.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"apiary.dev/apiary/internal/cliconn"
+)
+
+// exitInterrupted is the conventional exit code after SIGINT.
+const exitInterrupted = 130
+
+// perCallTimeout bounds one unary RPC inside the --timeout budget.
+const perCallTimeout = 10 * time.Second
+
+// clientOpts are the persistent flags of a client command tree.
+type clientOpts struct {
+	addr    string
+	timeout time.Duration
+	output  string
+}
+
+func (o *clientOpts) addFlags(cmd *cobra.Command) {
+	f := cmd.PersistentFlags()
+	f.StringVar(&o.addr, "addr", "", "API address host:port (default $"+cliconn.EnvAddr+", else "+cliconn.DefaultAddr+")")
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "how long to keep trying to reach the API before giving up (exit 3)")
+	f.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
+}
+
+// check validates the flags themselves (exit 2, before any dialing).
+func (o *clientOpts) check() error {
+	switch o.output {
+	case "text", "json":
+	default:
+		return withCode(exitInvalid, fmt.Errorf("--output must be text or json (got %q)", o.output))
+	}
+	if o.timeout <= 0 {
+		return withCode(exitInvalid, fmt.Errorf("--timeout must be > 0 (got %s)", o.timeout))
+	}
+	return nil
+}
+
+// conn dials the resolved address. grpc.NewClient does not connect yet, so
+// this fails only on a malformed address (exit 2).
+func (o *clientOpts) conn(cmd *cobra.Command) (*grpc.ClientConn, string, error) {
+	set := false
+	if f := cmd.Flag("addr"); f != nil {
+		set = f.Changed
+	}
+	addr := cliconn.ResolveAddr(o.addr, set)
+	cc, err := cliconn.Dial(addr)
+	if err != nil {
+		return nil, addr, withCode(exitInvalid, fmt.Errorf("bad API address %q: %w", addr, err))
+	}
+	return cc, addr, nil
+}
+
+// call runs one unary RPC with retries on UNAVAILABLE within --timeout.
+func (o *clientOpts) call(ctx context.Context, fn func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	return cliconn.Retry(ctx, min(perCallTimeout, o.timeout), fn)
+}
+
+// signalContext is cancelled on SIGINT or SIGTERM.
+func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	parent := cmd.Context()
+	if parent == nil {
+		parent = context.Background()
+	}
+	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+}
+
+// rpcError maps a failed RPC to an exit code and a message. what names the
+// object for NOT_FOUND ("job eu-1-abc").
+func rpcError(err error, addr, what string) error {
+	if err == nil {
+		return nil
+	}
+	st := status.Convert(err)
+	msg := st.Message()
+	switch st.Code() {
+	case codes.NotFound:
+		if what != "" {
+			return withCode(exitInvalid, fmt.Errorf("%s not found", what))
+		}
+		return withCode(exitInvalid, fmt.Errorf("not found: %s", msg))
+	case codes.InvalidArgument:
+		return withCode(exitInvalid, fmt.Errorf("rejected by the server: %s", withViolations(msg, st)))
+	case codes.AlreadyExists:
+		return withCode(exitInvalid, fmt.Errorf("already exists: %s", msg))
+	case codes.FailedPrecondition:
+		return withCode(exitInvalid, fmt.Errorf("refused: %s", withViolations(msg, st)))
+	case codes.OutOfRange:
+		return withCode(exitInvalid, fmt.Errorf("out of range: %s", msg))
+	case codes.PermissionDenied, codes.Unauthenticated:
+		return withCode(exitInvalid, fmt.Errorf("not allowed: %s", msg))
+	case codes.Canceled:
+		return withCode(exitInterrupted, errors.New("interrupted"))
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
+		var re *cliconn.RetryError
+		detail := msg
+		if errors.As(err, &re) {
+			detail = re.Error()
+		}
+		state := map[codes.Code]string{codes.Unavailable: "is unavailable", codes.DeadlineExceeded: "did not answer in time",
+			codes.ResourceExhausted: "is overloaded"}[st.Code()]
+		return withCode(exitUnavailable, fmt.Errorf("the apiary API at %s %s: %s (the address comes from --addr or $%s)",
+			addr, state, detail, cliconn.EnvAddr))
+	}
+	return withCode(exitUnavailable, fmt.Errorf("server error at %s (%s): %s", addr, st.Code(), msg))
+}
+
+// withViolations appends BadRequest / PreconditionFailure details that the
+// message does not already say.
+func withViolations(msg string, st *status.Status) string {
+	var b strings.Builder
+	b.WriteString(msg)
+	add := func(field, desc string) {
+		line := desc
+		if field != "" {
+			line = field + ": " + desc
+		}
+		if !strings.Contains(msg, line) {
+			b.WriteString("\n  " + line)
+		}
+	}
+	for _, d := range st.Details() {
+		switch x := d.(type) {
+		case *errdetails.BadRequest:
+			for _, v := range x.GetFieldViolations() {
+				add(v.GetField(), v.GetDescription())
+			}
+		case *errdetails.PreconditionFailure:
+			for _, v := range x.GetViolations() {
+				add(v.GetSubject(), v.GetDescription())
+			}
+		}
+	}
+	return b.String()
+}
+
+// printJSON writes m as one protojson object.
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}
+
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+}
+
+// cell makes a value safe for one tabwriter cell: one line, no tabs, bounded.
+func cell(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if s == "" {
+		return "-"
+	}
+	if max > 0 && len(s) > max {
+		s = s[:max-3] + "..."
+	}
+	return s
+}
+
+func fmtTime(ms int64) string {
+	if ms <= 0 {
+		return "-"
+	}
+	t := time.UnixMilli(ms)
+	age := time.Since(t).Round(time.Second)
+	if age >= 0 && age < 48*time.Hour {
+		return fmt.Sprintf("%s (%s ago)", t.Local().Format("2006-01-02 15:04:05"), age)
+	}
+	return t.Local().Format("2006-01-02 15:04:05")
+}
+
+func fmtLabels(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,602 @@
+package main
+
+// apiary job run|status|list|cancel|logs: the client side of JobService.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/cliconn"
+	"apiary.dev/apiary/internal/jobspec"
+)
+
+func init() { register(newJobCmd) }
+
+func newJobCmd() *cobra.Command {
+	o := &clientOpts{}
+	cmd := &cobra.Command{
+		Use:   "job",
+		Short: "Submit, inspect and cancel jobs",
+		Long: `Submit, inspect and cancel jobs.
+
+The API address comes from --addr, else $APIARY_ADDR, else 127.0.0.1:7070.
+Exit codes: 0 success (with --wait: the job completed), 1 the job failed or was
+cancelled, 2 invalid input (nothing was submitted) or not found, 3 the API is
+unavailable.`,
+	}
+	o.addFlags(cmd)
+	cmd.AddCommand(newJobRunCmd(o), newJobStatusCmd(o), newJobListCmd(o), newJobCancelCmd(o), newJobLogsCmd(o))
+	return cmd
+}
+
+// ---------------------------------------------------------------------------
+// job run
+
+func newJobRunCmd(o *clientOpts) *cobra.Command {
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "run FILE",
+		Short: "Validate a job file and submit it",
+		Long: `Validate a job file and submit it.
+
+The file is parsed and validated locally first; an invalid file exits 2 and
+nothing is sent. The submission carries a client id (stable for this host and
+user) and a fresh request id; it is retried with the same request id while the
+API is unavailable, up to --timeout, so a retry never makes a second job.
+
+With --wait, follows the job until it ends: exit 0 if it completed, 1 if it
+failed or was cancelled. --timeout then also bounds each reconnection.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.check(); err != nil {
+				return err
+			}
+			spec, err := loadJobFile(args[0])
+			if err != nil {
+				return err
+			}
+			jobspec.ApplyDefaults(spec)
+			cc, addr, err := o.conn(cmd)
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			client := apiaryv1.NewJobServiceClient(cc)
+			req := &apiaryv1.SubmitJobRequest{
+				Spec:      spec,
+				ClientId:  cliconn.ClientID(),
+				RequestId: cliconn.NewRequestID(),
+			}
+			var resp *apiaryv1.SubmitJobResponse
+			err = o.call(ctx, func(ctx context.Context) error {
+				var err error
+				resp, err = client.SubmitJob(ctx, req)
+				return err
+			})
+			if err != nil {
+				return rpcError(err, addr, "")
+			}
+			out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			if !wait {
+				if o.output == "json" {
+					return printJSON(out, resp)
+				}
+				dedup := ""
+				if resp.GetDeduplicated() {
+					dedup = " (already submitted; same job)"
+				}
+				fmt.Fprintf(errw, "submitted %s (%d tasks) to region %s%s\n", spec.GetName(), jobspec.TaskCount(spec), resp.GetRegion(), dedup)
+				fmt.Fprintln(out, resp.GetJobId())
+				return nil
+			}
+			if o.output == "text" {
+				fmt.Fprintf(errw, "submitted %s as %s (region %s); waiting for it to finish\n", spec.GetName(), resp.GetJobId(), resp.GetRegion())
+			}
+			job, err := waitJob(ctx, o, client, addr, resp.GetJobId(), errw)
+			if err != nil {
+				return err
+			}
+			if o.output == "json" {
+				if err := printJSON(out, job); err != nil {
+					return err
+				}
+			} else {
+				printJob(out, job)
+			}
+			return jobExit(job)
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the job ends; exit 0 if it completed, 1 if not")
+	return cmd
+}
+
+// loadJobFile parses and validates a job file; every problem exits 2.
+func loadJobFile(path string) (*apiaryv1.JobSpec, error) {
+	spec, err := jobspec.ParseFile(path)
+	if err == nil {
+		err = jobspec.Validate(spec)
+	}
+	if err == nil {
+		return spec, nil
+	}
+	var ve *jobspec.ValidationError
+	if errors.As(err, &ve) {
+		lines := make([]string, 0, len(ve.Errors)+1)
+		for _, fe := range ve.Errors {
+			lines = append(lines, "  "+fe.String())
+		}
+		if ve.Omitted > 0 {
+			lines = append(lines, fmt.Sprintf("  ... and %d more errors", ve.Omitted))
+		}
+		return nil, withCode(exitInvalid, fmt.Errorf("%s is not a valid job file (nothing was submitted):\n%s", path, strings.Join(lines, "\n")))
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, withCode(exitInvalid, fmt.Errorf("job file %s does not exist", path))
+	}
+	return nil, withCode(exitInvalid, fmt.Errorf("cannot read job file: %w", err))
+}
+
+func terminal(s apiaryv1.JobState) bool {
+	switch s {
+	case apiaryv1.JobState_JOB_STATE_COMPLETE, apiaryv1.JobState_JOB_STATE_FAILED, apiaryv1.JobState_JOB_STATE_CANCELLED:
+		return true
+	}
+	return false
+}
+
+// jobExit maps a terminal job to the command's exit code.
+func jobExit(job *apiaryv1.Job) error {
+	switch job.GetState() {
+	case apiaryv1.JobState_JOB_STATE_COMPLETE:
+		return nil
+	case apiaryv1.JobState_JOB_STATE_FAILED, apiaryv1.JobState_JOB_STATE_CANCELLED:
+		return withCode(exitJobFailed, fmt.Errorf("job %s %s", job.GetId(), strings.ToLower(jobState(job.GetState()))))
+	}
+	return nil
+}
+
+// waitJob follows WatchJob until the job is terminal. A broken stream is
+// reopened (the coordinator may have failed over); if the API stays
+// unreachable for --timeout, it gives up with exit 3. A server without
+// WatchJob is polled with GetJob.
+func waitJob(ctx context.Context, o *clientOpts, client apiaryv1.JobServiceClient, addr, id string, progress io.Writer) (*apiaryv1.Job, error) {
+	var last *apiaryv1.Job
+	lastLine := ""
+	report := func(job *apiaryv1.Job) {
+		last = job
+		if o.output != "text" {
+			return
+		}
+		if line := progressLine(job); line != lastLine {
+			fmt.Fprintln(progress, line)
+			lastLine = line
+		}
+	}
+	lastContact := time.Now()
+	contact := func() { lastContact = time.Now() }
+	poll := false // the server has no WatchJob: poll GetJob instead
+	for n := 0; ; n++ {
+		var err error
+		if !poll {
+			var job *apiaryv1.Job
+			job, err = watchOnce(ctx, client, id, func(j *apiaryv1.Job) { contact(); n = 0; report(j) })
+			if err == nil && job != nil {
+				return job, nil
+			}
+			if status.Code(err) == codes.Unimplemented {
+				poll, err = true, nil
+			}
+		}
+		if err == nil {
+			// The stream ended early, or we poll: ask once.
+			cctx, cancel := context.WithTimeout(ctx, min(perCallTimeout, o.timeout))
+			var resp *apiaryv1.GetJobResponse
+			resp, err = client.GetJob(cctx, &apiaryv1.GetJobRequest{JobId: id})
+			cancel()
+			if err == nil {
+				contact()
+				n = 0
+				report(resp.GetJob())
+				if terminal(resp.GetJob().GetState()) {
+					return resp.GetJob(), nil
+				}
+				pause := 200 * time.Millisecond // before reopening the stream
+				if poll {
+					pause = time.Second
+				}
+				if err = sleepCtx(ctx, pause); err == nil {
+					continue
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			what := "stopped waiting"
+			if last != nil {
+				what += fmt.Sprintf("; job %s is %s and keeps running", id, strings.ToLower(jobState(last.GetState())))
+			}
+			return nil, withCode(exitInterrupted, errors.New(what))
+		}
+		code := status.Code(err)
+		if !cliconn.Retryable(err) && code != codes.DeadlineExceeded && code != codes.Internal && code != codes.Unknown {
+			return nil, rpcError(err, addr, "job "+id)
+		}
+		if time.Since(lastContact) > o.timeout {
+			return nil, rpcError(&cliconn.RetryError{Attempts: n + 1, Last: err}, addr, "")
+		}
+		_ = sleepCtx(ctx, cliconn.DefaultBackoff.Wait(n)) // ctx end is handled above next round
+	}
+}
+
+// watchOnce reads one WatchJob stream. It returns the job once it is
+// terminal, (nil, nil) when the stream ended early, or the stream's error.
+func watchOnce(ctx context.Context, client apiaryv1.JobServiceClient, id string, seen func(*apiaryv1.Job)) (*apiaryv1.Job, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := client.WatchJob(ctx, &apiaryv1.WatchJobRequest{JobId: id})
+	if err != nil {
+		return nil, err
+	}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		job := resp.GetJob()
+		seen(job)
+		if terminal(job.GetState()) {
+			return job, nil
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func progressLine(job *apiaryv1.Job) string {
+	c := job.GetCounts()
+	return fmt.Sprintf("%s: %s  %d/%d complete, %d running, %d pending, %d failed",
+		job.GetId(), jobState(job.GetState()), c.GetComplete(), countTotal(c),
+		c.GetRunning()+c.GetAssigned(), c.GetPending(), c.GetFailed())
+}
+
+// ---------------------------------------------------------------------------
+// job status
+
+func newJobStatusCmd(o *clientOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status JOB_ID",
+		Short: "Show a job and each of its tasks",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if err := o.check(); err != nil {
+				return err
+			}
+			cc, addr, err := o.conn(cmd)
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			client := apiaryv1.NewJobServiceClient(cc)
+			var resp *apiaryv1.GetJobResponse
+			err = o.call(ctx, func(ctx context.Context) error {
+				resp, err = client.GetJob(ctx, &apiaryv1.GetJobRequest{JobId: id})
+				return err
+			})
+			if err != nil {
+				return rpcError(err, addr, "job "+id)
+			}
+			if o.output == "json" {
+				return printJSON(cmd.OutOrStdout(), resp.GetJob())
+			}
+			printJob(cmd.OutOrStdout(), resp.GetJob())
+			return nil
+		},
+	}
+}
+
+func jobState(s apiaryv1.JobState) string {
+	return strings.TrimPrefix(s.String(), "JOB_STATE_")
+}
+
+func taskState(s apiaryv1.TaskState) string {
+	return strings.TrimPrefix(s.String(), "TASK_STATE_")
+}
+
+func countTotal(c *apiaryv1.TaskCounts) int32 {
+	return c.GetPending() + c.GetAssigned() + c.GetRunning() + c.GetComplete() + c.GetFailed() + c.GetCancelled()
+}
+
+// printJob writes a job header and a table of its tasks.
+func printJob(w io.Writer, job *apiaryv1.Job) {
+	state := jobState(job.GetState())
+	if job.GetCancelRequested() && !terminal(job.GetState()) {
+		state += " (cancel requested)"
+	}
+	c := job.GetCounts()
+	h := newTable(w)
+	fmt.Fprintf(h, "Job:\t%s\n", job.GetId())
+	fmt.Fprintf(h, "Name:\t%s\n", cell(job.GetSpec().GetName(), 0))
+	fmt.Fprintf(h, "Region:\t%s (shard %d)\n", cell(job.GetRegion(), 0), job.GetShard())
+	fmt.Fprintf(h, "State:\t%s\n", state)
+	fmt.Fprintf(h, "Tasks:\t%d total: %d complete, %d running, %d assigned, %d pending, %d failed, %d cancelled\n",
+		countTotal(c), c.GetComplete(), c.GetRunning(), c.GetAssigned(), c.GetPending(), c.GetFailed(), c.GetCancelled())
+	fmt.Fprintf(h, "Submitted:\t%s\n", fmtTime(job.GetSubmitTimeMs()))
+	fmt.Fprintf(h, "Finished:\t%s\n", fmtTime(job.GetFinishTimeMs()))
+	h.Flush()
+	if len(job.GetTasks()) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	t := newTable(w)
+	fmt.Fprintln(t, "INDEX\tGROUP\tSTATE\tATTEMPT\tNODE\tEXIT\tUNPLACED_REASON\tERROR")
+	for _, task := range job.GetTasks() {
+		exit := "-"
+		if as := task.GetAttempts(); len(as) > 0 {
+			if l := as[len(as)-1]; l.GetEndTimeMs() > 0 || l.GetOutcome() != "" {
+				exit = strconv.Itoa(int(l.GetExitCode()))
+			}
+		}
+		reason := task.GetUnplacedReason()
+		if task.GetState() == apiaryv1.TaskState_TASK_STATE_PENDING && task.GetNotBeforeMs() > time.Now().UnixMilli() {
+			wait := time.Until(time.UnixMilli(task.GetNotBeforeMs())).Round(100 * time.Millisecond)
+			reason = strings.TrimSpace(fmt.Sprintf("retry in %s %s", wait, reason))
+		}
+		fmt.Fprintf(t, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", task.GetIndex(), cell(task.GetGroup(), 24),
+			taskState(task.GetState()), task.GetAttempt(), cell(task.GetNodeId(), 32), exit,
+			cell(reason, 80), cell(task.GetError(), 80))
+	}
+	t.Flush()
+}
+
+// ---------------------------------------------------------------------------
+// job list
+
+func newJobListCmd(o *clientOpts) *cobra.Command {
+	var state string
+	var limit int32
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List jobs, newest first as the server orders them",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.check(); err != nil {
+				return err
+			}
+			st, err := parseJobState(state)
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			if limit < 0 || limit > 10000 {
+				return withCode(exitInvalid, fmt.Errorf("--limit must be between 1 and 10000 (got %d)", limit))
+			}
+			cc, addr, err := o.conn(cmd)
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			client := apiaryv1.NewJobServiceClient(cc)
+			var resp *apiaryv1.ListJobsResponse
+			err = o.call(ctx, func(ctx context.Context) error {
+				resp, err = client.ListJobs(ctx, &apiaryv1.ListJobsRequest{State: st, Limit: limit})
+				return err
+			})
+			if err != nil {
+				return rpcError(err, addr, "")
+			}
+			if u := resp.GetUnavailableRegions(); len(u) > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: these regions did not answer, their jobs are missing: %s\n", strings.Join(u, ", "))
+			}
+			if o.output == "json" {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			t := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(t, "ID\tNAME\tSTATE\tCOMPLETE\tFAILED\tREGION\tSUBMITTED")
+			for _, j := range resp.GetJobs() {
+				c := j.GetCounts()
+				fmt.Fprintf(t, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\n", j.GetId(), cell(j.GetSpec().GetName(), 40),
+					jobState(j.GetState()), c.GetComplete(), countTotal(c), c.GetFailed(), cell(j.GetRegion(), 0),
+					fmtTime(j.GetSubmitTimeMs()))
+			}
+			t.Flush()
+			if len(resp.GetJobs()) == 0 {
+				fmt.Fprintln(cmd.ErrOrStderr(), "no jobs")
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&state, "state", "", "only jobs in this state: pending, running, complete, failed or cancelled")
+	cmd.Flags().Int32Var(&limit, "limit", 100, "at most this many jobs (1..10000)")
+	return cmd
+}
+
+func parseJobState(s string) (apiaryv1.JobState, error) {
+	if s == "" {
+		return apiaryv1.JobState_JOB_STATE_UNSPECIFIED, nil
+	}
+	u := strings.ToUpper(strings.TrimSpace(s))
+	u = strings.TrimPrefix(u, "JOB_STATE_")
+	if u == "CANCELED" {
+		u = "CANCELLED"
+	}
+	if v, ok := apiaryv1.JobState_value["JOB_STATE_"+u]; ok && v != 0 {
+		return apiaryv1.JobState(v), nil
+	}
+	return 0, fmt.Errorf("--state must be one of pending, running, complete, failed, cancelled (got %q)", s)
+}
+
+// ---------------------------------------------------------------------------
+// job cancel
+
+func newJobCancelCmd(o *clientOpts) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel JOB_ID",
+		Short: "Cancel a job; its running attempts are killed",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if err := o.check(); err != nil {
+				return err
+			}
+			cc, addr, err := o.conn(cmd)
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			client := apiaryv1.NewJobServiceClient(cc)
+			var resp *apiaryv1.CancelJobResponse
+			err = o.call(ctx, func(ctx context.Context) error {
+				resp, err = client.CancelJob(ctx, &apiaryv1.CancelJobRequest{JobId: id})
+				return err
+			})
+			if err != nil {
+				return rpcError(err, addr, "job "+id)
+			}
+			if o.output == "json" {
+				return printJSON(cmd.OutOrStdout(), resp.GetJob())
+			}
+			job := resp.GetJob()
+			switch s := job.GetState(); {
+			case s == apiaryv1.JobState_JOB_STATE_CANCELLED:
+				fmt.Fprintf(cmd.OutOrStdout(), "job %s cancelled\n", id)
+			case terminal(s):
+				fmt.Fprintf(cmd.OutOrStdout(), "job %s had already ended (%s); nothing to cancel\n", id, strings.ToLower(jobState(s)))
+			default:
+				fmt.Fprintf(cmd.OutOrStdout(), "job %s: cancel requested; %d tasks still running will be killed\n",
+					id, job.GetCounts().GetRunning()+job.GetCounts().GetAssigned())
+			}
+			return nil
+		},
+	}
+}
+
+// ---------------------------------------------------------------------------
+// job logs
+
+func newJobLogsCmd(o *clientOpts) *cobra.Command {
+	var task int32
+	cmd := &cobra.Command{
+		Use:   "logs JOB_ID",
+		Short: "Show the kept stdout/stderr tails of each task's attempts",
+		Long: `Show the kept stdout/stderr tails of each task's attempts.
+
+The region keeps the last part of each attempt's output (16 KiB by default);
+full logs stay on the node that ran the attempt.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			if err := o.check(); err != nil {
+				return err
+			}
+			if task < -1 {
+				return withCode(exitInvalid, fmt.Errorf("--task must be a task index >= 0 (got %d)", task))
+			}
+			cc, addr, err := o.conn(cmd)
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			client := apiaryv1.NewJobServiceClient(cc)
+			var resp *apiaryv1.GetJobLogsResponse
+			err = o.call(ctx, func(ctx context.Context) error {
+				resp, err = client.GetJobLogs(ctx, &apiaryv1.GetJobLogsRequest{JobId: id, TaskIndex: task}, grpc.MaxCallRecvMsgSize(cliconn.MaxRecvBytes))
+				return err
+			})
+			if err != nil {
+				what := "job " + id
+				if task >= 0 {
+					what = fmt.Sprintf("task %d of job %s", task, id)
+				}
+				return rpcError(err, addr, what)
+			}
+			if o.output == "json" {
+				return printJSON(cmd.OutOrStdout(), resp)
+			}
+			printLogs(cmd.OutOrStdout(), resp.GetTasks())
+			return nil
+		},
+	}
+	cmd.Flags().Int32Var(&task, "task", -1, "only this task index (default: all tasks)")
+	return cmd
+}
+
+func printLogs(w io.Writer, tasks []*apiaryv1.Task) {
+	for i, t := range tasks {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "==> task %d [%s] %s, %d attempt(s)", t.GetIndex(), t.GetGroup(), taskState(t.GetState()), len(t.GetAttempts()))
+		if t.GetError() != "" {
+			fmt.Fprintf(w, ": %s", cell(t.GetError(), 200))
+		}
+		fmt.Fprintln(w)
+		if len(t.GetAttempts()) == 0 {
+			if r := t.GetUnplacedReason(); r != "" {
+				fmt.Fprintf(w, "    (not run yet: %s)\n", cell(r, 200))
+			} else {
+				fmt.Fprintln(w, "    (not run yet)")
+			}
+		}
+		for _, a := range t.GetAttempts() {
+			dur := ""
+			if a.GetStartTimeMs() > 0 && a.GetEndTimeMs() >= a.GetStartTimeMs() {
+				dur = ", " + (time.Duration(a.GetEndTimeMs()-a.GetStartTimeMs()) * time.Millisecond).String()
+			}
+			outcome := a.GetOutcome()
+			if outcome == "" {
+				outcome = "running"
+			}
+			fmt.Fprintf(w, "--- attempt %d on %s: %s, exit %d%s", a.GetAttempt(), cell(a.GetNodeId(), 0), outcome, a.GetExitCode(), dur)
+			if a.GetError() != "" {
+				fmt.Fprintf(w, " (%s)", cell(a.GetError(), 200))
+			}
+			fmt.Fprintln(w)
+			printTail(w, "stdout", a.GetStdoutTail())
+			printTail(w, "stderr", a.GetStderrTail())
+		}
+	}
+}
+
+func printTail(w io.Writer, name, s string) {
+	if s == "" {
+		fmt.Fprintf(w, "    [%s: empty]\n", name)
+		return
+	}
+	fmt.Fprintf(w, "    [%s]\n", name)
+	for _, line := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		fmt.Fprintf(w, "    %s\n", line)
+	}
+}

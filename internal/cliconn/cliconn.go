@@ -1,0 +1,165 @@
+// Package cliconn is how client commands (apiary job, node, region list,
+// trace ...) reach the Apiary API: where the address comes from, dialing, the
+// client identity used for idempotent submission, and retrying calls that
+// failed because the server was unavailable.
+//
+// It owns no state and serves nothing; it must not know about jobs, regions or
+// exit codes (the commands map errors to exit codes themselves).
+package cliconn
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"os"
+	"os/user"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// EnvAddr names the environment variable that holds the API address.
+const EnvAddr = "APIARY_ADDR"
+
+// DefaultAddr is the address used when neither --addr nor APIARY_ADDR is set.
+const DefaultAddr = "127.0.0.1:7070"
+
+// MaxRecvBytes bounds one response (logs of a large job can be big).
+const MaxRecvBytes = 64 << 20
+
+// ResolveAddr picks the API address: the flag if it was set, else
+// $APIARY_ADDR, else DefaultAddr.
+func ResolveAddr(flag string, flagSet bool) string {
+	if flagSet && flag != "" {
+		return flag
+	}
+	if v := os.Getenv(EnvAddr); v != "" {
+		return v
+	}
+	if flag != "" {
+		return flag
+	}
+	return DefaultAddr
+}
+
+// Dial returns a client connection to addr. It does not block: the first RPC
+// connects, and a refused connection fails that RPC with UNAVAILABLE.
+func Dial(addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvBytes)),
+	)
+}
+
+// ClientID identifies this host and user, stably across invocations, so that a
+// region can deduplicate retried submissions: "cli-" and 16 hex digits of a
+// hash of the host name and the user id.
+func ClientID() string {
+	host, _ := os.Hostname()
+	uid := strconv.Itoa(os.Getuid())
+	if u, err := user.Current(); err == nil {
+		uid = u.Uid + ":" + u.Username
+	}
+	sum := sha256.Sum256([]byte("apiary-cli\x00" + host + "\x00" + uid))
+	return "cli-" + hex.EncodeToString(sum[:8])
+}
+
+// NewRequestID returns a fresh random request id (32 hex digits). A command
+// makes one per submission and reuses it for every retry of that submission.
+func NewRequestID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// Retryable reports whether a call that failed with err may be retried as is:
+// the server was unreachable (UNAVAILABLE) or shed load (RESOURCE_EXHAUSTED).
+func Retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// Backoff is the retry schedule: exponential from Initial to Max, each wait
+// drawn with full jitter from [wait/2, wait].
+type Backoff struct {
+	Initial, Max time.Duration
+}
+
+// DefaultBackoff starts at 100 ms and caps at 2 s.
+var DefaultBackoff = Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
+
+// Wait returns the pause before retry n (0 for the first retry).
+func (b Backoff) Wait(n int) time.Duration {
+	d := float64(b.Initial) * math.Pow(2, float64(min(n, 30)))
+	if d > float64(b.Max) {
+		d = float64(b.Max)
+	}
+	return time.Duration(d/2 + mrand.Float64()*d/2)
+}
+
+// RetryError is returned by Retry when it gave up on a retryable error.
+type RetryError struct {
+	Attempts int
+	Last     error
+}
+
+func (e *RetryError) Error() string {
+	return fmt.Sprintf("gave up after %d attempts: %v", e.Attempts, status.Convert(e.Last).Message())
+}
+
+// Unwrap returns the last error, so status.Code and errors.As see it.
+func (e *RetryError) Unwrap() error { return e.Last }
+
+// GRPCStatus is the last error's status.
+func (e *RetryError) GRPCStatus() *status.Status { return status.Convert(e.Last) }
+
+// Retry calls fn until it succeeds, fails with an error that is not
+// Retryable, or ctx ends. Each call gets ctx, bounded to perCall when perCall
+// is positive. When ctx ends while retrying, Retry returns a *RetryError
+// holding the last call's error (whose code is that of the failure, e.g.
+// UNAVAILABLE, not the deadline).
+func Retry(ctx context.Context, perCall time.Duration, fn func(ctx context.Context) error) error {
+	var last error
+	for n := 0; ; n++ {
+		cctx, cancel := ctx, context.CancelFunc(func() {})
+		if perCall > 0 {
+			cctx, cancel = context.WithTimeout(ctx, perCall)
+		}
+		err := fn(cctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		// A per-call timeout while the overall deadline still runs is
+		// retryable too; the overall deadline is not.
+		perCallTimeout := status.Code(err) == codes.DeadlineExceeded && ctx.Err() == nil && perCall > 0
+		if !Retryable(err) && !perCallTimeout {
+			if last != nil && ctx.Err() != nil {
+				// The deadline cut a retry short: report why we were retrying.
+				return &RetryError{Attempts: n + 1, Last: last}
+			}
+			return err
+		}
+		last = err
+		t := time.NewTimer(DefaultBackoff.Wait(n))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return &RetryError{Attempts: n + 1, Last: last}
+		case <-t.C:
+		}
+	}
+}
