@@ -1,0 +1,630 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// fakeCoord is a test double of a regional coordinator's AgentService: a
+// real gRPC server on loopback that keeps epochs, re-sends the current
+// assignments on every stream open, and records reports.
+type fakeCoord struct {
+	apiaryv1.UnimplementedAgentServiceServer
+	addr string
+
+	mu          sync.Mutex
+	nextEpoch   int64
+	valid       map[int64]bool
+	registers   []*apiaryv1.RegisterNodeRequest
+	streams     map[int]*fakeStream
+	nextStream  int
+	current     []*apiaryv1.Assignment
+	reports     []*apiaryv1.ReportTaskStatusRequest
+	reject      func(*apiaryv1.ReportTaskStatusRequest) string
+	failReports int // answer this many reports with UNAVAILABLE first
+	failed      int
+}
+
+type fakeStream struct {
+	epoch int64
+	ch    chan *apiaryv1.Assignment
+	kill  chan struct{}
+}
+
+func startFake(t *testing.T) *fakeCoord {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeCoord{addr: lis.Addr().String(), valid: map[int64]bool{}, streams: map[int]*fakeStream{}}
+	srv := grpc.NewServer()
+	apiaryv1.RegisterAgentServiceServer(srv, f)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	return f
+}
+
+func (f *fakeCoord) RegisterNode(_ context.Context, req *apiaryv1.RegisterNodeRequest) (*apiaryv1.RegisterNodeResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nextEpoch++
+	f.valid[f.nextEpoch] = true
+	f.registers = append(f.registers, req)
+	return &apiaryv1.RegisterNodeResponse{NodeEpoch: f.nextEpoch, LeaseTtlMs: 5000, HeartbeatIntervalMs: 30, Region: "r1"}, nil
+}
+
+func (f *fakeCoord) Heartbeat(_ context.Context, req *apiaryv1.HeartbeatRequest) (*apiaryv1.HeartbeatResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.valid[req.GetNodeEpoch()] {
+		return nil, status.Error(codes.FailedPrecondition, "node epoch gone")
+	}
+	return &apiaryv1.HeartbeatResponse{LeaseTtlMs: 5000}, nil
+}
+
+func (f *fakeCoord) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, st grpc.ServerStreamingServer[apiaryv1.StreamAssignmentsResponse]) error {
+	f.mu.Lock()
+	if !f.valid[req.GetNodeEpoch()] {
+		f.mu.Unlock()
+		return status.Error(codes.FailedPrecondition, "node epoch gone")
+	}
+	s := &fakeStream{epoch: req.GetNodeEpoch(), ch: make(chan *apiaryv1.Assignment, 1000), kill: make(chan struct{})}
+	for _, a := range f.current {
+		s.ch <- a
+	}
+	id := f.nextStream
+	f.nextStream++
+	f.streams[id] = s
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.streams, id)
+		f.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-st.Context().Done():
+			return nil
+		case <-s.kill:
+			return status.Error(codes.Unavailable, "stream killed by test")
+		case a := <-s.ch:
+			if err := st.Send(&apiaryv1.StreamAssignmentsResponse{Assignment: a}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (f *fakeCoord) ReportTaskStatus(_ context.Context, req *apiaryv1.ReportTaskStatusRequest) (*apiaryv1.ReportTaskStatusResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failed < f.failReports {
+		f.failed++
+		return nil, status.Error(codes.Unavailable, "flaky")
+	}
+	f.reports = append(f.reports, req)
+	reject := f.reject
+	f.mu.Unlock()
+	defer f.mu.Lock()
+	if reject != nil {
+		if reason := reject(req); reason != "" {
+			return &apiaryv1.ReportTaskStatusResponse{Accepted: false, Reason: reason}, nil
+		}
+	}
+	return &apiaryv1.ReportTaskStatusResponse{Accepted: true}, nil
+}
+
+// push makes a current (re-sent on open) and sends it on every open stream.
+func (f *fakeCoord) push(a *apiaryv1.Assignment) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.current = append(f.current, a)
+	for _, s := range f.streams {
+		s.ch <- a
+	}
+}
+
+// killStreams ends every open stream with UNAVAILABLE.
+func (f *fakeCoord) killStreams() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id, s := range f.streams {
+		close(s.kill)
+		delete(f.streams, id)
+	}
+}
+
+// expire ends an epoch, as a lapsed lease would.
+func (f *fakeCoord) expire(epoch int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.valid, epoch)
+}
+
+func (f *fakeCoord) numRegisters() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.registers)
+}
+
+// waitStream waits until a stream of epoch is open.
+func (f *fakeCoord) waitStream(t *testing.T, epoch int64) {
+	t.Helper()
+	waitFor(t, 10*time.Second, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, s := range f.streams {
+			if s.epoch == epoch {
+				return true
+			}
+		}
+		return false
+	}, "a stream of epoch %d", epoch)
+}
+
+// reportsFor returns the reports on key so far.
+func (f *fakeCoord) reportsFor(key AttemptKey) []*apiaryv1.ReportTaskStatusRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*apiaryv1.ReportTaskStatusRequest
+	for _, r := range f.reports {
+		if r.GetJobId() == key.JobID && r.GetTaskIndex() == key.TaskIndex && r.GetAttempt() == key.Attempt {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// waitReport waits for a report of kind on key and returns it.
+func (f *fakeCoord) waitReport(t *testing.T, key AttemptKey, kind apiaryv1.ReportKind) *apiaryv1.ReportTaskStatusRequest {
+	t.Helper()
+	var got *apiaryv1.ReportTaskStatusRequest
+	waitFor(t, 15*time.Second, func() bool {
+		for _, r := range f.reportsFor(key) {
+			if r.GetKind() == kind {
+				got = r
+				return true
+			}
+		}
+		return false
+	}, "%s report for %s", kind, key)
+	return got
+}
+
+type testAgent struct {
+	*Agent
+	dataDir string
+	cancel  context.CancelFunc
+	done    chan error
+	once    sync.Once
+}
+
+// startAgent runs an agent against addrs until the test ends.
+func startAgent(t *testing.T, addrs []string, mod func(*Config)) *testAgent {
+	t.Helper()
+	cfg := Config{
+		NodeID:           "n1",
+		Labels:           map[string]string{"zone": "z1"},
+		Capacity:         Resources{CPUMillis: 4000, MemoryMB: 4096},
+		DataDir:          t.TempDir(),
+		CoordinatorAddrs: addrs,
+		KillGrace:        500 * time.Millisecond,
+		RPCTimeout:       2 * time.Second,
+		MinBackoff:       10 * time.Millisecond,
+		MaxBackoff:       200 * time.Millisecond,
+		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ta := &testAgent{Agent: a, dataDir: a.Config().DataDir, cancel: cancel, done: make(chan error, 1)}
+	go func() { ta.done <- a.Run(ctx) }()
+	t.Cleanup(func() { ta.stop(t) })
+	return ta
+}
+
+// stop cancels Run and waits for it to return.
+func (ta *testAgent) stop(t *testing.T) {
+	t.Helper()
+	ta.once.Do(func() {
+		ta.cancel()
+		select {
+		case err := <-ta.done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("Run did not return after cancel")
+		}
+	})
+}
+
+// waitEpoch waits until the agent is registered with an epoch >= min.
+func (ta *testAgent) waitEpoch(t *testing.T, min int64) int64 {
+	t.Helper()
+	var e int64
+	waitFor(t, 10*time.Second, func() bool { e = ta.Epoch(); return e >= min }, "epoch >= %d", min)
+	return e
+}
+
+func (ta *testAgent) workDir(key AttemptKey) string {
+	d, _ := ta.Agent.workDir(key)
+	return d
+}
+
+func runAsg(epoch int64, key AttemptKey, script string) *apiaryv1.Assignment {
+	return &apiaryv1.Assignment{
+		Kind:         apiaryv1.Assignment_KIND_RUN,
+		JobId:        key.JobID,
+		TaskIndex:    key.TaskIndex,
+		Attempt:      key.Attempt,
+		NodeEpoch:    epoch,
+		FencingToken: int64(key.Attempt) * 10,
+		Command:      "sh",
+		Args:         []string{"-c", script},
+		Resources:    &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 16},
+	}
+}
+
+func cancelAsg(epoch int64, key AttemptKey) *apiaryv1.Assignment {
+	return &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_CANCEL, JobId: key.JobID,
+		TaskIndex: key.TaskIndex, Attempt: key.Attempt, NodeEpoch: epoch}
+}
+
+func kinds(rs []*apiaryv1.ReportTaskStatusRequest) []apiaryv1.ReportKind {
+	var out []apiaryv1.ReportKind
+	for _, r := range rs {
+		out = append(out, r.GetKind())
+	}
+	return out
+}
+
+func TestAgentRegisterStreamRunReport(t *testing.T) {
+	f := startFake(t)
+	ta := startAgent(t, []string{f.addr}, nil)
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+
+	reg := f.registers[0]
+	if reg.GetNodeId() != "n1" || reg.GetLabels()["zone"] != "z1" || reg.GetCapacity().GetCpuMillis() != 4000 ||
+		reg.GetCapacity().GetMemoryMb() != 4096 {
+		t.Fatalf("register request %v", reg)
+	}
+
+	key := AttemptKey{JobID: "r1-job1", TaskIndex: 2, Attempt: 3}
+	a := runAsg(epoch, key, `echo "$APIARY_JOB_ID $APIARY_TASK_INDEX $APIARY_ATTEMPT $APIARY_REGION $APIARY_NODE_ID $APIARY_FENCING_TOKEN $FOO"; echo oops >&2; exit 3`)
+	a.Env = map[string]string{"FOO": "bar", "APIARY_NODE_ID": "spoofed"}
+	f.push(a)
+
+	ex := f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	if ex.GetExitCode() != 3 || ex.GetNodeEpoch() != epoch || ex.GetNodeId() != "n1" {
+		t.Fatalf("EXITED report %v", ex)
+	}
+	if want := "r1-job1 2 3 r1 n1 30 bar\n"; ex.GetStdoutTail() != want {
+		t.Fatalf("stdout tail %q, want %q", ex.GetStdoutTail(), want)
+	}
+	if ex.GetStderrTail() != "oops\n" || ex.GetStartTimeMs() == 0 || ex.GetEndTimeMs() < ex.GetStartTimeMs() {
+		t.Fatalf("EXITED report %v", ex)
+	}
+	if ks := kinds(f.reportsFor(key)); len(ks) != 2 || ks[0] != apiaryv1.ReportKind_REPORT_KIND_STARTED {
+		t.Fatalf("reports %v, want STARTED then EXITED", ks)
+	}
+	b, err := os.ReadFile(filepath.Join(ta.workDir(key), "stdout.log"))
+	if err != nil || !strings.HasPrefix(string(b), "r1-job1 2 3") {
+		t.Fatalf("full log %q %v", b, err)
+	}
+	if want := filepath.Join(ta.dataDir, "work", "r1-job1", "2", "3"); ta.workDir(key) != want {
+		t.Fatalf("work dir %s, want %s", ta.workDir(key), want)
+	}
+	waitFor(t, 5*time.Second, func() bool { _, n := ta.Used(); return n == 0 }, "ledger released")
+}
+
+func TestAgentEpochLostKillsAttemptsAndReregisters(t *testing.T) {
+	f := startFake(t)
+	ta := startAgent(t, []string{f.addr}, nil)
+	e1 := ta.waitEpoch(t, 1)
+	f.waitStream(t, e1)
+
+	key := AttemptKey{JobID: "r1-long", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(e1, key, `sleep 100 & echo $! > pids; echo $$ >> pids; wait`))
+	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
+	pids := readPids(t, filepath.Join(ta.workDir(key), "pids"), 2)
+
+	f.mu.Lock()
+	f.current = nil // the coordinator reclaimed the epoch's tasks
+	f.mu.Unlock()
+	f.expire(e1)
+
+	e2 := ta.waitEpoch(t, e1+1)
+	if f.numRegisters() != 2 {
+		t.Fatalf("registers %d, want 2", f.numRegisters())
+	}
+	for _, p := range pids {
+		if !processGone(p) {
+			t.Fatalf("pid %d of the lost epoch still runs after re-registration", p)
+		}
+	}
+	// The new epoch works, and the old attempt was never reported again.
+	f.waitStream(t, e2)
+	k2 := AttemptKey{JobID: "r1-after", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(e2, k2, "exit 0"))
+	f.waitReport(t, k2, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
+		t.Fatalf("reports for the abandoned attempt %v, want only STARTED", ks)
+	}
+}
+
+func TestAgentDuplicateAssignmentRunsOnce(t *testing.T) {
+	f := startFake(t)
+	ta := startAgent(t, []string{f.addr}, nil)
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+
+	count := filepath.Join(t.TempDir(), "count")
+	key := AttemptKey{JobID: "r1-dup", TaskIndex: 0, Attempt: 1}
+	a := runAsg(epoch, key, "echo x >> "+count)
+	f.push(a)
+	f.push(a)
+	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	// A reconnect re-sends every current assignment.
+	f.killStreams()
+	f.waitStream(t, epoch)
+	f.push(a)
+	sentinel := AttemptKey{JobID: "r1-sentinel", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, sentinel, "exit 0"))
+	f.waitReport(t, sentinel, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+
+	b, _ := os.ReadFile(count)
+	if n := strings.Count(string(b), "x"); n != 1 {
+		t.Fatalf("ran %d times, want 1", n)
+	}
+	if ks := kinds(f.reportsFor(key)); len(ks) != 2 {
+		t.Fatalf("reports %v, want STARTED, EXITED", ks)
+	}
+}
+
+func TestAgentIgnoresOtherEpochAssignments(t *testing.T) {
+	f := startFake(t)
+	ta := startAgent(t, []string{f.addr}, nil)
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+
+	stale := AttemptKey{JobID: "r1-stale", TaskIndex: 0, Attempt: 1}
+	future := AttemptKey{JobID: "r1-future", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch-1, stale, "exit 0"))
+	f.push(runAsg(epoch+5, future, "exit 0"))
+	sentinel := AttemptKey{JobID: "r1-sentinel", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, sentinel, "exit 0"))
+	f.waitReport(t, sentinel, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	for _, k := range []AttemptKey{stale, future} {
+		if rs := f.reportsFor(k); len(rs) != 0 {
+			t.Fatalf("%s: reports %v, want none", k, kinds(rs))
+		}
+		if _, err := os.Stat(ta.workDir(k)); !os.IsNotExist(err) {
+			t.Fatalf("%s: work dir exists (%v)", k, err)
+		}
+	}
+}
+
+func TestAgentCancel(t *testing.T) {
+	f := startFake(t)
+	ta := startAgent(t, []string{f.addr}, nil)
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+
+	key := AttemptKey{JobID: "r1-cancel", TaskIndex: 1, Attempt: 1}
+	f.push(runAsg(epoch, key, `sleep 100 & echo $! > pids; echo $$ >> pids; wait`))
+	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
+	pids := readPids(t, filepath.Join(ta.workDir(key), "pids"), 2)
+	f.push(cancelAsg(epoch, key))
+	r := f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_CANCELLED)
+	if r.GetExitCode() != -1 {
+		t.Fatalf("CANCELLED report %v", r)
+	}
+	for _, p := range pids {
+		if !processGone(p) {
+			t.Fatalf("pid %d survived cancel", p)
+		}
+	}
+
+	// A cancel that arrives before its RUN: reported, and the RUN never runs.
+	early := AttemptKey{JobID: "r1-early", TaskIndex: 0, Attempt: 1}
+	f.push(cancelAsg(epoch, early))
+	f.push(runAsg(epoch, early, "exit 0"))
+	sentinel := AttemptKey{JobID: "r1-sentinel", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, sentinel, "exit 0"))
+	f.waitReport(t, sentinel, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	f.waitReport(t, early, apiaryv1.ReportKind_REPORT_KIND_CANCELLED)
+	if ks := kinds(f.reportsFor(early)); len(ks) != 1 {
+		t.Fatalf("early-cancelled attempt reports %v, want only CANCELLED", ks)
+	}
+}
+
+func TestAgentTimeout(t *testing.T) {
+	f := startFake(t)
+	ta := startAgent(t, []string{f.addr}, nil)
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+
+	key := AttemptKey{JobID: "r1-slow", TaskIndex: 0, Attempt: 1}
+	a := runAsg(epoch, key, `echo begin; sleep 100`)
+	a.TimeoutMs = 200
+	f.push(a)
+	r := f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_TIMED_OUT)
+	if r.GetExitCode() != -1 || r.GetStdoutTail() != "begin\n" {
+		t.Fatalf("TIMED_OUT report %v", r)
+	}
+}
+
+func TestAgentRefusesWhatDoesNotFit(t *testing.T) {
+	f := startFake(t)
+	ta := startAgent(t, []string{f.addr}, func(c *Config) {
+		c.Capacity = Resources{CPUMillis: 1000, MemoryMB: 1024}
+		c.MaxTasks = 1
+	})
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+
+	big := AttemptKey{JobID: "r1-big", TaskIndex: 0, Attempt: 1}
+	a := runAsg(epoch, big, "exit 0")
+	a.Resources = &apiaryv1.Resources{CpuMillis: 2000, MemoryMb: 10}
+	f.push(a)
+	r := f.waitReport(t, big, apiaryv1.ReportKind_REPORT_KIND_REFUSED)
+	if !strings.Contains(r.GetError(), "cpu") {
+		t.Fatalf("REFUSED error %q", r.GetError())
+	}
+
+	hold := AttemptKey{JobID: "r1-hold", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, hold, "sleep 100"))
+	f.waitReport(t, hold, apiaryv1.ReportKind_REPORT_KIND_STARTED)
+	second := AttemptKey{JobID: "r1-second", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, second, "exit 0"))
+	r = f.waitReport(t, second, apiaryv1.ReportKind_REPORT_KIND_REFUSED)
+	if !strings.Contains(r.GetError(), "max tasks") {
+		t.Fatalf("REFUSED error %q", r.GetError())
+	}
+	if ks := kinds(f.reportsFor(big)); len(ks) != 1 {
+		t.Fatalf("refused attempt reports %v", ks)
+	}
+	if _, err := os.Stat(ta.workDir(second)); !os.IsNotExist(err) {
+		t.Fatalf("refused attempt has a work dir (%v)", err)
+	}
+}
+
+func TestAgentStartFailed(t *testing.T) {
+	f := startFake(t)
+	ta := startAgent(t, []string{f.addr}, nil)
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+
+	key := AttemptKey{JobID: "r1-nocmd", TaskIndex: 0, Attempt: 1}
+	a := runAsg(epoch, key, "")
+	a.Command, a.Args = "apiary-no-such-command-xyz", nil
+	f.push(a)
+	r := f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_START_FAILED)
+	if !strings.Contains(r.GetError(), "not found") {
+		t.Fatalf("START_FAILED error %q", r.GetError())
+	}
+	bad := AttemptKey{JobID: "../escape", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, bad, "exit 0"))
+	f.waitReport(t, bad, apiaryv1.ReportKind_REPORT_KIND_START_FAILED)
+	waitFor(t, 5*time.Second, func() bool { _, n := ta.Used(); return n == 0 }, "ledger released")
+}
+
+func TestAgentRejectedReportKillsAttempt(t *testing.T) {
+	f := startFake(t)
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	pidc := make(chan int, 1)
+	f.reject = func(r *apiaryv1.ReportTaskStatusRequest) string {
+		if r.GetJobId() != "r1-stale" {
+			return ""
+		}
+		// Reject once the process surely runs, so that the test sees it die.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			b, _ := os.ReadFile(pidFile)
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				pidc <- pid
+				break
+			}
+		}
+		return "stale attempt"
+	}
+	ta := startAgent(t, []string{f.addr}, nil)
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+
+	key := AttemptKey{JobID: "r1-stale", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, key, `echo $$ > `+pidFile+`; exec sleep 100`))
+	var pid int
+	select {
+	case pid = <-pidc:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the attempt never wrote its pid")
+	}
+	waitFor(t, 10*time.Second, func() bool { return processGone(pid) }, "stale attempt killed")
+	waitFor(t, 5*time.Second, func() bool { _, n := ta.Used(); return n == 0 }, "ledger released")
+	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
+		t.Fatalf("reports %v, want only the rejected STARTED", ks)
+	}
+}
+
+func TestAgentRetriesReportsAndFailsOver(t *testing.T) {
+	// The first address refuses connections: the agent moves to the second.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := lis.Addr().String()
+	lis.Close()
+	f := startFake(t)
+	f.failReports = 3
+	ta := startAgent(t, []string{dead, f.addr}, nil)
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+
+	key := AttemptKey{JobID: "r1-retry", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, key, "exit 7"))
+	r := f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	if r.GetExitCode() != 7 || r.GetStartTimeMs() == 0 {
+		t.Fatalf("EXITED report %v", r)
+	}
+}
+
+func TestAgentShutdownKillsProcessGroups(t *testing.T) {
+	f := startFake(t)
+	ta := startAgent(t, []string{f.addr}, nil)
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+
+	key := AttemptKey{JobID: "r1-run", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, key, `sleep 100 & echo $! > pids; echo $$ >> pids; wait`))
+	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
+	pids := readPids(t, filepath.Join(ta.workDir(key), "pids"), 2)
+	ta.stop(t)
+	for _, p := range pids {
+		if !processGone(p) {
+			t.Fatalf("pid %d survived shutdown", p)
+		}
+	}
+	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
+		t.Fatalf("reports %v, want only STARTED (shutdown is not reported)", ks)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "coordinator") {
+		t.Fatalf("err %v", err)
+	}
+	a, err := New(Config{CoordinatorAddrs: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := a.Config()
+	if c.NodeID == "" || c.Capacity.CPUMillis <= 0 || c.Capacity.MemoryMB <= 0 || c.TailBytes != DefaultTailBytes || c.DataDir == "" {
+		t.Fatalf("defaults %+v", c)
+	}
+}
