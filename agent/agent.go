@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -34,7 +35,8 @@ type Agent struct {
 	running atomic.Bool
 
 	mu        sync.Mutex
-	epoch     int64 // current node epoch; 0 while unregistered
+	epoch     int64         // current node epoch; 0 while unregistered
+	changed   chan struct{} // closed and replaced when epoch changes
 	region    string
 	seen      map[AttemptKey]*attemptState // this epoch's attempts, for dedup
 	lastPrune time.Time
@@ -60,6 +62,7 @@ func New(cfg Config) (*Agent, error) {
 		log:     c.Logger.With("node", c.NodeID),
 		ledger:  NewLedger(c.Capacity, c.GPUModel, c.MaxTasks),
 		backoff: backoff.Config{MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff},
+		changed: make(chan struct{}),
 	}
 	return a, nil
 }
@@ -78,6 +81,31 @@ func (a *Agent) Epoch() int64 {
 	return a.epoch
 }
 
+// WaitRegistered blocks until the agent holds a node epoch and returns it,
+// or returns ctx's error.
+func (a *Agent) WaitRegistered(ctx context.Context) (int64, error) {
+	for {
+		a.mu.Lock()
+		epoch, ch := a.epoch, a.changed
+		a.mu.Unlock()
+		if epoch != 0 {
+			return epoch, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// setEpochLocked records the current epoch and wakes WaitRegistered.
+func (a *Agent) setEpochLocked(epoch int64) {
+	a.epoch = epoch
+	close(a.changed)
+	a.changed = make(chan struct{})
+}
+
 // Used returns the resources held by running attempts and their number.
 func (a *Agent) Used() (Resources, int) { return a.ledger.Used() }
 
@@ -85,11 +113,15 @@ func (a *Agent) Used() (Resources, int) { return a.ledger.Used() }
 // the node epoch is lost it kills the epoch's attempts (without reporting
 // them) and registers again. On cancellation it kills every running process
 // group, waits for them to end, and returns nil; their tasks are reclaimed by
-// the coordinator when the lease lapses. Run returns an error only if the
-// coordinator addresses are unusable or Run was already called.
+// the coordinator when the lease lapses. Run returns an error only if
+// DataDir/work cannot be created, a coordinator address is unusable, or Run
+// was already called.
 func (a *Agent) Run(ctx context.Context) error {
 	if !a.running.CompareAndSwap(false, true) {
 		return errors.New("agent: Run called twice")
+	}
+	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, "work"), 0o755); err != nil {
+		return fmt.Errorf("data dir: %w", err)
 	}
 	coords, err := newCoordinators(a.cfg.CoordinatorAddrs, a.cfg.DialOptions)
 	if err != nil {
@@ -133,7 +165,8 @@ func (a *Agent) serveEpoch(ctx context.Context, sess *session, rep *reporter) er
 	defer cancel()
 	var wg sync.WaitGroup
 	a.mu.Lock()
-	a.epoch, a.region = sess.epoch, sess.region
+	a.setEpochLocked(sess.epoch)
+	a.region = sess.region
 	a.seen = make(map[AttemptKey]*attemptState)
 	a.mu.Unlock()
 
@@ -151,7 +184,7 @@ func (a *Agent) serveEpoch(ctx context.Context, sess *session, rep *reporter) er
 	// No new attempt can start now (the stream loop has returned); an
 	// attempt still starting sees ectx done and abandons itself.
 	a.mu.Lock()
-	a.epoch = 0
+	a.setEpochLocked(0)
 	n := 0
 	for _, st := range a.seen {
 		if st.exec != nil && st.finished.IsZero() {

@@ -38,6 +38,8 @@ type fakeCoord struct {
 	reject      func(*apiaryv1.ReportTaskStatusRequest) string
 	failReports int // answer this many reports with UNAVAILABLE first
 	failed      int
+	leaseTTLms  int64 // default 5000
+	hbDown      bool  // answer heartbeats with UNAVAILABLE
 }
 
 type fakeStream struct {
@@ -66,16 +68,23 @@ func (f *fakeCoord) RegisterNode(_ context.Context, req *apiaryv1.RegisterNodeRe
 	f.nextEpoch++
 	f.valid[f.nextEpoch] = true
 	f.registers = append(f.registers, req)
-	return &apiaryv1.RegisterNodeResponse{NodeEpoch: f.nextEpoch, LeaseTtlMs: 5000, HeartbeatIntervalMs: 30, Region: "r1"}, nil
+	ttl := f.leaseTTLms
+	if ttl == 0 {
+		ttl = 5000
+	}
+	return &apiaryv1.RegisterNodeResponse{NodeEpoch: f.nextEpoch, LeaseTtlMs: ttl, HeartbeatIntervalMs: 30, Region: "r1"}, nil
 }
 
 func (f *fakeCoord) Heartbeat(_ context.Context, req *apiaryv1.HeartbeatRequest) (*apiaryv1.HeartbeatResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.hbDown {
+		return nil, status.Error(codes.Unavailable, "heartbeats down")
+	}
 	if !f.valid[req.GetNodeEpoch()] {
 		return nil, status.Error(codes.FailedPrecondition, "node epoch gone")
 	}
-	return &apiaryv1.HeartbeatResponse{LeaseTtlMs: 5000}, nil
+	return &apiaryv1.HeartbeatResponse{LeaseTtlMs: f.leaseTTLms}, nil
 }
 
 func (f *fakeCoord) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, st grpc.ServerStreamingServer[apiaryv1.StreamAssignmentsResponse]) error {
@@ -626,5 +635,40 @@ func TestNewValidates(t *testing.T) {
 	c := a.Config()
 	if c.NodeID == "" || c.Capacity.CPUMillis <= 0 || c.Capacity.MemoryMB <= 0 || c.TailBytes != DefaultTailBytes || c.DataDir == "" {
 		t.Fatalf("defaults %+v", c)
+	}
+}
+
+func TestAgentSelfFencesWhenLeaseLapses(t *testing.T) {
+	// Heartbeats fail (not FAILED_PRECONDITION: the coordinator is simply
+	// unreachable for them) for longer than the lease TTL: the lease has
+	// lapsed, so the agent kills the epoch's work and registers again.
+	f := startFake(t)
+	f.leaseTTLms = 400
+	ta := startAgent(t, []string{f.addr}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e1, err := ta.WaitRegistered(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.waitStream(t, e1)
+	key := AttemptKey{JobID: "r1-lapse", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(e1, key, `echo $$ > pids; exec sleep 100`))
+	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
+	pid := readPids(t, filepath.Join(ta.workDir(key), "pids"), 1)[0]
+
+	f.mu.Lock()
+	f.hbDown = true
+	f.current = nil
+	f.mu.Unlock()
+	waitFor(t, 10*time.Second, func() bool { return processGone(pid) }, "attempt of the lapsed epoch killed")
+	f.mu.Lock()
+	f.hbDown = false
+	f.mu.Unlock()
+	if e2 := ta.waitEpoch(t, e1+1); e2 <= e1 {
+		t.Fatalf("epoch %d after lapse", e2)
+	}
+	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
+		t.Fatalf("reports %v, want only STARTED", ks)
 	}
 }

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -134,6 +136,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("coordinator addrs: at least one address is required")
 	}
 	c.CoordinatorAddrs = addrs
+	c.Labels = maps.Clone(c.Labels)
+	c.CoordinatorAddrs = slices.Clone(c.CoordinatorAddrs)
 	for k := range c.Labels {
 		if k == "" {
 			return c, errors.New("labels: empty label name")
