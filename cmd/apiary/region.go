@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional"
+)
+
+func init() { register(newRegionCmd) }
+
+func newRegionCmd() *cobra.Command {
+	var (
+		cfg       regional.Config
+		labels    []string
+		policy    string
+		logFormat string
+		ready     string
+	)
+	cmd := &cobra.Command{
+		Use:   "region",
+		Short: "Run a regional coordinator (embedded etcd member + gRPC API + scheduler)",
+		Long: `Run one coordinator of a region. A region is 1, 3 or 5 coordinators; each
+embeds one etcd member. Start a 3-member region by giving every member the same
+--initial-cluster (name=peerURL,...). All regional state lives in etcd: a region
+restarted from the same data dirs loses nothing.`,
+		Example: `  apiary region --region eu-west --jurisdiction eu --data-dir /var/lib/apiary/c1
+  apiary region --id c1 --region eu-west --data-dir d1 --listen 127.0.0.1:7071 \
+    --etcd-client-url http://127.0.0.1:2379 --etcd-peer-url http://127.0.0.1:2380 \
+    --initial-cluster c1=http://127.0.0.1:2380,c2=http://127.0.0.1:2382,c3=http://127.0.0.1:2384`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := parseLabels(labels)
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			cfg.Labels = l
+			cfg.SchedulerPolicy = placement.Policy(policy)
+			switch cfg.SchedulerPolicy {
+			case placement.PolicyBinpack, placement.PolicySpread, placement.PolicyFragmentation:
+			default:
+				return withCode(exitInvalid, fmt.Errorf("--scheduler: must be binpack, spread or fragmentation, got %q", policy))
+			}
+			cfg.Logger, err = newLogger(logFormat)
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			if cfg.ID == "" {
+				cfg.ID = cfg.Region + "-1"
+			}
+			c, err := regional.New(cfg)
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			if err := c.Start(sctx); err != nil {
+				return withCode(exitUnavailable, err)
+			}
+			if ready != "" {
+				if err := os.WriteFile(ready, []byte(c.Addr()+"\n"), 0o644); err != nil {
+					c.Stop()
+					return err
+				}
+			}
+			<-ctx.Done()
+			cfg.Logger.Info("stopping coordinator")
+			c.Stop()
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.ID, "id", "", "coordinator id and etcd member name (default <region>-1)")
+	f.StringVar(&cfg.Region, "region", "local", "region name")
+	f.StringVar(&cfg.Jurisdiction, "jurisdiction", "", "jurisdiction of the region (e.g. eu)")
+	f.StringSliceVar(&labels, "label", nil, "region label k=v (repeatable)")
+	f.IntVar(&cfg.ShardCount, "shards", 256, "virtual shards (fixed at region creation)")
+	f.StringVar(&cfg.APIAddr, "listen", "127.0.0.1:7070", "gRPC API listen address")
+	f.StringVar(&cfg.Etcd.DataDir, "data-dir", "apiary-data", "etcd data directory")
+	f.StringVar(&cfg.Etcd.ClientURL, "etcd-client-url", "http://127.0.0.1:2379", "etcd client URL (listen and advertise)")
+	f.StringVar(&cfg.Etcd.PeerURL, "etcd-peer-url", "http://127.0.0.1:2380", "etcd peer URL (listen and advertise)")
+	f.StringVar(&cfg.Etcd.InitialCluster, "initial-cluster", "", "name=peerURL,... of every member (default: this member alone)")
+	f.StringVar(&cfg.Etcd.ClusterState, "initial-cluster-state", "new", "new or existing")
+	f.UintVar(&cfg.Etcd.ElectionMs, "etcd-election-ms", 500, "etcd election timeout (ms)")
+	f.UintVar(&cfg.Etcd.HeartbeatMs, "etcd-heartbeat-ms", 50, "etcd heartbeat interval (ms)")
+	f.DurationVar(&cfg.NodeLeaseTTL, "node-lease-ttl", 2*time.Second, "node lease TTL (whole seconds, >= 1s)")
+	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", time.Second, "shard owner lease TTL (whole seconds, >= 1s)")
+	f.DurationVar(&cfg.SuspectAfter, "suspect-after", 300*time.Millisecond, "take the shards over when the owner's API refuses connections this long (negative: never)")
+	f.StringVar(&policy, "scheduler", "binpack", "default placement policy: binpack, spread or fragmentation")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&ready, "ready-file", "", "write the API address to this file once serving")
+	return cmd
+}
+
+func parseLabels(kvs []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--label: %q must be key=value", kv)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func newLogger(format string) (*slog.Logger, error) {
+	switch format {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(os.Stderr, nil)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, nil)), nil
+	}
+	return nil, fmt.Errorf("--log-format: must be text or json, got %q", format)
+}

@@ -1,0 +1,35 @@
+// Package ids generates identifiers: job ids that carry their region and sort
+// by submission time. It must not know anything about jobs beyond their ids.
+package ids
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/binary"
+	"strings"
+	"time"
+)
+
+var enc = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
+
+// NewJobID returns "<region>-<20 chars>": 48 bits of Unix milliseconds then
+// 72 random bits, Crockford base32 (lower case), so ids sort by time and the
+// region prefix routes Get/Cancel without a lookup.
+func NewJobID(region string, now time.Time) string {
+	var b [15]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
+	if _, err := rand.Read(b[6:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return region + "-" + enc.EncodeToString(b[:])[:20]
+}
+
+// RegionOf returns the region prefix of a job id made by NewJobID, or "" if
+// the id has no such shape.
+func RegionOf(jobID string) string {
+	i := strings.LastIndexByte(jobID, '-')
+	if i <= 0 || len(jobID)-i-1 != 20 {
+		return ""
+	}
+	return jobID[:i]
+}

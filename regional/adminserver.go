@@ -1,0 +1,110 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/taskstate"
+	"apiary.dev/apiary/shards"
+)
+
+// adminServer serves AdminService: node and region views for operators.
+type adminServer struct {
+	apiaryv1.UnimplementedAdminServiceServer
+	c *Coordinator
+}
+
+func (s *adminServer) ListNodes(ctx context.Context, _ *apiaryv1.ListNodesRequest) (*apiaryv1.ListNodesResponse, error) {
+	cctx, cancel := etcdCtx(ctx)
+	defer cancel()
+	resp, err := s.c.cli.Get(cctx, prefNodes, clientv3.WithPrefix())
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list nodes: %v", err)
+	}
+	recs := map[string]*nodeRecord{}
+	alive := map[string]int64{}
+	usage := map[string]*usageRecord{}
+	for _, kv := range resp.Kvs {
+		id, kind, ok := nodeKeyKind(string(kv.Key))
+		if !ok {
+			continue
+		}
+		switch kind {
+		case "record":
+			var r nodeRecord
+			if json.Unmarshal(kv.Value, &r) == nil {
+				recs[id] = &r
+			}
+		case "alive":
+			alive[id] = kv.CreateRevision
+		case "usage":
+			var u usageRecord
+			if json.Unmarshal(kv.Value, &u) == nil {
+				usage[id] = &u
+			}
+		}
+	}
+	out := &apiaryv1.ListNodesResponse{}
+	for id, r := range recs {
+		n := &apiaryv1.Node{Id: id, Labels: r.Labels, Capacity: r.Capacity, Epoch: r.Epoch, GpuModel: r.GPUModel,
+			MaxTasks: r.MaxTasks, RegisteredTimeMs: r.RegisteredMs, Quarantined: r.Quarantined,
+			QuarantineReason: r.QuarantineBy, Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{}}
+		if alive[id] != 0 && alive[id] == r.Epoch {
+			n.Status = apiaryv1.NodeStatus_NODE_STATUS_READY
+		}
+		if u := usage[id]; u != nil && n.Status == apiaryv1.NodeStatus_NODE_STATUS_READY && u.Epoch == r.Epoch {
+			n.Allocated = &apiaryv1.Resources{CpuMillis: u.CPUMillis, MemoryMb: u.MemoryMiB, Gpus: u.GPUs}
+			n.RunningTasks = u.Tasks
+		}
+		out.Nodes = append(out.Nodes, n)
+	}
+	sort.Slice(out.Nodes, func(a, b int) bool { return out.Nodes[a].Id < out.Nodes[b].Id })
+	return out, nil
+}
+
+func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionInfoRequest) (*apiaryv1.GetRegionInfoResponse, error) {
+	c := s.c
+	cctx, cancel := etcdCtx(ctx)
+	defer cancel()
+	out := &apiaryv1.GetRegionInfoResponse{Region: c.meta.Region, Jurisdiction: c.meta.Jurisdiction,
+		Labels: c.meta.Labels, ShardCount: int32(c.meta.ShardCount)}
+	owner, err := shards.CurrentOwner(cctx, c.cli, prefOwner)
+	if err != nil && err != shards.ErrNoOwner {
+		return nil, status.Errorf(codes.Unavailable, "region info: %v", err)
+	}
+	out.SchedulerEpoch = owner.Epoch
+	resp, err := c.cli.Txn(cctx).Then(clientv3.OpGet(prefMembers, clientv3.WithPrefix()),
+		clientv3.OpGet(prefTasks, clientv3.WithPrefix()), clientv3.OpGet(prefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "region info: %v", err)
+	}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		var m memberRecord
+		if json.Unmarshal(kv.Value, &m) != nil {
+			continue
+		}
+		co := &apiaryv1.Coordinator{Id: m.ID, ApiAddr: m.APIAddr, Scheduler: m.ID == owner.Value}
+		if co.Scheduler {
+			co.ShardsOwned = int32(c.meta.ShardCount)
+		}
+		out.Coordinators = append(out.Coordinators, co)
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		var t taskstate.Task
+		if json.Unmarshal(kv.Value, &t) == nil && t.State == apiaryv1.TaskState_TASK_STATE_PENDING {
+			out.PendingTasks++
+		}
+	}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		if _, kind, ok := nodeKeyKind(string(kv.Key)); ok && kind == "alive" {
+			out.NodesReady++
+		}
+	}
+	return out, nil
+}

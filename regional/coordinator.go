@@ -1,0 +1,329 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"regexp"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/shards"
+)
+
+// Config configures one regional coordinator.
+type Config struct {
+	// ID names the coordinator and its etcd member ([a-z0-9-], 1..63).
+	ID string
+	// Region is the region name ([a-z0-9-], 1..63); Jurisdiction (e.g. "eu")
+	// and Labels describe it to the global tier.
+	Region       string
+	Jurisdiction string
+	Labels       map[string]string
+	// ShardCount is S, fixed when the region is created (default 256).
+	ShardCount int
+	// APIAddr is the gRPC listen address (host:port; port 0 picks one).
+	APIAddr string
+	Etcd    EtcdConfig
+	// NodeLeaseTTL is the node lease (whole seconds, at least 1; default 2 s).
+	NodeLeaseTTL time.Duration
+	// OwnerLeaseTTL is the shard owner's session lease (default 1 s).
+	OwnerLeaseTTL time.Duration
+	// SuspectAfter: a follower that cannot reach the owner's API this long
+	// (connection refused) revokes the owner's lease (default 300 ms; 0 keeps
+	// the default, negative disables takeover on suspicion).
+	SuspectAfter time.Duration
+	// Placer overrides the placement engine (tests).
+	Placer placement.Placer
+	// SchedulerPolicy is the region's default scoring policy.
+	SchedulerPolicy placement.Policy
+	Logger          *slog.Logger
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+func (c *Config) validate() error {
+	if !nameRE.MatchString(c.ID) {
+		return fmt.Errorf("id: must match %s, got %q", nameRE, c.ID)
+	}
+	if !nameRE.MatchString(c.Region) {
+		return fmt.Errorf("region: must match %s, got %q", nameRE, c.Region)
+	}
+	if c.ShardCount == 0 {
+		c.ShardCount = shards.DefaultCount
+	}
+	if err := shards.Validate(c.ShardCount); err != nil {
+		return err
+	}
+	if c.NodeLeaseTTL == 0 {
+		c.NodeLeaseTTL = 2 * time.Second
+	}
+	if c.NodeLeaseTTL < time.Second {
+		return fmt.Errorf("node-lease-ttl: must be at least 1s, got %s", c.NodeLeaseTTL)
+	}
+	if c.OwnerLeaseTTL == 0 {
+		c.OwnerLeaseTTL = time.Second
+	}
+	if c.SuspectAfter == 0 {
+		c.SuspectAfter = 300 * time.Millisecond
+	}
+	if c.Etcd.Name == "" {
+		c.Etcd.Name = c.ID
+	}
+	if c.Etcd.DataDir == "" {
+		return errors.New("data-dir: must be set")
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if c.SchedulerPolicy == "" {
+		c.SchedulerPolicy = placement.PolicyBinpack
+	}
+	return nil
+}
+
+// Coordinator is one `apiary region` process: an embedded etcd member, the
+// gRPC API, and (while it owns the shards) the scheduling loop.
+type Coordinator struct {
+	cfg    Config
+	log    *slog.Logger
+	etcd   *embed.Etcd
+	cli    *clientv3.Client
+	grpc   *grpc.Server
+	health *health.Server
+	lis    net.Listener
+	meta   metaRecord
+
+	submits *groupCommit[*submitItem]
+	reports *groupCommit[*reportItem]
+	specs   specCache
+
+	mu      sync.Mutex
+	owning  bool
+	stopped chan struct{}
+	done    chan struct{}
+	closeMu sync.Once
+}
+
+// New validates cfg. Start brings the coordinator up.
+func New(cfg Config) (*Coordinator, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Coordinator{cfg: cfg, log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
+		stopped: make(chan struct{}), done: make(chan struct{})}, nil
+}
+
+// Addr is the gRPC API address (valid after Start).
+func (c *Coordinator) Addr() string { return c.lis.Addr().String() }
+
+// Client is the coordinator's etcd client (valid after Start).
+func (c *Coordinator) Client() *clientv3.Client { return c.cli }
+
+// Etcd is the embedded member (valid after Start).
+func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
+
+// Start starts etcd, initialises or checks the region meta, starts the gRPC
+// API and the ownership loop. It returns once the API serves.
+func (c *Coordinator) Start(ctx context.Context) error {
+	e, err := startEtcd(ctx, c.cfg.Etcd)
+	if err != nil {
+		return err
+	}
+	c.etcd = e
+	c.cli = v3client.New(e.Server)
+	if err := c.initMeta(ctx); err != nil {
+		c.closeEtcd()
+		return err
+	}
+	c.lis, err = net.Listen("tcp", c.cfg.APIAddr)
+	if err != nil {
+		c.closeEtcd()
+		return fmt.Errorf("listen %s: %w", c.cfg.APIAddr, err)
+	}
+	c.submits = newGroupCommit(2, 256, c.flushSubmits)
+	c.reports = newGroupCommit(2, 512, c.flushReports)
+	c.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(16 << 20))
+	c.health = health.NewServer()
+	healthpb.RegisterHealthServer(c.grpc, c.health)
+	apiaryv1.RegisterJobServiceServer(c.grpc, &jobServer{c: c})
+	apiaryv1.RegisterAgentServiceServer(c.grpc, &agentServer{c: c})
+	apiaryv1.RegisterAdminServiceServer(c.grpc, &adminServer{c: c})
+	go func() { _ = c.grpc.Serve(c.lis) }()
+	go c.run()
+	c.log.Info("coordinator started", "api", c.Addr(), "etcd_client", c.cfg.Etcd.ClientURL, "shards", c.meta.ShardCount)
+	return nil
+}
+
+// initMeta writes /apiary/meta on first start and checks it on later ones:
+// the region name and shard count are fixed at creation.
+func (c *Coordinator) initMeta(ctx context.Context) error {
+	want := metaRecord{Region: c.cfg.Region, Jurisdiction: c.cfg.Jurisdiction, Labels: c.cfg.Labels, ShardCount: c.cfg.ShardCount}
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(keyMeta), "=", 0)).
+			Then(clientv3.OpPut(keyMeta, mustJSON(want))).Else(clientv3.OpGet(keyMeta)).Commit()
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("init region meta: %w", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if resp.Succeeded {
+			c.meta = want
+			return nil
+		}
+		var got metaRecord
+		if err := json.Unmarshal(resp.Responses[0].GetResponseRange().Kvs[0].Value, &got); err != nil {
+			return fmt.Errorf("region meta: %w", err)
+		}
+		if got.Region != want.Region {
+			return fmt.Errorf("region: data dir belongs to region %q, not %q", got.Region, want.Region)
+		}
+		if got.ShardCount != want.ShardCount && want.ShardCount != shards.DefaultCount {
+			return fmt.Errorf("shards: region was created with %d shards; the count is fixed at creation", got.ShardCount)
+		}
+		c.meta = got
+		return nil
+	}
+}
+
+// run registers the coordinator as a member and loops: campaign for the
+// shards, schedule while owning them, campaign again when the term ends.
+func (c *Coordinator) run() {
+	defer close(c.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-c.stopped; cancel() }()
+	go c.memberLoop(ctx)
+	go c.suspicionLoop(ctx)
+	el := shards.NewElector(c.cli, prefOwner, c.cfg.ID, int(c.cfg.OwnerLeaseTTL.Seconds()+0.5))
+	for ctx.Err() == nil {
+		term, err := el.Campaign(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("campaign failed", "err", err)
+				time.Sleep(100 * time.Millisecond)
+			}
+			continue
+		}
+		c.setOwning(true)
+		c.log.Info("owns all shards", "epoch", term.Epoch)
+		s := newScheduler(c, term)
+		err = s.run(ctx)
+		c.setOwning(false)
+		if ctx.Err() != nil {
+			rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
+			_ = term.Resign(rctx)
+			rcancel()
+			return
+		}
+		c.log.Warn("lost shard ownership", "epoch", term.Epoch, "err", err)
+		rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
+		_ = term.Resign(rctx)
+		rcancel()
+	}
+}
+
+func (c *Coordinator) setOwning(v bool) {
+	c.mu.Lock()
+	c.owning = v
+	c.mu.Unlock()
+}
+
+// Owning reports whether this coordinator currently owns the shards.
+func (c *Coordinator) Owning() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.owning
+}
+
+// memberLoop keeps /apiary/members/<id> under a session lease.
+func (c *Coordinator) memberLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		s, err := concurrency.NewSession(c.cli, concurrency.WithTTL(int(c.cfg.OwnerLeaseTTL.Seconds()+0.5)), concurrency.WithContext(ctx))
+		if err != nil {
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = c.cli.Put(pctx, keyMember(c.cfg.ID), mustJSON(memberRecord{ID: c.cfg.ID, APIAddr: c.Addr()}), clientv3.WithLease(s.Lease()))
+		cancel()
+		if err != nil {
+			_ = s.Close()
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		select {
+		case <-s.Done():
+		case <-ctx.Done():
+			_ = s.Close()
+		}
+	}
+}
+
+// Stop shuts the coordinator down gracefully: resigns ownership, stops the
+// API and closes etcd (which hands raft leadership over).
+func (c *Coordinator) Stop() {
+	c.closeMu.Do(func() {
+		close(c.stopped)
+		select {
+		case <-c.done:
+		case <-time.After(5 * time.Second):
+		}
+		if c.grpc != nil {
+			stopped := make(chan struct{})
+			go func() { c.grpc.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-time.After(2 * time.Second):
+				c.grpc.Stop()
+			}
+		}
+		if c.submits != nil {
+			c.submits.close()
+			c.reports.close()
+		}
+		c.closeEtcd()
+	})
+}
+
+// Kill stops the coordinator abruptly, as a crash would (tests): no resign,
+// no graceful etcd hand-over.
+func (c *Coordinator) Kill() {
+	c.closeMu.Do(func() {
+		c.grpc.Stop()
+		c.etcd.Server.HardStop()
+		close(c.stopped)
+		c.etcd.Close()
+	})
+}
+
+func (c *Coordinator) closeEtcd() {
+	if c.etcd != nil {
+		c.etcd.Close()
+	}
+}
+
+// Done is closed when the coordinator's loops have ended.
+func (c *Coordinator) Done() <-chan struct{} { return c.done }
+
+// etcdCtx bounds every etcd call (MEASURED.md trap 4).
+func etcdCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, 5*time.Second)
+}

@@ -1,0 +1,325 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/regional/taskstate"
+	"apiary.dev/apiary/shards"
+)
+
+// jobServer serves JobService on every coordinator (owner or not): reads are
+// linearizable etcd reads, writes are submissions and cancel flags.
+type jobServer struct {
+	apiaryv1.UnimplementedJobServiceServer
+	c *Coordinator
+}
+
+func (s *jobServer) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) (*apiaryv1.SubmitJobResponse, error) {
+	return s.c.submit(ctx, req)
+}
+
+// jobView is a job read back with its tasks and attempt results.
+type jobView struct {
+	rec     jobRecord
+	modRev  int64
+	tasks   []taskstate.Task
+	results map[int32][]*apiaryv1.AttemptResult
+	rev     int64
+}
+
+func (c *Coordinator) checkJobID(id string) (int, error) {
+	if id == "" {
+		return 0, status.Error(codes.InvalidArgument, "job_id: is required")
+	}
+	if r := ids.RegionOf(id); r != c.meta.Region {
+		return 0, status.Errorf(codes.NotFound, "job %s not found in region %s", id, c.meta.Region)
+	}
+	return shards.Of(id, c.meta.ShardCount), nil
+}
+
+// readJob reads a job, its tasks and (if withResults) its attempt results at
+// one revision.
+func (c *Coordinator) readJob(ctx context.Context, id string, withResults bool) (*jobView, error) {
+	shard, err := c.checkJobID(id)
+	if err != nil {
+		return nil, err
+	}
+	ops := []clientv3.Op{clientv3.OpGet(keyJob(shard, id)), clientv3.OpGet(prefJobTasks(shard, id), clientv3.WithPrefix())}
+	if withResults {
+		ops = append(ops, clientv3.OpGet(prefJobResults(shard, id), clientv3.WithPrefix()))
+	}
+	cctx, cancel := etcdCtx(ctx)
+	defer cancel()
+	resp, err := c.cli.Txn(cctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "read job: %v", err)
+	}
+	jk := resp.Responses[0].GetResponseRange().Kvs
+	if len(jk) == 0 {
+		return nil, status.Errorf(codes.NotFound, "job %s not found", id)
+	}
+	v := &jobView{modRev: jk[0].ModRevision, rev: resp.Header.Revision, results: map[int32][]*apiaryv1.AttemptResult{}}
+	if err := json.Unmarshal(jk[0].Value, &v.rec); err != nil {
+		return nil, status.Errorf(codes.Internal, "decode job: %v", err)
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		var t taskstate.Task
+		if err := json.Unmarshal(kv.Value, &t); err != nil {
+			return nil, status.Errorf(codes.Internal, "decode task: %v", err)
+		}
+		v.tasks = append(v.tasks, t)
+	}
+	if withResults {
+		for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+			var r apiaryv1.AttemptResult
+			if err := json.Unmarshal(kv.Value, &r); err != nil {
+				return nil, status.Errorf(codes.Internal, "decode result: %v", err)
+			}
+			idx := resultIndex(string(kv.Key))
+			v.results[idx] = append(v.results[idx], &r)
+		}
+	}
+	return v, nil
+}
+
+func resultIndex(key string) int32 {
+	parts := strings.Split(key, "/")
+	if len(parts) < 2 {
+		return -1
+	}
+	var n int32
+	for _, ch := range parts[len(parts)-2] {
+		n = n*10 + int32(ch-'0')
+	}
+	return n
+}
+
+// toProto renders a job; tasks and results are included per flags.
+func (v *jobView) toProto(withTasks, withTails bool) *apiaryv1.Job {
+	j := &apiaryv1.Job{Id: v.rec.ID, Region: v.rec.Region, Spec: v.rec.Spec, SubmitTimeMs: v.rec.SubmitMs,
+		CancelRequested: v.rec.CancelRequested, ClientId: v.rec.ClientID, RequestId: v.rec.RequestID,
+		Shard: int32(v.rec.Shard), Counts: &apiaryv1.TaskCounts{}}
+	var finish int64
+	for i := range v.tasks {
+		t := &v.tasks[i]
+		taskstate.Count(j.Counts, t.State)
+		if t.FinishedMs > finish {
+			finish = t.FinishedMs
+		}
+		if withTasks {
+			j.Tasks = append(j.Tasks, taskProto(t, v.rec.Spec, v.results[t.Index], withTails))
+		}
+	}
+	j.State = taskstate.JobState(v.rec.CancelRequested, j.Counts)
+	if terminalJob(j.State) {
+		j.FinishTimeMs = finish
+	}
+	return j
+}
+
+func terminalJob(s apiaryv1.JobState) bool {
+	return s == apiaryv1.JobState_JOB_STATE_COMPLETE || s == apiaryv1.JobState_JOB_STATE_FAILED || s == apiaryv1.JobState_JOB_STATE_CANCELLED
+}
+
+func taskProto(t *taskstate.Task, spec *apiaryv1.JobSpec, results []*apiaryv1.AttemptResult, withTails bool) *apiaryv1.Task {
+	p := &apiaryv1.Task{JobId: t.JobID, Index: t.Index, State: t.State, Attempt: t.Attempt, NodeId: t.NodeID,
+		NodeEpoch: t.NodeEpoch, FencingToken: t.FencingToken, UnplacedReason: t.UnplacedReason,
+		NotBeforeMs: t.NotBeforeMs, Error: t.Error, NodeFailures: t.NodeFailures}
+	if g := spec.GetTasks(); int(t.Group) < len(g) {
+		p.Group = g[t.Group].GetName()
+	}
+	for _, r := range results {
+		if !withTails {
+			r = proto.Clone(r).(*apiaryv1.AttemptResult)
+			r.StdoutTail, r.StderrTail = "", ""
+		}
+		p.Attempts = append(p.Attempts, r)
+	}
+	return p
+}
+
+func (s *jobServer) GetJob(ctx context.Context, req *apiaryv1.GetJobRequest) (*apiaryv1.GetJobResponse, error) {
+	v, err := s.c.readJob(ctx, req.GetJobId(), true)
+	if err != nil {
+		return nil, err
+	}
+	return &apiaryv1.GetJobResponse{Job: v.toProto(true, false)}, nil
+}
+
+func (s *jobServer) GetJobLogs(ctx context.Context, req *apiaryv1.GetJobLogsRequest) (*apiaryv1.GetJobLogsResponse, error) {
+	v, err := s.c.readJob(ctx, req.GetJobId(), true)
+	if err != nil {
+		return nil, err
+	}
+	if req.GetTaskIndex() < -1 || (req.GetTaskIndex() >= 0 && int(req.GetTaskIndex()) >= len(v.tasks)) {
+		return nil, status.Errorf(codes.InvalidArgument, "task_index: must be -1 or 0..%d", len(v.tasks)-1)
+	}
+	out := &apiaryv1.GetJobLogsResponse{}
+	for i := range v.tasks {
+		t := &v.tasks[i]
+		if req.GetTaskIndex() >= 0 && t.Index != req.GetTaskIndex() {
+			continue
+		}
+		out.Tasks = append(out.Tasks, taskProto(t, v.rec.Spec, v.results[t.Index], true))
+	}
+	return out, nil
+}
+
+func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*apiaryv1.ListJobsResponse, error) {
+	limit := int(req.GetLimit())
+	if limit < 0 || limit > 10000 {
+		return nil, status.Errorf(codes.InvalidArgument, "limit: must be in 0..10000, got %d", limit)
+	}
+	if limit == 0 {
+		limit = 100
+	}
+	cctx, cancel := etcdCtx(ctx)
+	defer cancel()
+	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(prefJobs, clientv3.WithPrefix()),
+		clientv3.OpGet(prefTasks, clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list jobs: %v", err)
+	}
+	views := map[string]*jobView{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		v := &jobView{}
+		if json.Unmarshal(kv.Value, &v.rec) == nil {
+			views[v.rec.ID] = v
+		}
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		_, jobID, _, ok := parseTaskKey(string(kv.Key))
+		if !ok || views[jobID] == nil {
+			continue
+		}
+		var t taskstate.Task
+		if json.Unmarshal(kv.Value, &t) == nil {
+			views[jobID].tasks = append(views[jobID].tasks, t)
+		}
+	}
+	out := &apiaryv1.ListJobsResponse{}
+	for _, v := range views {
+		j := v.toProto(false, false)
+		if req.GetState() != apiaryv1.JobState_JOB_STATE_UNSPECIFIED && j.State != req.GetState() {
+			continue
+		}
+		out.Jobs = append(out.Jobs, j)
+	}
+	sort.Slice(out.Jobs, func(a, b int) bool { return out.Jobs[a].Id > out.Jobs[b].Id })
+	if len(out.Jobs) > limit {
+		out.Jobs = out.Jobs[:limit]
+	}
+	return out, nil
+}
+
+// CancelJob sets the job's cancel flag (one compared write); the shard owner
+// then cancels its pending tasks and tells agents to kill running attempts.
+func (s *jobServer) CancelJob(ctx context.Context, req *apiaryv1.CancelJobRequest) (*apiaryv1.CancelJobResponse, error) {
+	for attempt := 0; attempt < 10; attempt++ {
+		v, err := s.c.readJob(ctx, req.GetJobId(), false)
+		if err != nil {
+			return nil, err
+		}
+		j := v.toProto(false, false)
+		if v.rec.CancelRequested || terminalJob(j.State) {
+			return &apiaryv1.CancelJobResponse{Job: j}, nil
+		}
+		v.rec.CancelRequested = true
+		k := keyJob(v.rec.Shard, v.rec.ID)
+		cctx, cancel := etcdCtx(ctx)
+		resp, err := s.c.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", v.modRev)).
+			Then(clientv3.OpPut(k, mustJSON(v.rec))).Commit()
+		cancel()
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "cancel job: %v", err)
+		}
+		if resp.Succeeded {
+			j.CancelRequested = true
+			return &apiaryv1.CancelJobResponse{Job: j}, nil
+		}
+	}
+	return nil, status.Error(codes.Aborted, "cancel job: too many concurrent updates")
+}
+
+// WatchJob sends the job now and after every change of its record or tasks,
+// until it is terminal or the client goes away.
+func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobService_WatchJobServer) error {
+	ctx := stream.Context()
+	shard, err := s.c.checkJobID(req.GetJobId())
+	if err != nil {
+		return err
+	}
+	var last *apiaryv1.Job
+	var rev int64
+	send := func() (bool, error) {
+		v, err := s.c.readJob(ctx, req.GetJobId(), false)
+		if err != nil {
+			return false, err
+		}
+		rev = v.rev
+		j := v.toProto(true, false)
+		if last == nil || !proto.Equal(j, last) {
+			if err := stream.Send(&apiaryv1.WatchJobResponse{Job: j}); err != nil {
+				return false, err
+			}
+			last = j
+		}
+		return terminalJob(j.State), nil
+	}
+	done, err := send()
+	if err != nil || done {
+		return err
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	tasksW := s.c.cli.Watch(wctx, prefJobTasks(shard, req.GetJobId()), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	jobW := s.c.cli.Watch(wctx, keyJob(shard, req.GetJobId()), clientv3.WithRev(rev+1))
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case wr, ok := <-tasksW:
+			if !ok || wr.Err() != nil {
+				return status.Error(codes.Unavailable, "watch interrupted; retry")
+			}
+		case wr, ok := <-jobW:
+			if !ok || wr.Err() != nil {
+				return status.Error(codes.Unavailable, "watch interrupted; retry")
+			}
+		case <-tick.C:
+		}
+		// Coalesce bursts of task events into one read.
+		time.Sleep(20 * time.Millisecond)
+	drain:
+		for {
+			select {
+			case _, ok := <-tasksW:
+				if !ok {
+					return status.Error(codes.Unavailable, "watch interrupted; retry")
+				}
+			case _, ok := <-jobW:
+				if !ok {
+					return status.Error(codes.Unavailable, "watch interrupted; retry")
+				}
+			default:
+				break drain
+			}
+		}
+		if done, err := send(); err != nil || done {
+			return err
+		}
+	}
+}

@@ -1,0 +1,123 @@
+package regional
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// The regional keyspace. This file is the only place that spells etcd keys;
+// docs/architecture.md describes the same layout.
+//
+//	/apiary/meta                              region name, jurisdiction, shard count (fixed at creation)
+//	/apiary/members/<coordID>                 coordinator presence (its API address), under its lease
+//	/apiary/shards/owner/<lease>              election key of the shard owner; CreateRevision = epoch
+//	/apiary/jobs/<s>/<jobID>                  job record (spec, submission, cancel flag)
+//	/apiary/tasks/<s>/<jobID>/<index>         task record (state, attempt, node, node epoch)
+//	/apiary/results/<s>/<jobID>/<index>/<n>   result of attempt n (exit code, output tails)
+//	/apiary/assign/<nodeID>/<jobID>/<index>   the node's current assignment; CreateRevision = fencing token
+//	/apiary/nodes/<nodeID>                    node record: labels, capacity, epoch, lease
+//	/apiary/nodes/<nodeID>/alive              under the node's lease; CreateRevision = node epoch
+//	/apiary/nodes/<nodeID>/usage              allocated resources; ModRevision is the placement CAS version
+//	/apiary/dedup/<clientID>/<requestID>      job id and payload hash of a submission
+const (
+	root         = "/apiary/"
+	keyMeta      = root + "meta"
+	prefMembers  = root + "members/"
+	prefOwner    = root + "shards/owner"
+	prefJobs     = root + "jobs/"
+	prefTasks    = root + "tasks/"
+	prefResults  = root + "results/"
+	prefAssign   = root + "assign/"
+	prefNodes    = root + "nodes/"
+	prefDedup    = root + "dedup/"
+	suffixAlive  = "/alive"
+	suffixUsage  = "/usage"
+	shardPadding = 5
+)
+
+func shardStr(s int) string { return fmt.Sprintf("%0*d", shardPadding, s) }
+
+func keyJob(shard int, jobID string) string { return prefJobs + shardStr(shard) + "/" + jobID }
+
+func prefJobTasks(shard int, jobID string) string {
+	return prefTasks + shardStr(shard) + "/" + jobID + "/"
+}
+
+func keyTask(shard int, jobID string, index int32) string {
+	return fmt.Sprintf("%s%06d", prefJobTasks(shard, jobID), index)
+}
+
+func prefJobResults(shard int, jobID string) string {
+	return prefResults + shardStr(shard) + "/" + jobID + "/"
+}
+
+func keyResult(shard int, jobID string, index, attempt int32) string {
+	return fmt.Sprintf("%s%06d/%04d", prefJobResults(shard, jobID), index, attempt)
+}
+
+func prefNodeAssign(nodeID string) string { return prefAssign + nodeID + "/" }
+
+func keyAssign(nodeID, jobID string, index int32) string {
+	return fmt.Sprintf("%s%s/%06d", prefNodeAssign(nodeID), jobID, index)
+}
+
+func keyNode(nodeID string) string       { return prefNodes + nodeID }
+func keyNodeAlive(nodeID string) string  { return prefNodes + nodeID + suffixAlive }
+func keyNodeUsage(nodeID string) string  { return prefNodes + nodeID + suffixUsage }
+func keyMember(coordID string) string    { return prefMembers + coordID }
+func keyDedup(client, req string) string { return prefDedup + client + "/" + req }
+
+// nodeKeyKind splits a key under /apiary/nodes/ into node id and kind
+// ("record", "alive", "usage").
+func nodeKeyKind(key string) (nodeID, kind string, ok bool) {
+	rest, found := strings.CutPrefix(key, prefNodes)
+	if !found || rest == "" {
+		return "", "", false
+	}
+	id, sub, hasSub := strings.Cut(rest, "/")
+	switch {
+	case !hasSub:
+		return id, "record", true
+	case sub == "alive":
+		return id, "alive", true
+	case sub == "usage":
+		return id, "usage", true
+	}
+	return "", "", false
+}
+
+// parseTaskKey splits /apiary/tasks/<s>/<jobID>/<index>.
+func parseTaskKey(key string) (shard int, jobID string, index int32, ok bool) {
+	rest, found := strings.CutPrefix(key, prefTasks)
+	if !found {
+		return 0, "", 0, false
+	}
+	parts := strings.Split(rest, "/")
+	if len(parts) != 3 {
+		return 0, "", 0, false
+	}
+	s, err1 := strconv.Atoi(parts[0])
+	i, err2 := strconv.Atoi(parts[2])
+	if err1 != nil || err2 != nil {
+		return 0, "", 0, false
+	}
+	return s, parts[1], int32(i), true
+}
+
+// parseJobKey splits /apiary/jobs/<s>/<jobID>.
+func parseJobKey(key string) (shard int, jobID string, ok bool) {
+	rest, found := strings.CutPrefix(key, prefJobs)
+	if !found {
+		return 0, "", false
+	}
+	a, b, found := strings.Cut(rest, "/")
+	if !found {
+		return 0, "", false
+	}
+	s, err := strconv.Atoi(a)
+	if err != nil {
+		return 0, "", false
+	}
+	return s, b, true
+}

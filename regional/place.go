@@ -1,0 +1,362 @@
+package regional
+
+import (
+	"context"
+	"sort"
+	"strconv"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// usedBy returns what the active tasks of (node, epoch) hold, derived from
+// the task cache (the usage key mirrors it for other owners and operators).
+func (s *scheduler) usedBy(n *cNode) usageRecord {
+	u := usageRecord{Epoch: n.alive}
+	for key := range s.byNode[n.id] {
+		ct := s.tasks[key]
+		if ct.rec.NodeEpoch != n.alive {
+			continue
+		}
+		r := s.request(&ct.rec)
+		u.CPUMillis += r.CPUMillis
+		u.MemoryMiB += r.MemoryMiB
+		u.GPUs += int32(r.GPUs)
+		u.Tasks++
+	}
+	return u
+}
+
+func (s *scheduler) group(t *taskstate.Task) *apiaryv1.TaskGroup {
+	j := s.jobs[t.JobID]
+	if j == nil || int(t.Group) >= len(j.rec.Spec.GetTasks()) {
+		return nil
+	}
+	return j.rec.Spec.GetTasks()[t.Group]
+}
+
+func (s *scheduler) request(t *taskstate.Task) placement.Resources {
+	r := s.group(t).GetResources()
+	return placement.Resources{CPUMillis: r.GetCpuMillis(), MemoryMiB: r.GetMemoryMb(), GPUs: int(r.GetGpus()), GPUMilli: int(r.GetGpuMilli())}
+}
+
+// readyNode reports whether a node may take placements: its lease is alive
+// and its record is of the same epoch.
+func readyNode(n *cNode) bool {
+	return n.alive != 0 && n.rec != nil && n.rec.Epoch == n.alive
+}
+
+// snapshot builds the placement input from the cache.
+func (s *scheduler) snapshot() (*placement.Snapshot, map[string]usageRecord) {
+	snap := &placement.Snapshot{}
+	used := map[string]usageRecord{}
+	ids := make([]string, 0, len(s.nodes))
+	for id, n := range s.nodes {
+		if readyNode(n) {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		n := s.nodes[id]
+		u := s.usedBy(n)
+		used[id] = u
+		labels := n.rec.Labels
+		if _, ok := labels["jurisdiction"]; !ok && s.c.meta.Jurisdiction != "" {
+			labels = make(map[string]string, len(n.rec.Labels)+1)
+			for k, v := range n.rec.Labels {
+				labels[k] = v
+			}
+			labels["jurisdiction"] = s.c.meta.Jurisdiction
+		}
+		snap.Nodes = append(snap.Nodes, &placement.Node{ID: id, Labels: labels,
+			Capacity:  placement.Resources{CPUMillis: n.rec.Capacity.GetCpuMillis(), MemoryMiB: n.rec.Capacity.GetMemoryMb(), GPUs: int(n.rec.Capacity.GetGpus())},
+			Allocated: placement.Resources{CPUMillis: u.CPUMillis, MemoryMiB: u.MemoryMiB, GPUs: int(u.GPUs)},
+			GPUModel:  n.rec.GPUModel, MaxTasks: int(n.rec.MaxTasks), RunningTasks: int(u.Tasks),
+			Quarantined: n.rec.Quarantined})
+	}
+	for id, keys := range s.byNode {
+		for key := range keys {
+			ct := s.tasks[key]
+			snap.Existing = append(snap.Existing, placement.Allocation{TaskID: key,
+				GroupKey: groupKey(&ct.rec), NodeID: id, Priority: int(s.jobs[ct.rec.JobID].priority()),
+				Request: s.request(&ct.rec)})
+		}
+	}
+	return snap, used
+}
+
+func (j *cJob) priority() int32 {
+	if j == nil {
+		return 0
+	}
+	return j.rec.Spec.GetPriority()
+}
+
+func groupKey(t *taskstate.Task) string { return t.JobID + "/" + strconv.Itoa(int(t.Group)) }
+
+// placementTask converts a cached task for the engine.
+func (s *scheduler) placementTask(ct *cTask, nowMs int64) placement.Task {
+	j := s.jobs[ct.rec.JobID]
+	g := s.group(&ct.rec)
+	pt := placement.Task{ID: ct.key, GroupKey: groupKey(&ct.rec), Priority: int(j.priority()),
+		Request: s.request(&ct.rec), GPUModels: g.GetResources().GetGpuModels(),
+		DistinctHosts: g.GetDistinctHosts(), FailedOn: ct.rec.FailedOn,
+		Policy: placement.Policy(j.rec.Spec.GetScheduler())}
+	for _, c := range g.GetConstraints() {
+		pt.Constraints = append(pt.Constraints, placement.Constraint{Label: c.GetLabel(), Op: c.GetOp(), Values: c.GetValues()})
+	}
+	for _, a := range g.GetAffinities() {
+		pt.Affinities = append(pt.Affinities, placement.Affinity{Label: a.GetLabel(), Op: a.GetOp(), Values: a.GetValues(), Weight: int(a.GetWeight())})
+	}
+	for _, sp := range g.GetSpreads() {
+		targets := map[string]int{}
+		for k, v := range sp.GetTargets() {
+			targets[k] = int(v)
+		}
+		pt.Spreads = append(pt.Spreads, placement.Spread{Label: sp.GetLabel(), Targets: targets, Weight: int(sp.GetWeight())})
+	}
+	for _, dp := range g.GetDistinctProperties() {
+		pt.DistinctProperties = append(pt.DistinctProperties, placement.DistinctProperty{Label: dp.GetLabel(), MaxPerValue: int(dp.GetMaxPerValue())})
+	}
+	for _, d := range g.GetDatasets() {
+		pt.Datasets = append(pt.Datasets, placement.Dataset{Name: d.GetName(), SizeBytes: d.GetSizeBytes()})
+	}
+	if jur := j.rec.Spec.GetJurisdiction(); jur != "" {
+		pt.Jurisdictions = []string{jur}
+	}
+	for node, until := range ct.rec.Excluded {
+		if until > nowMs {
+			if pt.ExcludedNodes == nil {
+				pt.ExcludedNodes = map[string]bool{}
+			}
+			pt.ExcludedNodes[node] = true
+		}
+	}
+	return pt
+}
+
+// place runs the engine over the placeable pending tasks and commits the
+// plan optimistically: one fenced Txn per chunk comparing every task's
+// ModRevision and every touched node's epoch and usage ModRevision. A failed
+// compare re-reads those keys; the tasks stay PENDING and are placed again in
+// the next round (reject and requeue).
+func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, error) {
+	nowMs := now.UnixMilli()
+	next := time.Second
+	var cands []*cTask
+	for key := range s.pending {
+		ct := s.tasks[key]
+		j := s.jobs[ct.rec.JobID]
+		if j == nil || j.rec.CancelRequested {
+			continue
+		}
+		if ct.rec.NotBeforeMs > nowMs {
+			if d := time.Duration(ct.rec.NotBeforeMs-nowMs) * time.Millisecond; d < next {
+				next = d
+			}
+			continue
+		}
+		cands = append(cands, ct)
+	}
+	if len(cands) == 0 {
+		return next, nil
+	}
+	sort.Slice(cands, func(a, b int) bool {
+		ja, jb := s.jobs[cands[a].rec.JobID], s.jobs[cands[b].rec.JobID]
+		if pa, pb := ja.priority(), jb.priority(); pa != pb {
+			return pa > pb
+		}
+		if ja.rec.SubmitMs != jb.rec.SubmitMs {
+			return ja.rec.SubmitMs < jb.rec.SubmitMs
+		}
+		return cands[a].key < cands[b].key
+	})
+	if len(cands) > maxPlaceBatch {
+		cands = cands[:maxPlaceBatch]
+	}
+	snap, used := s.snapshot()
+	if len(snap.Nodes) == 0 {
+		return s.recordUnplaced(ctx, cands, "no ready nodes in region "+s.c.meta.Region, next)
+	}
+	ptasks := make([]placement.Task, len(cands))
+	byKey := make(map[string]*cTask, len(cands))
+	for i, ct := range cands {
+		ptasks[i] = s.placementTask(ct, nowMs)
+		byKey[ct.key] = ct
+	}
+	plan := s.placer.Place(snap, ptasks)
+	s.stats.plans++
+
+	// Group placements by node so a chunk carries whole nodes.
+	byNode := map[string][]placement.Placement{}
+	var nodeOrder []string
+	for _, p := range plan.Placements {
+		if byNode[p.NodeID] == nil {
+			nodeOrder = append(nodeOrder, p.NodeID)
+		}
+		byNode[p.NodeID] = append(byNode[p.NodeID], p)
+	}
+	var ws []write
+	for _, nodeID := range nodeOrder {
+		ps := byNode[nodeID]
+		for len(ps) > 0 {
+			chunk := ps
+			if len(chunk) > maxTasksPerPlan {
+				chunk = chunk[:maxTasksPerPlan]
+			}
+			ps = ps[len(chunk):]
+			w, ok := s.planWrite(nodeID, chunk, byKey, used, nowMs)
+			if ok {
+				ws = append(ws, w)
+			}
+		}
+	}
+	if err := s.commit(ctx, ws); err != nil {
+		return 0, err
+	}
+	var unplaced []*cTask
+	reasons := map[string]placement.Unplaced{}
+	for _, u := range plan.Unplaced {
+		if ct := byKey[u.TaskID]; ct != nil {
+			unplaced = append(unplaced, ct)
+			reasons[u.TaskID] = u
+		}
+	}
+	if len(unplaced) > 0 {
+		var ws []write
+		for _, ct := range unplaced {
+			u := reasons[ct.key]
+			reason := u.Reason
+			if u.Fragmented {
+				reason = "fragmented: " + reason
+			}
+			if w, ok := s.reasonWrite(ct, reason); ok {
+				ws = append(ws, w)
+			}
+		}
+		if err := s.commit(ctx, ws); err != nil {
+			return 0, err
+		}
+	}
+	if len(plan.Placements) > 0 {
+		return 0, nil // more may fit right away
+	}
+	return next, nil
+}
+
+// planWrite builds the fenced, compared write for placements on one node.
+func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map[string]*cTask, used map[string]usageRecord, nowMs int64) (write, bool) {
+	n := s.nodes[nodeID]
+	if n == nil || !readyNode(n) {
+		return write{}, false
+	}
+	u := used[nodeID]
+	aliveKey, usageKey := keyNodeAlive(nodeID), keyNodeUsage(nodeID)
+	w := write{cmps: []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(aliveKey), "=", n.alive),
+		clientv3.Compare(clientv3.ModRevision(usageKey), "=", n.usageRev),
+	}, keys: []string{aliveKey, usageKey}}
+	type upd struct {
+		ct  *cTask
+		rec taskstate.Task
+	}
+	var upds []upd
+	for _, p := range ps {
+		ct := byKey[p.TaskID]
+		rec, err := taskstate.Assign(ct.rec, nodeID, n.alive, nowMs)
+		if err != nil {
+			continue
+		}
+		g := s.group(&ct.rec)
+		j := s.jobs[ct.rec.JobID]
+		a := &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_RUN, JobId: ct.rec.JobID, TaskIndex: ct.rec.Index,
+			Attempt: rec.Attempt, NodeEpoch: n.alive, Command: g.GetCommand(), Args: g.GetArgs(), Env: g.GetEnv(),
+			Resources: g.GetResources(), TimeoutMs: g.GetTimeoutMs(), Region: s.c.meta.Region, Traceparent: j.rec.Traceparent}
+		b, err := proto.Marshal(a)
+		if err != nil {
+			continue
+		}
+		req := s.request(&ct.rec)
+		u.CPUMillis += req.CPUMillis
+		u.MemoryMiB += req.MemoryMiB
+		u.GPUs += int32(req.GPUs)
+		u.Tasks++
+		w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev))
+		w.ops = append(w.ops, clientv3.OpPut(ct.key, mustJSON(&rec)),
+			clientv3.OpPut(keyAssign(nodeID, ct.rec.JobID, ct.rec.Index), string(b)))
+		w.keys = append(w.keys, ct.key)
+		upds = append(upds, upd{ct, rec})
+	}
+	if len(upds) == 0 {
+		return write{}, false
+	}
+	used[nodeID] = u
+	w.ops = append(w.ops, clientv3.OpPut(usageKey, mustJSON(u)))
+	w.after = func(rev int64) {
+		s.stats.placed += len(upds)
+		n.usage, n.usageRev = u, rev
+		for _, x := range upds {
+			s.setTask(x.ct.key, &cTask{key: x.ct.key, shard: x.ct.shard, rec: x.rec, modRev: rev})
+		}
+	}
+	return w, true
+}
+
+// reasonWrite records why a task is not placed, only when the reason changed.
+func (s *scheduler) reasonWrite(ct *cTask, reason string) (write, bool) {
+	if ct.rec.UnplacedReason == reason {
+		return write{}, false
+	}
+	rec := ct.rec
+	rec.UnplacedReason = reason
+	return write{
+		cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev)},
+		ops:  []clientv3.Op{clientv3.OpPut(ct.key, mustJSON(&rec))},
+		keys: []string{ct.key},
+		after: func(rev int64) {
+			s.setTask(ct.key, &cTask{key: ct.key, shard: ct.shard, rec: rec, modRev: rev})
+		},
+	}, true
+}
+
+func (s *scheduler) recordUnplaced(ctx context.Context, cands []*cTask, reason string, next time.Duration) (time.Duration, error) {
+	var ws []write
+	for _, ct := range cands {
+		if w, ok := s.reasonWrite(ct, reason); ok {
+			ws = append(ws, w)
+		}
+	}
+	return next, s.commit(ctx, ws)
+}
+
+// syncUsage writes the usage key of every ready node whose derived usage
+// differs from the stored one (tasks finished since the last plan on it).
+func (s *scheduler) syncUsage(ctx context.Context) error {
+	var ws []write
+	for id, n := range s.nodes {
+		if !readyNode(n) {
+			continue
+		}
+		u := s.usedBy(n)
+		if u == n.usage {
+			continue
+		}
+
+		k := keyNodeUsage(id)
+		ws = append(ws, write{
+			cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", n.usageRev)},
+			ops:  []clientv3.Op{clientv3.OpPut(k, mustJSON(u))},
+			keys: []string{k},
+			after: func(rev int64) {
+				n.usage, n.usageRev = u, rev
+			},
+		})
+	}
+	return s.commit(ctx, ws)
+}

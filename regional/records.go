@@ -1,0 +1,76 @@
+package regional
+
+import (
+	"encoding/json"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// jobRecord is /apiary/jobs/<s>/<jobID>. Its state is never stored: it is
+// derived from the tasks (taskstate.JobState).
+type jobRecord struct {
+	ID              string            `json:"id"`
+	Region          string            `json:"region"`
+	Shard           int               `json:"shard"`
+	Spec            *apiaryv1.JobSpec `json:"spec"`
+	SubmitMs        int64             `json:"submit_ms"`
+	ClientID        string            `json:"client_id,omitempty"`
+	RequestID       string            `json:"request_id,omitempty"`
+	PayloadHash     string            `json:"hash,omitempty"`
+	Traceparent     string            `json:"traceparent,omitempty"`
+	TaskCount       int32             `json:"tasks"`
+	CancelRequested bool              `json:"cancel,omitempty"`
+}
+
+// nodeRecord is /apiary/nodes/<nodeID>.
+type nodeRecord struct {
+	ID           string              `json:"id"`
+	Labels       map[string]string   `json:"labels,omitempty"`
+	Capacity     *apiaryv1.Resources `json:"capacity"`
+	GPUModel     string              `json:"gpu_model,omitempty"`
+	MaxTasks     int32               `json:"max_tasks,omitempty"`
+	Epoch        int64               `json:"epoch"`
+	LeaseID      int64               `json:"lease"`
+	RegisteredMs int64               `json:"registered_ms"`
+	Quarantined  bool                `json:"quarantined,omitempty"`
+	QuarantineBy string              `json:"quarantine_reason,omitempty"`
+}
+
+// usageRecord is /apiary/nodes/<nodeID>/usage: the resources allocated on
+// the node by committed plans. Its ModRevision is the CAS version a plan
+// compares; only shard owners write it.
+type usageRecord struct {
+	Epoch     int64 `json:"epoch"`
+	CPUMillis int64 `json:"cpu"`
+	MemoryMiB int64 `json:"mem"`
+	GPUs      int32 `json:"gpus"`
+	Tasks     int32 `json:"tasks"`
+}
+
+// dedupRecord is /apiary/dedup/<clientID>/<requestID>.
+type dedupRecord struct {
+	JobID string `json:"job"`
+	Hash  string `json:"hash"`
+}
+
+// metaRecord is /apiary/meta, written once at region creation.
+type metaRecord struct {
+	Region       string            `json:"region"`
+	Jurisdiction string            `json:"jurisdiction,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	ShardCount   int               `json:"shards"`
+}
+
+// memberRecord is /apiary/members/<coordID>.
+type memberRecord struct {
+	ID      string `json:"id"`
+	APIAddr string `json:"api_addr"`
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,200 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/regional/taskstate"
+	"apiary.dev/apiary/shards"
+)
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9._:@-]{1,128}$`)
+
+// submitItem is one accepted-for-commit submission waiting in the group
+// commit queue.
+type submitItem struct {
+	job   jobRecord
+	tasks []taskstate.Task
+	done  chan submitResult
+}
+
+type submitResult struct {
+	jobID        string
+	deduplicated bool
+	err          error
+}
+
+// submit validates a request, then commits the job and its PENDING tasks (and
+// the dedup key) in one Txn, group-committed with concurrent submissions.
+// Nothing is written for an invalid request.
+func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest) (*apiaryv1.SubmitJobResponse, error) {
+	if req.GetSpec() == nil {
+		return nil, status.Error(codes.InvalidArgument, "spec: is required")
+	}
+	spec := proto.Clone(req.GetSpec()).(*apiaryv1.JobSpec)
+	if err := jobspec.Validate(spec); err != nil {
+		return nil, err
+	}
+	jobspec.ApplyDefaults(spec)
+	if req.GetRequestId() != "" || req.GetClientId() != "" {
+		if !idRE.MatchString(req.GetClientId()) {
+			return nil, status.Errorf(codes.InvalidArgument, "client_id: must match %s when request_id is set", idRE)
+		}
+		if !idRE.MatchString(req.GetRequestId()) {
+			return nil, status.Errorf(codes.InvalidArgument, "request_id: must match %s when client_id is set", idRE)
+		}
+	}
+	if j := spec.GetJurisdiction(); j != "" && c.meta.Jurisdiction != "" && j != c.meta.Jurisdiction {
+		return nil, status.Errorf(codes.FailedPrecondition, "jurisdiction: job requires %q; region %s is in jurisdiction %q", j, c.meta.Region, c.meta.Jurisdiction)
+	}
+	for k, v := range spec.GetRegion().GetSelector() {
+		if c.meta.Labels[k] != v {
+			return nil, status.Errorf(codes.FailedPrecondition, "region.selector: region %s has %s=%q, job requires %q", c.meta.Region, k, c.meta.Labels[k], v)
+		}
+	}
+	now := time.Now()
+	id := ids.NewJobID(c.meta.Region, now)
+	shard := shards.Of(id, c.meta.ShardCount)
+	rec := jobRecord{ID: id, Region: c.meta.Region, Shard: shard, Spec: spec, SubmitMs: now.UnixMilli(),
+		ClientID: req.GetClientId(), RequestID: req.GetRequestId(), Traceparent: req.GetTraceparent(),
+		TaskCount: int32(jobspec.TaskCount(spec))}
+	if rec.RequestID != "" {
+		rec.PayloadHash = jobspec.PayloadHash(req.GetSpec())
+	}
+	tasks := make([]taskstate.Task, 0, rec.TaskCount)
+	for g, grp := range spec.GetTasks() {
+		for i := int32(0); i < grp.GetCount(); i++ {
+			tasks = append(tasks, taskstate.Task{JobID: id, Index: int32(len(tasks)), Group: int32(g), State: apiaryv1.TaskState_TASK_STATE_PENDING})
+		}
+	}
+	it := &submitItem{job: rec, tasks: tasks, done: make(chan submitResult, 1)}
+	if err := c.submits.submit(ctx, it); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	select {
+	case r := <-it.done:
+		if r.err != nil {
+			return nil, r.err
+		}
+		return &apiaryv1.SubmitJobResponse{JobId: r.jobID, Region: c.meta.Region, Deduplicated: r.deduplicated}, nil
+	case <-ctx.Done():
+		// The outcome is unknown to the client; a retry with the same
+		// request id finds the job through its dedup key.
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+func (it *submitItem) ops() []clientv3.Op {
+	ops := make([]clientv3.Op, 0, len(it.tasks)+2)
+	ops = append(ops, clientv3.OpPut(keyJob(it.job.Shard, it.job.ID), mustJSON(it.job)))
+	for i := range it.tasks {
+		ops = append(ops, clientv3.OpPut(keyTask(it.job.Shard, it.job.ID, it.tasks[i].Index), mustJSON(&it.tasks[i])))
+	}
+	if it.job.RequestID != "" {
+		ops = append(ops, clientv3.OpPut(keyDedup(it.job.ClientID, it.job.RequestID), mustJSON(dedupRecord{JobID: it.job.ID, Hash: it.job.PayloadHash})))
+	}
+	return ops
+}
+
+func (it *submitItem) dedupKey() string {
+	if it.job.RequestID == "" {
+		return ""
+	}
+	return keyDedup(it.job.ClientID, it.job.RequestID)
+}
+
+const maxOpsPerTxn = 16384
+
+// flushSubmits commits a batch in one Txn guarded by "no dedup key exists".
+// If that guard fails (some request id was seen before) or a batch holds the
+// same request id twice, it falls back to one Txn per submission.
+func (c *Coordinator) flushSubmits(batch []*submitItem) {
+	var together, alone []*submitItem
+	seen := map[string]bool{}
+	nops := 0
+	for _, it := range batch {
+		k := it.dedupKey()
+		n := len(it.tasks) + 2
+		if (k != "" && seen[k]) || nops+n > maxOpsPerTxn {
+			alone = append(alone, it)
+			continue
+		}
+		seen[k] = true
+		nops += n
+		together = append(together, it)
+	}
+	if len(together) == 1 {
+		alone = append(alone, together[0])
+	} else if len(together) > 1 {
+		var cmps []clientv3.Cmp
+		var ops []clientv3.Op
+		for _, it := range together {
+			if k := it.dedupKey(); k != "" {
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
+			}
+			ops = append(ops, it.ops()...)
+		}
+		ctx, cancel := etcdCtx(context.Background())
+		resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		cancel()
+		switch {
+		case err != nil:
+			for _, it := range together {
+				it.done <- submitResult{err: status.Errorf(codes.Unavailable, "commit job: %v", err)}
+			}
+		case resp.Succeeded:
+			for _, it := range together {
+				it.done <- submitResult{jobID: it.job.ID}
+			}
+		default:
+			alone = append(alone, together...)
+		}
+	}
+	for _, it := range alone {
+		it.done <- c.submitOne(it)
+	}
+}
+
+func (c *Coordinator) submitOne(it *submitItem) submitResult {
+	ctx, cancel := etcdCtx(context.Background())
+	defer cancel()
+	k := it.dedupKey()
+	if k == "" {
+		if _, err := c.cli.Txn(ctx).Then(it.ops()...).Commit(); err != nil {
+			return submitResult{err: status.Errorf(codes.Unavailable, "commit job: %v", err)}
+		}
+		return submitResult{jobID: it.job.ID}
+	}
+	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(it.ops()...).Else(clientv3.OpGet(k)).Commit()
+	if err != nil {
+		return submitResult{err: status.Errorf(codes.Unavailable, "commit job: %v", err)}
+	}
+	if resp.Succeeded {
+		return submitResult{jobID: it.job.ID}
+	}
+	var d dedupRecord
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &d) != nil {
+		return submitResult{err: status.Error(codes.Internal, "dedup record unreadable")}
+	}
+	if d.Hash != it.job.PayloadHash {
+		return submitResult{err: status.Errorf(codes.AlreadyExists,
+			"request_id: %q of client %q was already used for job %s with a different payload", it.job.RequestID, it.job.ClientID, d.JobID)}
+	}
+	return submitResult{jobID: d.JobID, deduplicated: true}
+}
+
+// errorf is a small helper for internal errors with context.
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -1,0 +1,351 @@
+package taskstate
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// Task is the durable record of one task (/apiary/tasks/<s>/<job>/<index>).
+// Times are Unix milliseconds.
+type Task struct {
+	JobID string `json:"job"`
+	Index int32  `json:"idx"`
+	// Group is the index of the task group in the job spec.
+	Group int32              `json:"grp"`
+	State apiaryv1.TaskState `json:"state"`
+	// Attempt is the dispatch counter: incremented only by a committed plan.
+	Attempt int32 `json:"attempt"`
+	// Used counts attempts that ran and ended without success (failed, timed
+	// out, or lost with their node); it is compared with max_attempts.
+	// Refusals do not count.
+	Used         int32  `json:"used,omitempty"`
+	NodeID       string `json:"node,omitempty"`
+	NodeEpoch    int64  `json:"node_epoch,omitempty"`
+	FencingToken int64  `json:"token,omitempty"`
+	NotBeforeMs  int64  `json:"not_before,omitempty"`
+	// Excluded maps node id -> Unix ms until which the node is excluded for
+	// this task (it refused the task).
+	Excluded map[string]int64 `json:"excluded,omitempty"`
+	// FailedOn counts failures of this task per node (placement penalty).
+	FailedOn map[string]int `json:"failed_on,omitempty"`
+	// NodeFailures counts attempts lost with their node (KilledWorker rule).
+	NodeFailures   int32  `json:"node_failures,omitempty"`
+	UnplacedReason string `json:"unplaced,omitempty"`
+	Error          string `json:"error,omitempty"`
+	// CancelRequested is set on an assigned or running task of a cancelled job.
+	CancelRequested bool  `json:"cancel,omitempty"`
+	AssignedMs      int64 `json:"assigned_ms,omitempty"`
+	StartedMs       int64 `json:"started_ms,omitempty"`
+	FinishedMs      int64 `json:"finished_ms,omitempty"`
+}
+
+// Terminal reports whether s is COMPLETE, FAILED or CANCELLED.
+func Terminal(s apiaryv1.TaskState) bool {
+	return s == apiaryv1.TaskState_TASK_STATE_COMPLETE || s == apiaryv1.TaskState_TASK_STATE_FAILED ||
+		s == apiaryv1.TaskState_TASK_STATE_CANCELLED
+}
+
+// Active reports whether s holds resources on a node (ASSIGNED or RUNNING).
+func Active(s apiaryv1.TaskState) bool {
+	return s == apiaryv1.TaskState_TASK_STATE_ASSIGNED || s == apiaryv1.TaskState_TASK_STATE_RUNNING
+}
+
+// Policy is the retry policy of a task, from its job spec.
+type Policy struct {
+	MaxAttempts    int32
+	RetryableCodes []int32
+	// KilledWorkerLimit: a task whose nodes were lost this many times fails
+	// terminally (Dask's KilledWorker). 0 means MaxAttempts.
+	KilledWorkerLimit int32
+	Backoff           Backoff
+}
+
+// Backoff is exponential backoff with full jitter on the upper half:
+// delay(n) = min(Max, Base * 2^(n-1)) * (0.5 + rand/2).
+type Backoff struct {
+	Base time.Duration
+	Max  time.Duration
+}
+
+// DefaultBackoff is used when a policy leaves Backoff zero.
+var DefaultBackoff = Backoff{Base: 200 * time.Millisecond, Max: 30 * time.Second}
+
+// Delay returns the backoff before retry n (n >= 1), jittered by rng.
+func (b Backoff) Delay(n int32, rng *rand.Rand) time.Duration {
+	if b.Base <= 0 {
+		b = DefaultBackoff
+	}
+	d := b.Base
+	for i := int32(1); i < n && d < b.Max; i++ {
+		d *= 2
+	}
+	if d > b.Max {
+		d = b.Max
+	}
+	return d/2 + time.Duration(rng.Int64N(int64(d/2)+1))
+}
+
+// Plan-side transitions ------------------------------------------------------
+
+// Assign moves a PENDING task to ASSIGNED for a committed plan. The caller
+// commits the result only together with the plan (one Txn).
+func Assign(t Task, nodeID string, nodeEpoch int64, nowMs int64) (Task, error) {
+	if t.State != apiaryv1.TaskState_TASK_STATE_PENDING {
+		return t, fmt.Errorf("task %s/%d: assign from %s", t.JobID, t.Index, t.State)
+	}
+	t.State = apiaryv1.TaskState_TASK_STATE_ASSIGNED
+	t.Attempt++
+	t.NodeID, t.NodeEpoch = nodeID, nodeEpoch
+	t.FencingToken = 0 // set from the assignment key's CreateRevision once known
+	t.UnplacedReason = ""
+	t.AssignedMs, t.StartedMs, t.FinishedMs = nowMs, 0, 0
+	return t, nil
+}
+
+// Report is an agent's report on one attempt.
+type Report struct {
+	Kind      apiaryv1.ReportKind
+	NodeID    string
+	NodeEpoch int64
+	Attempt   int32
+	ExitCode  int32
+	Error     string
+	StartMs   int64
+	EndMs     int64
+}
+
+// Outcome values recorded for an attempt.
+const (
+	OutcomeComplete  = "complete"
+	OutcomeFailed    = "failed"
+	OutcomeRetry     = "retry"
+	OutcomeLost      = "lost"
+	OutcomeRefused   = "refused"
+	OutcomeTimeout   = "timeout"
+	OutcomeCancelled = "cancelled"
+)
+
+// Result is what ApplyReport decided.
+type Result struct {
+	Task Task
+	// Outcome is set when the attempt ended ("" for STARTED).
+	Outcome string
+	// Rejected is the reason the report was refused; Task is unchanged then.
+	Rejected string
+	// Released is true when the attempt stopped holding node resources.
+	Released bool
+}
+
+// RefusalExclusion is how long a node that refused a task stays excluded.
+const RefusalExclusion = 30 * time.Second
+
+// ApplyReport applies a report to a task. aliveEpoch is the node's current
+// epoch (0 if its lease is gone). A report for any other attempt, node or
+// epoch than the task's current one is rejected, as is any report on a
+// terminal task (a no-op).
+func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng *rand.Rand) Result {
+	switch {
+	case Terminal(t.State):
+		return Result{Task: t, Rejected: "task is already " + t.State.String()}
+	case !Active(t.State):
+		return Result{Task: t, Rejected: fmt.Sprintf("stale attempt %d: task is %s", r.Attempt, t.State)}
+	case r.Attempt != t.Attempt:
+		return Result{Task: t, Rejected: fmt.Sprintf("stale attempt %d: current attempt is %d", r.Attempt, t.Attempt)}
+	case r.NodeID != t.NodeID || r.NodeEpoch != t.NodeEpoch:
+		return Result{Task: t, Rejected: fmt.Sprintf("stale node epoch: report from %s epoch %d, attempt runs on %s epoch %d", r.NodeID, r.NodeEpoch, t.NodeID, t.NodeEpoch)}
+	case aliveEpoch != r.NodeEpoch:
+		return Result{Task: t, Rejected: fmt.Sprintf("stale node epoch %d: node lease is gone", r.NodeEpoch)}
+	}
+	end := r.EndMs
+	if end == 0 {
+		end = nowMs
+	}
+	switch r.Kind {
+	case apiaryv1.ReportKind_REPORT_KIND_STARTED:
+		if t.State == apiaryv1.TaskState_TASK_STATE_RUNNING {
+			return Result{Task: t, Rejected: "duplicate start report"}
+		}
+		t.State = apiaryv1.TaskState_TASK_STATE_RUNNING
+		t.StartedMs = firstNonZero(r.StartMs, nowMs)
+		return Result{Task: t}
+	case apiaryv1.ReportKind_REPORT_KIND_EXITED:
+		if t.StartedMs == 0 {
+			t.StartedMs = firstNonZero(r.StartMs, nowMs)
+		}
+		if r.ExitCode == 0 {
+			t.State, t.FinishedMs, t.Error = apiaryv1.TaskState_TASK_STATE_COMPLETE, end, ""
+			return Result{Task: t, Outcome: OutcomeComplete, Released: true}
+		}
+		if t.CancelRequested {
+			t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
+			return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
+		}
+		t = countFailure(t)
+		if !slices.Contains(p.RetryableCodes, r.ExitCode) {
+			return failed(t, end, fmt.Sprintf("attempt %d exited with code %d, which is not in retryable_exit_codes", t.Attempt, r.ExitCode))
+		}
+		return retryOrFail(t, p, end, nowMs, rng, fmt.Sprintf("exit code %d", r.ExitCode))
+	case apiaryv1.ReportKind_REPORT_KIND_TIMED_OUT:
+		if t.CancelRequested {
+			t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
+			return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
+		}
+		t = countFailure(t)
+		res := retryOrFail(t, p, end, nowMs, rng, "timed out")
+		if res.Outcome == OutcomeRetry {
+			res.Outcome = OutcomeTimeout
+		}
+		return res
+	case apiaryv1.ReportKind_REPORT_KIND_START_FAILED:
+		t = countFailure(t)
+		return failed(t, end, fmt.Sprintf("attempt %d could not start: %s (not retried)", t.Attempt, r.Error))
+	case apiaryv1.ReportKind_REPORT_KIND_REFUSED:
+		if t.CancelRequested {
+			t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
+			return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
+		}
+		if t.Excluded == nil {
+			t.Excluded = map[string]int64{}
+		}
+		t.Excluded[t.NodeID] = nowMs + RefusalExclusion.Milliseconds()
+		t = toPending(t, 0)
+		return Result{Task: t, Outcome: OutcomeRefused, Released: true}
+	case apiaryv1.ReportKind_REPORT_KIND_CANCELLED:
+		t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
+		return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
+	}
+	return Result{Task: t, Rejected: fmt.Sprintf("unknown report kind %s", r.Kind)}
+}
+
+// NodeLost applies the loss of the node (its lease lapsed or was revoked) to
+// an ASSIGNED or RUNNING task on it: back to PENDING without backoff if the
+// budget allows, else FAILED. ok is false if the task was not on that epoch.
+func NodeLost(t Task, p Policy, nodeID string, epoch int64, nowMs int64) (Result, bool) {
+	if !Active(t.State) || t.NodeID != nodeID || t.NodeEpoch != epoch {
+		return Result{Task: t}, false
+	}
+	if t.CancelRequested {
+		t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, nowMs
+		return Result{Task: t, Outcome: OutcomeCancelled, Released: true}, true
+	}
+	t.NodeFailures++
+	t = countFailure(t)
+	limit := p.KilledWorkerLimit
+	if limit <= 0 {
+		limit = p.MaxAttempts
+	}
+	if t.NodeFailures >= limit {
+		res := failed(t, nowMs, fmt.Sprintf("killed worker: the node running this task was lost %d times (last: %s, attempt %d); not retried", t.NodeFailures, nodeID, t.Attempt))
+		res.Outcome = OutcomeLost
+		return res, true
+	}
+	if t.Used >= p.MaxAttempts {
+		res := failed(t, nowMs, fmt.Sprintf("node %s lost during attempt %d; max_attempts %d reached", nodeID, t.Attempt, p.MaxAttempts))
+		res.Outcome = OutcomeLost
+		return res, true
+	}
+	t = toPending(t, 0)
+	return Result{Task: t, Outcome: OutcomeLost, Released: true}, true
+}
+
+// Cancel applies a job cancellation to a task: a PENDING task is cancelled at
+// once; an active one is marked so the agent kills it (cancel=true).
+func Cancel(t Task, nowMs int64) (out Task, changed, kill bool) {
+	switch {
+	case Terminal(t.State):
+		return t, false, false
+	case t.State == apiaryv1.TaskState_TASK_STATE_PENDING:
+		t.State, t.FinishedMs, t.UnplacedReason = apiaryv1.TaskState_TASK_STATE_CANCELLED, nowMs, ""
+		return t, true, false
+	case t.CancelRequested:
+		return t, false, false
+	default:
+		t.CancelRequested = true
+		return t, true, true
+	}
+}
+
+func countFailure(t Task) Task {
+	if t.FailedOn == nil {
+		t.FailedOn = map[string]int{}
+	}
+	t.FailedOn[t.NodeID]++
+	t.Used++
+	return t
+}
+
+func retryOrFail(t Task, p Policy, endMs, nowMs int64, rng *rand.Rand, what string) Result {
+	if t.Used >= p.MaxAttempts {
+		return failed(t, endMs, fmt.Sprintf("attempt %d: %s; max_attempts %d reached", t.Attempt, what, p.MaxAttempts))
+	}
+	delay := p.Backoff.Delay(t.Used, rng)
+	t = toPending(t, nowMs+delay.Milliseconds())
+	t.Error = fmt.Sprintf("attempt %d: %s; retrying", t.Attempt, what)
+	return Result{Task: t, Outcome: OutcomeRetry, Released: true}
+}
+
+func failed(t Task, endMs int64, msg string) Result {
+	t.State, t.FinishedMs, t.Error = apiaryv1.TaskState_TASK_STATE_FAILED, endMs, msg
+	return Result{Task: t, Outcome: OutcomeFailed, Released: true}
+}
+
+func toPending(t Task, notBefore int64) Task {
+	t.State = apiaryv1.TaskState_TASK_STATE_PENDING
+	t.NotBeforeMs = notBefore
+	t.NodeID, t.NodeEpoch, t.FencingToken = "", 0, 0
+	t.AssignedMs, t.StartedMs, t.FinishedMs = 0, 0, 0
+	return t
+}
+
+func firstNonZero(a, b int64) int64 {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+// JobState derives a job's state from its tasks' states: CANCELLED once a
+// cancelled job has no active task; COMPLETE when every task is; FAILED when
+// all are terminal and one failed; RUNNING when any task was dispatched or
+// finished; else PENDING.
+func JobState(cancelRequested bool, c *apiaryv1.TaskCounts) apiaryv1.JobState {
+	total := c.Pending + c.Assigned + c.Running + c.Complete + c.Failed + c.Cancelled
+	active := c.Pending + c.Assigned + c.Running
+	switch {
+	case total == 0:
+		return apiaryv1.JobState_JOB_STATE_PENDING
+	case cancelRequested && c.Assigned+c.Running == 0:
+		return apiaryv1.JobState_JOB_STATE_CANCELLED
+	case active == 0 && c.Complete == total:
+		return apiaryv1.JobState_JOB_STATE_COMPLETE
+	case active == 0 && c.Failed > 0:
+		return apiaryv1.JobState_JOB_STATE_FAILED
+	case active == 0:
+		return apiaryv1.JobState_JOB_STATE_CANCELLED
+	case c.Assigned+c.Running+c.Complete+c.Failed+c.Cancelled > 0:
+		return apiaryv1.JobState_JOB_STATE_RUNNING
+	}
+	return apiaryv1.JobState_JOB_STATE_PENDING
+}
+
+// Count adds a task state to counts.
+func Count(c *apiaryv1.TaskCounts, s apiaryv1.TaskState) {
+	switch s {
+	case apiaryv1.TaskState_TASK_STATE_PENDING:
+		c.Pending++
+	case apiaryv1.TaskState_TASK_STATE_ASSIGNED:
+		c.Assigned++
+	case apiaryv1.TaskState_TASK_STATE_RUNNING:
+		c.Running++
+	case apiaryv1.TaskState_TASK_STATE_COMPLETE:
+		c.Complete++
+	case apiaryv1.TaskState_TASK_STATE_FAILED:
+		c.Failed++
+	case apiaryv1.TaskState_TASK_STATE_CANCELLED:
+		c.Cancelled++
+	}
+}
