@@ -449,7 +449,7 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) error {
 
 			result := &apiaryv1.AttemptResult{Attempt: ct.rec.Attempt, NodeId: nodeID, NodeEpoch: ct.rec.NodeEpoch,
 				FencingToken: ct.rec.FencingToken, Outcome: res.Outcome, ExitCode: -1,
-				Error: fmt.Sprintf("node %s epoch %d lost (lease expired or revoked)", nodeID, ct.rec.NodeEpoch),
+				Error:       fmt.Sprintf("node %s epoch %d lost (lease expired or revoked)", nodeID, ct.rec.NodeEpoch),
 				StartTimeMs: ct.rec.StartedMs, EndTimeMs: now.UnixMilli()}
 			newRec := res.Task
 			ws = append(ws, write{
