@@ -123,7 +123,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, "work"), 0o755); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
-	coords, err := newCoordinators(a.cfg.CoordinatorAddrs, a.cfg.DialOptions)
+	coords, err := newCoordinators(a.cfg.CoordinatorAddrs, a.cfg.MinBackoff, a.cfg.MaxBackoff, a.cfg.DialOptions)
 	if err != nil {
 		return err
 	}

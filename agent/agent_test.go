@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,6 +44,7 @@ type fakeCoord struct {
 }
 
 type fakeStream struct {
+	via   *hangable // nil when served by the fake itself
 	epoch int64
 	ch    chan *apiaryv1.Assignment
 	kill  chan struct{}
@@ -88,12 +90,16 @@ func (f *fakeCoord) Heartbeat(_ context.Context, req *apiaryv1.HeartbeatRequest)
 }
 
 func (f *fakeCoord) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, st grpc.ServerStreamingServer[apiaryv1.StreamAssignmentsResponse]) error {
+	return f.stream(nil, req, st)
+}
+
+func (f *fakeCoord) stream(via *hangable, req *apiaryv1.StreamAssignmentsRequest, st grpc.ServerStreamingServer[apiaryv1.StreamAssignmentsResponse]) error {
 	f.mu.Lock()
 	if !f.valid[req.GetNodeEpoch()] {
 		f.mu.Unlock()
 		return status.Error(codes.FailedPrecondition, "node epoch gone")
 	}
-	s := &fakeStream{epoch: req.GetNodeEpoch(), ch: make(chan *apiaryv1.Assignment, 1000), kill: make(chan struct{})}
+	s := &fakeStream{via: via, epoch: req.GetNodeEpoch(), ch: make(chan *apiaryv1.Assignment, 1000), kill: make(chan struct{})}
 	for _, a := range f.current {
 		s.ch <- a
 	}
@@ -145,8 +151,57 @@ func (f *fakeCoord) push(a *apiaryv1.Assignment) {
 	defer f.mu.Unlock()
 	f.current = append(f.current, a)
 	for _, s := range f.streams {
-		s.ch <- a
+		if s.via == nil || !s.via.hung.Load() {
+			s.ch <- a
+		}
 	}
+}
+
+// hangable serves the same fake coordinator on a second address, and can
+// hang like a paused process: calls block, open streams deliver nothing, but
+// connections stay up.
+type hangable struct {
+	*fakeCoord
+	addr string
+	hung atomic.Bool
+}
+
+func (h *hangable) serve(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.addr = lis.Addr().String()
+	srv := grpc.NewServer()
+	apiaryv1.RegisterAgentServiceServer(srv, h)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+}
+
+func (h *hangable) block(ctx context.Context) {
+	if h.hung.Load() {
+		<-ctx.Done()
+	}
+}
+
+func (h *hangable) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNodeRequest) (*apiaryv1.RegisterNodeResponse, error) {
+	h.block(ctx)
+	return h.fakeCoord.RegisterNode(ctx, req)
+}
+
+func (h *hangable) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequest) (*apiaryv1.HeartbeatResponse, error) {
+	h.block(ctx)
+	return h.fakeCoord.Heartbeat(ctx, req)
+}
+
+func (h *hangable) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, st grpc.ServerStreamingServer[apiaryv1.StreamAssignmentsResponse]) error {
+	h.block(st.Context())
+	return h.fakeCoord.stream(h, req, st)
+}
+
+func (h *hangable) ReportTaskStatus(ctx context.Context, req *apiaryv1.ReportTaskStatusRequest) (*apiaryv1.ReportTaskStatusResponse, error) {
+	h.block(ctx)
+	return h.fakeCoord.ReportTaskStatus(ctx, req)
 }
 
 // killStreams ends every open stream with UNAVAILABLE.
@@ -670,5 +725,33 @@ func TestAgentSelfFencesWhenLeaseLapses(t *testing.T) {
 	}
 	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
 		t.Fatalf("reports %v, want only STARTED", ks)
+	}
+}
+
+func TestAgentLeavesHungCoordinator(t *testing.T) {
+	// The first coordinator hangs with its connections up: heartbeats time
+	// out there and move to the second, and the assignment stream must
+	// follow them, or the node would look alive and never get work.
+	f := startFake(t)
+	h := &hangable{fakeCoord: f}
+	h.serve(t)
+	ta := startAgent(t, []string{h.addr, f.addr}, func(c *Config) { c.RPCTimeout = 200 * time.Millisecond })
+	epoch := ta.waitEpoch(t, 1)
+	waitFor(t, 10*time.Second, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, s := range f.streams {
+			if s.via == h {
+				return true
+			}
+		}
+		return false
+	}, "stream on the first coordinator")
+	h.hung.Store(true)
+	key := AttemptKey{JobID: "r1-moved", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, key, "exit 0"))
+	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	if ta.Epoch() != epoch {
+		t.Fatalf("epoch changed %d -> %d; failover should keep it", epoch, ta.Epoch())
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -22,15 +24,30 @@ type coordinators struct {
 	addrs []string
 	conns []*grpc.ClientConn
 
-	mu  sync.Mutex
-	cur int
+	mu      sync.Mutex
+	cur     int
+	changed chan struct{} // closed and replaced on every failover
 }
 
-func newCoordinators(addrs []string, opts []grpc.DialOption) (*coordinators, error) {
-	if len(opts) == 0 {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+// newCoordinators makes one lazy client connection per address. Its
+// reconnect backoff is capped at maxBackoff (gRPC's own default grows to
+// 120 s, far too slow to notice a restarted coordinator). extra options come
+// after the defaults, so they may override them; with none, the transport is
+// insecure.
+func newCoordinators(addrs []string, minBackoff, maxBackoff time.Duration, extra []grpc.DialOption) (*coordinators, error) {
+	opts := []grpc.DialOption{
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: grpcbackoff.Config{
+				BaseDelay: minBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff,
+			},
+			MinConnectTimeout: 2 * time.Second,
+		}),
 	}
-	c := &coordinators{addrs: addrs}
+	if len(extra) == 0 {
+		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	opts = append(opts, extra...)
+	c := &coordinators{addrs: addrs, changed: make(chan struct{})}
 	for _, a := range addrs {
 		cc, err := grpc.NewClient(a, opts...)
 		if err != nil {
@@ -57,9 +74,18 @@ func (c *coordinators) addr(i int) string { return c.addrs[i] }
 func (c *coordinators) failover(idx int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cur == idx {
+	if c.cur == idx && len(c.conns) > 1 {
 		c.cur = (c.cur + 1) % len(c.conns)
+		close(c.changed)
+		c.changed = make(chan struct{})
 	}
+}
+
+// watch returns the coordinator in use and a channel closed when it changes.
+func (c *coordinators) watch() (int, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur, c.changed
 }
 
 func (c *coordinators) close() {

@@ -20,6 +20,9 @@ import (
 // lease has lapsed, so the coordinator has reclaimed the epoch's tasks).
 var errEpochLost = errors.New("node epoch lost")
 
+// errFailedOver ends a stream because the agent moved to another coordinator.
+var errFailedOver = errors.New("moved to another coordinator")
+
 // Fallbacks when a coordinator leaves the timing fields of
 // RegisterNodeResponse at zero.
 const (
@@ -97,7 +100,9 @@ func (s *session) heartbeatLoop(ctx context.Context) error {
 		case <-t.C:
 		}
 		idx, cl := s.coords.client()
-		cctx, cancel := context.WithTimeout(ctx, min(s.rpcTimeout, s.leaseTTL))
+		// Short enough that a coordinator that hangs (paused, partitioned)
+		// is left for the next one well before the lease runs out.
+		cctx, cancel := context.WithTimeout(ctx, min(s.rpcTimeout, max(s.heartbeat, s.leaseTTL/3)))
 		resp, err := cl.Heartbeat(cctx, &apiaryv1.HeartbeatRequest{NodeId: s.nodeID, NodeEpoch: s.epoch})
 		cancel()
 		next := s.heartbeat
@@ -136,7 +141,7 @@ func (s *session) streamLoop(ctx context.Context, handle func(*apiaryv1.Assignme
 	for b.Ongoing() {
 		idx, cl := s.coords.client()
 		opened := time.Now()
-		n, err := s.streamOnce(ctx, cl, handle)
+		n, err := s.streamOnce(ctx, idx, cl, handle)
 		if ctx.Err() != nil {
 			break
 		}
@@ -147,9 +152,14 @@ func (s *session) streamLoop(ctx context.Context, handle func(*apiaryv1.Assignme
 		if n > 0 || time.Since(opened) > s.backoff.MaxBackoff {
 			b.Reset()
 		}
-		s.log.Warn("assignment stream ended; reconnecting", "coordinator", s.coords.addr(idx), "received", n, "err", err)
-		if err == nil || status.Code(err) == codes.Unavailable || errors.Is(err, io.EOF) {
-			s.coords.failover(idx)
+		if cur, _ := s.coords.watch(); cur != idx {
+			s.log.Info("assignment stream moving to the coordinator in use",
+				"from", s.coords.addr(idx), "to", s.coords.addr(cur))
+		} else {
+			s.log.Warn("assignment stream ended; reconnecting", "coordinator", s.coords.addr(idx), "received", n, "err", err)
+			if err == nil || status.Code(err) == codes.Unavailable || errors.Is(err, io.EOF) {
+				s.coords.failover(idx)
+			}
 		}
 		b.Wait()
 	}
@@ -158,9 +168,26 @@ func (s *session) streamLoop(ctx context.Context, handle func(*apiaryv1.Assignme
 
 // streamOnce runs one stream until it fails; it returns the number of
 // assignments received and the error that ended it (nil on a clean EOF).
-func (s *session) streamOnce(ctx context.Context, cl apiaryv1.AgentServiceClient, handle func(*apiaryv1.Assignment)) (int, error) {
+//
+// The stream follows failover: when another part of the agent (heartbeats,
+// reports) moves to the next coordinator, the stream is reopened there too,
+// so that a coordinator that hangs without closing its connections cannot
+// keep the node starved of assignments while its heartbeats succeed
+// elsewhere.
+func (s *session) streamOnce(ctx context.Context, idx int, cl apiaryv1.AgentServiceClient, handle func(*apiaryv1.Assignment)) (int, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	cur, changed := s.coords.watch()
+	if cur != idx {
+		return 0, errFailedOver
+	}
+	go func() {
+		select {
+		case <-sctx.Done():
+		case <-changed:
+			cancel()
+		}
+	}()
 	st, err := cl.StreamAssignments(sctx, &apiaryv1.StreamAssignmentsRequest{NodeId: s.nodeID, NodeEpoch: s.epoch})
 	if err != nil {
 		return 0, fmt.Errorf("open: %w", err)
