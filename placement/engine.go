@@ -34,6 +34,9 @@ type Options struct {
 	// preemption proposals off.
 	PreemptionDelta   int
 	DisablePreemption bool
+	// FragModel selects the fragmentation measure of PolicyFragmentation;
+	// empty means FragModelHybrid.
+	FragModel FragModel
 }
 
 // DefaultCandidateLimit is the default number of feasible nodes scored per
@@ -91,7 +94,9 @@ func NewEngine(opts Options) *Engine {
 	if len(wl) == 0 {
 		wl = DefaultWorkload
 	}
-	return &Engine{opts: opts, w: opts.Weights.withDefaults(), frag: newFragModel(wl)}
+	fm := newFragModel(wl)
+	fm.kind = opts.FragModel
+	return &Engine{opts: opts, w: opts.Weights.withDefaults(), frag: fm}
 }
 
 // Place places tasks in order of descending Priority (stable), each against
@@ -223,7 +228,9 @@ func (s *Session) PlaceOne(t *Task) Result {
 		for k, sc := range c.scorers {
 			sum += sc.w * s.raw[j*nsc+k]
 		}
-		sum /= c.wsum
+		if c.wsum > 0 {
+			sum /= c.wsum
+		}
 		switch {
 		case sum > bestScore+1e-12:
 			best, bestScore, ties = j, sum, 1
@@ -300,4 +307,30 @@ func (c *taskCtx) pickShare(e *Engine, st *state, i int, v *view) int {
 		}
 	}
 	return best
+}
+
+// NodeFree is a node's free capacity in a session's working copy.
+type NodeFree struct {
+	CPUMillis, MemoryMiB int64
+	Tasks                int
+	GPUFreeMilli         []int // per GPU; must not be modified
+}
+
+// Free returns the free capacity of the i-th snapshot node in the working
+// copy (after the placements made so far).
+func (s *Session) Free(i int) NodeFree {
+	v := s.st.view(i)
+	return NodeFree{CPUMillis: v.cpuFree, MemoryMiB: v.memFree, Tasks: v.tasks, GPUFreeMilli: v.gpuFree}
+}
+
+// Fragmentation returns the cluster's expected GPU fragmentation Σ_n F_n(M)
+// in GPU milli, by FGD's published measure over the engine's workload
+// (whatever FragModel scores with), in the working copy.
+func (s *Session) Fragmentation() float64 {
+	var f float64
+	for i, n := range s.st.nodes {
+		v := s.st.view(i)
+		f += s.e.frag.fragRaw(v.cpuFree, v.memFree, n.GPUModel, v.gpuFree)
+	}
+	return f
 }
