@@ -464,3 +464,18 @@ func TestErrorCap(t *testing.T) {
 		t.Fatalf("error list not capped: %d listed, %d omitted", len(ve.Errors), ve.Omitted)
 	}
 }
+
+func TestDocumentMarkers(t *testing.T) {
+	for _, src := range []string{
+		"---\nname: a\ntasks: [{name: a, command: echo}]\n",
+		"name: a\ntasks: [{name: a, command: echo}]\n---\n",
+		"name: a\ntasks: [{name: a, command: echo, args: [\"---\"]}]\n",
+	} {
+		if _, err := Parse([]byte(src)); err != nil {
+			t.Errorf("%q: %v", src, err)
+		}
+	}
+	if _, err := Parse([]byte("name: a\n---\nname: b\n")); err == nil {
+		t.Error("two documents accepted")
+	}
+}

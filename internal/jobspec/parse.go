@@ -72,8 +72,9 @@ func Parse(data []byte) (*apiaryv1.JobSpec, error) {
 		c.add("", "invalid YAML: %s", cleanYAMLError(err))
 		return nil, c.err()
 	}
-	if n := countDocuments(data); n > 1 {
-		c.add("", "job file holds %d YAML documents; it must hold exactly one", n)
+	// Only a "---" can start a second document; skip the second parse if none.
+	if bytes.Contains(data, []byte("---")) && countDocuments(data) > 1 {
+		c.add("", "job file holds more than one YAML document (separated by ---); it must hold exactly one")
 		return nil, c.err()
 	}
 	dec := json.NewDecoder(bytes.NewReader(js))
@@ -108,8 +109,8 @@ func cleanYAMLError(err error) string {
 	return strings.ReplaceAll(s, "\n  ", "; ")
 }
 
-// countDocuments counts the YAML documents in data (0 on a parse error; the
-// caller has already parsed the first one).
+// countDocuments counts the non-empty YAML documents in data, stopping at 2
+// (a parse error after the first counts as another document).
 func countDocuments(data []byte) int {
 	d := yamlv2.NewDecoder(bytes.NewReader(data))
 	n := 0
@@ -122,7 +123,9 @@ func countDocuments(data []byte) int {
 		if err != nil {
 			return n + 1
 		}
-		n++
+		if v != nil {
+			n++
+		}
 		if n > 1 {
 			return n
 		}
