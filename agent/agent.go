@@ -114,8 +114,9 @@ func (a *Agent) Used() (Resources, int) { return a.ledger.Used() }
 // them) and registers again. On cancellation it kills every running process
 // group, waits for them to end, and returns nil; their tasks are reclaimed by
 // the coordinator when the lease lapses. Run returns an error only if
-// DataDir/work cannot be created, a coordinator address is unusable, or Run
-// was already called.
+// DataDir/work cannot be created, a coordinator address is unusable, a
+// coordinator refuses the registration as invalid (INVALID_ARGUMENT: bad node
+// id or capacity), or Run was already called.
 func (a *Agent) Run(ctx context.Context) error {
 	if !a.running.CompareAndSwap(false, true) {
 		return errors.New("agent: Run called twice")
@@ -145,8 +146,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	for {
 		sess, err := register(ctx, coords, req, a.cfg.RPCTimeout, a.backoff, a.log)
+		if ctx.Err() != nil {
+			break
+		}
 		if err != nil {
-			break // ctx done
+			a.log.Error("registration refused; stopping", "err", err)
+			return err
 		}
 		err = a.serveEpoch(ctx, sess, rep)
 		if ctx.Err() != nil {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -67,6 +68,9 @@ func startFake(t *testing.T) *fakeCoord {
 func (f *fakeCoord) RegisterNode(_ context.Context, req *apiaryv1.RegisterNodeRequest) (*apiaryv1.RegisterNodeResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if strings.Contains(req.GetNodeId(), "/") {
+		return nil, status.Error(codes.InvalidArgument, "node_id: bad")
+	}
 	f.nextEpoch++
 	f.valid[f.nextEpoch] = true
 	f.registers = append(f.registers, req)
@@ -753,5 +757,19 @@ func TestAgentLeavesHungCoordinator(t *testing.T) {
 	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_EXITED)
 	if ta.Epoch() != epoch {
 		t.Fatalf("epoch changed %d -> %d; failover should keep it", epoch, ta.Epoch())
+	}
+}
+
+func TestAgentStopsWhenRegistrationIsInvalid(t *testing.T) {
+	f := startFake(t)
+	a, err := New(Config{NodeID: "bad/id", CoordinatorAddrs: []string{f.addr}, DataDir: t.TempDir(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Run(ctx); status.Code(errors.Unwrap(err)) != codes.InvalidArgument || ctx.Err() != nil {
+		t.Fatalf("Run: %v, want the INVALID_ARGUMENT refusal", err)
 	}
 }

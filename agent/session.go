@@ -45,8 +45,10 @@ type session struct {
 }
 
 // register creates a new node epoch, retrying with backoff (and moving to
-// the next coordinator) until it succeeds or ctx ends; it returns ctx's error
-// only.
+// the next coordinator) until it succeeds or ctx ends. It returns ctx's
+// error, or an error wrapping the coordinator's INVALID_ARGUMENT answer (the
+// node's own description is refused: bad node id, zero capacity), which no
+// retry can fix.
 func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterNodeRequest,
 	rpcTimeout time.Duration, bo backoff.Config, log *slog.Logger) (*session, error) {
 	b := backoff.New(ctx, bo)
@@ -79,6 +81,9 @@ func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterN
 		}
 		if ctx.Err() != nil {
 			break
+		}
+		if status.Code(err) == codes.InvalidArgument {
+			return nil, fmt.Errorf("register: refused by %s: %w", coords.addr(idx), err)
 		}
 		log.Warn("register failed", "coordinator", coords.addr(idx), "err", err)
 		coords.failover(idx)
