@@ -14,9 +14,9 @@ import (
 // key (client_id, request_id) and compares it on a repeat: same hash, same
 // job; another hash, ALREADY_EXISTS.
 //
-// It hashes spec exactly as given, so the caller must hash at a fixed point of
-// its pipeline; the region hashes after ApplyDefaults, which makes an omitted
-// field and its explicit default hash alike. Deterministic encoding is stable
+// It hashes spec exactly as given, so a caller must always hash at the same
+// point of its pipeline. Hashing after ApplyDefaults makes an omitted field and
+// its explicit default hash alike; the CLI sends specs already defaulted. Deterministic encoding is stable
 // for one build of the API; a change to apiary.proto may change hashes, which
 // only matters for dedup entries written by an older build. It returns "" for
 // a spec that cannot be encoded (invalid UTF-8; Validate rejects those).
