@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"apiary.dev/apiary/internal/devcluster"
+)
+
+func init() { register(newDevCmd) }
+
+// devReady is the --ready-file document.
+type devReady struct {
+	GlobalAddr string          `json:"global_addr"`
+	Regions    []devReadyEntry `json:"regions"`
+}
+
+type devReadyEntry struct {
+	Name string `json:"name"`
+	Addr string `json:"addr"`
+}
+
+func newDevCmd() *cobra.Command {
+	var (
+		regions     []string
+		agents      int
+		coords      int
+		dataDir     string
+		readyFile   string
+		agentCPU    int64
+		agentMemory int64
+	)
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a whole federation on loopback: regions, coordinators and agents as subprocesses",
+		Long: `Run Apiary on this machine for development: every region's coordinators
+(embedded etcd) and agents are real subprocesses of this binary on loopback
+ports, with data under --data-dir (a temp dir by default, removed on exit).
+Ctrl-C or SIGTERM stops everything.`,
+		Example: `  apiary dev --ready-file /tmp/apiary.json
+  apiary dev --regions eu-west:eu --agents-per-region 4 --coordinators-per-region 3`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if agents < 0 || agents > 64 {
+				return withCode(exitInvalid, fmt.Errorf("--agents-per-region: must be in 0..64, got %d", agents))
+			}
+			if coords != 1 && coords != 3 && coords != 5 {
+				return withCode(exitInvalid, fmt.Errorf("--coordinators-per-region: must be 1, 3 or 5, got %d", coords))
+			}
+			if len(regions) == 0 {
+				return withCode(exitInvalid, fmt.Errorf("--regions: at least one region is required"))
+			}
+			bin, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			tmp := dataDir == ""
+			if tmp {
+				if dataDir, err = os.MkdirTemp("", "apiary-dev-"); err != nil {
+					return err
+				}
+				defer os.RemoveAll(dataDir)
+			}
+			opts := devcluster.Options{Binary: bin, Dir: dataDir}
+			for i, r := range regions {
+				name, jur, _ := strings.Cut(r, ":")
+				if !regionNameRE.MatchString(name) {
+					return withCode(exitInvalid, fmt.Errorf("--regions[%d]: %q must be name[:jurisdiction] with name of [a-z0-9-]", i, r))
+				}
+				rs := devcluster.RegionSpec{Name: name, Jurisdiction: jur, Coordinators: coords,
+					Labels: map[string]string{"jurisdiction": jur, "tier": "standard"}}
+				for a := 0; a < agents; a++ {
+					class := "cloud"
+					if a%2 == 1 {
+						class = "edge"
+					}
+					rs.Agents = append(rs.Agents, devcluster.AgentSpec{
+						ID:        fmt.Sprintf("%s-n%d", name, a+1),
+						Labels:    map[string]string{"zone": fmt.Sprintf("%s-%c", name, 'a'+a%3), "class": class},
+						CPUMillis: agentCPU, MemoryMiB: agentMemory,
+					})
+				}
+				opts.Regions = append(opts.Regions, rs)
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			fmt.Fprintf(os.Stderr, "starting %d region(s) under %s ...\n", len(opts.Regions), dataDir)
+			cl, err := devcluster.Start(sctx, opts)
+			if err != nil {
+				return withCode(exitUnavailable, err)
+			}
+			defer cl.Stop()
+			ready := devReady{}
+			for _, r := range cl.Regions {
+				ready.Regions = append(ready.Regions, devReadyEntry{Name: r.Spec.Name, Addr: r.Addr()})
+				fmt.Fprintf(os.Stderr, "region %-10s jurisdiction %-4s api %s  agents %d  logs %s/%s-*.log\n",
+					r.Spec.Name, r.Spec.Jurisdiction, r.Addr(), len(r.Agents), dataDir, r.Spec.Name)
+			}
+			if readyFile != "" {
+				b, _ := json.MarshalIndent(ready, "", "  ")
+				if err := writeFileAtomic(readyFile, append(b, '\n')); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(os.Stderr, "ready; try: APIARY_ADDR=%s apiary job run examples/hello.yaml --wait\n", cl.Regions[0].APIAddrs[0])
+			<-ctx.Done()
+			fmt.Fprintln(os.Stderr, "stopping ...")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&regions, "regions", []string{"eu-west:eu", "us-east:us"}, "regions as name:jurisdiction")
+	f.IntVar(&agents, "agents-per-region", 2, "agents per region")
+	f.IntVar(&coords, "coordinators-per-region", 1, "coordinators (etcd members) per region: 1, 3 or 5")
+	f.StringVar(&dataDir, "data-dir", "", "data directory (default: a temp dir removed on exit)")
+	f.StringVar(&readyFile, "ready-file", "", `write {"global_addr", "regions":[{"name","addr"}]} here once every part answers`)
+	f.Int64Var(&agentCPU, "agent-cpu-millis", 4000, "CPU capacity of each dev agent (millicores)")
+	f.Int64Var(&agentMemory, "agent-memory-mb", 8192, "memory capacity of each dev agent (MiB)")
+	return cmd
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+var regionNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)

@@ -1,0 +1,442 @@
+// Package devcluster starts Apiary regions (coordinators and agents) as real
+// subprocesses of the apiary binary on loopback, with free ports and data dirs
+// under one directory, and lets a caller kill, pause, resume and restart any
+// of them. `apiary dev`, the integration tests and the load-test harness use
+// it. It owns process lifecycle only: it must not touch etcd or job state.
+package devcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// AgentSpec describes one agent process.
+type AgentSpec struct {
+	ID     string
+	Labels map[string]string
+	// CPUMillis and MemoryMiB override detection (0: 4000 m and 4096 MiB).
+	CPUMillis int64
+	MemoryMiB int64
+	MaxTasks  int
+}
+
+// RegionSpec describes one region.
+type RegionSpec struct {
+	Name         string
+	Jurisdiction string
+	Labels       map[string]string
+	// Coordinators is 1, 3 or 5 (default 1).
+	Coordinators int
+	Agents       []AgentSpec
+	// ExtraArgs are appended to every `apiary region` command line.
+	ExtraArgs []string
+}
+
+// Options configures a cluster.
+type Options struct {
+	// Binary is the apiary executable.
+	Binary string
+	// Dir holds data dirs, logs and ready files.
+	Dir     string
+	Regions []RegionSpec
+	// ExtraEnv is added to every process's environment.
+	ExtraEnv []string
+}
+
+// Proc is one supervised process.
+type Proc struct {
+	Name    string
+	Args    []string
+	LogPath string
+	env     []string
+	bin     string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Start (re)starts the process with its original arguments.
+func (p *Proc) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil && !p.exited() {
+		return fmt.Errorf("%s is running", p.Name)
+	}
+	logf, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.bin, p.Args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), p.env...)
+	// Own process group, and die with the parent.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	p.cmd, p.done = cmd, done
+	return nil
+}
+
+func (p *Proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Pid returns the process id (0 if never started).
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// Running reports whether the process is alive.
+func (p *Proc) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd != nil && !p.exited()
+}
+
+func (p *Proc) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.exited() {
+		return fmt.Errorf("%s is not running", p.Name)
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// Kill sends SIGKILL (a crash) and waits for the exit.
+func (p *Proc) Kill() error {
+	if err := p.signal(syscall.SIGKILL); err != nil {
+		return err
+	}
+	<-p.done
+	return nil
+}
+
+// Pause sends SIGSTOP (slow, not dead); Resume sends SIGCONT.
+func (p *Proc) Pause() error  { return p.signal(syscall.SIGSTOP) }
+func (p *Proc) Resume() error { return p.signal(syscall.SIGCONT) }
+
+// Stop sends SIGTERM and waits up to timeout, then SIGKILLs.
+func (p *Proc) Stop(timeout time.Duration) {
+	if err := p.signal(syscall.SIGTERM); err != nil {
+		return
+	}
+	_ = p.signal(syscall.SIGCONT)
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		_ = p.Kill()
+	}
+}
+
+// Region is a running region.
+type Region struct {
+	Spec   RegionSpec
+	Coords []*Proc
+	// APIAddrs[i] is the gRPC address of Coords[i].
+	APIAddrs []string
+	// EtcdEndpoints[i] is the etcd client URL of Coords[i]'s member.
+	EtcdEndpoints []string
+	Agents   []*Proc
+	ready    []string
+}
+
+// Addr returns the comma-separated API addresses of the region.
+func (r *Region) Addr() string { return strings.Join(r.APIAddrs, ",") }
+
+// Cluster is a set of running regions.
+type Cluster struct {
+	opts    Options
+	Regions []*Region
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	out := make([]int, n)
+	for i := range out {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		out[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return out, nil
+}
+
+// Start launches every region's coordinators (all members of a region at
+// once, as etcd needs a quorum to start), waits until each serves, then
+// launches the agents and waits until each is registered and READY.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.Binary == "" {
+		return nil, errors.New("devcluster: Binary is required")
+	}
+	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	c := &Cluster{opts: opts}
+	for _, rs := range opts.Regions {
+		r, err := c.startRegion(rs)
+		if err != nil {
+			c.Stop()
+			return nil, err
+		}
+		c.Regions = append(c.Regions, r)
+	}
+	for _, r := range c.Regions {
+		if err := r.WaitCoordinators(ctx); err != nil {
+			c.Stop()
+			return nil, err
+		}
+	}
+	for _, r := range c.Regions {
+		for i := range r.Spec.Agents {
+			if err := r.startAgent(c, i); err != nil {
+				c.Stop()
+				return nil, err
+			}
+		}
+	}
+	for _, r := range c.Regions {
+		if err := r.WaitNodes(ctx, len(r.Spec.Agents)); err != nil {
+			c.Stop()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
+	if rs.Coordinators == 0 {
+		rs.Coordinators = 1
+	}
+	n := rs.Coordinators
+	ports, err := freePorts(3 * n)
+	if err != nil {
+		return nil, err
+	}
+	r := &Region{Spec: rs}
+	var initial []string
+	for i := 0; i < n; i++ {
+		initial = append(initial, fmt.Sprintf("%s-c%d=http://127.0.0.1:%d", rs.Name, i+1, ports[3*i+1]))
+	}
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("%s-c%d", rs.Name, i+1)
+		api := fmt.Sprintf("127.0.0.1:%d", ports[3*i+2])
+		ready := filepath.Join(c.opts.Dir, id+".ready")
+		_ = os.Remove(ready)
+		args := []string{"region", "--id", id, "--region", rs.Name, "--jurisdiction", rs.Jurisdiction,
+			"--data-dir", filepath.Join(c.opts.Dir, id),
+			"--listen", api,
+			"--etcd-client-url", fmt.Sprintf("http://127.0.0.1:%d", ports[3*i]),
+			"--etcd-peer-url", fmt.Sprintf("http://127.0.0.1:%d", ports[3*i+1]),
+			"--initial-cluster", strings.Join(initial, ","),
+			"--ready-file", ready}
+		for k, v := range rs.Labels {
+			args = append(args, "--label", k+"="+v)
+		}
+		args = append(args, rs.ExtraArgs...)
+		p := &Proc{Name: id, Args: args, LogPath: filepath.Join(c.opts.Dir, id+".log"), env: c.opts.ExtraEnv, bin: c.opts.Binary}
+		if err := p.Start(); err != nil {
+			return nil, err
+		}
+		r.Coords = append(r.Coords, p)
+		r.APIAddrs = append(r.APIAddrs, api)
+		r.EtcdEndpoints = append(r.EtcdEndpoints, fmt.Sprintf("http://127.0.0.1:%d", ports[3*i]))
+		r.ready = append(r.ready, ready)
+	}
+	return r, nil
+}
+
+// WaitCoordinators waits until every running coordinator of the region has
+// written its ready file and answers GetRegionInfo.
+func (r *Region) WaitCoordinators(ctx context.Context) error {
+	for i, p := range r.Coords {
+		if !p.Running() {
+			continue
+		}
+		if err := waitFor(ctx, 60*time.Second, func() error {
+			if !p.Running() {
+				return fmt.Errorf("%s exited; see %s", p.Name, p.LogPath)
+			}
+			if _, err := os.Stat(r.ready[i]); err != nil {
+				return err
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("coordinator %s not ready: %w", p.Name, err)
+		}
+	}
+	return nil
+}
+
+// RestartCoordinator starts a stopped coordinator again (same data dir and
+// ports) and waits until it serves.
+func (r *Region) RestartCoordinator(ctx context.Context, i int) error {
+	_ = os.Remove(r.ready[i])
+	if err := r.Coords[i].Start(); err != nil {
+		return err
+	}
+	return waitFor(ctx, 60*time.Second, func() error {
+		if !r.Coords[i].Running() {
+			return fmt.Errorf("%s exited; see %s", r.Coords[i].Name, r.Coords[i].LogPath)
+		}
+		_, err := os.Stat(r.ready[i])
+		return err
+	})
+}
+
+func (r *Region) startAgent(c *Cluster, i int) error {
+	as := r.Spec.Agents[i]
+	if as.CPUMillis == 0 {
+		as.CPUMillis = 4000
+	}
+	if as.MemoryMiB == 0 {
+		as.MemoryMiB = 4096
+	}
+	args := []string{"agent", "--addr", r.Addr(), "--node-id", as.ID,
+		"--data-dir", filepath.Join(c.opts.Dir, as.ID),
+		"--cpu-millis", strconv.FormatInt(as.CPUMillis, 10), "--memory-mb", strconv.FormatInt(as.MemoryMiB, 10),
+		"--max-tasks", strconv.Itoa(as.MaxTasks)}
+	for k, v := range as.Labels {
+		args = append(args, "--label", k+"="+v)
+	}
+	p := &Proc{Name: as.ID, Args: args, LogPath: filepath.Join(c.opts.Dir, as.ID+".log"), env: c.opts.ExtraEnv, bin: c.opts.Binary}
+	if err := p.Start(); err != nil {
+		return err
+	}
+	r.Agents = append(r.Agents, p)
+	return nil
+}
+
+// Dial returns a client connection to the region's coordinators (round
+// robin over all of them, so a dead one is skipped).
+func (r *Region) Dial() (*grpc.ClientConn, error) {
+	return DialAddrs(r.APIAddrs)
+}
+
+// DialAddrs dials a comma list of coordinator addresses with round-robin
+// load balancing over a static resolver.
+func DialAddrs(addrs []string) (*grpc.ClientConn, error) {
+	target := "passthrough:///" + addrs[0]
+	if len(addrs) > 1 {
+		target = "static:///" + strings.Join(addrs, ",")
+	}
+	return grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithResolvers(staticBuilder{}),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+}
+
+// WaitNodes waits until at least n nodes are READY in the region.
+func (r *Region) WaitNodes(ctx context.Context, n int) error {
+	if n == 0 {
+		return nil
+	}
+	conn, err := r.Dial()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	admin := apiaryv1.NewAdminServiceClient(conn)
+	return waitFor(ctx, 60*time.Second, func() error {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		resp, err := admin.ListNodes(cctx, &apiaryv1.ListNodesRequest{})
+		if err != nil {
+			return err
+		}
+		ready := 0
+		for _, nd := range resp.GetNodes() {
+			if nd.GetStatus() == apiaryv1.NodeStatus_NODE_STATUS_READY {
+				ready++
+			}
+		}
+		if ready < n {
+			return fmt.Errorf("%d of %d nodes ready in %s", ready, n, r.Spec.Name)
+		}
+		return nil
+	})
+}
+
+// Stop stops every process (agents first), gracefully then by force.
+func (c *Cluster) Stop() {
+	var wg sync.WaitGroup
+	for _, r := range c.Regions {
+		for _, p := range r.Agents {
+			wg.Add(1)
+			go func(p *Proc) { defer wg.Done(); p.Stop(5 * time.Second) }(p)
+		}
+	}
+	wg.Wait()
+	for _, r := range c.Regions {
+		for _, p := range r.Coords {
+			wg.Add(1)
+			go func(p *Proc) { defer wg.Done(); p.Stop(10 * time.Second) }(p)
+		}
+	}
+	wg.Wait()
+}
+
+// waitFor polls cond every 50 ms until it returns nil, ctx ends or limit
+// passes; it returns the last condition error on timeout.
+func waitFor(ctx context.Context, limit time.Duration, cond func() error) error {
+	deadline := time.Now().Add(limit)
+	var last error
+	for {
+		if last = cond(); last == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s: %w", limit, last)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
