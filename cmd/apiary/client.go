@@ -160,9 +160,10 @@ func withViolations(msg string, st *status.Status) string {
 	return b.String()
 }
 
-// printJSON writes m as one protojson object.
+// printJSON writes m as one protojson object, with the proto (snake_case)
+// field names that the job file uses too.
 func printJSON(w io.Writer, m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(m)
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", UseProtoNames: true}.Marshal(m)
 	if err != nil {
 		return err
 	}
