@@ -34,7 +34,7 @@ func newJobCmd() *cobra.Command {
 The API address comes from --addr, else $APIARY_ADDR, else 127.0.0.1:7070.
 Exit codes: 0 success (with --wait: the job completed), 1 the job failed or was
 cancelled, 2 invalid input (nothing was submitted) or not found, 3 the API is
-unavailable.`,
+unavailable (after retrying for --timeout), 130 interrupted while waiting.`,
 	}
 	o.addFlags(cmd)
 	cmd.AddCommand(newJobRunCmd(o), newJobStatusCmd(o), newJobListCmd(o), newJobCancelCmd(o), newJobLogsCmd(o))
