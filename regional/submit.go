@@ -70,7 +70,7 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 		ClientID: req.GetClientId(), RequestID: req.GetRequestId(), Traceparent: req.GetTraceparent(),
 		TaskCount: int32(jobspec.TaskCount(spec))}
 	if rec.RequestID != "" {
-		rec.PayloadHash = jobspec.PayloadHash(req.GetSpec())
+		rec.PayloadHash = jobspec.PayloadHash(spec)
 	}
 	tasks := make([]taskstate.Task, 0, rec.TaskCount)
 	for g, grp := range spec.GetTasks() {

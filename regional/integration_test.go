@@ -1,0 +1,415 @@
+package regional_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testutil.Cleanup()
+	os.Exit(code)
+}
+
+// cluster starts one region as real processes and stops it at test end.
+func cluster(t *testing.T, rs devcluster.RegionSpec) (*devcluster.Cluster, *devcluster.Region) {
+	t.Helper()
+	if rs.Name == "" {
+		rs.Name = "eu-west"
+		rs.Jurisdiction = "eu"
+	}
+	rs.ExtraArgs = append(rs.ExtraArgs, "--node-lease-ttl", "1s")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: testutil.Binary(t), Dir: t.TempDir(), Regions: []devcluster.RegionSpec{rs}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cl.Stop()
+		if t.Failed() {
+			dumpLogs(t, cl)
+		}
+	})
+	return cl, cl.Regions[0]
+}
+
+func dumpLogs(t *testing.T, cl *devcluster.Cluster) {
+	for _, r := range cl.Regions {
+		for _, p := range append(append([]*devcluster.Proc{}, r.Coords...), r.Agents...) {
+			b, _ := os.ReadFile(p.LogPath)
+			if len(b) > 4000 {
+				b = b[len(b)-4000:]
+			}
+			t.Logf("--- %s log tail ---\n%s", p.Name, b)
+		}
+	}
+}
+
+type clients struct {
+	conn  *grpc.ClientConn
+	jobs  apiaryv1.JobServiceClient
+	agent apiaryv1.AgentServiceClient
+	admin apiaryv1.AdminServiceClient
+}
+
+func dial(t *testing.T, r *devcluster.Region) clients {
+	t.Helper()
+	conn, err := r.Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return clients{conn, apiaryv1.NewJobServiceClient(conn), apiaryv1.NewAgentServiceClient(conn), apiaryv1.NewAdminServiceClient(conn)}
+}
+
+func spec(t *testing.T, yaml string) *apiaryv1.JobSpec {
+	t.Helper()
+	s, err := jobspec.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := jobspec.Validate(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func submit(t *testing.T, c clients, s *apiaryv1.JobSpec) string {
+	t.Helper()
+	var id string
+	testutil.Eventually(t, 20*time.Second, "submit", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := c.jobs.SubmitJob(ctx, &apiaryv1.SubmitJobRequest{Spec: s, ClientId: "test", RequestId: fmt.Sprintf("r-%d", time.Now().UnixNano())})
+		if err != nil {
+			if status.Code(err) == codes.Unavailable {
+				return err
+			}
+			t.Fatalf("submit: %v", err)
+		}
+		id = resp.GetJobId()
+		return nil
+	})
+	return id
+}
+
+func getJob(c clients, id string) (*apiaryv1.Job, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.jobs.GetJob(ctx, &apiaryv1.GetJobRequest{JobId: id})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetJob(), nil
+}
+
+// waitState waits until the job reaches state (failing fast on another
+// terminal state).
+func waitState(t *testing.T, c clients, id string, want apiaryv1.JobState, timeout time.Duration) *apiaryv1.Job {
+	t.Helper()
+	var j *apiaryv1.Job
+	testutil.Eventually(t, timeout, "job "+id+" "+want.String(), func() error {
+		var err error
+		if j, err = getJob(c, id); err != nil {
+			return err
+		}
+		if j.GetState() == want {
+			return nil
+		}
+		switch j.GetState() {
+		case apiaryv1.JobState_JOB_STATE_COMPLETE, apiaryv1.JobState_JOB_STATE_FAILED, apiaryv1.JobState_JOB_STATE_CANCELLED:
+			t.Fatalf("job %s ended %s, want %s: %v", id, j.GetState(), want, j.GetTasks())
+		}
+		return fmt.Errorf("state %s, counts %v", j.GetState(), j.GetCounts())
+	})
+	return j
+}
+
+func logs(t *testing.T, c clients, id string) []*apiaryv1.Task {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.jobs.GetJobLogs(ctx, &apiaryv1.GetJobLogsRequest{JobId: id, TaskIndex: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetTasks()
+}
+
+// completions counts the committed completions of each task index.
+func completions(tasks []*apiaryv1.Task) map[int32]int {
+	out := map[int32]int{}
+	for _, tk := range tasks {
+		for _, a := range tk.GetAttempts() {
+			if a.GetOutcome() == "complete" {
+				out[tk.GetIndex()]++
+			}
+		}
+	}
+	return out
+}
+
+func twoAgents() []devcluster.AgentSpec {
+	return []devcluster.AgentSpec{
+		{ID: "n1", Labels: map[string]string{"zone": "a"}},
+		{ID: "n2", Labels: map[string]string{"zone": "b"}},
+	}
+}
+
+// TestOneMemberRegion runs the single-member cases on one region: a 20-task
+// job and its logs (also through the CLI), retries, idempotent submission,
+// server-side validation, and malformed job files leaving no trace.
+func TestOneMemberRegion(t *testing.T) {
+	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents()})
+	c := dial(t, r)
+
+	t.Run("TwentyTasksCompleteWithLogs", func(t *testing.T) {
+		id := submit(t, c, spec(t, `
+name: fanout
+tasks:
+  - name: shard
+    count: 20
+    command: sh
+    args: ["-c", "echo task $APIARY_TASK_INDEX attempt $APIARY_ATTEMPT token $APIARY_FENCING_TOKEN; echo warn $APIARY_TASK_INDEX >&2"]
+`))
+		j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
+		if j.GetCounts().GetComplete() != 20 {
+			t.Fatalf("counts %v", j.GetCounts())
+		}
+		tasks := logs(t, c, id)
+		if len(tasks) != 20 {
+			t.Fatalf("%d tasks in logs", len(tasks))
+		}
+		for _, tk := range tasks {
+			if len(tk.GetAttempts()) != 1 {
+				t.Fatalf("task %d: %d attempts", tk.GetIndex(), len(tk.GetAttempts()))
+			}
+			a := tk.GetAttempts()[0]
+			want := fmt.Sprintf("task %d attempt 1 token %d", tk.GetIndex(), a.GetFencingToken())
+			if a.GetFencingToken() <= 0 || !strings.Contains(a.GetStdoutTail(), want) {
+				t.Fatalf("task %d stdout %q, want %q", tk.GetIndex(), a.GetStdoutTail(), want)
+			}
+			if !strings.Contains(a.GetStderrTail(), fmt.Sprintf("warn %d", tk.GetIndex())) {
+				t.Fatalf("task %d stderr %q", tk.GetIndex(), a.GetStderrTail())
+			}
+		}
+		out, err := exec.Command(testutil.Binary(t), "job", "logs", id, "--addr", r.APIAddrs[0]).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "task 7 attempt 1") {
+			t.Fatalf("apiary job logs: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("RetryableFailureRetriesAndCompletes", func(t *testing.T) {
+		id := submit(t, c, spec(t, `
+name: retry-once
+max_attempts: 3
+tasks:
+  - name: flaky
+    command: sh
+    args: ["-c", "[ \"$APIARY_ATTEMPT\" = 1 ] && exit 75; echo ok"]
+    retryable_exit_codes: [75]
+`))
+		j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
+		tk := j.GetTasks()[0]
+		if tk.GetAttempt() != 2 || len(tk.GetAttempts()) != 2 || tk.GetAttempts()[0].GetOutcome() != "retry" || tk.GetAttempts()[0].GetExitCode() != 75 {
+			t.Fatalf("task %+v", tk)
+		}
+	})
+
+	t.Run("AlwaysFailingStopsAtMaxAttempts", func(t *testing.T) {
+		id := submit(t, c, spec(t, `
+name: always-fails
+max_attempts: 2
+tasks:
+  - name: bad
+    command: sh
+    args: ["-c", "exit 1"]
+    retryable_exit_codes: [1]
+`))
+		j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_FAILED, 30*time.Second)
+		tk := j.GetTasks()[0]
+		if tk.GetAttempt() != 2 || len(tk.GetAttempts()) != 2 || tk.GetState() != apiaryv1.TaskState_TASK_STATE_FAILED {
+			t.Fatalf("want FAILED after exactly 2 attempts, got attempt %d, %d results: %+v", tk.GetAttempt(), len(tk.GetAttempts()), tk)
+		}
+		if !strings.Contains(tk.GetError(), "max_attempts 2") {
+			t.Fatalf("error %q does not say why", tk.GetError())
+		}
+	})
+
+	t.Run("NonRetryableExitIsNeverRetried", func(t *testing.T) {
+		id := submit(t, c, spec(t, `
+name: terminal
+max_attempts: 5
+tasks:
+  - name: bad-input
+    command: sh
+    args: ["-c", "exit 3"]
+    retryable_exit_codes: [75]
+`))
+		j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_FAILED, 30*time.Second)
+		tk := j.GetTasks()[0]
+		if tk.GetAttempt() != 1 || len(tk.GetAttempts()) != 1 || !strings.Contains(tk.GetError(), "not in retryable_exit_codes") {
+			t.Fatalf("non-retryable exit retried or unexplained: %+v", tk)
+		}
+	})
+
+	t.Run("SubmitIsIdempotentPerRequestID", func(t *testing.T) {
+		s := spec(t, "name: once\ntasks:\n  - name: a\n    command: \"true\"\n")
+		req := &apiaryv1.SubmitJobRequest{Spec: s, ClientId: "cli-1", RequestId: "req-42"}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// 16 racing duplicates and a sequential one all get the same job.
+		ids := make([]string, 16)
+		var wg sync.WaitGroup
+		for i := range ids {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				resp, err := c.jobs.SubmitJob(ctx, req)
+				if err != nil {
+					t.Errorf("submit %d: %v", i, err)
+					return
+				}
+				ids[i] = resp.GetJobId()
+			}(i)
+		}
+		wg.Wait()
+		again, err := c.jobs.SubmitJob(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids {
+			if id != again.GetJobId() {
+				t.Fatalf("submission %d got job %s, want %s", i, id, again.GetJobId())
+			}
+		}
+		if !again.GetDeduplicated() {
+			t.Fatal("repeat not marked deduplicated")
+		}
+		other := spec(t, "name: once\ntasks:\n  - name: a\n    command: \"false\"\n")
+		_, err = c.jobs.SubmitJob(ctx, &apiaryv1.SubmitJobRequest{Spec: other, ClientId: "cli-1", RequestId: "req-42"})
+		if status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "request_id") {
+			t.Fatalf("same request id, other payload: want ALREADY_EXISTS naming request_id, got %v", err)
+		}
+		list, err := c.jobs.ListJobs(ctx, &apiaryv1.ListJobsRequest{Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, j := range list.GetJobs() {
+			if j.GetRequestId() == "req-42" {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("%d jobs stored for one request id", n)
+		}
+	})
+
+	t.Run("InvalidInputLeavesNoTrace", func(t *testing.T) {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: r.EtcdEndpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		count := func() int64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			resp, err := cli.Get(ctx, "/apiary/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return resp.Count
+		}
+		waitQuiet := func() int64 {
+			// Usage keys settle after the earlier subtests; wait for a
+			// stable count rather than a fixed time.
+			var last int64 = -1
+			testutil.Eventually(t, 10*time.Second, "stable key count", func() error {
+				n := count()
+				if n != last {
+					last = n
+					return fmt.Errorf("count moved to %d", n)
+				}
+				return nil
+			})
+			return last
+		}
+		before := waitQuiet()
+		dir := filepath.Join("..", "internal", "jobspec", "testdata", "malformed")
+		files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+		if err != nil || len(files) < 20 {
+			t.Fatalf("want >= 20 malformed files in %s, got %d (%v)", dir, len(files), err)
+		}
+		huge := filepath.Join(t.TempDir(), "huge.yaml")
+		if err := os.WriteFile(huge, append([]byte("name: huge\ntasks:\n"), []byte(strings.Repeat("# padding padding padding\n", 10<<20/26))...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, huge)
+		for _, f := range files {
+			expect := expectation(t, f)
+			cmd := exec.Command(testutil.Binary(t), "job", "run", f, "--addr", r.APIAddrs[0])
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("%s: want exit code 2, got %v\n%s", filepath.Base(f), err, out)
+			}
+			if expect != "" && !strings.Contains(string(out), expect) {
+				t.Fatalf("%s: message does not name %q:\n%s", filepath.Base(f), expect, out)
+			}
+		}
+		// The server validates too: a spec that skipped the CLI is refused
+		// with the field named, before anything is written.
+		bad := spec(t, "name: ok\ntasks:\n  - name: a\n    command: \"true\"\n")
+		bad.Tasks[0].Resources = &apiaryv1.Resources{MemoryMb: -5}
+		bad.Tasks = append(bad.Tasks, &apiaryv1.TaskGroup{Name: "b"})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = c.jobs.SubmitJob(ctx, &apiaryv1.SubmitJobRequest{Spec: bad, ClientId: "x", RequestId: "y"})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tasks[0].resources.memory_mb") || !strings.Contains(err.Error(), "tasks[1].command") {
+			t.Fatalf("server-side validation: %v", err)
+		}
+		if after := count(); after != before {
+			t.Fatalf("invalid input changed etcd: %d keys before, %d after", before, after)
+		}
+	})
+}
+
+// expectation reads the "# expect: FIELD" header of a malformed test file
+// (see internal/jobspec tests); "" for files without one.
+func expectation(t *testing.T, path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	line, _ := bufio.NewReader(f).ReadString('\n')
+	line = strings.TrimSpace(line)
+	if v, ok := strings.CutPrefix(line, "# expect: "); ok {
+		return v
+	}
+	if v, ok := strings.CutPrefix(line, "# expect-message: "); ok {
+		return v
+	}
+	return ""
+}
