@@ -166,8 +166,8 @@ type Region struct {
 	APIAddrs []string
 	// EtcdEndpoints[i] is the etcd client URL of Coords[i]'s member.
 	EtcdEndpoints []string
-	Agents   []*Proc
-	ready    []string
+	Agents        []*Proc
+	ready         []string
 }
 
 // Addr returns the comma-separated API addresses of the region.
