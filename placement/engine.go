@@ -169,30 +169,34 @@ func (s *Session) PlaceOne(t *Task) Result {
 	if n == 0 {
 		return Result{Unplaced: &Unplaced{TaskID: t.ID, Reason: "no nodes in snapshot", Excluded: map[string]int{}}}
 	}
+	cs := st.candidates(c)
 	limit := s.e.opts.CandidateLimit
-	if limit < 0 || limit > n {
-		limit = n
+	if limit < 0 || limit > cs.total {
+		limit = cs.total
 	}
-	start, stride := s.scanOrder(n)
 	s.cands = s.cands[:0]
 	nsc := len(c.scorers)
 	s.raw = s.raw[:0]
-	for j, i := 0, start; j < n && len(s.cands) < limit; j++ {
-		v := st.view(i)
-		if c.feasible(st, i, &v) == "" {
-			share := -1
-			if c.req.GPUMilli > 0 {
-				share = c.pickShare(s.e, st, i, &v)
+	if cs.total > 0 {
+		start, stride := s.scanOrder(cs.total)
+		for j, p := 0, start; j < cs.total && len(s.cands) < limit; j++ {
+			i := cs.at(p)
+			v := st.view(i)
+			if c.feasible(st, i, &v) == "" {
+				share := -1
+				if c.req.GPUMilli > 0 {
+					share = c.pickShare(s.e, st, i, &v)
+				}
+				s.cands = append(s.cands, cand{i: i, share: share})
+				gpus := s.gpuList(c, &v, share)
+				for _, sc := range c.scorers {
+					s.raw = append(s.raw, sc.s.score(c, st, i, &v, gpus))
+				}
 			}
-			s.cands = append(s.cands, cand{i: i, share: share})
-			gpus := s.gpuList(c, &v, share)
-			for _, sc := range c.scorers {
-				s.raw = append(s.raw, sc.s.score(c, st, i, &v, gpus))
+			p += stride
+			if p >= cs.total {
+				p -= cs.total
 			}
-		}
-		i += stride
-		if i >= n {
-			i -= n
 		}
 	}
 	if len(s.cands) == 0 {

@@ -27,6 +27,11 @@ type state struct {
 	// maxCap is the largest node capacity per dimension (best-fit scale).
 	maxCap *Resources
 
+	// Candidate indexes (index.go), built on first use.
+	labelIdx map[string]map[string][]int
+	gpuIdx   map[string][]int
+	gpuAll   []int
+
 	// Preemption bookkeeping, built on first use: existing allocations by
 	// node, victims already proposed, nodes already hosting a preemption.
 	byNode    map[string][]int

@@ -1,0 +1,107 @@
+package placement
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// synthCluster builds n synthetic nodes: 3 jurisdictions, 16 zones, racks,
+// a "cores" and a "kernel" label, a quarter of them with 4 or 8 GPUs of two
+// models, part of each node already allocated.
+func synthCluster(n int, seed uint64) *Snapshot {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	snap := &Snapshot{}
+	jur := []string{"eu", "us", "apac"}
+	for i := 0; i < n; i++ {
+		nd := &Node{ID: fmt.Sprintf("node-%06d", i), Labels: map[string]string{
+			"jurisdiction": jur[rng.IntN(3)],
+			"zone":         fmt.Sprintf("z%d", rng.IntN(16)),
+			"rack":         fmt.Sprintf("r%d", rng.IntN(256)),
+			"cores":        fmt.Sprint(16 << rng.IntN(3)),
+			"kernel":       fmt.Sprintf("6.%d.0", rng.IntN(8)),
+		}, Capacity: Resources{CPUMillis: 64000, MemoryMiB: 262144}}
+		nd.Allocated = Resources{CPUMillis: int64(rng.IntN(32000)), MemoryMiB: int64(rng.IntN(131072))}
+		if rng.IntN(4) == 0 {
+			nd.Capacity.GPUs = 4 << rng.IntN(2)
+			nd.GPUModel = []string{"A100", "T4"}[rng.IntN(2)]
+		}
+		if rng.IntN(200) == 0 {
+			nd.Quarantined = true
+		}
+		if rng.IntN(20) == 0 {
+			nd.Datasets = map[string]int64{"ds": 1 << 30}
+		}
+		snap.Nodes = append(snap.Nodes, nd)
+	}
+	return snap
+}
+
+// synthTasks builds a batch with mixed constraints and preferences: every
+// task has a jurisdiction; about half a zone constraint, a third an
+// affinity, a fifth a spread, a tenth a version constraint, distinct hosts
+// or a GPU.
+func synthTasks(k int, seed uint64) []Task {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	var out []Task
+	for i := 0; i < k; i++ {
+		t := Task{ID: fmt.Sprintf("job-%d/%d", i/10, i%10), GroupKey: fmt.Sprintf("job-%d/g", i/10), Priority: rng.IntN(100),
+			Request:       Resources{CPUMillis: int64(250 + rng.IntN(4000)), MemoryMiB: int64(256 + rng.IntN(8192))},
+			Jurisdictions: []string{[]string{"eu", "us"}[rng.IntN(2)]}}
+		if rng.IntN(2) == 0 {
+			t.Constraints = append(t.Constraints, Constraint{Label: "zone", Op: "in", Values: []string{fmt.Sprintf("z%d", rng.IntN(16)), fmt.Sprintf("z%d", rng.IntN(16)), fmt.Sprintf("z%d", rng.IntN(16)), fmt.Sprintf("z%d", rng.IntN(16))}})
+		}
+		if rng.IntN(10) == 0 {
+			t.Constraints = append(t.Constraints, Constraint{Label: "kernel", Op: "version", Values: []string{">= 6.2, < 7"}})
+		}
+		if rng.IntN(3) == 0 {
+			t.Affinities = []Affinity{{Label: "cores", Op: ">", Values: []string{"20"}, Weight: 50}}
+		}
+		if rng.IntN(5) == 0 {
+			t.Spreads = []Spread{{Label: "zone", Weight: 50}}
+		}
+		if rng.IntN(10) == 0 {
+			t.DistinctHosts = true
+		}
+		if rng.IntN(10) == 0 {
+			t.Datasets = []Dataset{{Name: "ds", SizeBytes: 1 << 30}}
+		}
+		if rng.IntN(10) == 0 {
+			if rng.IntN(2) == 0 {
+				t.Request.GPUs = 1
+			} else {
+				t.Request.GPUMilli = 250 + rng.IntN(500)
+			}
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+// BenchmarkThroughput measures placements per second (one goroutine, so one
+// core) for a batch of 1,000 tasks on 1k, 10k and 100k synthetic nodes, with
+// the default candidate limit and with every feasible node scored.
+func BenchmarkThroughput(b *testing.B) {
+	for _, n := range []int{1000, 10000, 100000} {
+		snap := synthCluster(n, 7)
+		tasks := synthTasks(1000, 11)
+		for _, limit := range []int{DefaultCandidateLimit, 64, -1} {
+			if limit < 0 && n > 10000 {
+				continue // a full scan at 100k is too slow to be a useful benchmark
+			}
+			for _, pol := range []Policy{PolicyBinpack, PolicyFragmentation} {
+				b.Run(fmt.Sprintf("nodes=%d/limit=%d/policy=%s", n, limit, pol), func(b *testing.B) {
+					e := New(Options{Policy: pol, Seed: 1, CandidateLimit: limit})
+					placed := 0
+					b.ResetTimer()
+					for i := 0; i < b.N; i++ {
+						p := e.Place(snap, tasks)
+						placed = len(p.Placements)
+					}
+					b.ReportMetric(float64(len(tasks))*float64(b.N)/b.Elapsed().Seconds(), "placements/s")
+					b.ReportMetric(float64(placed), "placed/batch")
+				})
+			}
+		}
+	}
+}

@@ -1,0 +1,66 @@
+package sim
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"apiary.dev/apiary/placement"
+)
+
+// BenchmarkQuality is benchmark 1 of issue 3: GPU allocation at 100% arrival
+// on the Alibaba trace, per policy, mean over seeds (APIARY_BENCH_SEEDS,
+// default 42-51), for both task files; fragmentation also with bounded
+// candidate scans and with the published FGD measure. Run it once:
+// go test ./placement/sim -run XXX -bench Quality -benchtime 1x.
+func BenchmarkQuality(b *testing.B) {
+	spec := os.Getenv("APIARY_BENCH_SEEDS")
+	if spec == "" {
+		spec = "42-51"
+	}
+	seeds, err := ParseSeeds(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	type variant struct {
+		name  string
+		pol   placement.Policy
+		limit int
+		fm    placement.FragModel
+	}
+	vs := []variant{
+		{"random", placement.PolicyRandom, -1, ""},
+		{"spread", placement.PolicySpread, -1, ""},
+		{"binpack", placement.PolicyBinpack, -1, ""},
+		{"bestfit", placement.PolicyBestFit, -1, ""},
+		{"fgd-published-measure", placement.PolicyFragmentation, -1, placement.FragModelFGD},
+		{"fragmentation", placement.PolicyFragmentation, -1, ""},
+		{"fragmentation-limit256", placement.PolicyFragmentation, 256, ""},
+		{"fragmentation-limit64", placement.PolicyFragmentation, 64, ""},
+		{"fragmentation-limit16", placement.PolicyFragmentation, 16, ""},
+	}
+	for _, file := range []string{"openb_pod_list_default.csv", "openb_pod_list_gpuspec33.csv"} {
+		nodes, tasks := load(b, file)
+		for _, v := range vs {
+			b.Run(fmt.Sprintf("trace=%s/policy=%s", file[len("openb_pod_list_"):len(file)-4], v.name), func(b *testing.B) {
+				var s Summary
+				for i := 0; i < b.N; i++ {
+					var runs []Result
+					for _, seed := range seeds {
+						runs = append(runs, Run(nodes, tasks, Config{Policy: v.pol, Seed: seed, CandidateLimit: v.limit, FragModel: v.fm}))
+					}
+					s = Summarize(runs)
+				}
+				b.ReportMetric(s.GPUAllocPctAt100, "gpu_alloc_%")
+				b.ReportMetric(s.GPUAllocStd, "gpu_alloc_sd")
+				b.ReportMetric(s.GPUAllocMin, "gpu_alloc_min")
+				b.ReportMetric(s.GPUAllocMax, "gpu_alloc_max")
+				b.ReportMetric(s.CPUAllocPctAt100, "cpu_alloc_%")
+				b.ReportMetric(s.MemAllocPctAt100, "mem_alloc_%")
+				b.ReportMetric(s.FragGPUPctAt100, "frag_gpu_%")
+				b.ReportMetric(s.PlacementsPerSec, "placements/s")
+				b.ReportMetric(float64(s.N), "seeds")
+			})
+		}
+	}
+}
