@@ -2,6 +2,7 @@ package taskstate
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -208,6 +209,8 @@ func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng 
 			t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
 			return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
 		}
+		// Copy before writing: t shares its maps with the caller's record.
+		t.Excluded = maps.Clone(t.Excluded)
 		if t.Excluded == nil {
 			t.Excluded = map[string]int64{}
 		}
@@ -270,6 +273,8 @@ func Cancel(t Task, nowMs int64) (out Task, changed, kill bool) {
 }
 
 func countFailure(t Task) Task {
+	// Copy before writing: t shares its maps with the caller's record.
+	t.FailedOn = maps.Clone(t.FailedOn)
 	if t.FailedOn == nil {
 		t.FailedOn = map[string]int{}
 	}
