@@ -1,0 +1,47 @@
+// Package regional is the regional coordinator, the process behind
+// `apiary region`. A region is 1, 3 or 5 coordinators, and each one embeds one
+// member of the region's etcd cluster. etcd is the only source of truth: a
+// coordinator keeps only caches that it can rebuild from a range read and a
+// watch.
+//
+// # What it owns
+//
+//   - The etcd keyspace of a region. keys.go is the only place that spells a
+//     key, and docs/architecture.md describes the same layout.
+//   - The embedded etcd member and its settings (etcd.go). The region meta is
+//     written once at creation and checked on every start; the region name and
+//     shard count are fixed then (coordinator.go).
+//   - The gRPC services, served by every coordinator, whether it owns the
+//     shards or not:
+//     JobService (jobserver.go, submit.go), AgentService (agentserver.go) and
+//     AdminService (adminserver.go).
+//   - Submission: validation (through internal/jobspec), idempotency by
+//     (client_id, request_id) with a payload hash, and group commit of
+//     submissions in one etcd Txn (batch.go).
+//   - Node registration and liveness. Registration creates a node epoch: the
+//     CreateRevision of /apiary/nodes/<id>/alive, held under a lease that the
+//     agent renews by heartbeat.
+//   - The shard owner's scheduling loop (scheduler.go, place.go). This is a
+//     watch cache of jobs, tasks and nodes, and rounds of reclaim (node loss)
+//     → cancel → place → usage sync. Every write the owner makes goes through
+//     scheduler.fencedTxn, which compares the owner's epoch (the
+//     CreateRevision of its election key, package shards). Plans also compare
+//     each node's alive epoch and usage ModRevision and each task's
+//     ModRevision; a conflict is re-read and requeued.
+//   - Reports. They are group-committed: one read Txn, then
+//     taskstate.ApplyReport, then one write Txn. The write Txn compares each
+//     task's ModRevision and each reporting node's epoch. Any coordinator may
+//     commit a report.
+//   - Takeover on suspicion (suspicion.go). A follower revokes the lease of an
+//     owner whose API port refuses connections for SuspectAfter.
+//
+// # What it must not touch
+//
+// It must not decide a task transition itself: every change of a task's
+// state goes through package regional/taskstate, and the result is committed
+// in one compared or fenced Txn. It must not choose nodes: placement is
+// package placement, given a snapshot, and regional only commits its plan.
+// It must not run user processes (package agent does) or keep state that
+// exists only in memory. It must not write for the shards outside fencedTxn,
+// and must not spell an etcd key outside keys.go.
+package regional
