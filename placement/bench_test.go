@@ -85,7 +85,7 @@ func BenchmarkThroughput(b *testing.B) {
 	for _, n := range []int{1000, 10000, 100000} {
 		snap := synthCluster(n, 7)
 		tasks := synthTasks(1000, 11)
-		for _, limit := range []int{DefaultCandidateLimit, 64, -1} {
+		for _, limit := range []int{256, 64, 16, -1} {
 			if limit < 0 && n > 10000 {
 				continue // a full scan at 100k is too slow to be a useful benchmark
 			}

@@ -20,6 +20,7 @@ type taskCtx struct {
 	// fragmentation from exclusion in explanations).
 	filters []filter
 	nonRes  int
+	static  int // filters[:static] need no usage view
 
 	scorers []scoreStage
 	wsum    float64
@@ -47,7 +48,7 @@ func (e *Engine) compileTask(t *Task) *taskCtx {
 		c.filters = append(c.filters, excludedFilter{})
 	}
 	if len(t.Jurisdictions) > 0 {
-		c.filters = append(c.filters, jurisdictionFilter{})
+		c.filters = append(c.filters, &jurisdictionFilter{})
 	}
 	for _, k := range t.Constraints {
 		m := compileMatcher(k.Label, k.Op, k.Values)
@@ -56,6 +57,8 @@ func (e *Engine) compileTask(t *Task) *taskCtx {
 	if len(t.GPUModels) > 0 && (c.req.GPUs > 0 || c.req.GPUMilli > 0) {
 		c.filters = append(c.filters, gpuModelFilter{})
 	}
+	// Everything above reads only the node, not its usage.
+	c.static = len(c.filters)
 	if t.DistinctHosts {
 		c.filters = append(c.filters, distinctHostsFilter{})
 	}
@@ -122,4 +125,25 @@ func (c *taskCtx) feasible(st *state, i int, v *view) string {
 		}
 	}
 	return ""
+}
+
+// staticOK runs the filters that read only the node (labels, flags), so the
+// scan can skip building a usage view for nodes they reject.
+func (c *taskCtx) staticOK(st *state, i int) bool {
+	for _, f := range c.filters[:c.static] {
+		if f.check(c, st, i, nil) != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// dynamicOK runs the remaining filters.
+func (c *taskCtx) dynamicOK(st *state, i int, v *view) bool {
+	for _, f := range c.filters[c.static:] {
+		if f.check(c, st, i, v) != "" {
+			return false
+		}
+	}
+	return true
 }

@@ -40,8 +40,10 @@ type Options struct {
 }
 
 // DefaultCandidateLimit is the default number of feasible nodes scored per
-// task. See BENCHMARKS.md for the quality it costs on the Alibaba trace.
-const DefaultCandidateLimit = 256
+// task. Measured on the Alibaba trace (BENCHMARKS.md, 10 seeds): scoring 64
+// instead of every node costs 0.07 points of GPU allocation on the default
+// task file and gains 1.4 on gpuspec33, at 3.5x the speed.
+const DefaultCandidateLimit = 64
 
 // Weights weigh the score stages in the final weighted mean (Nomad averages
 // its rank scores; K8s sums plugin scores times plugin weights). Zero means
@@ -181,8 +183,15 @@ func (s *Session) PlaceOne(t *Task) Result {
 		start, stride := s.scanOrder(cs.total)
 		for j, p := 0, start; j < cs.total && len(s.cands) < limit; j++ {
 			i := cs.at(p)
+			if !c.staticOK(st, i) {
+				p += stride
+				if p >= cs.total {
+					p -= cs.total
+				}
+				continue
+			}
 			v := st.view(i)
-			if c.feasible(st, i, &v) == "" {
+			if c.dynamicOK(st, i, &v) {
 				share := -1
 				if c.req.GPUMilli > 0 {
 					share = c.pickShare(s.e, st, i, &v)

@@ -61,23 +61,93 @@ const JurisdictionLabel = "jurisdiction"
 // jurisdictionFilter re-checks sovereignty in the region (defence in depth):
 // the node's "jurisdiction" label must be one of the task's Jurisdictions. A
 // node without the label is outside every jurisdiction.
-type jurisdictionFilter struct{}
+type jurisdictionFilter struct {
+	allowed []bool // by value code of st.codes(JurisdictionLabel); built on first use
+}
 
-func (jurisdictionFilter) check(c *taskCtx, st *state, i int, _ *view) string {
-	j, ok := st.nodes[i].Labels[JurisdictionLabel]
-	if !ok || !contains(c.t.Jurisdictions, j) {
+func (f *jurisdictionFilter) check(c *taskCtx, st *state, i int, _ *view) string {
+	lc := st.codes(JurisdictionLabel)
+	if f.allowed == nil {
+		f.allowed = make([]bool, len(lc.values)+1)
+		for _, j := range c.t.Jurisdictions {
+			if k, ok := lc.code[j]; ok {
+				f.allowed[k] = true
+			}
+		}
+	}
+	k := lc.of[i]
+	if k < 0 || !f.allowed[k] {
 		return ReasonJurisdiction
 	}
 	return ""
+}
+
+// labelCodes maps each node to a small integer per value of one label, so a
+// set-membership filter is an array read instead of a map lookup.
+type labelCodes struct {
+	of     []int32 // node index -> value code, -1 if the label is missing
+	code   map[string]int32
+	values []string
+}
+
+// codes returns the value codes of label, built on first use per Place call.
+func (st *state) codes(label string) *labelCodes {
+	if lc, ok := st.labelCode[label]; ok {
+		return lc
+	}
+	lc := &labelCodes{of: make([]int32, len(st.nodes)), code: map[string]int32{}}
+	for i, n := range st.nodes {
+		v, ok := n.Labels[label]
+		if !ok {
+			lc.of[i] = -1
+			continue
+		}
+		k, seen := lc.code[v]
+		if !seen {
+			k = int32(len(lc.values))
+			lc.code[v] = k
+			lc.values = append(lc.values, v)
+		}
+		lc.of[i] = k
+	}
+	if st.labelCode == nil {
+		st.labelCode = map[string]*labelCodes{}
+	}
+	st.labelCode[label] = lc
+	return lc
 }
 
 // constraintFilter enforces one hard label constraint.
 type constraintFilter struct {
 	m      matcher
 	reason string
+	byCode []bool // set operators: outcome per value code, built on first use
 }
 
 func (f *constraintFilter) check(_ *taskCtx, st *state, i int, _ *view) string {
+	switch f.m.op {
+	case OpEq, OpNe, OpIn, OpNotIn, OpExists, OpNotExists:
+		if f.m.bad {
+			return f.reason
+		}
+		// Set operators depend only on the value: decide once per value.
+		lc := st.codes(f.m.label)
+		if f.byCode == nil {
+			f.byCode = make([]bool, len(lc.values)+1) // last slot: label missing
+			for k, v := range lc.values {
+				f.byCode[k] = f.m.match(map[string]string{f.m.label: v})
+			}
+			f.byCode[len(lc.values)] = f.m.match(nil)
+		}
+		k := lc.of[i]
+		if k < 0 {
+			k = int32(len(lc.values))
+		}
+		if f.byCode[k] {
+			return ""
+		}
+		return f.reason
+	}
 	if f.m.match(st.nodes[i].Labels) {
 		return ""
 	}

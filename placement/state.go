@@ -31,6 +31,8 @@ type state struct {
 	labelIdx map[string]map[string][]int
 	gpuIdx   map[string][]int
 	gpuAll   []int
+	// labelCode caches per-label value codes (filter.go).
+	labelCode map[string]*labelCodes
 
 	// Preemption bookkeeping, built on first use: existing allocations by
 	// node, victims already proposed, nodes already hosting a preemption.
