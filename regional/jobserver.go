@@ -263,7 +263,7 @@ func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobS
 	var last *apiaryv1.Job
 	var rev int64
 	send := func() (bool, error) {
-		v, err := s.c.readJob(ctx, req.GetJobId(), false)
+		v, err := s.c.readJob(ctx, req.GetJobId(), true)
 		if err != nil {
 			return false, err
 		}

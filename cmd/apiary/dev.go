@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -84,8 +85,9 @@ Ctrl-C or SIGTERM stops everything.`,
 						class = "edge"
 					}
 					rs.Agents = append(rs.Agents, devcluster.AgentSpec{
-						ID:        fmt.Sprintf("%s-n%d", name, a+1),
-						Labels:    map[string]string{"zone": fmt.Sprintf("%s-%c", name, 'a'+a%3), "class": class},
+						ID: fmt.Sprintf("%s-n%d", name, a+1),
+						Labels: map[string]string{"zone": fmt.Sprintf("%s-%c", name, 'a'+a%3), "class": class,
+							"arch": runtime.GOARCH, "disk": "ssd"},
 						CPUMillis: agentCPU, MemoryMiB: agentMemory,
 					})
 				}
