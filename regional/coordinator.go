@@ -47,6 +47,9 @@ type Config struct {
 	// (connection refused) revokes the owner's lease (default 300 ms; 0 keeps
 	// the default, negative disables takeover on suspicion).
 	SuspectAfter time.Duration
+	// JobRetention is how long a finished job is kept before its records are
+	// deleted (default 24 h; negative keeps jobs forever).
+	JobRetention time.Duration
 	// Placer overrides the placement engine (tests).
 	Placer placement.Placer
 	// SchedulerPolicy is the region's default scoring policy.
@@ -77,6 +80,9 @@ func (c *Config) validate() error {
 	}
 	if c.OwnerLeaseTTL == 0 {
 		c.OwnerLeaseTTL = time.Second
+	}
+	if c.JobRetention == 0 {
+		c.JobRetention = 24 * time.Hour
 	}
 	if c.SuspectAfter == 0 {
 		c.SuspectAfter = 300 * time.Millisecond

@@ -46,6 +46,7 @@ type scheduler struct {
 	byNode      map[string]map[string]bool // node id -> active task keys
 	dirtyCancel map[string]bool
 	usageSynced time.Time
+	swept       time.Time
 	stats       schedStats
 }
 
@@ -352,6 +353,12 @@ func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
 			return 0, err
 		}
 		s.usageSynced = time.Now()
+	}
+	if time.Since(s.swept) > 10*time.Second {
+		if err := s.sweepRetention(ctx, now); err != nil {
+			return 0, err
+		}
+		s.swept = time.Now()
 	}
 	return next, nil
 }

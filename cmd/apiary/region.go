@@ -97,6 +97,7 @@ restarted from the same data dirs loses nothing.`,
 	f.DurationVar(&cfg.NodeLeaseTTL, "node-lease-ttl", 2*time.Second, "node lease TTL (whole seconds, >= 1s)")
 	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", time.Second, "shard owner lease TTL (whole seconds, >= 1s)")
 	f.DurationVar(&cfg.SuspectAfter, "suspect-after", 300*time.Millisecond, "take the shards over when the owner's API refuses connections this long (negative: never)")
+	f.DurationVar(&cfg.JobRetention, "job-retention", 24*time.Hour, "keep finished jobs this long, then delete them (negative: forever)")
 	f.StringVar(&policy, "scheduler", "binpack", "default placement policy: binpack, spread or fragmentation")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&ready, "ready-file", "", "write the API address to this file once serving")

@@ -1,0 +1,80 @@
+package regional
+
+import (
+	"context"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// maxRetentionDeletes bounds the jobs deleted per sweep (one fenced Txn).
+const maxRetentionDeletes = 200
+
+// sweepRetention deletes jobs that have been terminal for longer than the
+// retention period: the job record, its tasks, its attempt results and its
+// dedup key go in one fenced Txn per sweep, so a job is never half-deleted.
+// etcd's periodic compaction then reclaims the space.
+func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
+	keep := s.c.cfg.JobRetention
+	if keep <= 0 {
+		return nil
+	}
+	cutoff := now.Add(-keep).UnixMilli()
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	var victims []string
+	for jobID, j := range s.jobs {
+		if len(victims) >= maxRetentionDeletes {
+			break
+		}
+		keys := s.jobTasks[jobID]
+		if len(keys) == 0 {
+			continue
+		}
+		var finished int64
+		terminal := true
+		for k := range keys {
+			t := s.tasks[k].rec
+			if !taskstate.Terminal(t.State) {
+				terminal = false
+				break
+			}
+			if t.FinishedMs > finished {
+				finished = t.FinishedMs
+			}
+		}
+		if !terminal || finished == 0 || finished > cutoff {
+			continue
+		}
+		jk := keyJob(j.rec.Shard, jobID)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(jk), "=", j.modRev))
+		ops = append(ops, clientv3.OpDelete(jk),
+			clientv3.OpDelete(prefJobTasks(j.rec.Shard, jobID), clientv3.WithPrefix()),
+			clientv3.OpDelete(prefJobResults(j.rec.Shard, jobID), clientv3.WithPrefix()))
+		if j.rec.RequestID != "" {
+			ops = append(ops, clientv3.OpDelete(keyDedup(j.rec.ClientID, j.rec.RequestID)))
+		}
+		victims = append(victims, jobID)
+	}
+	if len(victims) == 0 {
+		return nil
+	}
+	resp, err := s.fencedTxn(ctx, cmps, ops)
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return nil // a job changed (e.g. cancel); the next sweep re-evaluates
+	}
+	for _, id := range victims {
+		for k := range s.jobTasks[id] {
+			s.setTask(k, nil)
+		}
+		delete(s.jobTasks, id)
+		delete(s.jobs, id)
+	}
+	s.c.log.Info("deleted jobs past retention", "jobs", len(victims), "retention", keep)
+	return nil
+}
