@@ -354,7 +354,7 @@ func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
 		}
 		s.usageSynced = time.Now()
 	}
-	if time.Since(s.swept) > 10*time.Second {
+	if every := min(10*time.Second, max(s.c.cfg.JobRetention/2, 100*time.Millisecond)); time.Since(s.swept) > every {
 		if err := s.sweepRetention(ctx, now); err != nil {
 			return 0, err
 		}
