@@ -1,0 +1,217 @@
+// Command apiary-bench runs the regional benchmarks of package bench
+// (drain, submit, failover) against real subprocesses of the apiary binary
+// and writes per-trial CSV rows and a summary to -out.
+//
+//	go run ./loadtest/bench/cmd/apiary-bench -bin bin/apiary -out loadtest/results/regional-$(date +%F)
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"apiary.dev/apiary/loadtest/bench"
+)
+
+func main() {
+	var (
+		bin          = flag.String("bin", "bin/apiary", "apiary binary")
+		out          = flag.String("out", "", "results directory (default loadtest/results/regional-<date>)")
+		work         = flag.String("work", "", "scratch directory for data dirs and logs (default: a temp dir, removed on success)")
+		only         = flag.String("only", "drain,submit,failover", "benchmarks to run, comma-separated")
+		drainTrials  = flag.Int("drain-trials", 5, "drain trials")
+		foTrials     = flag.Int("failover-trials", 20, "failover trials")
+		clients      = flag.Int("clients", 64, "submit: concurrent clients")
+		conns        = flag.Int("conns", 8, "submit: gRPC connections shared by the clients")
+		warmup       = flag.Duration("warmup", 2*time.Second, "submit: warm-up (not measured)")
+		duration     = flag.Duration("duration", 10*time.Second, "submit: measured duration")
+		submitConfig = flag.String("submit-members", "1,3", "submit: region sizes")
+	)
+	flag.Parse()
+	if *out == "" {
+		*out = filepath.Join("loadtest", "results", "regional-"+time.Now().Format("2006-01-02"))
+	}
+	abs, err := filepath.Abs(*bin)
+	if err == nil {
+		*bin = abs
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		fatal(err)
+	}
+	keep := *work != ""
+	if *work == "" {
+		*work, err = os.MkdirTemp("", "apiary-bench-")
+		if err != nil {
+			fatal(err)
+		}
+	}
+	logf, err := os.Create(filepath.Join(*out, "run.log"))
+	if err != nil {
+		fatal(err)
+	}
+	defer logf.Close()
+	cfg := bench.Config{Binary: *bin, WorkDir: *work, Log: io.MultiWriter(os.Stderr, logf)}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var sum strings.Builder
+	fmt.Fprintf(&sum, "# apiary regional benchmarks, %s\n\n", time.Now().Format(time.RFC3339))
+	fmt.Fprintf(&sum, "machine: %d CPUs (GOMAXPROCS %d), %s; load generator, coordinators and agents share them; loopback only.\n", runtime.NumCPU(), runtime.GOMAXPROCS(0), hostInfo())
+	fmt.Fprintf(&sum, "binary: %s\n\n", *bin)
+	failed := false
+	run := map[string]bool{}
+	for _, b := range strings.Split(*only, ",") {
+		run[strings.TrimSpace(b)] = true
+	}
+
+	if run["drain"] {
+		o := bench.DefaultDrain
+		var rows [][]string
+		var fromStart, fromFirst, fromLast []float64
+		for i := 1; i <= *drainTrials && ctx.Err() == nil; i++ {
+			r, err := bench.Drain(ctx, cfg, o, i)
+			if err != nil {
+				cfg.Log.Write([]byte(fmt.Sprintf("drain trial %d: %v\n", i, err)))
+				failed = true
+				continue
+			}
+			cfg.Log.Write([]byte(fmt.Sprintf("drain trial %d: %d tasks done %.0f ms after agent start (%.0f ms after first READY at %.0f ms; last READY %.0f ms; first assign %.0f ms); extra dispatches %d, failed %d\n",
+				i, r.Tasks, r.DoneMs, r.FromFirstReadyMs(), r.FirstReadyMs, r.LastReadyMs, r.FirstAssignMs, r.ExtraAttempts, r.Failed)))
+			cfg.Log.Write([]byte(fmt.Sprintf("drain trial %d: cpu seconds during the drain: coordinators %.1f, agents+tasks %.1f; %d rewrites of PENDING task records (unplaced reasons %q)\n", i, r.CoordCPU, r.AgentCPU, r.PendingRewrites, r.Reasons)))
+			var tl [][]string
+			for b, c := range r.Timeline {
+				tl = append(tl, []string{itoa(b * 100), itoa(c[0]), itoa(c[1]), itoa(c[2])})
+			}
+			check(writeCSV(filepath.Join(*out, fmt.Sprintf("drain-timeline-%d.csv", i)), []string{"ms_from_t0", "assigned", "running", "complete"}, tl))
+			var evs [][]string
+			for _, e := range r.Events {
+				evs = append(evs, []string{f1(e.AtMs), strconv.FormatInt(e.Rev, 10), strings.TrimPrefix(e.State.String(), "TASK_STATE_"), e.Node})
+			}
+			check(writeCSV(filepath.Join(*out, fmt.Sprintf("drain-events-%d.csv", i)), []string{"ms_from_t0", "revision", "state", "node"}, evs))
+			fromStart = append(fromStart, r.DoneMs)
+			fromFirst = append(fromFirst, r.FromFirstReadyMs())
+			fromLast = append(fromLast, r.DoneMs-r.LastReadyMs)
+			rows = append(rows, []string{itoa(i), itoa(r.Tasks), f1(r.FirstReadyMs), f1(r.LastReadyMs), f1(r.FirstAssignMs),
+				f1(r.FirstCompleteMs), f1(r.DoneMs), f1(r.FromFirstReadyMs()), f1(r.DoneMs - r.LastReadyMs), itoa(r.ExtraAttempts), itoa(r.Failed), itoa(int(r.PendingBefore)), f1(r.CoordCPU), f1(r.AgentCPU)})
+		}
+		check(writeCSV(filepath.Join(*out, "drain.csv"), []string{"trial", "tasks", "first_ready_ms", "last_ready_ms", "first_assign_ms",
+			"first_complete_ms", "done_ms", "done_from_first_ready_ms", "done_from_last_ready_ms", "extra_dispatches", "failed", "pending_before", "coord_cpu_s", "agent_cpu_s"}, rows))
+		fmt.Fprintf(&sum, "## drain\n\n%d jobs x %d tasks of /bin/true (100 m, 16 MiB each), submitted before any agent; 3-member region (etcd election 500 ms, heartbeat 50 ms);\n%d agents x %d slots (--max-tasks %d, %d m, %d MiB) started together at t0. Completion seen by an etcd watch on the task records (harness clock).\n\n",
+			o.Jobs, o.TasksPerJob, o.Agents, o.Slots, o.Slots, o.CPUMillis, o.MemoryMiB)
+		fmt.Fprintf(&sum, "| measured from | ms |\n|---|---|\n| agent processes started (t0) | %s |\n| first agent READY | %s |\n| last agent READY | %s |\n\n",
+			bench.Summarize(fromStart), bench.Summarize(fromFirst), bench.Summarize(fromLast))
+	}
+
+	if run["submit"] && ctx.Err() == nil {
+		var rows, series [][]string
+		fmt.Fprintf(&sum, "## submit\n\nSubmitJob, single-task jobs (with client_id + unique request_id, as the CLI sends), %d closed-loop clients over %d gRPC connections (round robin over the coordinators), %s warm-up then %s measured; no agents (every job stays PENDING; the scheduler records an unplaced reason for each).\n\n",
+			*clients, *conns, *warmup, *duration)
+		fmt.Fprintf(&sum, "| members | ok | errors | jobs/s | p50 ms | p95 ms | p99 ms | max ms |\n|---|---|---|---|---|---|---|---|\n")
+		for _, m := range strings.Split(*submitConfig, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(m))
+			if err != nil {
+				fatal(err)
+			}
+			r, err := bench.Submit(ctx, cfg, bench.SubmitOptions{Coordinators: n, Clients: *clients, Conns: *conns, Warmup: *warmup, Duration: *duration})
+			if err != nil {
+				cfg.Log.Write([]byte(fmt.Sprintf("submit %d members: %v\n", n, err)))
+				failed = true
+				continue
+			}
+			h := r.Latency
+			q := func(p float64) string { return f1(float64(h.ValueAtQuantile(p)) / 1000) }
+			cfg.Log.Write([]byte(fmt.Sprintf("submit %d members: %d ok, %d errors %v, %.0f jobs/s, p50 %s p95 %s p99 %s max %s ms\n",
+				n, r.OK, r.Errors, r.ErrCodes, r.PerSec, q(50), q(95), q(99), q(100))))
+			rows = append(rows, []string{itoa(n), itoa(*clients), itoa(*conns), duration.String(), strconv.FormatInt(r.OK, 10), strconv.FormatInt(r.Errors, 10),
+				f1(r.PerSec), q(50), q(90), q(95), q(99), q(99.9), q(100), f1(h.Mean() / 1000)})
+			for s, c := range r.Series {
+				series = append(series, []string{itoa(n), itoa(s), strconv.FormatInt(c, 10)})
+			}
+			fmt.Fprintf(&sum, "| %d | %d | %d | %.0f | %s | %s | %s | %s |\n", n, r.OK, r.Errors, r.PerSec, q(50), q(95), q(99), q(100))
+		}
+		check(writeCSV(filepath.Join(*out, "submit.csv"), []string{"members", "clients", "conns", "duration", "ok", "errors", "jobs_per_s",
+			"p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms"}, rows))
+		check(writeCSV(filepath.Join(*out, "submit-per-second.csv"), []string{"members", "second", "ok"}, series))
+		sum.WriteString("\n(per-second counts, warm-up included: submit-per-second.csv)\n\n")
+	}
+
+	if run["failover"] && ctx.Err() == nil {
+		o := bench.DefaultFailover
+		o.Trials = *foTrials
+		trials, err := bench.Failover(ctx, cfg, o)
+		if err != nil {
+			cfg.Log.Write([]byte(fmt.Sprintf("failover: %v\n", err)))
+			failed = true
+		}
+		var rows [][]string
+		var disp, dispLeader, dispFollower, owner, start, rec, sub []float64
+		for _, t := range trials {
+			rows = append(rows, []string{itoa(t.Trial), t.Killed, strconv.FormatBool(t.KilledLeader), strconv.FormatInt(t.OldEpoch, 10),
+				t.NewOwner, strconv.FormatInt(t.NewEpoch, 10), f1(t.OwnerMs), f1(t.DispatchMs), f1(t.DispatchRecMs), f1(t.StartMs), f1(t.FirstSubmitOKMs), strconv.FormatInt(t.SubmitErrors, 10), t.ErrorCodes})
+			disp = append(disp, t.DispatchMs)
+			owner = append(owner, t.OwnerMs)
+			start = append(start, t.StartMs)
+			rec = append(rec, t.DispatchRecMs)
+			sub = append(sub, t.FirstSubmitOKMs)
+			if t.KilledLeader {
+				dispLeader = append(dispLeader, t.DispatchMs)
+			} else {
+				dispFollower = append(dispFollower, t.DispatchMs)
+			}
+		}
+		check(writeCSV(filepath.Join(*out, "failover.csv"), []string{"trial", "killed", "killed_was_etcd_leader", "old_epoch", "new_owner", "new_epoch",
+			"owner_deleted_ms", "first_dispatch_ms", "first_dispatch_record_ms", "first_start_ms", "first_submit_ok_ms", "submit_errors", "submit_error_codes"}, rows))
+		fmt.Fprintf(&sum, "## failover\n\n3-member region (%s; suspect-after 300 ms, owner lease 1 s: defaults), %d agents x %d slots, a single-task job submitted every %s (open loop, retried with the same request id on error).\nEach trial: SIGKILL the coordinator that GetRegionInfo names scheduler; measure from the kill to the first task record written ASSIGNED at an etcd revision after the killed owner's election key was deleted (only the successor's fenced plan can commit then), as seen by a watch on a surviving member; then restart the killed coordinator and wait until the region is healthy again.\n\n",
+			strings.Join(o.ExtraArgs, " "), o.Agents, o.Slots, o.TrickleEvery)
+		fmt.Fprintf(&sum, "| quantity (ms from SIGKILL) | distribution |\n|---|---|\n| first dispatch by the successor | %s |\n| ... when the killed coordinator hosted the etcd leader | %s |\n| ... when it did not | %s |\n| old owner key deleted (ownership moved) | %s |\n| first dispatch, by the task record's assigned_ms | %s |\n| first successor-dispatched task RUNNING | %s |\n| first successful answer to a SubmitJob sent after the kill | %s |\n\n",
+			bench.Summarize(disp), bench.Summarize(dispLeader), bench.Summarize(dispFollower), bench.Summarize(owner), bench.Summarize(rec), bench.Summarize(start), bench.Summarize(sub))
+	}
+	check(os.WriteFile(filepath.Join(*out, "summary.md"), []byte(sum.String()), 0o644))
+	fmt.Print(sum.String())
+	if failed {
+		fmt.Fprintf(os.Stderr, "some benchmarks failed; logs kept in %s\n", *work)
+		os.Exit(1)
+	}
+	if !keep {
+		_ = os.RemoveAll(*work)
+	}
+}
+
+func hostInfo() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOOS + "/" + runtime.GOARCH
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			if _, v, ok := strings.Cut(l, ":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return runtime.GOOS + "/" + runtime.GOARCH
+}
+
+func itoa(i int) string   { return strconv.Itoa(i) }
+func f1(x float64) string { return strconv.FormatFloat(x, 'f', 1, 64) }
+func check(err error) {
+	if err != nil {
+		fatal(err)
+	}
+}
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "apiary-bench:", err)
+	os.Exit(2)
+}
+func writeCSV(path string, header []string, rows [][]string) error {
+	return bench.WriteCSV(path, header, rows)
+}

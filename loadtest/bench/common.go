@@ -1,0 +1,249 @@
+package bench
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// Keyspace prefixes the harness watches (read only). regional/keys.go is
+// the one place that defines them; they are repeated here because the
+// harness observes the region from the outside.
+const (
+	prefTasks = "/apiary/tasks/"
+	prefNodes = "/apiary/nodes/"
+	prefOwner = "/apiary/shards/owner"
+)
+
+// Config is what every benchmark needs.
+type Config struct {
+	// Binary is the apiary executable (built with CGO_ENABLED=0).
+	Binary string
+	// WorkDir holds data dirs and process logs (scratch).
+	WorkDir string
+	// Log receives progress lines.
+	Log io.Writer
+}
+
+func (c Config) logf(format string, args ...any) {
+	if c.Log != nil {
+		fmt.Fprintf(c.Log, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+	}
+}
+
+// startRegion starts one region named "bench" with n coordinators and the
+// given agents, under dir.
+func startRegion(ctx context.Context, cfg Config, dir string, n int, agents []devcluster.AgentSpec, extra []string) (*devcluster.Cluster, *devcluster.Region, error) {
+	_ = os.RemoveAll(dir)
+	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: cfg.Binary, Dir: dir,
+		Regions: []devcluster.RegionSpec{{Name: "bench", Coordinators: n, Agents: agents, ExtraArgs: extra}}})
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl, cl.Regions[0], nil
+}
+
+// etcdClient is a read-only observer of the region's etcd.
+func etcdClient(endpoints []string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+}
+
+// agentProc is an agent started by the harness itself (the drain benchmark
+// needs agents that start after the jobs were submitted).
+type agentProc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startAgent(cfg Config, dir, addr, id string, cpu, mem int64, maxTasks int) (*agentProc, error) {
+	logf, err := os.Create(filepath.Join(dir, id+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(cfg.Binary, "agent", "--addr", addr, "--node-id", id,
+		"--data-dir", filepath.Join(dir, id), "--cpu-millis", strconv.FormatInt(cpu, 10),
+		"--memory-mb", strconv.FormatInt(mem, 10), "--max-tasks", strconv.Itoa(maxTasks))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	p := &agentProc{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logf.Close(); close(p.done) }()
+	return p, nil
+}
+
+func (p *agentProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// trueJob is a job of n tasks of /bin/true at 100 m / 16 MiB each.
+func trueJob(name string, n int32) *apiaryv1.JobSpec {
+	return &apiaryv1.JobSpec{Name: name, Tasks: []*apiaryv1.TaskGroup{{Name: "t", Count: n, Command: "/bin/true",
+		Resources: &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 16}}}}
+}
+
+// taskEvent is one task record change seen by the watch.
+type taskEvent struct {
+	key  string
+	task taskstate.Task
+	rev  int64
+	at   time.Time
+}
+
+func decodeTask(b []byte) (taskstate.Task, bool) {
+	var t taskstate.Task
+	return t, json.Unmarshal(b, &t) == nil
+}
+
+// waitFor polls cond every 20 ms until it holds, ctx ends or limit passes.
+func waitFor(ctx context.Context, limit time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(limit)
+	var last error
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		last = err
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s (last: %v)", limit, what, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Summary is a distribution of one measured quantity (milliseconds unless
+// the name says otherwise). Percentiles are nearest-rank over all samples.
+type Summary struct {
+	N                             int
+	Min, P50, P95, P99, Max, Mean float64
+}
+
+// Summarize returns the distribution of xs.
+func Summarize(xs []float64) Summary {
+	if len(xs) == 0 {
+		return Summary{}
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	rank := func(p float64) float64 {
+		i := int(math.Ceil(p/100*float64(len(s)))) - 1
+		if i < 0 {
+			i = 0
+		}
+		return s[i]
+	}
+	var sum float64
+	for _, x := range s {
+		sum += x
+	}
+	return Summary{N: len(s), Min: s[0], P50: rank(50), P95: rank(95), P99: rank(99), Max: s[len(s)-1], Mean: sum / float64(len(s))}
+}
+
+func (s Summary) String() string {
+	return fmt.Sprintf("n=%d min=%.0f p50=%.0f p95=%.0f p99=%.0f max=%.0f mean=%.0f", s.N, s.Min, s.P50, s.P95, s.P99, s.Max, s.Mean)
+}
+
+// WriteCSV writes a header and rows to path.
+func WriteCSV(path string, header []string, rows [][]string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	_ = w.Write(header)
+	_ = w.WriteAll(rows)
+	w.Flush()
+	if err := w.Error(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func f1(x float64) string { return strconv.FormatFloat(x, 'f', 1, 64) }
+
+func coordIndex(r *devcluster.Region, id string) int {
+	for i, p := range r.Coords {
+		if p.Name == id {
+			return i
+		}
+	}
+	return -1
+}
+
+func without(xs []string, i int) []string {
+	var out []string
+	for j, x := range xs {
+		if j != i {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func grpcCode(err error) string {
+	if s, ok := status.FromError(err); ok {
+		return s.Code().String()
+	}
+	return "unknown"
+}
+
+// cpuSeconds sums utime+stime+cutime+cstime of the processes (from
+// /proc/<pid>/stat; clock ticks assumed 100/s, as on Linux).
+func cpuSeconds(pids ...int) float64 {
+	var total float64
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		// fields after ')': state(0) ... utime(11) stime(12) cutime(13) cstime(14)
+		for _, k := range []int{11, 12, 13, 14} {
+			if k < len(f) {
+				v, _ := strconv.ParseFloat(f[k], 64)
+				total += v / 100
+			}
+		}
+	}
+	return total
+}
