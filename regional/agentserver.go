@@ -298,7 +298,7 @@ func (c *Coordinator) flushReports(batch []*reportItem) {
 // commitReports returns false if the write Txn's compares failed (nothing was
 // answered then); any other outcome answers every item.
 func (c *Coordinator) commitReports(batch []*reportItem) bool {
-	ctx, cancel := etcdCtx(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), commitAttempts*commitAttemptTimeout)
 	defer cancel()
 	fail := func(err error) bool {
 		for _, it := range batch {
@@ -328,7 +328,9 @@ func (c *Coordinator) commitReports(batch []*reportItem) bool {
 			reads = append(reads, clientv3.OpGet(keyNodeAlive(it.req.GetNodeId())))
 		}
 	}
-	resp, err := c.cli.Txn(ctx).Then(reads...).Commit()
+	resp, err := c.txnRetry(ctx, func(actx context.Context) (*clientv3.TxnResponse, error) {
+		return c.cli.Txn(actx).Then(reads...).Commit()
+	})
 	if err != nil {
 		return fail(err)
 	}
@@ -424,7 +426,9 @@ func (c *Coordinator) commitReports(batch []*reportItem) bool {
 		}
 	}
 	if len(ops) > 0 {
-		wresp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		wresp, err := c.txnRetry(ctx, func(actx context.Context) (*clientv3.TxnResponse, error) {
+			return c.cli.Txn(actx).If(cmps...).Then(ops...).Commit()
+		})
 		if err != nil {
 			return fail(err)
 		}

@@ -308,11 +308,26 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 	return w, true
 }
 
-// reasonWrite records why a task is not placed, only when the reason changed.
+// Unplaced-reason write gating (see scheduler.unplacedSince).
+const (
+	reasonAfter = 2 * time.Second
+	reasonEvery = 5 * time.Second
+)
+
+// reasonWrite records why a task is not placed: only after it has waited
+// reasonAfter, only when the reason changed, and at most every reasonEvery.
 func (s *scheduler) reasonWrite(ct *cTask, reason string) (write, bool) {
-	if ct.rec.UnplacedReason == reason {
+	now := time.Now()
+	since, ok := s.unplacedSince[ct.key]
+	if !ok {
+		s.unplacedSince[ct.key] = now
 		return write{}, false
 	}
+	if ct.rec.UnplacedReason == reason || now.Sub(since) < reasonAfter ||
+		(ct.rec.UnplacedReason != "" && now.Sub(s.reasonAt[ct.key]) < reasonEvery) {
+		return write{}, false
+	}
+	s.reasonAt[ct.key] = now
 	rec := ct.rec
 	rec.UnplacedReason = reason
 	return write{

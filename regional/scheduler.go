@@ -47,6 +47,11 @@ type scheduler struct {
 	dirtyCancel map[string]bool
 	usageSynced time.Time
 	swept       time.Time
+	// unplacedSince and reasonAt gate unplaced-reason writes: a task's
+	// reason is recorded once it has waited reasonAfter, then at most every
+	// reasonEvery, so a busy region does not rewrite its queue every round.
+	unplacedSince map[string]time.Time
+	reasonAt      map[string]time.Time
 	stats       schedStats
 }
 
@@ -82,24 +87,29 @@ func newScheduler(c *Coordinator, term *shards.Term) *scheduler {
 	return &scheduler{c: c, term: term, placer: p, rng: rand.New(rand.NewPCG(uint64(term.Epoch), 7)),
 		jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, tasks: map[string]*cTask{},
 		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{},
-		dirtyCancel: map[string]bool{}}
+		dirtyCancel: map[string]bool{}, unplacedSince: map[string]time.Time{}, reasonAt: map[string]time.Time{}}
 }
 
 // fencedTxn is the one path for every owner write: the ops commit only if
 // the owner key still has this term's epoch (and the extra compares hold).
 // It returns errFenced when the epoch compare is what failed, and
 // (false, nil) for any other failed compare.
+//
+// A Txn whose outcome is unknown (timeout) is retried as is: its compares
+// (the fence plus each touched key's revision) fail if it was applied.
 func (s *scheduler) fencedTxn(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.Op) (*clientv3.TxnResponse, error) {
-	cctx, cancel := etcdCtx(ctx)
-	defer cancel()
 	all := append([]clientv3.Cmp{s.term.Fence()}, cmps...)
-	resp, err := s.c.cli.Txn(cctx).If(all...).Then(ops...).Commit()
+	resp, err := s.c.txnRetry(ctx, func(actx context.Context) (*clientv3.TxnResponse, error) {
+		return s.c.cli.Txn(actx).If(all...).Then(ops...).Commit()
+	})
 	if err != nil {
 		return nil, err
 	}
 	if resp.Succeeded {
 		return resp, nil
 	}
+	cctx, cancel := etcdCtx(ctx)
+	defer cancel()
 	chk, err := s.c.cli.Txn(cctx).If(s.term.Fence()).Commit()
 	if err != nil {
 		return nil, err
@@ -304,6 +314,8 @@ func (s *scheduler) setTask(key string, t *cTask) {
 			delete(m, key)
 		}
 		if t == nil {
+			delete(s.unplacedSince, key)
+			delete(s.reasonAt, key)
 			delete(s.tasks, key)
 			if m := s.jobTasks[old.rec.JobID]; m != nil {
 				delete(m, key)
@@ -321,6 +333,10 @@ func (s *scheduler) setTask(key string, t *cTask) {
 		s.jobTasks[t.rec.JobID] = m
 	}
 	m[key] = true
+	if t.rec.State != apiaryv1.TaskState_TASK_STATE_PENDING {
+		delete(s.unplacedSince, key)
+		delete(s.reasonAt, key)
+	}
 	switch {
 	case t.rec.State == apiaryv1.TaskState_TASK_STATE_PENDING:
 		s.pending[key] = true

@@ -140,14 +140,12 @@ func (c *Coordinator) flushSubmits(batch []*submitItem) {
 		var cmps []clientv3.Cmp
 		var ops []clientv3.Op
 		for _, it := range together {
-			if k := it.dedupKey(); k != "" {
-				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
-			}
+			cmps = append(cmps, it.guards()...)
 			ops = append(ops, it.ops()...)
 		}
-		ctx, cancel := etcdCtx(context.Background())
-		resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
-		cancel()
+		resp, err := c.txnRetry(context.Background(), func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			return c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		})
 		switch {
 		case err != nil:
 			for _, it := range together {
@@ -167,26 +165,28 @@ func (c *Coordinator) flushSubmits(batch []*submitItem) {
 }
 
 func (c *Coordinator) submitOne(it *submitItem) submitResult {
-	ctx, cancel := etcdCtx(context.Background())
-	defer cancel()
-	k := it.dedupKey()
-	if k == "" {
-		if _, err := c.cli.Txn(ctx).Then(it.ops()...).Commit(); err != nil {
-			return submitResult{err: status.Errorf(codes.Unavailable, "commit job: %v", err)}
-		}
-		return submitResult{jobID: it.job.ID}
+	jk := keyJob(it.job.Shard, it.job.ID)
+	var elseOps []clientv3.Op
+	if k := it.dedupKey(); k != "" {
+		elseOps = append(elseOps, clientv3.OpGet(k))
 	}
-	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(it.ops()...).Else(clientv3.OpGet(k)).Commit()
+	elseOps = append(elseOps, clientv3.OpGet(jk, clientv3.WithKeysOnly()))
+	resp, err := c.txnRetry(context.Background(), func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return c.cli.Txn(ctx).If(it.guards()...).Then(it.ops()...).Else(elseOps...).Commit()
+	})
 	if err != nil {
 		return submitResult{err: status.Errorf(codes.Unavailable, "commit job: %v", err)}
 	}
 	if resp.Succeeded {
 		return submitResult{jobID: it.job.ID}
 	}
+	// The job key exists: an earlier attempt of this very Txn committed.
+	if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; len(kvs) > 0 {
+		return submitResult{jobID: it.job.ID}
+	}
 	var d dedupRecord
 	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &d) != nil {
+	if it.dedupKey() == "" || len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &d) != nil {
 		return submitResult{err: status.Error(codes.Internal, "dedup record unreadable")}
 	}
 	if d.Hash != it.job.PayloadHash {
@@ -194,6 +194,16 @@ func (c *Coordinator) submitOne(it *submitItem) submitResult {
 			"request_id: %q of client %q was already used for job %s with a different payload", it.job.RequestID, it.job.ClientID, d.JobID)}
 	}
 	return submitResult{jobID: d.JobID, deduplicated: true}
+}
+
+// guards are the compares that make a submission's Txn safe to repeat: the
+// job key (a fresh id) and the dedup key must not exist yet.
+func (it *submitItem) guards() []clientv3.Cmp {
+	g := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keyJob(it.job.Shard, it.job.ID)), "=", 0)}
+	if k := it.dedupKey(); k != "" {
+		g = append(g, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
+	}
+	return g
 }
 
 // errorf is a small helper for internal errors with context.
