@@ -439,4 +439,4 @@ func requestOf(r *apiaryv1.Resources) Request {
 
 // startedReportDelay is how long an attempt must run before its STARTED
 // report is sent.
-const startedReportDelay = 25 * time.Millisecond
+const startedReportDelay = 100 * time.Millisecond

@@ -470,7 +470,7 @@ func TestAgentDuplicateAssignmentRunsOnce(t *testing.T) {
 	if n := strings.Count(string(b), "x"); n != 1 {
 		t.Fatalf("ran %d times, want 1", n)
 	}
-	// A task that ends within startedReportDelay sends no STARTED.
+	// A task that ends within startedReportDelay (100 ms) sends no STARTED.
 	if ks := kinds(f.reportsFor(key)); len(ks) != 1 || ks[0] != apiaryv1.ReportKind_REPORT_KIND_EXITED {
 		t.Fatalf("reports %v, want one EXITED", ks)
 	}

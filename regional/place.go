@@ -177,13 +177,14 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		}
 		return cands[a].key < cands[b].key
 	})
-	if len(cands) > maxPlaceBatch {
-		cands = cands[:maxPlaceBatch]
-	}
 	snap, used := s.snapshot()
 	if len(snap.Nodes) == 0 {
+		if len(cands) > maxPlaceBatch {
+			cands = cands[:maxPlaceBatch]
+		}
 		return s.recordUnplaced(ctx, cands, "no ready nodes in region "+s.c.meta.Region, next)
 	}
+	cands, waiting := s.admit(cands, snap)
 	ptasks := make([]placement.Task, len(cands))
 	byKey := make(map[string]*cTask, len(cands))
 	for i, ct := range cands {
@@ -230,14 +231,24 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 	}
 	if len(unplaced) > 0 {
 		var ws []write
+		groupReason := map[string]string{}
 		for _, ct := range unplaced {
 			u := reasons[ct.key]
 			reason := u.Reason
 			if u.Fragmented {
 				reason = "fragmented: " + reason
 			}
+			groupReason[groupKey(&ct.rec)] = reason
 			if w, ok := s.reasonWrite(ct, reason); ok {
 				ws = append(ws, w)
+			}
+		}
+		// Tasks that waited behind their group get its reason once.
+		for _, ct := range waiting {
+			if r, ok := groupReason[groupKey(&ct.rec)]; ok && ct.rec.UnplacedReason == "" {
+				if w, ok := s.reasonWrite(ct, r); ok {
+					ws = append(ws, w)
+				}
 			}
 		}
 		if err := s.commit(ctx, ws); err != nil {
@@ -374,4 +385,62 @@ func (s *scheduler) syncUsage(ctx context.Context) error {
 		})
 	}
 	return s.commit(ctx, ws)
+}
+
+// admit picks the candidates worth a placement pass: tasks of one group are
+// identical in size, so once a group has more candidates than the region has
+// room for (ignoring constraints, an upper bound), the rest wait for the next
+// round instead of being filtered against every node again. One task beyond
+// the room is kept so that the engine reports why the group waits. This
+// keeps a round's cost proportional to the free capacity, not the backlog
+// (Nomad gets the same effect by blocking evaluations until capacity frees).
+func (s *scheduler) admit(cands []*cTask, snap *placement.Snapshot) (admitted, waiting []*cTask) {
+	room := map[string]int{}
+	taken := map[string]int{}
+	for _, ct := range cands {
+		gk := groupKey(&ct.rec)
+		r, ok := room[gk]
+		if !ok {
+			r = fitSlots(s.request(&ct.rec), snap.Nodes) + 1
+			room[gk] = r
+		}
+		if taken[gk] >= r || len(admitted) >= maxPlaceBatch {
+			waiting = append(waiting, ct)
+			continue
+		}
+		taken[gk]++
+		admitted = append(admitted, ct)
+	}
+	return admitted, waiting
+}
+
+// fitSlots is how many tasks of size req the nodes could still take, by
+// resources and task caps alone.
+func fitSlots(req placement.Resources, nodes []*placement.Node) int {
+	total := 0
+	for _, n := range nodes {
+		if n.Quarantined || n.Ineligible {
+			continue
+		}
+		k := 1 << 30
+		if n.MaxTasks > 0 {
+			k = min(k, n.MaxTasks-n.RunningTasks)
+		}
+		if req.CPUMillis > 0 {
+			k = min(k, int((n.Capacity.CPUMillis-n.Allocated.CPUMillis)/req.CPUMillis))
+		}
+		if req.MemoryMiB > 0 {
+			k = min(k, int((n.Capacity.MemoryMiB-n.Allocated.MemoryMiB)/req.MemoryMiB))
+		}
+		if req.GPUs > 0 {
+			k = min(k, (n.Capacity.GPUs-n.Allocated.GPUs)/req.GPUs)
+		}
+		if k > 0 {
+			total += k
+		}
+		if total > maxPlaceBatch {
+			return maxPlaceBatch
+		}
+	}
+	return total
 }

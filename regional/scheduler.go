@@ -52,7 +52,7 @@ type scheduler struct {
 	// reasonEvery, so a busy region does not rewrite its queue every round.
 	unplacedSince map[string]time.Time
 	reasonAt      map[string]time.Time
-	stats       schedStats
+	stats         schedStats
 }
 
 type schedStats struct {

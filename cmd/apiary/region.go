@@ -25,6 +25,7 @@ func newRegionCmd() *cobra.Command {
 		policy    string
 		logFormat string
 		ready     string
+		debugAddr string
 	)
 	cmd := &cobra.Command{
 		Use:   "region",
@@ -53,6 +54,11 @@ restarted from the same data dirs loses nothing.`,
 			cfg.Logger, err = newLogger(logFormat)
 			if err != nil {
 				return withCode(exitInvalid, err)
+			}
+			if debugAddr != "" {
+				if err := serveDebug(debugAddr); err != nil {
+					return withCode(exitInvalid, err)
+				}
 			}
 			if cfg.ID == "" {
 				cfg.ID = cfg.Region + "-1"
@@ -100,6 +106,7 @@ restarted from the same data dirs loses nothing.`,
 	f.DurationVar(&cfg.JobRetention, "job-retention", 24*time.Hour, "keep finished jobs this long, then delete them (negative: forever)")
 	f.StringVar(&policy, "scheduler", "binpack", "default placement policy: binpack, spread or fragmentation")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&debugAddr, "debug-addr", "", "serve Go pprof at http://ADDR/debug/pprof/ (empty: off)")
 	f.StringVar(&ready, "ready-file", "", "write the API address to this file once serving")
 	return cmd
 }
