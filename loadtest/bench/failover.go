@@ -399,7 +399,9 @@ warm:
 					}
 					newKeys[k] = true
 				}
-				if t.State == apiaryv1.TaskState_TASK_STATE_RUNNING && newKeys[k] && res.StartMs == 0 {
+				// Short tasks report no STARTED (agent: startedReportDelay),
+				// so a COMPLETE also shows the successor's task ran.
+				if (t.State == apiaryv1.TaskState_TASK_STATE_RUNNING || t.State == apiaryv1.TaskState_TASK_STATE_COMPLETE) && newKeys[k] && res.StartMs == 0 {
 					res.StartMs = at
 				}
 			}
