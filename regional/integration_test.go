@@ -273,6 +273,69 @@ tasks:
 		}
 	})
 
+	t.Run("UnplaceableTaskSaysWhyAndCancels", func(t *testing.T) {
+		id := submit(t, c, spec(t, `
+name: too-big
+tasks:
+  - name: huge
+    count: 3
+    command: "true"
+    resources:
+      memory_mb: 100000
+`))
+		testutil.Eventually(t, 15*time.Second, "unplaced reason", func() error {
+			j, err := getJob(c, id)
+			if err != nil {
+				return err
+			}
+			for _, tk := range j.GetTasks() {
+				if !strings.Contains(tk.GetUnplacedReason(), "memory") {
+					return fmt.Errorf("task %d reason %q", tk.GetIndex(), tk.GetUnplacedReason())
+				}
+			}
+			return nil
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := c.jobs.CancelJob(ctx, &apiaryv1.CancelJobRequest{JobId: id}); err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, c, id, apiaryv1.JobState_JOB_STATE_CANCELLED, 15*time.Second)
+	})
+
+	t.Run("CancelKillsRunningTask", func(t *testing.T) {
+		marker := filepath.Join(t.TempDir(), "still-running")
+		id := submit(t, c, spec(t, fmt.Sprintf(`
+name: long-runner
+tasks:
+  - name: sleeper
+    command: sh
+    args: ["-c", "sleep 0.2; sleep 30; touch %s"]
+`, marker)))
+		testutil.Eventually(t, 15*time.Second, "running", func() error {
+			j, err := getJob(c, id)
+			if err != nil {
+				return err
+			}
+			if j.GetTasks()[0].GetState() != apiaryv1.TaskState_TASK_STATE_RUNNING {
+				return fmt.Errorf("state %s", j.GetTasks()[0].GetState())
+			}
+			return nil
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := c.jobs.CancelJob(ctx, &apiaryv1.CancelJobRequest{JobId: id}); err != nil {
+			t.Fatal(err)
+		}
+		j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_CANCELLED, 15*time.Second)
+		if tk := j.GetTasks()[0]; tk.GetState() != apiaryv1.TaskState_TASK_STATE_CANCELLED || len(tk.GetAttempts()) != 1 || tk.GetAttempts()[0].GetOutcome() != "cancelled" {
+			t.Fatalf("task after cancel: %+v", tk)
+		}
+		if _, err := os.Stat(marker); err == nil {
+			t.Fatal("cancelled task's process ran to the end")
+		}
+	})
+
 	t.Run("SubmitIsIdempotentPerRequestID", func(t *testing.T) {
 		s := spec(t, "name: once\ntasks:\n  - name: a\n    command: \"true\"\n")
 		req := &apiaryv1.SubmitJobRequest{Spec: s, ClientId: "cli-1", RequestId: "req-42"}

@@ -154,7 +154,41 @@ func (s *jobServer) GetJob(ctx context.Context, req *apiaryv1.GetJobRequest) (*a
 	if err != nil {
 		return nil, err
 	}
-	return &apiaryv1.GetJobResponse{Job: v.toProto(true, false)}, nil
+	j := v.toProto(true, false)
+	s.c.explainNoNodes(ctx, j)
+	return &apiaryv1.GetJobResponse{Job: j}, nil
+}
+
+// explainNoNodes fills the unplaced reason of pending tasks when the region
+// has no ready node at all (the scheduler does not write that reason to
+// every task of the backlog).
+func (c *Coordinator) explainNoNodes(ctx context.Context, j *apiaryv1.Job) {
+	need := false
+	for _, t := range j.GetTasks() {
+		if t.GetState() == apiaryv1.TaskState_TASK_STATE_PENDING && t.GetUnplacedReason() == "" {
+			need = true
+			break
+		}
+	}
+	if !need {
+		return
+	}
+	cctx, cancel := etcdCtx(ctx)
+	defer cancel()
+	resp, err := c.cli.Get(cctx, prefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return
+	}
+	for _, kv := range resp.Kvs {
+		if _, kind, ok := nodeKeyKind(string(kv.Key)); ok && kind == "alive" {
+			return
+		}
+	}
+	for _, t := range j.GetTasks() {
+		if t.GetState() == apiaryv1.TaskState_TASK_STATE_PENDING && t.GetUnplacedReason() == "" {
+			t.UnplacedReason = "no ready nodes in region " + c.meta.Region
+		}
+	}
 }
 
 func (s *jobServer) GetJobLogs(ctx context.Context, req *apiaryv1.GetJobLogsRequest) (*apiaryv1.GetJobLogsResponse, error) {

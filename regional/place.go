@@ -149,7 +149,17 @@ func (s *scheduler) placementTask(ct *cTask, nowMs int64) placement.Task {
 func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, error) {
 	nowMs := now.UnixMilli()
 	next := time.Second
-	var cands []*cTask
+	if len(s.pending) == 0 {
+		return next, nil
+	}
+	snap, used := s.snapshot()
+	if len(snap.Nodes) == 0 {
+		// Nothing can be placed; GetJob reports "no ready nodes" itself,
+		// so the backlog is not rewritten.
+		return next, nil
+	}
+	// Bucket placeable tasks by group: a group's tasks are identical in size.
+	groups := map[string]*candGroup{}
 	for key := range s.pending {
 		ct := s.tasks[key]
 		j := s.jobs[ct.rec.JobID]
@@ -162,29 +172,18 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 			}
 			continue
 		}
-		cands = append(cands, ct)
+		gk := groupKey(&ct.rec)
+		g := groups[gk]
+		if g == nil {
+			g = &candGroup{key: gk, job: j}
+			groups[gk] = g
+		}
+		g.tasks = append(g.tasks, ct)
 	}
-	if len(cands) == 0 {
+	if len(groups) == 0 {
 		return next, nil
 	}
-	sort.Slice(cands, func(a, b int) bool {
-		ja, jb := s.jobs[cands[a].rec.JobID], s.jobs[cands[b].rec.JobID]
-		if pa, pb := ja.priority(), jb.priority(); pa != pb {
-			return pa > pb
-		}
-		if ja.rec.SubmitMs != jb.rec.SubmitMs {
-			return ja.rec.SubmitMs < jb.rec.SubmitMs
-		}
-		return cands[a].key < cands[b].key
-	})
-	snap, used := s.snapshot()
-	if len(snap.Nodes) == 0 {
-		if len(cands) > maxPlaceBatch {
-			cands = cands[:maxPlaceBatch]
-		}
-		return s.recordUnplaced(ctx, cands, "no ready nodes in region "+s.c.meta.Region, next)
-	}
-	cands, waiting := s.admit(cands, snap)
+	cands, waiting := s.admit(groups, snap)
 	ptasks := make([]placement.Task, len(cands))
 	byKey := make(map[string]*cTask, len(cands))
 	for i, ct := range cands {
@@ -351,16 +350,6 @@ func (s *scheduler) reasonWrite(ct *cTask, reason string) (write, bool) {
 	}, true
 }
 
-func (s *scheduler) recordUnplaced(ctx context.Context, cands []*cTask, reason string, next time.Duration) (time.Duration, error) {
-	var ws []write
-	for _, ct := range cands {
-		if w, ok := s.reasonWrite(ct, reason); ok {
-			ws = append(ws, w)
-		}
-	}
-	return next, s.commit(ctx, ws)
-}
-
 // syncUsage writes the usage key of every ready node whose derived usage
 // differs from the stored one (tasks finished since the last plan on it).
 func (s *scheduler) syncUsage(ctx context.Context) error {
@@ -387,29 +376,46 @@ func (s *scheduler) syncUsage(ctx context.Context) error {
 	return s.commit(ctx, ws)
 }
 
-// admit picks the candidates worth a placement pass: tasks of one group are
-// identical in size, so once a group has more candidates than the region has
-// room for (ignoring constraints, an upper bound), the rest wait for the next
-// round instead of being filtered against every node again. One task beyond
-// the room is kept so that the engine reports why the group waits. This
-// keeps a round's cost proportional to the free capacity, not the backlog
-// (Nomad gets the same effect by blocking evaluations until capacity frees).
-func (s *scheduler) admit(cands []*cTask, snap *placement.Snapshot) (admitted, waiting []*cTask) {
-	room := map[string]int{}
-	taken := map[string]int{}
-	for _, ct := range cands {
-		gk := groupKey(&ct.rec)
-		r, ok := room[gk]
-		if !ok {
-			r = fitSlots(s.request(&ct.rec), snap.Nodes) + 1
-			room[gk] = r
+// candGroup is the placeable pending tasks of one task group.
+type candGroup struct {
+	key   string
+	job   *cJob
+	tasks []*cTask
+}
+
+// admit picks the candidates worth a placement pass, highest priority and
+// oldest job first. Tasks of one group are identical in size, so a group gets
+// at most as many candidates as the region has room for (ignoring
+// constraints, an upper bound) plus one, which the engine uses to say why the
+// group waits; the rest wait for the next round instead of being filtered
+// against every node again. A round's cost thus follows free capacity, not
+// the backlog (Nomad gets the same effect by blocking evaluations until
+// capacity frees).
+func (s *scheduler) admit(groups map[string]*candGroup, snap *placement.Snapshot) (admitted, waiting []*cTask) {
+	order := make([]*candGroup, 0, len(groups))
+	for _, g := range groups {
+		order = append(order, g)
+	}
+	sort.Slice(order, func(a, b int) bool {
+		ga, gb := order[a], order[b]
+		if pa, pb := ga.job.priority(), gb.job.priority(); pa != pb {
+			return pa > pb
 		}
-		if taken[gk] >= r || len(admitted) >= maxPlaceBatch {
-			waiting = append(waiting, ct)
-			continue
+		if ga.job.rec.SubmitMs != gb.job.rec.SubmitMs {
+			return ga.job.rec.SubmitMs < gb.job.rec.SubmitMs
 		}
-		taken[gk]++
-		admitted = append(admitted, ct)
+		return ga.key < gb.key
+	})
+	for _, g := range order {
+		room := fitSlots(s.request(&g.tasks[0].rec), snap.Nodes) + 1
+		room = min(room, maxPlaceBatch-len(admitted))
+		if room < len(g.tasks) {
+			sort.Slice(g.tasks, func(a, b int) bool { return g.tasks[a].rec.Index < g.tasks[b].rec.Index })
+		} else {
+			room = len(g.tasks)
+		}
+		admitted = append(admitted, g.tasks[:room]...)
+		waiting = append(waiting, g.tasks[room:]...)
 	}
 	return admitted, waiting
 }
