@@ -92,10 +92,6 @@ type Execution struct {
 	timer    *time.Timer
 }
 
-// copyGrace bounds how long the log copiers may run after the process group
-// was killed (a process that left the group with setsid can hold a pipe).
-const copyGrace = 2 * time.Second
-
 // Start starts the attempt described by spec. An error means no process was
 // started (command not found, not executable, working directory not
 // creatable, ...); it is the START_FAILED case.
@@ -114,40 +110,25 @@ func Start(spec Spec) (*Execution, error) {
 	cmd.Env = spec.Env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 
-	var closers []io.Closer
-	cleanup := func() {
-		for _, c := range closers {
-			c.Close()
-		}
-	}
-	type stream struct {
-		r    *os.File
-		file *os.File
-		tail *TailBuffer
-	}
-	var streams [2]stream
+	// The process writes straight into its log files (no pipes, no copier
+	// goroutines: less work per attempt, and a background child that keeps
+	// the files open cannot hold the result back); the tails are read back
+	// from the files once the process has exited.
+	var files [2]*os.File
 	for i, name := range []string{"stdout.log", "stderr.log"} {
-		f, err := os.OpenFile(filepath.Join(spec.Dir, name), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+		f, err := os.OpenFile(filepath.Join(spec.Dir, name), os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o644)
 		if err != nil {
-			cleanup()
+			if i == 1 {
+				files[0].Close()
+			}
 			return nil, fmt.Errorf("log file: %w", err)
 		}
-		r, w, err := os.Pipe()
-		if err != nil {
-			f.Close()
-			cleanup()
-			return nil, fmt.Errorf("pipe: %w", err)
-		}
-		closers = append(closers, f, r, w)
-		streams[i] = stream{r: r, file: f, tail: NewTailBuffer(spec.TailBytes)}
-		if i == 0 {
-			cmd.Stdout = w
-		} else {
-			cmd.Stderr = w
-		}
+		files[i] = f
 	}
+	cmd.Stdout, cmd.Stderr = files[0], files[1]
 	if err := cmd.Start(); err != nil {
-		cleanup()
+		files[0].Close()
+		files[1].Close()
 		return nil, err
 	}
 	e := &Execution{
@@ -156,24 +137,6 @@ func Start(spec Spec) (*Execution, error) {
 		pgid:    cmd.Process.Pid,
 		started: time.Now(),
 		done:    make(chan struct{}),
-	}
-	// The child has its copies of the write ends; close ours so the readers
-	// see EOF when the last process holding them is gone.
-	cmd.Stdout.(*os.File).Close()
-	cmd.Stderr.(*os.File).Close()
-
-	var copiers sync.WaitGroup
-	var copyErr [2]error
-	for i := range streams {
-		s := streams[i]
-		copiers.Go(func() {
-			w := &logWriter{file: s.file, tail: s.tail}
-			_, err := io.Copy(w, s.r)
-			if errors.Is(err, os.ErrClosed) {
-				err = nil
-			}
-			copyErr[i] = errors.Join(err, w.err)
-		})
 	}
 	if spec.Timeout > 0 {
 		e.mu.Lock()
@@ -197,24 +160,17 @@ func Start(spec Spec) (*Execution, error) {
 		}
 		e.mu.Unlock()
 
-		copied := make(chan struct{})
-		go func() { copiers.Wait(); close(copied) }()
-		select {
-		case <-copied:
-		case <-time.After(copyGrace):
-			streams[0].r.Close()
-			streams[1].r.Close()
-			<-copied
-		}
-		for _, s := range streams {
-			s.r.Close()
-			s.file.Close()
+		var tails [2]string
+		var tailErr [2]error
+		for i, f := range files {
+			tails[i], tailErr[i] = readTail(f, spec.TailBytes)
+			f.Close()
 		}
 		res := Result{
 			Outcome:    outcome,
 			ExitCode:   cmd.ProcessState.ExitCode(),
-			StdoutTail: streams[0].tail.String(),
-			StderrTail: streams[1].tail.String(),
+			StdoutTail: tails[0],
+			StderrTail: tails[1],
 			Started:    e.started,
 			Ended:      ended,
 		}
@@ -222,28 +178,27 @@ func Start(spec Spec) (*Execution, error) {
 		if waitErr != nil && !errors.As(waitErr, &exitErr) {
 			res.Err = waitErr
 		}
-		res.Err = errors.Join(res.Err, copyErr[0], copyErr[1])
+		res.Err = errors.Join(res.Err, tailErr[0], tailErr[1])
 		e.result = res
 		close(e.done)
 	}()
 	return e, nil
 }
 
-// logWriter writes to the full log file and the tail; a file error (disk
-// full) is remembered once and does not stop the tail.
-type logWriter struct {
-	file *os.File
-	tail *TailBuffer
-	err  error
-}
-
-func (w *logWriter) Write(p []byte) (int, error) {
-	if w.err == nil {
-		if _, err := w.file.Write(p); err != nil {
-			w.err = fmt.Errorf("log file %s: %w", w.file.Name(), err)
-		}
+// readTail returns the last n bytes of f (cut to valid UTF-8 by TailBuffer).
+func readTail(f *os.File, n int) (string, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return "", fmt.Errorf("log file %s: %w", f.Name(), err)
 	}
-	return w.tail.Write(p)
+	off := max(st.Size()-int64(n), 0)
+	buf := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+		return "", fmt.Errorf("log file %s: %w", f.Name(), err)
+	}
+	t := NewTailBuffer(n)
+	_, _ = t.Write(buf)
+	return t.String(), nil
 }
 
 // Pid returns the process id, which is also its process group id.
