@@ -132,44 +132,45 @@ func (s *scheduler) run(ctx context.Context) error {
 	nodesW := s.c.cli.Watch(wctx, prefNodes, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	// take applies one watch response; block chooses whether to wait for it.
+	take := func(block bool) (bool, error) {
+		var wr clientv3.WatchResponse
+		var ok bool
+		if block {
+			select {
+			case <-ctx.Done():
+				return false, ctx.Err()
+			case <-s.term.Done():
+				return false, errors.New("owner lease ended")
+			case wr, ok = <-jobsW:
+			case wr, ok = <-tasksW:
+			case wr, ok = <-nodesW:
+			case <-timer.C:
+				return false, nil
+			}
+		} else {
+			select {
+			case wr, ok = <-jobsW:
+			case wr, ok = <-tasksW:
+			case wr, ok = <-nodesW:
+			default:
+				return false, nil
+			}
+		}
+		return true, s.applyWatch(wr, ok)
+	}
 	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.term.Done():
-			return errors.New("owner lease ended")
-		case wr, ok := <-jobsW:
-			if err := s.applyWatch(wr, ok); err != nil {
-				return err
-			}
-		case wr, ok := <-tasksW:
-			if err := s.applyWatch(wr, ok); err != nil {
-				return err
-			}
-		case wr, ok := <-nodesW:
-			if err := s.applyWatch(wr, ok); err != nil {
-				return err
-			}
-		case <-timer.C:
+		if _, err := take(true); err != nil {
+			return err
 		}
 		// Take every event already delivered before the round.
-	drain:
 		for {
-			select {
-			case wr, ok := <-jobsW:
-				if err := s.applyWatch(wr, ok); err != nil {
-					return err
-				}
-			case wr, ok := <-tasksW:
-				if err := s.applyWatch(wr, ok); err != nil {
-					return err
-				}
-			case wr, ok := <-nodesW:
-				if err := s.applyWatch(wr, ok); err != nil {
-					return err
-				}
-			default:
-				break drain
+			more, err := take(false)
+			if err != nil {
+				return err
+			}
+			if !more {
+				break
 			}
 		}
 		next, err := s.round(ctx)
