@@ -3189,6 +3189,359 @@ func (x *GetRegionInfoResponse) GetNodesReady() int32 {
 	return 0
 }
 
+type ListRegionsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRegionsRequest) Reset() {
+	*x = ListRegionsRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRegionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRegionsRequest) ProtoMessage() {}
+
+func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
+func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
+}
+
+// RegionCoordinator is one coordinator as the WAN pool sees it.
+type RegionCoordinator struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ApiAddr string                 `protobuf:"bytes,2,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
+	// serf member status: "alive", "failed", "left", ...
+	MemberStatus string `protobuf:"bytes,3,opt,name=member_status,json=memberStatus,proto3" json:"member_status,omitempty"`
+	// Health tag the coordinator publishes: "ok", "no-nodes", "etcd-unavailable".
+	Health string `protobuf:"bytes,4,opt,name=health,proto3" json:"health,omitempty"`
+	// True when the router's last gRPC health probe of api_addr succeeded.
+	Answers       bool `protobuf:"varint,5,opt,name=answers,proto3" json:"answers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionCoordinator) Reset() {
+	*x = RegionCoordinator{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionCoordinator) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionCoordinator) ProtoMessage() {}
+
+func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
+func (*RegionCoordinator) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *RegionCoordinator) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RegionCoordinator) GetApiAddr() string {
+	if x != nil {
+		return x.ApiAddr
+	}
+	return ""
+}
+
+func (x *RegionCoordinator) GetMemberStatus() string {
+	if x != nil {
+		return x.MemberStatus
+	}
+	return ""
+}
+
+func (x *RegionCoordinator) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
+}
+
+func (x *RegionCoordinator) GetAnswers() bool {
+	if x != nil {
+		return x.Answers
+	}
+	return false
+}
+
+// PriorityBacklog is one priority class's pending tasks against the region's
+// admission bound (bound 0 = unbounded; pending -1 = not counted).
+type PriorityBacklog struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "batch" (priority 0-39), "standard" (40-79) or "urgent" (80-100).
+	Class         string `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	Pending       int64  `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	Bound         int64  `protobuf:"varint,3,opt,name=bound,proto3" json:"bound,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PriorityBacklog) Reset() {
+	*x = PriorityBacklog{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PriorityBacklog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PriorityBacklog) ProtoMessage() {}
+
+func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
+func (*PriorityBacklog) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *PriorityBacklog) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *PriorityBacklog) GetPending() int64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *PriorityBacklog) GetBound() int64 {
+	if x != nil {
+		return x.Bound
+	}
+	return 0
+}
+
+// RegionSummary is one region in the global router's view.
+type RegionSummary struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Name         string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Jurisdiction string                 `protobuf:"bytes,2,opt,name=jurisdiction,proto3" json:"jurisdiction,omitempty"`
+	Labels       map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Up: at least one coordinator is alive in the WAN pool and answers.
+	Up bool `protobuf:"varint,4,opt,name=up,proto3" json:"up,omitempty"`
+	// Why the region is down, if it is.
+	DownReason   string               `protobuf:"bytes,5,opt,name=down_reason,json=downReason,proto3" json:"down_reason,omitempty"`
+	Coordinators []*RegionCoordinator `protobuf:"bytes,6,rep,name=coordinators,proto3" json:"coordinators,omitempty"`
+	// Free resources summed over the region's ready nodes.
+	Free *Resources `protobuf:"bytes,7,opt,name=free,proto3" json:"free,omitempty"`
+	// Capacity of the largest node (per dimension) of the region.
+	LargestNode *Resources         `protobuf:"bytes,8,opt,name=largest_node,json=largestNode,proto3" json:"largest_node,omitempty"`
+	NodesReady  int32              `protobuf:"varint,9,opt,name=nodes_ready,json=nodesReady,proto3" json:"nodes_ready,omitempty"`
+	Backlog     []*PriorityBacklog `protobuf:"bytes,10,rep,name=backlog,proto3" json:"backlog,omitempty"`
+	// Unix ms of the capacity summary (the coordinator's last refresh).
+	UpdatedTimeMs int64 `protobuf:"varint,11,opt,name=updated_time_ms,json=updatedTimeMs,proto3" json:"updated_time_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionSummary) Reset() {
+	*x = RegionSummary{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionSummary) ProtoMessage() {}
+
+func (x *RegionSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
+func (*RegionSummary) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *RegionSummary) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RegionSummary) GetJurisdiction() string {
+	if x != nil {
+		return x.Jurisdiction
+	}
+	return ""
+}
+
+func (x *RegionSummary) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *RegionSummary) GetUp() bool {
+	if x != nil {
+		return x.Up
+	}
+	return false
+}
+
+func (x *RegionSummary) GetDownReason() string {
+	if x != nil {
+		return x.DownReason
+	}
+	return ""
+}
+
+func (x *RegionSummary) GetCoordinators() []*RegionCoordinator {
+	if x != nil {
+		return x.Coordinators
+	}
+	return nil
+}
+
+func (x *RegionSummary) GetFree() *Resources {
+	if x != nil {
+		return x.Free
+	}
+	return nil
+}
+
+func (x *RegionSummary) GetLargestNode() *Resources {
+	if x != nil {
+		return x.LargestNode
+	}
+	return nil
+}
+
+func (x *RegionSummary) GetNodesReady() int32 {
+	if x != nil {
+		return x.NodesReady
+	}
+	return 0
+}
+
+func (x *RegionSummary) GetBacklog() []*PriorityBacklog {
+	if x != nil {
+		return x.Backlog
+	}
+	return nil
+}
+
+func (x *RegionSummary) GetUpdatedTimeMs() int64 {
+	if x != nil {
+		return x.UpdatedTimeMs
+	}
+	return 0
+}
+
+type ListRegionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Regions       []*RegionSummary       `protobuf:"bytes,1,rep,name=regions,proto3" json:"regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRegionsResponse) Reset() {
+	*x = ListRegionsResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRegionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRegionsResponse) ProtoMessage() {}
+
+func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
+func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
 var File_apiary_v1_apiary_proto protoreflect.FileDescriptor
 
 const file_apiary_v1_apiary_proto_rawDesc = "" +
@@ -3471,7 +3824,38 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"nodesReady\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x9a\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
+	"\x12ListRegionsRequest\"\x95\x01\n" +
+	"\x11RegionCoordinator\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
+	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12#\n" +
+	"\rmember_status\x18\x03 \x01(\tR\fmemberStatus\x12\x16\n" +
+	"\x06health\x18\x04 \x01(\tR\x06health\x12\x18\n" +
+	"\aanswers\x18\x05 \x01(\bR\aanswers\"W\n" +
+	"\x0fPriorityBacklog\x12\x14\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12\x18\n" +
+	"\apending\x18\x02 \x01(\x03R\apending\x12\x14\n" +
+	"\x05bound\x18\x03 \x01(\x03R\x05bound\"\x95\x04\n" +
+	"\rRegionSummary\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\"\n" +
+	"\fjurisdiction\x18\x02 \x01(\tR\fjurisdiction\x12<\n" +
+	"\x06labels\x18\x03 \x03(\v2$.apiary.v1.RegionSummary.LabelsEntryR\x06labels\x12\x0e\n" +
+	"\x02up\x18\x04 \x01(\bR\x02up\x12\x1f\n" +
+	"\vdown_reason\x18\x05 \x01(\tR\n" +
+	"downReason\x12@\n" +
+	"\fcoordinators\x18\x06 \x03(\v2\x1c.apiary.v1.RegionCoordinatorR\fcoordinators\x12(\n" +
+	"\x04free\x18\a \x01(\v2\x14.apiary.v1.ResourcesR\x04free\x127\n" +
+	"\flargest_node\x18\b \x01(\v2\x14.apiary.v1.ResourcesR\vlargestNode\x12\x1f\n" +
+	"\vnodes_ready\x18\t \x01(\x05R\n" +
+	"nodesReady\x124\n" +
+	"\abacklog\x18\n" +
+	" \x03(\v2\x1a.apiary.v1.PriorityBacklogR\abacklog\x12&\n" +
+	"\x0fupdated_time_ms\x18\v \x01(\x03R\rupdatedTimeMs\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
+	"\x13ListRegionsResponse\x122\n" +
+	"\aregions\x18\x01 \x03(\v2\x18.apiary.v1.RegionSummaryR\aregions*\x9a\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11JOB_STATE_PENDING\x10\x01\x12\x15\n" +
@@ -3514,10 +3898,11 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\fRegisterNode\x12\x1e.apiary.v1.RegisterNodeRequest\x1a\x1f.apiary.v1.RegisterNodeResponse\x12F\n" +
 	"\tHeartbeat\x12\x1b.apiary.v1.HeartbeatRequest\x1a\x1c.apiary.v1.HeartbeatResponse\x12`\n" +
 	"\x11StreamAssignments\x12#.apiary.v1.StreamAssignmentsRequest\x1a$.apiary.v1.StreamAssignmentsResponse0\x01\x12[\n" +
-	"\x10ReportTaskStatus\x12\".apiary.v1.ReportTaskStatusRequest\x1a#.apiary.v1.ReportTaskStatusResponse2\xaa\x01\n" +
+	"\x10ReportTaskStatus\x12\".apiary.v1.ReportTaskStatusRequest\x1a#.apiary.v1.ReportTaskStatusResponse2\xf8\x01\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.apiary.v1.ListNodesRequest\x1a\x1c.apiary.v1.ListNodesResponse\x12R\n" +
-	"\rGetRegionInfo\x12\x1f.apiary.v1.GetRegionInfoRequest\x1a .apiary.v1.GetRegionInfoResponseB*Z(apiary.dev/apiary/api/apiary/v1;apiaryv1b\x06proto3"
+	"\rGetRegionInfo\x12\x1f.apiary.v1.GetRegionInfoRequest\x1a .apiary.v1.GetRegionInfoResponse\x12L\n" +
+	"\vListRegions\x12\x1d.apiary.v1.ListRegionsRequest\x1a\x1e.apiary.v1.ListRegionsResponseB*Z(apiary.dev/apiary/api/apiary/v1;apiaryv1b\x06proto3"
 
 var (
 	file_apiary_v1_apiary_proto_rawDescOnce sync.Once
@@ -3532,7 +3917,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                     // 0: apiary.v1.JobState
 	(TaskState)(0),                    // 1: apiary.v1.TaskState
@@ -3579,26 +3964,32 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(*GetRegionInfoRequest)(nil),      // 42: apiary.v1.GetRegionInfoRequest
 	(*Coordinator)(nil),               // 43: apiary.v1.Coordinator
 	(*GetRegionInfoResponse)(nil),     // 44: apiary.v1.GetRegionInfoResponse
-	nil,                               // 45: apiary.v1.RegionSpec.SelectorEntry
-	nil,                               // 46: apiary.v1.TaskGroup.EnvEntry
-	nil,                               // 47: apiary.v1.Spread.TargetsEntry
-	nil,                               // 48: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                               // 49: apiary.v1.Assignment.EnvEntry
-	nil,                               // 50: apiary.v1.Node.LabelsEntry
-	nil,                               // 51: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	(*ListRegionsRequest)(nil),        // 45: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),         // 46: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),           // 47: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),             // 48: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),       // 49: apiary.v1.ListRegionsResponse
+	nil,                               // 50: apiary.v1.RegionSpec.SelectorEntry
+	nil,                               // 51: apiary.v1.TaskGroup.EnvEntry
+	nil,                               // 52: apiary.v1.Spread.TargetsEntry
+	nil,                               // 53: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                               // 54: apiary.v1.Assignment.EnvEntry
+	nil,                               // 55: apiary.v1.Node.LabelsEntry
+	nil,                               // 56: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                               // 57: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	6,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
 	7,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
-	45, // 2: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	46, // 3: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	50, // 2: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	51, // 3: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
 	8,  // 4: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
 	9,  // 5: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
 	10, // 6: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
 	11, // 7: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
 	12, // 8: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
 	13, // 9: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	47, // 10: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	52, // 10: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
 	5,  // 11: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
 	0,  // 12: apiary.v1.Job.state:type_name -> apiary.v1.JobState
 	15, // 13: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
@@ -3612,49 +4003,57 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	14, // 21: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
 	14, // 22: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
 	16, // 23: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	48, // 24: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	53, // 24: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
 	8,  // 25: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
 	36, // 26: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
 	4,  // 27: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	49, // 28: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	54, // 28: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
 	8,  // 29: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
 	2,  // 30: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
-	50, // 31: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	55, // 31: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
 	8,  // 32: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
 	8,  // 33: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
 	3,  // 34: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
 	40, // 35: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	51, // 36: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	56, // 36: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
 	43, // 37: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	18, // 38: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	20, // 39: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	22, // 40: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	24, // 41: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	26, // 42: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	28, // 43: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	30, // 44: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	32, // 45: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	34, // 46: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	37, // 47: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	39, // 48: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	42, // 49: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	19, // 50: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	21, // 51: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	23, // 52: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	25, // 53: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	27, // 54: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	29, // 55: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	31, // 56: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	33, // 57: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	35, // 58: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	38, // 59: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	41, // 60: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	44, // 61: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	50, // [50:62] is the sub-list for method output_type
-	38, // [38:50] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	57, // 38: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	46, // 39: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	8,  // 40: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	8,  // 41: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	47, // 42: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	48, // 43: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	18, // 44: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	20, // 45: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	22, // 46: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	24, // 47: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	26, // 48: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	28, // 49: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	30, // 50: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	32, // 51: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	34, // 52: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	37, // 53: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	39, // 54: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	42, // 55: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	45, // 56: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	19, // 57: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	21, // 58: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	23, // 59: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	25, // 60: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	27, // 61: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	29, // 62: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	31, // 63: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	33, // 64: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	35, // 65: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	38, // 66: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	41, // 67: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	44, // 68: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	49, // 69: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	57, // [57:70] is the sub-list for method output_type
+	44, // [44:57] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -3668,7 +4067,7 @@ func file_apiary_v1_apiary_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   47,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -574,6 +574,7 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 const (
 	AdminService_ListNodes_FullMethodName     = "/apiary.v1.AdminService/ListNodes"
 	AdminService_GetRegionInfo_FullMethodName = "/apiary.v1.AdminService/GetRegionInfo"
+	AdminService_ListRegions_FullMethodName   = "/apiary.v1.AdminService/ListRegions"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -582,6 +583,10 @@ const (
 type AdminServiceClient interface {
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	GetRegionInfo(ctx context.Context, in *GetRegionInfoRequest, opts ...grpc.CallOption) (*GetRegionInfoResponse, error)
+	// ListRegions is served by the global router: every region it knows from
+	// the serf WAN pool, with health, capacity and backlog (from the
+	// coordinators' tags, refreshed every few seconds).
+	ListRegions(ctx context.Context, in *ListRegionsRequest, opts ...grpc.CallOption) (*ListRegionsResponse, error)
 }
 
 type adminServiceClient struct {
@@ -612,12 +617,26 @@ func (c *adminServiceClient) GetRegionInfo(ctx context.Context, in *GetRegionInf
 	return out, nil
 }
 
+func (c *adminServiceClient) ListRegions(ctx context.Context, in *ListRegionsRequest, opts ...grpc.CallOption) (*ListRegionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRegionsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListRegions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
 type AdminServiceServer interface {
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
 	GetRegionInfo(context.Context, *GetRegionInfoRequest) (*GetRegionInfoResponse, error)
+	// ListRegions is served by the global router: every region it knows from
+	// the serf WAN pool, with health, capacity and backlog (from the
+	// coordinators' tags, refreshed every few seconds).
+	ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -633,6 +652,9 @@ func (UnimplementedAdminServiceServer) ListNodes(context.Context, *ListNodesRequ
 }
 func (UnimplementedAdminServiceServer) GetRegionInfo(context.Context, *GetRegionInfoRequest) (*GetRegionInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRegionInfo not implemented")
+}
+func (UnimplementedAdminServiceServer) ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRegions not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -691,6 +713,24 @@ func _AdminService_GetRegionInfo_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListRegions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRegionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListRegions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListRegions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListRegions(ctx, req.(*ListRegionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -705,6 +745,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRegionInfo",
 			Handler:    _AdminService_GetRegionInfo_Handler,
+		},
+		{
+			MethodName: "ListRegions",
+			Handler:    _AdminService_ListRegions_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
