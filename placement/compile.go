@@ -81,7 +81,7 @@ func (e *Engine) compileTask(t *Task) *taskCtx {
 	case PolicySpread:
 		c.addScore(fitScorer{spread: true}, w.Fit, normFixed)
 	case PolicyFragmentation:
-		c.addScore(fragScorer{m: e.frag}, w.Fit, normMinMax)
+		c.addScore(fragScorer{m: e.frag, scarcity: e.scarcity}, w.Fit, normMinMax)
 		// Bin-packing breaks ties between equally fragmenting nodes.
 		c.addScore(fitScorer{}, w.Fit*fragTieBreak, normFixed)
 	case PolicyBestFit:

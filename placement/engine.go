@@ -37,7 +37,15 @@ type Options struct {
 	// FragModel selects the fragmentation measure of PolicyFragmentation;
 	// empty means FragModelHybrid.
 	FragModel FragModel
+	// ScarcityWeight weighs the GPU-model scarcity charge of the hybrid
+	// fragmentation measure (fgd.go, modelPressure): 0 means the default
+	// DefaultScarcityWeight, negative turns it off. It has no effect when the
+	// workload has no GPU-model constraints, or under FragModelFGD.
+	ScarcityWeight float64
 }
+
+// DefaultScarcityWeight is the default Options.ScarcityWeight.
+const DefaultScarcityWeight = 1.0
 
 // DefaultCandidateLimit is the default number of feasible nodes scored per
 // task. Measured on the Alibaba trace (BENCHMARKS.md, 10 seeds): scoring 64
@@ -73,9 +81,10 @@ func (w Weights) withDefaults() Weights {
 // Engine is the placement engine. It is safe for concurrent use: all state
 // of a Place call lives in that call.
 type Engine struct {
-	opts Options
-	w    Weights
-	frag *fragModel
+	opts     Options
+	w        Weights
+	frag     *fragModel
+	scarcity float64
 }
 
 // New returns the placement engine as a Placer.
@@ -98,7 +107,15 @@ func NewEngine(opts Options) *Engine {
 	}
 	fm := newFragModel(wl)
 	fm.kind = opts.FragModel
-	return &Engine{opts: opts, w: opts.Weights.withDefaults(), frag: fm}
+	e := &Engine{opts: opts, w: opts.Weights.withDefaults(), frag: fm}
+	switch {
+	case fm.kind == FragModelFGD || opts.ScarcityWeight < 0:
+	case opts.ScarcityWeight == 0:
+		e.scarcity = DefaultScarcityWeight
+	default:
+		e.scarcity = opts.ScarcityWeight
+	}
+	return e
 }
 
 // Place places tasks in order of descending Priority (stable), each against

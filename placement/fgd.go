@@ -304,12 +304,86 @@ func (m *fragModel) pickShare(c *taskCtx, st *state, i int, v *view) int {
 
 // fragScorer scores -ΔF_n(M) (GPU milli), normalised min-max over the
 // candidates: 1 for the least fragmenting node.
-type fragScorer struct{ m *fragModel }
+type fragScorer struct {
+	m        *fragModel
+	scarcity float64 // weight of the model-pressure charge (0: off)
+}
 
 func (fragScorer) norm() normKind { return normMinMax }
 
 func (s fragScorer) score(c *taskCtx, st *state, i int, v *view, gpus []int) float64 {
-	return -s.m.fragDelta(st, i, v, c.req, gpus)
+	d := s.m.fragDelta(st, i, v, c.req, gpus)
+	if s.scarcity > 0 {
+		if rho := st.modelPressure(s.m)[st.nodes[i].GPUModel]; rho > 0 {
+			d += s.scarcity * rho * float64(c.req.GPUs*1000+c.req.GPUMilli)
+		}
+	}
+	return -d
+}
+
+// modelPressure is, per GPU model, the share of the model's capacity that
+// the model-constrained part of the workload needs: ρ_X = D_X / cap_X ×
+// cap / D, with D the workload's expected GPU demand per task (Σ_m p_m g_m),
+// D_X the part of it from classes that allow X among other models, split in
+// proportion to the capacity of the allowed models present, cap_X the GPU
+// capacity of X in the snapshot and cap the total. A model that only
+// constrained tasks can use and that they oversubscribe has ρ ≥ 1; a model
+// no constrained class asks for has ρ = 0. Computed once per session.
+//
+// The fragmentation score charges ρ_X per GPU milli placed on a node of
+// model X (scarcity term): FGD alone sends unconstrained tasks to the nodes
+// whose whole-node classes they break least (small nodes), which on
+// gpuspec33 are the T4, P100 and V100 nodes the constrained tasks need
+// (BENCHMARKS.md). Tasks that can only use X pay the same charge on every
+// candidate, so only tasks with a choice of models are steered.
+func (st *state) modelPressure(m *fragModel) map[string]float64 {
+	if st.pressure != nil {
+		return st.pressure
+	}
+	st.pressure = map[string]float64{}
+	capBy := map[string]float64{}
+	var capAll float64
+	for _, n := range st.nodes {
+		if n.Capacity.GPUs > 0 {
+			capBy[n.GPUModel] += float64(n.Capacity.GPUs) * 1000
+			capAll += float64(n.Capacity.GPUs) * 1000
+		}
+	}
+	names := make([]string, len(m.models))
+	for name, b := range m.models {
+		names[b] = name
+	}
+	var dAll float64
+	dBy := map[string]float64{}
+	for k := range m.classes {
+		c := &m.classes[k]
+		g := c.p * float64(c.gpus*1000+c.milli)
+		dAll += g
+		if c.anyModel {
+			continue
+		}
+		var capAllowed float64
+		for b, name := range names {
+			if b < 64 && c.allowed&(1<<b) != 0 {
+				capAllowed += capBy[name]
+			}
+		}
+		if capAllowed == 0 {
+			continue
+		}
+		for b, name := range names {
+			if b < 64 && c.allowed&(1<<b) != 0 && capBy[name] > 0 {
+				dBy[name] += g * capBy[name] / capAllowed
+			}
+		}
+	}
+	if dAll == 0 || capAll == 0 {
+		return st.pressure
+	}
+	for name, d := range dBy {
+		st.pressure[name] = d / capBy[name] * capAll / dAll
+	}
+	return st.pressure
 }
 
 // fragTieBreak is the weight of bin-packing relative to the fragmentation

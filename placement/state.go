@@ -24,6 +24,8 @@ type state struct {
 	values map[string][]string
 	// fmemo memoises the fragmentation of a node state (see fragModel).
 	fmemo map[fragKey]float64
+	// pressure is the per-GPU-model demand pressure (fgd.go).
+	pressure map[string]float64
 	// maxCap is the largest node capacity per dimension (best-fit scale).
 	maxCap *Resources
 

@@ -24,6 +24,8 @@ type Config struct {
 	Workload []placement.WorkloadClass
 	// FragModel is passed to the engine ("" = hybrid).
 	FragModel placement.FragModel
+	// ScarcityWeight is passed to the engine (0 = its default).
+	ScarcityWeight float64
 	// Now times the run for placements per second; nil means time.Now.
 	Now func() time.Time
 }
@@ -110,7 +112,8 @@ func Run(nodes []*placement.Node, trace []placement.Task, cfg Config) Result {
 	}
 	seq := Arrivals(trace, cfg.Seed, cfg.ArrivalPct, gpuCap)
 	eng := placement.NewEngine(placement.Options{Policy: cfg.Policy, Seed: cfg.Seed,
-		CandidateLimit: cfg.CandidateLimit, Workload: wl, DisablePreemption: true, FragModel: cfg.FragModel})
+		CandidateLimit: cfg.CandidateLimit, Workload: wl, DisablePreemption: true, FragModel: cfg.FragModel,
+		ScarcityWeight: cfg.ScarcityWeight})
 	snap := &placement.Snapshot{Nodes: nodes}
 	sess := eng.NewSession(snap, nil)
 
