@@ -1,0 +1,211 @@
+package telemetry
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// NewRegistry returns a registry with the Go runtime and process collectors.
+// Each process (and each in-process test component) has its own.
+func NewRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}
+
+// latencyBuckets span 1 ms to about 5 minutes.
+var latencyBuckets = prometheus.ExponentialBucketsRange(0.001, 300, 20)
+
+// etcdBuckets span 0.5 ms to about 8 s.
+var etcdBuckets = prometheus.ExponentialBuckets(0.0005, 2, 15)
+
+// RegionMetrics are a regional coordinator's metrics. The scheduler gauges
+// (pending per shard, tasks per state, nodes) are set by the shard owner
+// only; other coordinators report them empty.
+type RegionMetrics struct {
+	Submissions   *prometheus.CounterVec // outcome: accepted, deduplicated
+	Refusals      *prometheus.CounterVec // reason
+	Placements    prometheus.Counter
+	PlanConflicts prometheus.Counter
+	Requeues      prometheus.Counter
+	Unplaced      prometheus.Counter
+	PendingTasks  *prometheus.GaugeVec // shard
+	Tasks         *prometheus.GaugeVec // state
+	Nodes         *prometheus.GaugeVec // state: ready, lost
+	LeaseExpiries prometheus.Counter
+	Reclaims      prometheus.Counter
+	Reports       *prometheus.CounterVec // kind, result: accepted, rejected
+	Retries       prometheus.Counter
+	TaskOutcomes  *prometheus.CounterVec // outcome of committed attempts
+	ToDispatch    prometheus.Histogram
+	ToComplete    prometheus.Histogram
+	EtcdTxn       *prometheus.HistogramVec // result: ok, error
+	Owner         prometheus.Gauge
+	OwnerEpoch    prometheus.Gauge
+	SerfMembers   *prometheus.GaugeVec // pool, state
+}
+
+// NewRegionMetrics registers a coordinator's metrics on reg.
+func NewRegionMetrics(reg prometheus.Registerer) *RegionMetrics {
+	f := factory{reg}
+	return &RegionMetrics{
+		Submissions: f.counterVec("apiary_job_submissions_total", "Job submissions committed, by outcome (accepted, deduplicated).", "outcome"),
+		Refusals:    f.counterVec("apiary_job_refusals_total", "Job submissions refused, by reason (invalid, jurisdiction, region_selector, request_id_reused, unavailable, ...).", "reason"),
+		Placements:  f.counter("apiary_placements_total", "Task placements committed (each one is a dispatch of an attempt)."),
+		PlanConflicts: f.counter("apiary_plan_conflicts_total",
+			"Plan transactions whose compares failed (another writer changed a task or node first)."),
+		Requeues:      f.counter("apiary_plan_requeues_total", "Tasks of a conflicting plan returned to the queue to be placed again."),
+		Unplaced:      f.counter("apiary_placement_unplaced_total", "Tasks that a placement pass could not place anywhere."),
+		PendingTasks:  f.gaugeVec("apiary_pending_tasks", "PENDING tasks per shard (shard owner only).", "shard"),
+		Tasks:         f.gaugeVec("apiary_tasks", "Tasks known to the shard owner, by state.", "state"),
+		Nodes:         f.gaugeVec("apiary_nodes", "Nodes known to the shard owner, by state (ready, lost).", "state"),
+		LeaseExpiries: f.counter("apiary_node_lease_expiries_total", "Node epochs whose lease was seen gone (expired or revoked) with tasks on them."),
+		Reclaims:      f.counter("apiary_task_reclaims_total", "Active tasks reclaimed from lost node epochs."),
+		Reports:       f.counterVec("apiary_task_reports_total", "Agent reports, by kind and result (accepted, rejected).", "kind", "result"),
+		Retries:       f.counter("apiary_task_retries_total", "Attempts that ended and sent their task back to PENDING for another attempt."),
+		TaskOutcomes:  f.counterVec("apiary_task_attempt_outcomes_total", "Committed attempt outcomes (complete, failed, retry, lost, refused, cancelled, ...).", "outcome"),
+		ToDispatch: f.histogram("apiary_task_submit_to_dispatch_seconds",
+			"Time from a job's submission to the first dispatch of each of its tasks.", latencyBuckets),
+		ToComplete: f.histogram("apiary_task_submit_to_complete_seconds",
+			"Time from a job's submission to the completion of each of its tasks.", latencyBuckets),
+		EtcdTxn:     f.histogramVec("apiary_etcd_txn_duration_seconds", "etcd transaction latency per attempt, by result (ok, error).", etcdBuckets, "result"),
+		Owner:       f.gauge("apiary_shard_owner", "1 while this coordinator owns the region's shards."),
+		OwnerEpoch:  f.gauge("apiary_shard_owner_epoch", "Fencing epoch of the current ownership term (0 when not owning)."),
+		SerfMembers: f.gaugeVec("apiary_serf_members", "serf pool members by pool (lan, wan) and state (alive, suspect, failed, left).", "pool", "state"),
+	}
+}
+
+// ShardLabel formats a shard number for the shard label.
+func ShardLabel(s int) string { return strconv.Itoa(s) }
+
+// AgentMetrics are a node agent's metrics.
+type AgentMetrics struct {
+	Attempts        *prometheus.CounterVec // outcome: exited, failed, timed_out, cancelled, abandoned, start_failed, refused
+	AttemptDuration prometheus.Histogram
+	Registrations   prometheus.Counter
+	Epoch           prometheus.Gauge
+}
+
+// NewAgentMetrics registers an agent's metrics on reg; running and free
+// read the agent's ledger at scrape time (running attempts; free capacity
+// by resource: cpu_millis, memory_mb, gpus).
+func NewAgentMetrics(reg prometheus.Registerer, running func() float64, free func() map[string]float64, capacity map[string]float64) *AgentMetrics {
+	f := factory{reg}
+	m := &AgentMetrics{
+		Attempts:        f.counterVec("apiary_agent_attempts_total", "Attempts ended on this node, by outcome.", "outcome"),
+		AttemptDuration: f.histogram("apiary_agent_attempt_duration_seconds", "Wall time of attempts' processes.", latencyBuckets),
+		Registrations:   f.counter("apiary_agent_registrations_total", "Node registrations (each one is a new node epoch)."),
+		Epoch:           f.gauge("apiary_agent_node_epoch", "Current node epoch (0 while unregistered)."),
+	}
+	if running != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apiary_agent_running_tasks",
+			Help: "Attempts holding resources on this node."}, running))
+	}
+	if free != nil {
+		reg.MustRegister(&freeCollector{free: free, capacity: capacity,
+			freeDesc: prometheus.NewDesc("apiary_agent_free_capacity", "Capacity not held by running attempts, by resource (cpu_millis, memory_mb, gpus).", []string{"resource"}, nil),
+			capDesc:  prometheus.NewDesc("apiary_agent_capacity", "Capacity the node offers, by resource.", []string{"resource"}, nil)})
+	}
+	return m
+}
+
+type freeCollector struct {
+	free              func() map[string]float64
+	capacity          map[string]float64
+	freeDesc, capDesc *prometheus.Desc
+}
+
+func (c *freeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.freeDesc; ch <- c.capDesc }
+
+func (c *freeCollector) Collect(ch chan<- prometheus.Metric) {
+	for k, v := range c.free() {
+		ch <- prometheus.MustNewConstMetric(c.freeDesc, prometheus.GaugeValue, v, k)
+	}
+	for k, v := range c.capacity {
+		ch <- prometheus.MustNewConstMetric(c.capDesc, prometheus.GaugeValue, v, k)
+	}
+}
+
+type factory struct{ reg prometheus.Registerer }
+
+func (f factory) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f factory) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	f.reg.MustRegister(c)
+	return c
+}
+
+func (f factory) gauge(name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	f.reg.MustRegister(g)
+	return g
+}
+
+func (f factory) gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+	f.reg.MustRegister(g)
+	return g
+}
+
+func (f factory) histogram(name, help string, buckets []float64) prometheus.Histogram {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
+	f.reg.MustRegister(h)
+	return h
+}
+
+func (f factory) histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+	f.reg.MustRegister(h)
+	return h
+}
+
+// Server serves /metrics (and, when asked, /debug/pprof/).
+type Server struct {
+	srv *http.Server
+	lis net.Listener
+}
+
+// Serve starts an HTTP server on addr with /metrics from g and, if pprof,
+// Go's profiling handlers under /debug/pprof/.
+func Serve(addr string, g prometheus.Gatherer, withPprof bool) (*Server, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	if withPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, lis: lis}
+	go func() { _ = s.srv.Serve(lis) }()
+	return s, nil
+}
+
+// Addr is the listen address.
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Close stops the server.
+func (s *Server) Close() error {
+	if s == nil {
+		return nil
+	}
+	return s.srv.Close()
+}
