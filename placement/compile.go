@@ -14,6 +14,7 @@ type taskCtx struct {
 
 	aff        []affinityRule
 	inputBytes int64
+	spread     []spreadCache // per Spread, boost per label value (score.go)
 
 	// filters run before resources; the resource filter is last. nonRes is
 	// the count of filters that are not about capacity (used to tell
@@ -21,6 +22,9 @@ type taskCtx struct {
 	filters []filter
 	nonRes  int
 	static  int // filters[:static] need no usage view
+	// scan is filters[:static] in the order the candidate scan runs them
+	// (any order gives the same yes/no; explanations use filters' order).
+	scan []filter
 
 	scorers []scoreStage
 	wsum    float64
@@ -29,6 +33,7 @@ type taskCtx struct {
 type affinityRule struct {
 	m      matcher
 	weight int
+	memo   codeMemo
 }
 
 type scoreStage struct {
@@ -59,6 +64,22 @@ func (e *Engine) compileTask(t *Task) *taskCtx {
 	}
 	// Everything above reads only the node, not its usage.
 	c.static = len(c.filters)
+	// The scan runs the label filters first: they read compact per-label
+	// value codes, so a node they reject is never dereferenced.
+	c.scan = make([]filter, 0, c.static)
+	for _, f := range c.filters {
+		switch f.(type) {
+		case *jurisdictionFilter, *constraintFilter:
+			c.scan = append(c.scan, f)
+		}
+	}
+	for _, f := range c.filters[:c.static] {
+		switch f.(type) {
+		case *jurisdictionFilter, *constraintFilter:
+		default:
+			c.scan = append(c.scan, f)
+		}
+	}
 	if t.DistinctHosts {
 		c.filters = append(c.filters, distinctHostsFilter{})
 	}
@@ -130,7 +151,7 @@ func (c *taskCtx) feasible(st *state, i int, v *view) string {
 // staticOK runs the filters that read only the node (labels, flags), so the
 // scan can skip building a usage view for nodes they reject.
 func (c *taskCtx) staticOK(st *state, i int) bool {
-	for _, f := range c.filters[:c.static] {
+	for _, f := range c.scan {
 		if f.check(c, st, i, nil) != "" {
 			return false
 		}

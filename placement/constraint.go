@@ -98,6 +98,16 @@ func (m *matcher) match(labels map[string]string) bool {
 		return false
 	}
 	v, ok := labels[m.label]
+	return m.matchValue(v, ok)
+}
+
+// matchValue is match given the node's value of m.label (ok false: the node
+// lacks the label). The outcome depends on nothing else, which is what lets
+// filters and scores decide once per distinct value (codeMemo).
+func (m *matcher) matchValue(v string, ok bool) bool {
+	if m.bad {
+		return false
+	}
 	switch m.op {
 	case OpEq:
 		return ok && v == m.vals[0]

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 )
 
 // Options configures an engine. The zero value is a valid bin-packing engine.
@@ -85,6 +86,11 @@ type Engine struct {
 	w        Weights
 	frag     *fragModel
 	scarcity float64
+
+	// mu guards tabs, the node tables of recent snapshot generations
+	// (table.go).
+	mu   sync.Mutex
+	tabs []*nodeTable
 }
 
 // New returns the placement engine as a Placer.
@@ -177,7 +183,7 @@ func (e *Engine) NewSession(snap *Snapshot, batch []Task) *Session {
 		snap = &Snapshot{}
 	}
 	seed := uint64(e.opts.Seed)
-	return &Session{e: e, st: newState(snap, batch), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	return &Session{e: e, st: newState(snap, batch, e.table(snap)), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
 // PlaceOne places t and applies it to the session's working copy.

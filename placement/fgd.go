@@ -341,14 +341,7 @@ func (st *state) modelPressure(m *fragModel) map[string]float64 {
 		return st.pressure
 	}
 	st.pressure = map[string]float64{}
-	capBy := map[string]float64{}
-	var capAll float64
-	for _, n := range st.nodes {
-		if n.Capacity.GPUs > 0 {
-			capBy[n.GPUModel] += float64(n.Capacity.GPUs) * 1000
-			capAll += float64(n.Capacity.GPUs) * 1000
-		}
-	}
+	capBy, capAll := st.gpuCapacity()
 	names := make([]string, len(m.models))
 	for name, b := range m.models {
 		names[b] = name
@@ -408,19 +401,6 @@ func (bestFitScorer) score(c *taskCtx, st *state, i int, v *view, _ []int) float
 		s += 0.5 * float64(sumFree(v.gpuFree)-c.req.GPUs*1000-c.req.GPUMilli) / float64(mc.GPUs*1000)
 	}
 	return 1 - s
-}
-
-func (st *state) maxCapacity() *Resources {
-	if st.maxCap == nil {
-		var r Resources
-		for _, n := range st.nodes {
-			r.CPUMillis = max(r.CPUMillis, n.Capacity.CPUMillis)
-			r.MemoryMiB = max(r.MemoryMiB, n.Capacity.MemoryMiB)
-			r.GPUs = max(r.GPUs, n.Capacity.GPUs)
-		}
-		st.maxCap = &r
-	}
-	return st.maxCap
 }
 
 // fragFill is the fill-aware fragment: for each class m, the free GPU milli

@@ -90,65 +90,18 @@ type labelCodes struct {
 	values []string
 }
 
-// codes returns the value codes of label, built on first use per Place call.
-func (st *state) codes(label string) *labelCodes {
-	if lc, ok := st.labelCode[label]; ok {
-		return lc
-	}
-	lc := &labelCodes{of: make([]int32, len(st.nodes)), code: map[string]int32{}}
-	for i, n := range st.nodes {
-		v, ok := n.Labels[label]
-		if !ok {
-			lc.of[i] = -1
-			continue
-		}
-		k, seen := lc.code[v]
-		if !seen {
-			k = int32(len(lc.values))
-			lc.code[v] = k
-			lc.values = append(lc.values, v)
-		}
-		lc.of[i] = k
-	}
-	if st.labelCode == nil {
-		st.labelCode = map[string]*labelCodes{}
-	}
-	st.labelCode[label] = lc
-	return lc
-}
-
 // constraintFilter enforces one hard label constraint.
 type constraintFilter struct {
 	m      matcher
 	reason string
-	byCode []bool // set operators: outcome per value code, built on first use
+	memo   codeMemo // outcome per value of the label
 }
 
 func (f *constraintFilter) check(_ *taskCtx, st *state, i int, _ *view) string {
-	switch f.m.op {
-	case OpEq, OpNe, OpIn, OpNotIn, OpExists, OpNotExists:
-		if f.m.bad {
-			return f.reason
-		}
-		// Set operators depend only on the value: decide once per value.
-		lc := st.codes(f.m.label)
-		if f.byCode == nil {
-			f.byCode = make([]bool, len(lc.values)+1) // last slot: label missing
-			for k, v := range lc.values {
-				f.byCode[k] = f.m.match(map[string]string{f.m.label: v})
-			}
-			f.byCode[len(lc.values)] = f.m.match(nil)
-		}
-		k := lc.of[i]
-		if k < 0 {
-			k = int32(len(lc.values))
-		}
-		if f.byCode[k] {
-			return ""
-		}
+	if f.m.bad {
 		return f.reason
 	}
-	if f.m.match(st.nodes[i].Labels) {
+	if f.memo.match(&f.m, st, i) {
 		return ""
 	}
 	return f.reason

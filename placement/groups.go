@@ -7,7 +7,6 @@ package placement
 type groupIndex struct {
 	st       *state
 	existing map[string][]int // group -> indices into Snapshot.Existing
-	nodeByID map[string]int
 	placed   map[string][]int // group -> node indices placed in this batch
 	perNode  map[string]map[int]int
 	perValue map[string]map[string]map[string]int // group -> label -> value -> n
@@ -31,10 +30,6 @@ func (g *groupIndex) init() {
 		return
 	}
 	g.existing = map[string][]int{}
-	g.nodeByID = make(map[string]int, len(g.st.nodes))
-	for i, n := range g.st.nodes {
-		g.nodeByID[n.ID] = i
-	}
 	for i := range g.st.snap.Existing {
 		a := &g.st.snap.Existing[i]
 		if g.st.batchIDs[a.TaskID] {
@@ -59,7 +54,7 @@ func (g *groupIndex) nodeCounts(group string) map[int]int {
 	g.init()
 	m := map[int]int{}
 	for _, ai := range g.existing[group] {
-		if i, ok := g.nodeByID[g.st.snap.Existing[ai].NodeID]; ok {
+		if i, ok := g.st.nodeIndex()[g.st.snap.Existing[ai].NodeID]; ok {
 			m[i]++
 		}
 	}
@@ -87,7 +82,7 @@ func (g *groupIndex) valueCounts(group, label string) map[string]int {
 	g.init()
 	m := map[string]int{}
 	for _, ai := range g.existing[group] {
-		if i, ok := g.nodeByID[g.st.snap.Existing[ai].NodeID]; ok {
+		if i, ok := g.st.nodeIndex()[g.st.snap.Existing[ai].NodeID]; ok {
 			m[g.st.nodes[i].Labels[label]]++
 		}
 	}

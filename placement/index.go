@@ -5,8 +5,8 @@ package placement
 // that needs a GPU (of given models) is scanned only over the nodes that can
 // pass that rule, the smallest such set: Nomad's "feasible node" iterators
 // and K8s's node-name/label pre-filters do the same. An index is built on
-// first use in a Place call, in one O(nodes) pass per label, and costs
-// nothing for tasks that do not need it. Explanations never use indexes:
+// first use, in one O(nodes) pass per label, and kept with the node table
+// (table.go) across calls when the caller sets Snapshot.Generation. Explanations never use indexes:
 // they always count every node.
 
 // candSet is a virtual concatenation of node-index lists (disjoint); nil
@@ -27,36 +27,6 @@ func (cs *candSet) at(p int) int {
 		p -= len(l)
 	}
 	return -1
-}
-
-func (st *state) labelIndex(label string) map[string][]int {
-	if m, ok := st.labelIdx[label]; ok {
-		return m
-	}
-	m := map[string][]int{}
-	for i, n := range st.nodes {
-		if v, ok := n.Labels[label]; ok {
-			m[v] = append(m[v], i)
-		}
-	}
-	if st.labelIdx == nil {
-		st.labelIdx = map[string]map[string][]int{}
-	}
-	st.labelIdx[label] = m
-	return m
-}
-
-func (st *state) gpuIndex() map[string][]int {
-	if st.gpuIdx == nil {
-		st.gpuIdx = map[string][]int{}
-		for i, n := range st.nodes {
-			if n.Capacity.GPUs > 0 {
-				st.gpuIdx[n.GPUModel] = append(st.gpuIdx[n.GPUModel], i)
-				st.gpuAll = append(st.gpuAll, i)
-			}
-		}
-	}
-	return st.gpuIdx
 }
 
 // candidates returns the smallest node set the task can be placed in.

@@ -51,7 +51,7 @@ func (s fitScorer) score(c *taskCtx, st *state, i int, v *view, _ []int) float64
 		if s.spread {
 			sum += f
 		} else {
-			sum += (math.Pow(10, f) - 1) / 9
+			sum += (math.Exp(f*math.Ln10) - 1) / 9 // 10^f
 		}
 		dims++
 	}
@@ -77,12 +77,11 @@ func (affinityScorer) norm() normKind { return normFixed }
 
 func (affinityScorer) score(c *taskCtx, st *state, i int, _ *view, _ []int) float64 {
 	var got, tot float64
-	labels := st.nodes[i].Labels
 	for k := range c.aff {
 		a := &c.aff[k]
 		w := float64(a.weight)
 		tot += math.Abs(w)
-		if a.m.match(labels) {
+		if a.memo.match(&a.m, st, i) {
 			got += w
 		}
 	}
@@ -146,12 +145,48 @@ func (spreadScorer) score(c *taskCtx, st *state, i int, _ *view, _ []int) float6
 			w = 50
 		}
 		tot += w
-		got += w * spreadBoost(c, st, i, sp)
+		got += w * c.spreadMemo(k, st, i)
 	}
 	if tot == 0 {
 		return 0
 	}
 	return got / tot
+}
+
+// spreadMemo is spreadBoost of the task's k-th Spread on node i, computed
+// once per value of the label per task: the boost depends only on the
+// node's value and on the group's counts, which change only between tasks.
+func (c *taskCtx) spreadMemo(k int, st *state, i int) float64 {
+	sp := &c.t.Spreads[k]
+	if c.spread == nil {
+		c.spread = make([]spreadCache, len(c.t.Spreads))
+	}
+	sc := &c.spread[k]
+	if sc.lc == nil {
+		sc.lc = st.codes(sp.Label)
+		if len(sc.lc.values) <= codeMemoMaxValues {
+			sc.boost = make([]float64, len(sc.lc.values))
+			sc.known = make([]bool, len(sc.lc.values))
+		}
+	}
+	code := sc.lc.of[i]
+	if code < 0 {
+		return -1 // no label
+	}
+	if sc.boost == nil {
+		return spreadBoost(c, st, i, sp)
+	}
+	if !sc.known[code] {
+		sc.boost[code] = spreadBoost(c, st, i, sp)
+		sc.known[code] = true
+	}
+	return sc.boost[code]
+}
+
+type spreadCache struct {
+	lc    *labelCodes
+	boost []float64
+	known []bool
 }
 
 func spreadBoost(c *taskCtx, st *state, i int, sp *Spread) float64 {
@@ -197,25 +232,4 @@ func spreadBoost(c *taskCtx, st *state, i int, sp *Spread) float64 {
 		return 0
 	}
 	return float64(mx-counts[val]) / float64(mx)
-}
-
-// labelValues returns the distinct values of label over the snapshot's
-// nodes, computed once per Place call.
-func (st *state) labelValues(label string) []string {
-	if vs, ok := st.values[label]; ok {
-		return vs
-	}
-	seen := map[string]bool{}
-	var vs []string
-	for _, n := range st.nodes {
-		if v, ok := n.Labels[label]; ok && !seen[v] {
-			seen[v] = true
-			vs = append(vs, v)
-		}
-	}
-	if st.values == nil {
-		st.values = map[string][]string{}
-	}
-	st.values[label] = vs
-	return vs
 }

@@ -20,8 +20,10 @@ type state struct {
 	// antiOn[i] holds the groups that tasks placed on node i in this batch
 	// are anti-affine to.
 	antiOn map[int]map[string]bool
-	// values caches the distinct values of a label (spread scoring).
-	values map[string][]string
+	// tab is the node table (table.go); the fields below copy what this
+	// state got from it.
+	tab  *nodeTable
+	byID map[string]int
 	// fmemo memoises the fragmentation of a node state (see fragModel).
 	fmemo map[fragKey]float64
 	// pressure is the per-GPU-model demand pressure (fgd.go).
@@ -29,11 +31,10 @@ type state struct {
 	// maxCap is the largest node capacity per dimension (best-fit scale).
 	maxCap *Resources
 
-	// Candidate indexes (index.go), built on first use.
-	labelIdx map[string]map[string][]int
-	gpuIdx   map[string][]int
-	gpuAll   []int
-	// labelCode caches per-label value codes (filter.go).
+	// Candidate indexes (index.go) and value codes (filter.go), from tab.
+	labelIdx  map[string]map[string][]int
+	gpuIdx    map[string][]int
+	gpuAll    []int
 	labelCode map[string]*labelCodes
 
 	// Preemption bookkeeping, built on first use: existing allocations by
@@ -63,8 +64,8 @@ var idleGPUs = func() [][]int {
 	return out
 }()
 
-func newState(snap *Snapshot, tasks []Task) *state {
-	st := &state{snap: snap, nodes: snap.Nodes, over: make([]*nodeUsage, len(snap.Nodes))}
+func newState(snap *Snapshot, tasks []Task, tab *nodeTable) *state {
+	st := &state{snap: snap, nodes: snap.Nodes, over: make([]*nodeUsage, len(snap.Nodes)), tab: tab}
 	st.batchIDs = make(map[string]bool, len(tasks))
 	for i := range tasks {
 		st.batchIDs[tasks[i].ID] = true

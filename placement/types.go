@@ -129,6 +129,16 @@ type Allocation struct {
 type Snapshot struct {
 	Nodes    []*Node
 	Existing []Allocation
+	// Generation, when not 0, identifies the node set: the nodes' IDs and
+	// order, labels, capacities and GPU models. A caller that sets it must
+	// change it whenever any of those change; usage (Allocated,
+	// GPUFreeMilli, RunningTasks), Existing and the Quarantined, Ineligible
+	// and MaxTasks fields may change freely between snapshots of one
+	// generation. The engine then reuses the label indexes and value codes
+	// it built for an earlier snapshot of the same generation and the same
+	// node IDs (checked on every call) instead of rebuilding them per call.
+	// 0 means unknown: nothing is reused.
+	Generation uint64
 }
 
 // Placement assigns a task to a node.
