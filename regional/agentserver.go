@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -150,7 +151,14 @@ func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, 
 			return nil
 		}
 		a.FencingToken = createRev
-		return stream.Send(&apiaryv1.StreamAssignmentsResponse{Assignment: &a})
+		span := c.dispatchSpan(&a)
+		err := stream.Send(&apiaryv1.StreamAssignmentsResponse{Assignment: &a})
+		if span != nil {
+			span.SetAttributes(telemetry.AttrNodeID.String(req.GetNodeId()))
+			telemetry.RecordError(span, err)
+			span.End()
+		}
+		return err
 	}
 	for _, kv := range resp.Kvs {
 		if err := send(kv.Value, kv.CreateRevision); err != nil {
@@ -300,6 +308,7 @@ func (c *Coordinator) flushReports(batch []*reportItem) {
 func (c *Coordinator) commitReports(batch []*reportItem) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), commitAttempts*commitAttemptTimeout)
 	defer cancel()
+	start := time.Now()
 	fail := func(err error) bool {
 		for _, it := range batch {
 			it.err = status.Errorf(codes.Unavailable, "report: %v", err)
@@ -362,6 +371,7 @@ func (c *Coordinator) commitReports(batch []*reportItem) bool {
 		}
 	}
 	answers := make([]*apiaryv1.ReportTaskStatusResponse, len(batch))
+	outcomes := make([]string, len(batch))
 	nowMs := time.Now().UnixMilli()
 	for i, it := range batch {
 		r := it.req
@@ -402,6 +412,7 @@ func (c *Coordinator) commitReports(batch []*reportItem) bool {
 		}
 		st.task, st.changed = res.Task, true
 		st.release = st.release || res.Released
+		outcomes[i] = res.Outcome
 		answers[i] = &apiaryv1.ReportTaskStatusResponse{Accepted: true}
 	}
 	var cmps []clientv3.Cmp
@@ -437,6 +448,8 @@ func (c *Coordinator) commitReports(batch []*reportItem) bool {
 		}
 	}
 	for i, it := range batch {
+		r := it.req
+		c.observeReport(r, answers[i], states[keyTask(shards.Of(r.GetJobId(), c.meta.ShardCount), r.GetJobId(), r.GetTaskIndex())], outcomes[i], start)
 		it.done <- answers[i]
 	}
 	return true

@@ -12,15 +12,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/shards"
 )
@@ -55,6 +58,14 @@ type Config struct {
 	// SchedulerPolicy is the region's default scoring policy.
 	SchedulerPolicy placement.Policy
 	Logger          *slog.Logger
+	// TracerProvider makes the job lifecycle spans (accept, place, dispatch,
+	// complete/fail/retry, reclaim) and the gRPC server spans. Default:
+	// tracing off (a no-op provider).
+	TracerProvider trace.TracerProvider
+	// Registry receives the coordinator's metrics (default: a new one).
+	Registry *prometheus.Registry
+	// MetricsAddr, if set, serves /metrics (and /debug/pprof/) over HTTP.
+	MetricsAddr string
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -99,6 +110,9 @@ func (c *Config) validate() error {
 	if c.SchedulerPolicy == "" {
 		c.SchedulerPolicy = placement.PolicyBinpack
 	}
+	if c.Registry == nil {
+		c.Registry = telemetry.NewRegistry()
+	}
 	return nil
 }
 
@@ -118,6 +132,11 @@ type Coordinator struct {
 	reports *groupCommit[*reportItem]
 	specs   specCache
 
+	tracer     trace.Tracer
+	tracing    bool // spans are recorded (attributes worth computing)
+	metrics    *telemetry.RegionMetrics
+	metricsSrv *telemetry.Server
+
 	mu      sync.Mutex
 	owning  bool
 	stopped chan struct{}
@@ -131,6 +150,8 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	return &Coordinator{cfg: cfg, log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
+		tracer: telemetry.Tracer(telemetry.OrNoop(cfg.TracerProvider)), tracing: telemetry.IsEnabled(cfg.TracerProvider),
+		metrics: telemetry.NewRegionMetrics(cfg.Registry),
 		stopped: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
@@ -139,6 +160,14 @@ func (c *Coordinator) Addr() string { return c.lis.Addr().String() }
 
 // Client is the coordinator's etcd client (valid after Start).
 func (c *Coordinator) Client() *clientv3.Client { return c.cli }
+
+// MetricsAddr is the /metrics address ("" when not serving).
+func (c *Coordinator) MetricsAddr() string {
+	if c.metricsSrv == nil {
+		return ""
+	}
+	return c.metricsSrv.Addr()
+}
 
 // Etcd is the embedded member (valid after Start).
 func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
@@ -161,9 +190,20 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		c.closeEtcd()
 		return fmt.Errorf("listen %s: %w", c.cfg.APIAddr, err)
 	}
+	if c.cfg.MetricsAddr != "" {
+		if c.metricsSrv, err = telemetry.Serve(c.cfg.MetricsAddr, c.cfg.Registry, true); err != nil {
+			c.lis.Close()
+			c.closeEtcd()
+			return err
+		}
+	}
 	c.submits = newGroupCommit(2, 256, c.flushSubmits)
 	c.reports = newGroupCommit(2, 512, c.flushReports)
-	c.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(16 << 20))
+	sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
+	if h := telemetry.GRPCServerHandler(c.cfg.TracerProvider); h != nil {
+		sopts = append(sopts, grpc.StatsHandler(h))
+	}
+	c.grpc = grpc.NewServer(sopts...)
 	c.health = health.NewServer()
 	healthpb.RegisterHealthServer(c.grpc, c.health)
 	apiaryv1.RegisterJobServiceServer(c.grpc, &jobServer{c: c})
@@ -230,9 +270,16 @@ func (c *Coordinator) run() {
 		}
 		c.setOwning(true)
 		c.log.Info("owns all shards", "epoch", term.Epoch)
+		c.metrics.Owner.Set(1)
+		c.metrics.OwnerEpoch.Set(float64(term.Epoch))
 		s := newScheduler(c, term)
 		err = s.run(ctx)
 		c.setOwning(false)
+		c.metrics.Owner.Set(0)
+		c.metrics.OwnerEpoch.Set(0)
+		c.metrics.PendingTasks.Reset()
+		c.metrics.Tasks.Reset()
+		c.metrics.Nodes.Reset()
 		if ctx.Err() != nil {
 			rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
 			_ = term.Resign(rctx)
@@ -305,6 +352,7 @@ func (c *Coordinator) Stop() {
 			c.submits.close()
 			c.reports.close()
 		}
+		_ = c.metricsSrv.Close()
 		c.closeEtcd()
 	})
 }
@@ -317,6 +365,7 @@ func (c *Coordinator) Kill() {
 		c.etcd.Server.HardStop()
 		close(c.stopped)
 		c.etcd.Close()
+		_ = c.metricsSrv.Close()
 	})
 }
 
@@ -350,8 +399,10 @@ func (c *Coordinator) txnRetry(ctx context.Context, build func(context.Context) 
 	var last error
 	for i := 0; i < commitAttempts; i++ {
 		actx, cancel := context.WithTimeout(ctx, commitAttemptTimeout)
+		t0 := time.Now()
 		resp, err := build(actx)
 		cancel()
+		c.observeTxn(t0, err)
 		if err == nil {
 			return resp, nil
 		}
@@ -361,4 +412,13 @@ func (c *Coordinator) txnRetry(ctx context.Context, build func(context.Context) 
 		}
 	}
 	return nil, last
+}
+
+// observeTxn records one etcd transaction attempt's latency.
+func (c *Coordinator) observeTxn(t0 time.Time, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	c.metrics.EtcdTxn.WithLabelValues(result).Observe(time.Since(t0).Seconds())
 }

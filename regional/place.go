@@ -203,6 +203,7 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		byNode[p.NodeID] = append(byNode[p.NodeID], p)
 	}
 	var ws []write
+	var chunks []*placedChunk
 	for _, nodeID := range nodeOrder {
 		ps := byNode[nodeID]
 		for len(ps) > 0 {
@@ -213,13 +214,19 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 			ps = ps[len(chunk):]
 			w, ok := s.planWrite(nodeID, chunk, byKey, used, nowMs)
 			if ok {
+				pc := &placedChunk{nodeID: nodeID, ps: chunk}
+				chunks = append(chunks, pc)
+				after := w.after
+				w.after = func(rev int64) { after(rev); pc.committed = true }
 				ws = append(ws, w)
 			}
 		}
 	}
+	conflicts := s.stats.conflicts
 	if err := s.commit(ctx, ws); err != nil {
 		return 0, err
 	}
+	s.observePlacements(chunks, byKey, now, s.stats.conflicts-conflicts)
 	var unplaced []*cTask
 	reasons := map[string]placement.Unplaced{}
 	for _, u := range plan.Unplaced {
@@ -229,6 +236,7 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		}
 	}
 	if len(unplaced) > 0 {
+		s.c.metrics.Unplaced.Add(float64(len(unplaced)))
 		var ws []write
 		groupReason := map[string]string{}
 		for _, ct := range unplaced {

@@ -53,6 +53,7 @@ type scheduler struct {
 	unplacedSince map[string]time.Time
 	reasonAt      map[string]time.Time
 	stats         schedStats
+	gaugesAt      time.Time // metrics gauges last set (telemetry.go)
 }
 
 type schedStats struct {
@@ -365,6 +366,7 @@ func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
+	s.updateGauges(now)
 	if time.Since(s.usageSynced) > 500*time.Millisecond {
 		if err := s.syncUsage(ctx); err != nil {
 			return 0, err
@@ -458,6 +460,7 @@ func (s *scheduler) jobPolicy(t *taskstate.Task) (taskstate.Policy, *jobRecord) 
 // when their budget is spent), in fenced writes.
 func (s *scheduler) reclaim(ctx context.Context, now time.Time) error {
 	var ws []write
+	lostEpochs := map[int64]bool{}
 	for nodeID, keys := range s.byNode {
 		n := s.nodes[nodeID]
 		for key := range keys {
@@ -476,6 +479,7 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) error {
 				Error:       fmt.Sprintf("node %s epoch %d lost (lease expired or revoked)", nodeID, ct.rec.NodeEpoch),
 				StartTimeMs: ct.rec.StartedMs, EndTimeMs: now.UnixMilli()}
 			newRec := res.Task
+			lostEpochs[ct.rec.NodeEpoch] = true
 			ws = append(ws, write{
 				cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", ct.modRev)},
 				ops: []clientv3.Op{clientv3.OpPut(key, mustJSON(&newRec)),
@@ -484,6 +488,7 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) error {
 				keys: []string{key},
 				after: func(rev int64) {
 					s.stats.reclaimed++
+					s.observeReclaim(ct, &newRec, nodeID, now)
 					s.setTask(key, &cTask{key: key, shard: ct.shard, rec: newRec, modRev: rev})
 				},
 			})
@@ -491,6 +496,7 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) error {
 	}
 	if len(ws) > 0 {
 		s.c.log.Info("reclaiming tasks of lost nodes", "tasks", len(ws))
+		s.c.metrics.LeaseExpiries.Add(float64(len(lostEpochs)))
 	}
 	return s.commit(ctx, ws)
 }

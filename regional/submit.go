@@ -38,7 +38,10 @@ type submitResult struct {
 // submit validates a request, then commits the job and its PENDING tasks (and
 // the dedup key) in one Txn, group-committed with concurrent submissions.
 // Nothing is written for an invalid request.
-func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest) (*apiaryv1.SubmitJobResponse, error) {
+func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest) (resp *apiaryv1.SubmitJobResponse, err error) {
+	ctx, span := c.startAccept(ctx, req)
+	var rec *jobRecord
+	defer func() { c.endAccept(span, rec, resp, err) }()
 	if req.GetSpec() == nil {
 		return nil, status.Error(codes.InvalidArgument, "spec: is required")
 	}
@@ -66,8 +69,8 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	now := time.Now()
 	id := ids.NewJobID(c.meta.Region, now)
 	shard := shards.Of(id, c.meta.ShardCount)
-	rec := jobRecord{ID: id, Region: c.meta.Region, Shard: shard, Spec: spec, SubmitMs: now.UnixMilli(),
-		ClientID: req.GetClientId(), RequestID: req.GetRequestId(), Traceparent: req.GetTraceparent(),
+	rec = &jobRecord{ID: id, Region: c.meta.Region, Shard: shard, Spec: spec, SubmitMs: now.UnixMilli(),
+		ClientID: req.GetClientId(), RequestID: req.GetRequestId(), Traceparent: jobTraceparent(ctx, req),
 		TaskCount: int32(jobspec.TaskCount(spec))}
 	if rec.RequestID != "" {
 		rec.PayloadHash = jobspec.PayloadHash(spec)
@@ -78,7 +81,7 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 			tasks = append(tasks, taskstate.Task{JobID: id, Index: int32(len(tasks)), Group: int32(g), State: apiaryv1.TaskState_TASK_STATE_PENDING})
 		}
 	}
-	it := &submitItem{job: rec, tasks: tasks, done: make(chan submitResult, 1)}
+	it := &submitItem{job: *rec, tasks: tasks, done: make(chan submitResult, 1)}
 	if err := c.submits.submit(ctx, it); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}

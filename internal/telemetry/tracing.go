@@ -20,6 +20,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -129,7 +130,18 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 // Noop is the disabled provider.
 func Noop() *Provider { return &Provider{TracerProvider: noop.NewTracerProvider()} }
 
-var setPropagator sync.Once
+var (
+	setPropagator sync.Once
+	global        atomic.Pointer[Provider]
+)
+
+// globalProvider is the provider of the last enabled Setup, else no-op.
+func globalProvider() trace.TracerProvider {
+	if p := global.Load(); p != nil {
+		return p
+	}
+	return Noop()
+}
 
 // Propagator is the W3C trace context (and baggage) propagator Apiary uses
 // on the wire and in stored records.
@@ -190,7 +202,9 @@ func Setup(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	p := NewProvider(opts.ServiceName, opts.InstanceID, opts.SampleRatio, getenv("OTEL_TRACES_SAMPLER") != "", popts...)
 	otel.SetTracerProvider(p)
-	return &Provider{TracerProvider: p, Enabled: true, shutdown: p.Shutdown}, nil
+	prov := &Provider{TracerProvider: p, Enabled: true, shutdown: p.Shutdown}
+	global.Store(prov)
+	return prov, nil
 }
 
 // NewProvider returns an SDK tracer provider with Apiary's resource, ID
@@ -360,4 +374,26 @@ func (idGenerator) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID 
 		_, _ = rand.Read(sid[:])
 	}
 	return sid
+}
+
+// OrNoop returns tp, or the no-op provider when tp is nil.
+func OrNoop(tp trace.TracerProvider) trace.TracerProvider {
+	if tp == nil {
+		return noop.NewTracerProvider()
+	}
+	return tp
+}
+
+// IsEnabled reports whether tp records spans (nil, the no-op provider and a
+// disabled *Provider do not).
+func IsEnabled(tp trace.TracerProvider) bool {
+	switch p := tp.(type) {
+	case nil:
+		return false
+	case *Provider:
+		return p != nil && p.Enabled
+	case noop.TracerProvider, *noop.TracerProvider:
+		return false
+	}
+	return true
 }

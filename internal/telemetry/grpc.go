@@ -1,0 +1,43 @@
+package telemetry
+
+import (
+	"strings"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/stats"
+)
+
+// TracedRPC reports whether an RPC gets otelgrpc spans: the JobService
+// methods (a job's submission, status, cancel). Agent heartbeats, reports
+// and assignment streams do not (they would each start a trace of their
+// own); their lifecycle spans are made explicitly from the job's
+// traceparent.
+func TracedRPC(fullMethod string) bool {
+	return strings.HasPrefix(fullMethod, "/apiary.v1.JobService/")
+}
+
+func filter(info *stats.RPCTagInfo) bool { return TracedRPC(info.FullMethodName) }
+
+// GRPCServerHandler is the otelgrpc server stats handler for tp, or nil when
+// tracing is off (pass it with grpc.StatsHandler only when non-nil).
+func GRPCServerHandler(tp trace.TracerProvider) stats.Handler {
+	if !IsEnabled(tp) {
+		return nil
+	}
+	return otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(Propagator),
+		otelgrpc.WithFilter(filter))
+}
+
+// GRPCClientHandler is the otelgrpc client stats handler for tp (nil: the
+// global provider), or nil when tracing is off.
+func GRPCClientHandler(tp trace.TracerProvider) stats.Handler {
+	if tp == nil {
+		tp = globalProvider()
+	}
+	if !IsEnabled(tp) {
+		return nil
+	}
+	return otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(Propagator),
+		otelgrpc.WithFilter(filter))
+}
