@@ -24,6 +24,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/telemetry"
+	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/shards"
 )
@@ -58,6 +59,15 @@ type Config struct {
 	// SchedulerPolicy is the region's default scoring policy.
 	SchedulerPolicy placement.Policy
 	Logger          *slog.Logger
+	// Policy is the federation's sovereignty policy, re-checked before a
+	// submission is accepted (nil: a job's jurisdiction must equal the
+	// region's). See global/policy.
+	Policy *policy.Policy
+	// Backlog bounds pending tasks per priority class (admission.go).
+	Backlog BacklogBounds
+	// WAN makes the coordinator a member of the federation's serf WAN pool
+	// (wan.go); off when empty.
+	WAN WANConfig
 	// TracerProvider makes the job lifecycle spans (accept, place, dispatch,
 	// complete/fail/retry, reclaim) and the gRPC server spans. Default:
 	// tracing off (a no-op provider).
@@ -132,6 +142,9 @@ type Coordinator struct {
 	reports *groupCommit[*reportItem]
 	specs   specCache
 
+	capState capacityState
+	wan      wanMember
+
 	tracer     trace.Tracer
 	tracing    bool // spans are recorded (attributes worth computing)
 	metrics    *telemetry.RegionMetrics
@@ -152,7 +165,8 @@ func New(cfg Config) (*Coordinator, error) {
 	return &Coordinator{cfg: cfg, log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
 		tracer: telemetry.Tracer(telemetry.OrNoop(cfg.TracerProvider)), tracing: telemetry.IsEnabled(cfg.TracerProvider),
 		metrics: telemetry.NewRegionMetrics(cfg.Registry),
-		stopped: make(chan struct{}), done: make(chan struct{})}, nil
+		capState: capacityState{extra: map[string]int64{}},
+		stopped:  make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 // Addr is the gRPC API address (valid after Start).
@@ -210,6 +224,12 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	apiaryv1.RegisterAgentServiceServer(c.grpc, &agentServer{c: c})
 	apiaryv1.RegisterAdminServiceServer(c.grpc, &adminServer{c: c})
 	go func() { _ = c.grpc.Serve(c.lis) }()
+	c.refreshCapacity(ctx)
+	if err := c.startWAN(ctx); err != nil {
+		c.grpc.Stop()
+		c.closeEtcd()
+		return err
+	}
 	go c.run()
 	c.log.Info("coordinator started", "api", c.Addr(), "etcd_client", c.cfg.Etcd.ClientURL, "shards", c.meta.ShardCount)
 	return nil
@@ -258,6 +278,7 @@ func (c *Coordinator) run() {
 	go func() { <-c.stopped; cancel() }()
 	go c.memberLoop(ctx)
 	go c.suspicionLoop(ctx)
+	go c.capacityLoop(ctx)
 	el := shards.NewElector(c.cli, prefOwner, c.cfg.ID, int(c.cfg.OwnerLeaseTTL.Seconds()+0.5))
 	for ctx.Err() == nil {
 		term, err := el.Campaign(ctx)
@@ -334,6 +355,7 @@ func (c *Coordinator) memberLoop(ctx context.Context) {
 // API and closes etcd (which hands raft leadership over).
 func (c *Coordinator) Stop() {
 	c.closeMu.Do(func() {
+		c.stopWAN(true)
 		close(c.stopped)
 		select {
 		case <-c.done:
@@ -361,6 +383,7 @@ func (c *Coordinator) Stop() {
 // no graceful etcd hand-over.
 func (c *Coordinator) Kill() {
 	c.closeMu.Do(func() {
+		c.stopWAN(false)
 		c.grpc.Stop()
 		c.etcd.Server.HardStop()
 		close(c.stopped)

@@ -58,13 +58,20 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 			return nil, status.Errorf(codes.InvalidArgument, "request_id: must match %s when client_id is set", idRE)
 		}
 	}
-	if j := spec.GetJurisdiction(); j != "" && c.meta.Jurisdiction != "" && j != c.meta.Jurisdiction {
+	if c.cfg.Policy != nil {
+		if err := c.cfg.Policy.Check(spec.GetJurisdiction(), spec.GetDataClass(), c.meta.Region, c.meta.Jurisdiction); err != nil {
+			return nil, status.Error(codes.FailedPrecondition, err.Error())
+		}
+	} else if j := spec.GetJurisdiction(); j != "" && c.meta.Jurisdiction != "" && j != c.meta.Jurisdiction {
 		return nil, status.Errorf(codes.FailedPrecondition, "jurisdiction: job requires %q; region %s is in jurisdiction %q", j, c.meta.Region, c.meta.Jurisdiction)
 	}
 	for k, v := range spec.GetRegion().GetSelector() {
 		if c.meta.Labels[k] != v {
 			return nil, status.Errorf(codes.FailedPrecondition, "region.selector: region %s has %s=%q, job requires %q", c.meta.Region, k, c.meta.Labels[k], v)
 		}
+	}
+	if err := c.admit(spec); err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	id := ids.NewJobID(c.meta.Region, now)
@@ -89,6 +96,9 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	case r := <-it.done:
 		if r.err != nil {
 			return nil, r.err
+		}
+		if !r.deduplicated {
+			c.admitted(spec)
 		}
 		return &apiaryv1.SubmitJobResponse{JobId: r.jobID, Region: c.meta.Region, Deduplicated: r.deduplicated}, nil
 	case <-ctx.Done():

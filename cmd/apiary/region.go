@@ -108,6 +108,7 @@ restarted from the same data dirs loses nothing.`,
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&debugAddr, "debug-addr", "", "serve Go pprof at http://ADDR/debug/pprof/ (empty: off)")
 	f.StringVar(&ready, "ready-file", "", "write the API address to this file once serving")
+	regionFederationHook(cmd, &cfg) // regionlist.go: --wan-*, --policy, --max-pending; `region list`
 	return cmd
 }
 

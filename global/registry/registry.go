@@ -1,0 +1,298 @@
+// Package registry is the global router's live view of the regions: a serf
+// WAN pool that every regional coordinator joins with tags (region,
+// jurisdiction, labels, gRPC address, health, capacity summary, backlog; see
+// tags.go), plus a gRPC health probe of every alive coordinator.
+//
+// A region is up while at least one of its coordinators is alive in the pool,
+// does not report its etcd as unavailable, and answered the router's last
+// health probe (probes run every ProbeEvery; a coordinator that has not
+// answered for AnswerWithin is not counted). The registry keeps no durable
+// state: a restarted router rebuilds it from the pool within a second or two.
+//
+// The package also holds the pieces coordinators share with the router: the
+// tag codec and the tuned serf configuration.
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/serf/serf"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// Probe timings of coordinator API health checks (loopback/LAN values).
+const (
+	ProbeEvery   = 250 * time.Millisecond
+	probeTimeout = 400 * time.Millisecond
+	// AnswerWithin: a coordinator counts as answering if its last successful
+	// probe is this recent.
+	AnswerWithin = 900 * time.Millisecond
+)
+
+// Config configures the router's WAN member.
+type Config struct {
+	// Name is the router's unique member name in the pool.
+	Name string
+	// Bind and Advertise are host:port for serf (port 0 picks one).
+	Bind      string
+	Advertise string
+	// Join lists pool members to join (coordinators or other routers);
+	// retried every second until one answers.
+	Join   []string
+	Logger *slog.Logger
+}
+
+// Coordinator is one coordinator as the router sees it.
+type Coordinator struct {
+	Name   string // serf member name
+	Status string // serf member status: alive, failed, left, leaving
+	Tags   CoordinatorTags
+	// Answers: the last health probe succeeded within AnswerWithin.
+	Answers bool
+}
+
+// Region aggregates the coordinators of one region.
+type Region struct {
+	Name         string
+	Jurisdiction string
+	Labels       map[string]string
+	Coordinators []Coordinator
+	Capacity     Capacity
+	Backlog      []Backlog
+	UpdatedMs    int64
+	Up           bool
+	// DownReason says why the region is down (empty when up).
+	DownReason string
+}
+
+// Addrs returns the API addresses of the coordinators that answer, first.
+func (r Region) Addrs() []string {
+	var out []string
+	for _, c := range r.Coordinators {
+		if c.Status == "alive" && c.Answers {
+			out = append(out, c.Tags.APIAddr)
+		}
+	}
+	return out
+}
+
+// Registry is the live region view.
+type Registry struct {
+	cfg  Config
+	log  *slog.Logger
+	serf *serf.Serf
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn // by API address
+	last  map[string]time.Time        // last successful probe, by API address
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New creates the router's serf member and starts joining and probing.
+func New(cfg Config) (*Registry, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("name: the router's member name must be set")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	sc, err := NewSerfConfig(MemberConfig{Name: cfg.Name, Bind: cfg.Bind, Advertise: cfg.Advertise,
+		Tags: map[string]string{TagRole: RoleGlobal}, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	s, err := serf.Create(sc)
+	if err != nil {
+		return nil, fmt.Errorf("wan-bind: start serf on %s: %w", cfg.Bind, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Registry{cfg: cfg, log: cfg.Logger, serf: s, conns: map[string]*grpc.ClientConn{},
+		last: map[string]time.Time{}, cancel: cancel, done: make(chan struct{})}
+	go JoinLoop(ctx, s, cfg.Join, r.log)
+	go r.probeLoop(ctx)
+	return r, nil
+}
+
+// WANAddr is the serf address others can join (host:port).
+func (r *Registry) WANAddr() string {
+	m := r.serf.LocalMember()
+	return fmt.Sprintf("%s:%d", m.Addr, m.Port)
+}
+
+// Serf exposes the member (tests: RemoveFailedNode).
+func (r *Registry) Serf() *serf.Serf { return r.serf }
+
+// Close leaves the pool and closes every connection.
+func (r *Registry) Close() {
+	r.cancel()
+	<-r.done
+	_ = r.serf.Leave()
+	_ = r.serf.Shutdown()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for a, c := range r.conns {
+		c.Close()
+		delete(r.conns, a)
+	}
+}
+
+// Conn returns a (cached) client connection to a coordinator's API.
+func (r *Registry) Conn(addr string) (*grpc.ClientConn, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.conns[addr]; ok {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	if err != nil {
+		return nil, err
+	}
+	r.conns[addr] = c
+	return c, nil
+}
+
+// MarkFailed forgets a coordinator's last good probe, so it does not count
+// as answering until it answers again (the router saw a connection refused).
+func (r *Registry) MarkFailed(addr string) {
+	r.mu.Lock()
+	delete(r.last, addr)
+	r.mu.Unlock()
+}
+
+func (r *Registry) probeLoop(ctx context.Context) {
+	defer close(r.done)
+	t := time.NewTicker(ProbeEvery)
+	defer t.Stop()
+	for {
+		r.probeOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Registry) probeOnce(ctx context.Context) {
+	alive := map[string]bool{}
+	for _, m := range r.serf.Members() {
+		if t, ok := DecodeCoordinatorTags(m.Tags); ok && m.Status == serf.StatusAlive {
+			alive[t.APIAddr] = true
+		}
+	}
+	var wg sync.WaitGroup
+	for addr := range alive {
+		conn, err := r.Conn(addr)
+		if err != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			defer cancel()
+			resp, err := healthpb.NewHealthClient(conn).Check(pctx, &healthpb.HealthCheckRequest{})
+			if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+				r.mu.Lock()
+				r.last[addr] = time.Now()
+				r.mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	// Drop connections of coordinators that left the pool.
+	r.mu.Lock()
+	for a, c := range r.conns {
+		if !alive[a] {
+			c.Close()
+			delete(r.conns, a)
+			delete(r.last, a)
+		}
+	}
+	r.mu.Unlock()
+}
+
+// Regions returns the current view, sorted by name.
+func (r *Registry) Regions() []Region {
+	now := time.Now()
+	r.mu.Lock()
+	last := make(map[string]time.Time, len(r.last))
+	for k, v := range r.last {
+		last[k] = v
+	}
+	r.mu.Unlock()
+	by := map[string]*Region{}
+	for _, m := range r.serf.Members() {
+		t, ok := DecodeCoordinatorTags(m.Tags)
+		if !ok {
+			continue
+		}
+		reg := by[t.Region]
+		if reg == nil {
+			reg = &Region{Name: t.Region}
+			by[t.Region] = reg
+		}
+		c := Coordinator{Name: m.Name, Status: m.Status.String(), Tags: t}
+		c.Answers = m.Status == serf.StatusAlive && !last[t.APIAddr].IsZero() && now.Sub(last[t.APIAddr]) <= AnswerWithin
+		reg.Coordinators = append(reg.Coordinators, c)
+		// The freshest alive coordinator's tags describe the region.
+		if m.Status == serf.StatusAlive && t.UpdatedMs >= reg.UpdatedMs {
+			reg.Jurisdiction, reg.Labels, reg.Capacity, reg.Backlog, reg.UpdatedMs = t.Jurisdiction, t.Labels, t.Capacity, t.Backlog, t.UpdatedMs
+		} else if reg.UpdatedMs == 0 && reg.Labels == nil {
+			reg.Jurisdiction, reg.Labels = t.Jurisdiction, t.Labels
+		}
+	}
+	out := make([]Region, 0, len(by))
+	for _, reg := range by {
+		sort.Slice(reg.Coordinators, func(a, b int) bool { return reg.Coordinators[a].Tags.ID < reg.Coordinators[b].Tags.ID })
+		reg.Up, reg.DownReason = false, ""
+		alive, answering, etcdDown := 0, 0, 0
+		for _, c := range reg.Coordinators {
+			if c.Status != "alive" {
+				continue
+			}
+			alive++
+			if c.Tags.Health == HealthEtcdDown {
+				etcdDown++
+				continue
+			}
+			if c.Answers {
+				answering++
+			}
+		}
+		switch {
+		case alive == 0:
+			reg.DownReason = fmt.Sprintf("no coordinator alive in the WAN pool (%d known, all failed or left)", len(reg.Coordinators))
+		case answering == 0 && etcdDown == alive:
+			reg.DownReason = "every alive coordinator reports its etcd unavailable"
+		case answering == 0:
+			reg.DownReason = fmt.Sprintf("%d coordinator(s) alive in the pool but none answers its gRPC health check", alive)
+		default:
+			reg.Up = true
+		}
+		out = append(out, *reg)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
+	return out
+}
+
+// Region returns one region by name.
+func (r *Registry) Region(name string) (Region, bool) {
+	for _, reg := range r.Regions() {
+		if reg.Name == name {
+			return reg, true
+		}
+	}
+	return Region{}, false
+}

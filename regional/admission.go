@@ -1,0 +1,289 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// Admission at the door: before a submission writes anything, the region
+// checks (1) the sovereignty policy (policy.go in global/policy), (2) that
+// every task fits on at least one of its registered nodes, and (3) that the
+// pending backlog of the job's priority class is below its bound. (2) and (3)
+// use a summary that capacityLoop refreshes from etcd every
+// CapacityRefresh; the same summary is published in the WAN tags.
+
+// CapacityRefresh is how often the coordinator re-reads node capacity (and,
+// when a backlog bound is set, the pending backlog) from etcd.
+const CapacityRefresh = time.Second
+
+// BacklogBounds maps a priority class (registry.ClassBatch, ClassStandard,
+// ClassUrgent) to the most PENDING tasks the region keeps before it refuses
+// new jobs of that class with RESOURCE_EXHAUSTED. 0 or absent: unbounded.
+type BacklogBounds map[string]int64
+
+// ParseBacklogBounds parses "N" (every class) or "class=N,..." (classes
+// batch, standard, urgent); N >= 0, 0 meaning unbounded.
+func ParseBacklogBounds(s string) (BacklogBounds, error) {
+	out := BacklogBounds{}
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return out, nil
+	}
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n < 0 {
+			return nil, fmt.Errorf("max-pending: must be >= 0, got %d", n)
+		}
+		for _, c := range registry.Classes {
+			out[c] = n
+		}
+		return out, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		n, err := strconv.ParseInt(v, 10, 64)
+		if !ok || err != nil || n < 0 {
+			return nil, fmt.Errorf("max-pending: %q must be N or class=N with N >= 0", part)
+		}
+		known := false
+		for _, c := range registry.Classes {
+			known = known || c == k
+		}
+		if !known {
+			return nil, fmt.Errorf("max-pending: class %q must be one of %s", k, strings.Join(registry.Classes, ", "))
+		}
+		out[k] = n
+	}
+	return out, nil
+}
+
+func (b BacklogBounds) any() bool {
+	for _, n := range b {
+		if n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// capacityState is the last summary read from etcd, plus the tasks this
+// coordinator accepted since that read began.
+type capacityState struct {
+	mu        sync.Mutex
+	readOK    bool
+	readAt    time.Time
+	cap       registry.Capacity
+	sizes     []registry.Res // distinct capacities of registered nodes
+	nodesSeen int
+	pending   map[string]int64 // by class, from the last read (-1 unknown)
+	extra     map[string]int64 // accepted locally since the read started
+}
+
+// refreshCapacity reads nodes (and the backlog when bounded) from etcd.
+func (c *Coordinator) refreshCapacity(ctx context.Context) {
+	st := &c.capState
+	st.mu.Lock()
+	extraAtStart := map[string]int64{}
+	for k, v := range st.extra {
+		extraAtStart[k] = v
+	}
+	st.mu.Unlock()
+
+	ops := []clientv3.Op{clientv3.OpGet(prefNodes, clientv3.WithPrefix())}
+	bounded := c.cfg.Backlog.any()
+	if bounded {
+		ops = append(ops, clientv3.OpGet(prefJobs, clientv3.WithPrefix()), clientv3.OpGet(prefTasks, clientv3.WithPrefix()))
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	resp, err := c.cli.Txn(cctx).Then(ops...).Commit()
+	cancel()
+	if err != nil {
+		st.mu.Lock()
+		st.readOK = false
+		st.mu.Unlock()
+		return
+	}
+	recs := map[string]*nodeRecord{}
+	alive := map[string]int64{}
+	usage := map[string]*usageRecord{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		id, kind, ok := nodeKeyKind(string(kv.Key))
+		if !ok {
+			continue
+		}
+		switch kind {
+		case "record":
+			var r nodeRecord
+			if json.Unmarshal(kv.Value, &r) == nil && r.Capacity != nil {
+				recs[id] = &r
+			}
+		case "alive":
+			alive[id] = kv.CreateRevision
+		case "usage":
+			var u usageRecord
+			if json.Unmarshal(kv.Value, &u) == nil {
+				usage[id] = &u
+			}
+		}
+	}
+	var sum registry.Capacity
+	seen := map[registry.Res]bool{}
+	var sizes []registry.Res
+	for id, r := range recs {
+		size := registry.Res{CPUMillis: r.Capacity.GetCpuMillis(), MemoryMiB: r.Capacity.GetMemoryMb(), GPUs: int64(r.Capacity.GetGpus())}
+		if !seen[size] {
+			seen[size] = true
+			sizes = append(sizes, size)
+		}
+		sum.Largest.CPUMillis = max(sum.Largest.CPUMillis, size.CPUMillis)
+		sum.Largest.MemoryMiB = max(sum.Largest.MemoryMiB, size.MemoryMiB)
+		sum.Largest.GPUs = max(sum.Largest.GPUs, size.GPUs)
+		if alive[id] == 0 || alive[id] != r.Epoch || r.Quarantined {
+			continue
+		}
+		sum.NodesReady++
+		free := size
+		if u := usage[id]; u != nil && u.Epoch == r.Epoch {
+			free.CPUMillis -= u.CPUMillis
+			free.MemoryMiB -= u.MemoryMiB
+			free.GPUs -= int64(u.GPUs)
+		}
+		sum.Free.CPUMillis += max(free.CPUMillis, 0)
+		sum.Free.MemoryMiB += max(free.MemoryMiB, 0)
+		sum.Free.GPUs += max(free.GPUs, 0)
+	}
+	var pending map[string]int64
+	if bounded {
+		prio := map[string]int32{}
+		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+			var j jobRecord
+			if json.Unmarshal(kv.Value, &j) == nil {
+				prio[j.ID] = j.Spec.GetPriority()
+			}
+		}
+		pending = map[string]int64{}
+		for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+			var t taskstate.Task
+			if json.Unmarshal(kv.Value, &t) == nil && t.State == apiaryv1.TaskState_TASK_STATE_PENDING {
+				pending[registry.ClassOf(prio[t.JobID])]++
+			}
+		}
+	}
+	st.mu.Lock()
+	st.readOK, st.readAt, st.cap, st.sizes, st.nodesSeen, st.pending = true, time.Now(), sum, sizes, len(recs), pending
+	for k, v := range extraAtStart {
+		st.extra[k] -= v
+	}
+	st.mu.Unlock()
+}
+
+// capacitySnapshot returns the summary for the WAN tags.
+func (c *Coordinator) capacitySnapshot() (health string, cp registry.Capacity, backlog []registry.Backlog) {
+	st := &c.capState
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	switch {
+	case !st.readOK:
+		health = registry.HealthEtcdDown
+	case st.cap.NodesReady == 0:
+		health = registry.HealthNoNodes
+	default:
+		health = registry.HealthOK
+	}
+	for _, class := range registry.Classes {
+		b := registry.Backlog{Class: class, Pending: -1, Bound: c.cfg.Backlog[class]}
+		if st.pending != nil {
+			b.Pending = st.pending[class] + st.extra[class]
+		}
+		backlog = append(backlog, b)
+	}
+	return health, st.cap, backlog
+}
+
+// admit runs the capacity checks on a validated, defaulted spec. It writes
+// nothing.
+func (c *Coordinator) admit(spec *apiaryv1.JobSpec) error {
+	st := &c.capState
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	// A task larger than every registered node can never be placed.
+	if st.readOK && st.nodesSeen > 0 {
+		for g, grp := range spec.GetTasks() {
+			r := grp.GetResources()
+			need := registry.Res{CPUMillis: r.GetCpuMillis(), MemoryMiB: r.GetMemoryMb(), GPUs: int64(r.GetGpus())}
+			if r.GetGpuMilli() > 0 && need.GPUs == 0 {
+				need.GPUs = 1
+			}
+			fits := false
+			for _, s := range st.sizes {
+				if need.CPUMillis <= s.CPUMillis && need.MemoryMiB <= s.MemoryMiB && need.GPUs <= s.GPUs {
+					fits = true
+					break
+				}
+			}
+			if !fits {
+				l := st.cap.Largest
+				return status.Errorf(codes.FailedPrecondition,
+					"tasks[%d].resources: needs cpu %dm, memory %d MiB, %d GPU(s), more than any node of region %s has (largest: cpu %dm, memory %d MiB, %d GPU(s)); it could never be placed",
+					g, need.CPUMillis, need.MemoryMiB, need.GPUs, c.meta.Region, l.CPUMillis, l.MemoryMiB, l.GPUs)
+			}
+		}
+	}
+	class := registry.ClassOf(spec.GetPriority())
+	if bound := c.cfg.Backlog[class]; bound > 0 {
+		pending := st.extra[class]
+		if st.pending != nil {
+			pending += st.pending[class]
+		}
+		if pending >= bound {
+			s := status.Newf(codes.ResourceExhausted,
+				"backlog: region %s has %d pending %s-class tasks, at its bound of %d; retry later or in another region",
+				c.meta.Region, pending, class, bound)
+			if d, err := s.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(2 * CapacityRefresh)}); err == nil {
+				s = d
+			}
+			return s.Err()
+		}
+	}
+	return nil
+}
+
+// admitted records a committed submission in the local backlog count until
+// the next read sees it.
+func (c *Coordinator) admitted(spec *apiaryv1.JobSpec) {
+	st := &c.capState
+	st.mu.Lock()
+	st.extra[registry.ClassOf(spec.GetPriority())] += int64(jobspec.TaskCount(spec))
+	st.mu.Unlock()
+}
+
+// capacityLoop refreshes the summary every CapacityRefresh and publishes it
+// on the WAN member, if any.
+func (c *Coordinator) capacityLoop(ctx context.Context) {
+	t := time.NewTicker(CapacityRefresh)
+	defer t.Stop()
+	for {
+		c.refreshCapacity(ctx)
+		c.publishWAN()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package regional
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/serf/serf"
+
+	"apiary.dev/apiary/global/registry"
+)
+
+// WANConfig makes the coordinator a member of the federation's serf WAN pool,
+// where the global router learns the region (global/registry). It is off
+// when both Bind and Join are empty.
+type WANConfig struct {
+	// Bind is the serf host:port (UDP and TCP). Empty with Join set:
+	// 127.0.0.1:0 (a free port).
+	Bind string
+	// Advertise is the host:port others reach this member at (default Bind).
+	Advertise string
+	// Join lists pool members (routers or other coordinators); joining is
+	// retried every second until one answers.
+	Join []string
+}
+
+func (w WANConfig) enabled() bool { return w.Bind != "" || len(w.Join) > 0 }
+
+// wanMember is the coordinator's serf member.
+type wanMember struct {
+	mu       sync.Mutex
+	serf     *serf.Serf
+	lastTags map[string]string
+	lastPub  time.Time
+}
+
+// tagRepublish forces a tag update at least this often (the summary's
+// timestamp changes), so the router can tell a stale summary.
+const tagRepublish = 5 * time.Second
+
+// startWAN creates the serf member with the region's tags and joins the
+// pool in the background.
+func (c *Coordinator) startWAN(ctx context.Context) error {
+	if !c.cfg.WAN.enabled() {
+		return nil
+	}
+	bind := c.cfg.WAN.Bind
+	if bind == "" {
+		bind = "127.0.0.1:0"
+	}
+	tags, err := c.wanTags()
+	if err != nil {
+		return err
+	}
+	sc, err := registry.NewSerfConfig(registry.MemberConfig{Name: c.meta.Region + "/" + c.cfg.ID, Bind: bind,
+		Advertise: c.cfg.WAN.Advertise, Tags: tags, Logger: c.log.With("component", "wan")})
+	if err != nil {
+		return err
+	}
+	s, err := serf.Create(sc)
+	if err != nil {
+		return fmt.Errorf("wan-bind: start serf on %s: %w", bind, err)
+	}
+	c.wan.serf = s
+	c.wan.lastTags = tags
+	c.wan.lastPub = time.Now()
+	go registry.JoinLoop(ctx, s, c.cfg.WAN.Join, c.log)
+	m := s.LocalMember()
+	c.log.Info("joined WAN pool", "wan_addr", fmt.Sprintf("%s:%d", m.Addr, m.Port), "join", c.cfg.WAN.Join)
+	return nil
+}
+
+// WANAddr is the serf address of the coordinator's WAN member, or "".
+func (c *Coordinator) WANAddr() string {
+	if c.wan.serf == nil {
+		return ""
+	}
+	m := c.wan.serf.LocalMember()
+	return fmt.Sprintf("%s:%d", m.Addr, m.Port)
+}
+
+func (c *Coordinator) wanTags() (map[string]string, error) {
+	health, cp, backlog := c.capacitySnapshot()
+	return registry.CoordinatorTags{Region: c.meta.Region, ID: c.cfg.ID, Jurisdiction: c.meta.Jurisdiction,
+		Labels: c.meta.Labels, APIAddr: c.Addr(), Health: health, Capacity: cp, Backlog: backlog,
+		UpdatedMs: time.Now().UnixMilli()}.Encode()
+}
+
+// publishWAN updates the member's tags when the summary changed (or every
+// tagRepublish). SetTags blocks until the update is broadcast.
+func (c *Coordinator) publishWAN() {
+	c.wan.mu.Lock()
+	defer c.wan.mu.Unlock()
+	if c.wan.serf == nil {
+		return
+	}
+	tags, err := c.wanTags()
+	if err != nil {
+		c.log.Warn("wan tags", "err", err)
+		return
+	}
+	old := maps.Clone(c.wan.lastTags)
+	delete(old, registry.TagUpdated)
+	cmp := maps.Clone(tags)
+	delete(cmp, registry.TagUpdated)
+	if maps.Equal(old, cmp) && time.Since(c.wan.lastPub) < tagRepublish {
+		return
+	}
+	if err := c.wan.serf.SetTags(tags); err != nil {
+		c.log.Warn("wan set tags", "err", err)
+		return
+	}
+	c.wan.lastTags, c.wan.lastPub = tags, time.Now()
+}
+
+// stopWAN leaves the pool gracefully (graceful stop) or just shuts serf
+// down (crash: the others see the member fail).
+func (c *Coordinator) stopWAN(leave bool) {
+	c.wan.mu.Lock()
+	s := c.wan.serf
+	c.wan.mu.Unlock()
+	if s == nil {
+		return
+	}
+	if leave {
+		_ = s.Leave()
+	}
+	_ = s.Shutdown()
+}
