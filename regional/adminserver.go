@@ -84,6 +84,7 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "region info: %v", err)
 	}
+	out.Revision = resp.Header.Revision
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		var m memberRecord
 		if json.Unmarshal(kv.Value, &m) != nil {

@@ -3099,8 +3099,12 @@ type GetRegionInfoResponse struct {
 	SchedulerEpoch int64 `protobuf:"varint,6,opt,name=scheduler_epoch,json=schedulerEpoch,proto3" json:"scheduler_epoch,omitempty"`
 	PendingTasks   int32 `protobuf:"varint,7,opt,name=pending_tasks,json=pendingTasks,proto3" json:"pending_tasks,omitempty"`
 	NodesReady     int32 `protobuf:"varint,8,opt,name=nodes_ready,json=nodesReady,proto3" json:"nodes_ready,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// etcd revision this answer was read at; every plan committed later has a
+	// higher fencing token (tools use it to tell dispatches before and after
+	// an event apart).
+	Revision      int64 `protobuf:"varint,9,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetRegionInfoResponse) Reset() {
@@ -3185,6 +3189,13 @@ func (x *GetRegionInfoResponse) GetPendingTasks() int32 {
 func (x *GetRegionInfoResponse) GetNodesReady() int32 {
 	if x != nil {
 		return x.NodesReady
+	}
+	return 0
+}
+
+func (x *GetRegionInfoResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
 	}
 	return 0
 }
@@ -3810,7 +3821,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12\x1c\n" +
 	"\tscheduler\x18\x03 \x01(\bR\tscheduler\x12!\n" +
-	"\fshards_owned\x18\x04 \x01(\x05R\vshardsOwned\"\xa0\x03\n" +
+	"\fshards_owned\x18\x04 \x01(\x05R\vshardsOwned\"\xbc\x03\n" +
 	"\x15GetRegionInfoResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\"\n" +
 	"\fjurisdiction\x18\x02 \x01(\tR\fjurisdiction\x12D\n" +
@@ -3821,7 +3832,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x0fscheduler_epoch\x18\x06 \x01(\x03R\x0eschedulerEpoch\x12#\n" +
 	"\rpending_tasks\x18\a \x01(\x05R\fpendingTasks\x12\x1f\n" +
 	"\vnodes_ready\x18\b \x01(\x05R\n" +
-	"nodesReady\x1a9\n" +
+	"nodesReady\x12\x1a\n" +
+	"\brevision\x18\t \x01(\x03R\brevision\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
