@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"github.com/grafana/dskit/backoff"
+	"go.opentelemetry.io/otel/trace"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/telemetry"
 )
 
 // seenRetention is how long a finished attempt's key is remembered for
@@ -33,6 +35,9 @@ type Agent struct {
 	ledger  *Ledger
 	backoff backoff.Config
 	running atomic.Bool
+	tracer  trace.Tracer
+	tracing bool
+	metrics *telemetry.AgentMetrics
 
 	mu        sync.Mutex
 	epoch     int64         // current node epoch; 0 while unregistered
@@ -63,7 +68,10 @@ func New(cfg Config) (*Agent, error) {
 		ledger:  NewLedger(c.Capacity, c.GPUModel, c.MaxTasks),
 		backoff: backoff.Config{MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff},
 		changed: make(chan struct{}),
+		tracer:  telemetry.Tracer(c.TracerProvider),
+		tracing: telemetry.IsEnabled(c.TracerProvider),
 	}
+	a.metrics = newAgentMetrics(c, a.ledger)
 	return a, nil
 }
 
@@ -124,6 +132,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, "work"), 0o755); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	if a.cfg.MetricsAddr != "" {
+		srv, err := telemetry.Serve(a.cfg.MetricsAddr, a.cfg.Registry, true)
+		if err != nil {
+			return err
+		}
+		a.log.Info("serving metrics", "addr", srv.Addr())
+		defer srv.Close()
+	}
 	coords, err := newCoordinators(a.cfg.CoordinatorAddrs, a.cfg.MinBackoff, a.cfg.MaxBackoff, a.cfg.DialOptions)
 	if err != nil {
 		return err
@@ -153,6 +169,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Error("registration refused; stopping", "err", err)
 			return err
 		}
+		a.metrics.Registrations.Inc()
+		a.metrics.Epoch.Set(float64(sess.epoch))
 		err = a.serveEpoch(ctx, sess, rep)
 		if ctx.Err() != nil {
 			break
@@ -229,6 +247,7 @@ func (a *Agent) handleAssignment(ctx context.Context, sess *session, rep *report
 		a.seen[key] = st
 		if err := a.ledger.Reserve(key, requestOf(asg.GetResources())); err != nil {
 			st.finished = now
+			a.metrics.Attempts.WithLabelValues("refused").Inc()
 			log.Info("refusing assignment", "reason", err)
 			wg.Go(func() {
 				req := a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_REFUSED)
@@ -276,6 +295,7 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 	if region == "" {
 		region = sess.region
 	}
+	sctx, span := a.startRun(ctx, sess, asg, region)
 	dir, err := a.workDir(key)
 	var exec *Execution
 	if err == nil {
@@ -291,7 +311,8 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 	}
 	if err != nil {
 		finish()
-		log.Warn("attempt failed to start", "err", err)
+		a.endRun(span, err, nil, nil, dir)
+		log.WarnContext(sctx, "attempt failed to start", "err", err)
 		req := a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_START_FAILED)
 		req.Error = err.Error()
 		req.ExitCode = -1
@@ -309,7 +330,7 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 		exec.Cancel()
 	}
 	a.mu.Unlock()
-	log.Info("attempt started", "pid", exec.Pid(), "dir", dir)
+	log.InfoContext(sctx, "attempt started", "pid", exec.Pid(), "dir", dir)
 
 	// STARTED is best effort: once the process has ended, it is not retried
 	// (the final report carries start_time_ms), but an RPC in flight is let
@@ -344,8 +365,9 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 	}
 	res := exec.Wait()
 	finish()
-	log.Info("attempt ended", "outcome", res.Outcome.String(), "exit_code", res.ExitCode,
+	log.InfoContext(sctx, "attempt ended", "outcome", res.Outcome.String(), "exit_code", res.ExitCode,
 		"duration", res.Ended.Sub(res.Started), "err", res.Err)
+	a.endRun(span, nil, exec, &res, dir)
 
 	if ctx.Err() != nil || res.Outcome == OutcomeAbandoned || (started.delivered && !started.accepted) {
 		return // stale: nobody wants to hear about it

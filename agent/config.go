@@ -15,7 +15,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+
+	"apiary.dev/apiary/internal/telemetry"
 )
 
 // Resources is an amount of node resources.
@@ -82,6 +86,14 @@ type Config struct {
 	// DialOptions are extra gRPC dial options (credentials, interceptors).
 	// Default: insecure transport credentials.
 	DialOptions []grpc.DialOption
+
+	// TracerProvider makes a task.run span per attempt, a child of the
+	// assignment's traceparent. Default: tracing off.
+	TracerProvider trace.TracerProvider
+	// Registry receives the agent's metrics (default: a new one).
+	Registry *prometheus.Registry
+	// MetricsAddr, if set, serves /metrics (and /debug/pprof/) while Run runs.
+	MetricsAddr string
 }
 
 // withDefaults returns a copy of c with defaults filled in, or an error that
@@ -161,6 +173,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.BaseEnv == nil {
 		c.BaseEnv = os.Environ()
 	}
+	if c.Registry == nil {
+		c.Registry = telemetry.NewRegistry()
+	}
+	c.TracerProvider = telemetry.OrNoop(c.TracerProvider)
 	return c, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"apiary.dev/apiary/agent"
+	"apiary.dev/apiary/internal/telemetry"
 )
 
 func init() { register(newAgentCmd) }
@@ -29,6 +30,7 @@ func newAgentCmd() *cobra.Command {
 		dataDir   string
 		tailBytes int
 		logFormat string
+		tel       telemetryFlags
 	)
 	defaultAddr := os.Getenv("APIARY_ADDR")
 	if defaultAddr == "" {
@@ -62,7 +64,14 @@ running tasks; the region re-runs them elsewhere.`,
 			if cmd.Flags().Changed("tail-bytes") && tailBytes == 0 {
 				tailBytes = -1 // explicitly no tail; 0 means the default in agent.Config
 			}
+			tp, stopTracing, err := tel.setup("apiary-agent", nodeID)
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			defer stopTracing()
 			a, err := agent.New(agent.Config{
+				TracerProvider:   tp,
+				MetricsAddr:      tel.metricsAddr,
 				NodeID:           nodeID,
 				Labels:           lbls,
 				Capacity:         agent.Resources{CPUMillis: cpuMillis, MemoryMB: memoryMB, GPUs: gpus},
@@ -93,18 +102,14 @@ running tasks; the region re-runs them elsewhere.`,
 	f.StringVar(&dataDir, "data-dir", "", "directory for task working dirs and full logs (default: $TMPDIR/apiary-agent-<node-id>)")
 	f.IntVar(&tailBytes, "tail-bytes", agent.DefaultTailBytes, "bytes of stdout and of stderr tail sent with each result")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	tel.add(cmd)
 	return cmd
 }
 
 // agentLogger returns a slog logger on stderr in the given format.
+// (trace and span ids on the lines of an attempt).
 func agentLogger(format string) (*slog.Logger, error) {
-	switch format {
-	case "text", "":
-		return slog.New(slog.NewTextHandler(os.Stderr, nil)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, nil)), nil
-	}
-	return nil, fmt.Errorf("--log-format: must be text or json, not %q", format)
+	return telemetry.NewLogger(format, os.Stderr)
 }
 
 // parseAgentLabels parses repeated k=v flags into a map.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional"
 )
@@ -26,6 +27,7 @@ func newRegionCmd() *cobra.Command {
 		logFormat string
 		ready     string
 		debugAddr string
+		tel       telemetryFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "region",
@@ -63,6 +65,12 @@ restarted from the same data dirs loses nothing.`,
 			if cfg.ID == "" {
 				cfg.ID = cfg.Region + "-1"
 			}
+			tp, stopTracing, err := tel.setup("apiary-region", cfg.ID)
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			defer stopTracing()
+			cfg.TracerProvider, cfg.MetricsAddr = tp, tel.metricsAddr
 			c, err := regional.New(cfg)
 			if err != nil {
 				return withCode(exitInvalid, err)
@@ -108,6 +116,7 @@ restarted from the same data dirs loses nothing.`,
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&debugAddr, "debug-addr", "", "serve Go pprof at http://ADDR/debug/pprof/ (empty: off)")
 	f.StringVar(&ready, "ready-file", "", "write the API address to this file once serving")
+	tel.add(cmd)
 	regionFederationHook(cmd, &cfg) // regionlist.go: --wan-*, --policy, --max-pending; `region list`
 	return cmd
 }
@@ -124,12 +133,8 @@ func parseLabels(kvs []string) (map[string]string, error) {
 	return out, nil
 }
 
+// newLogger logs to stderr in format, with trace and span ids on the lines
+// that belong to a job.
 func newLogger(format string) (*slog.Logger, error) {
-	switch format {
-	case "text", "":
-		return slog.New(slog.NewTextHandler(os.Stderr, nil)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, nil)), nil
-	}
-	return nil, fmt.Errorf("--log-format: must be text or json, got %q", format)
+	return telemetry.NewLogger(format, os.Stderr)
 }
