@@ -23,8 +23,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/global/policy"
+	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/shards"
 )
@@ -164,7 +164,7 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	return &Coordinator{cfg: cfg, log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
 		tracer: telemetry.Tracer(telemetry.OrNoop(cfg.TracerProvider)), tracing: telemetry.IsEnabled(cfg.TracerProvider),
-		metrics: telemetry.NewRegionMetrics(cfg.Registry),
+		metrics:  telemetry.NewRegionMetrics(cfg.Registry),
 		capState: capacityState{extra: map[string]int64{}},
 		stopped:  make(chan struct{}), done: make(chan struct{})}, nil
 }
