@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -20,6 +21,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/telemetry"
 )
 
 func init() { register(newJobCmd) }
@@ -68,6 +70,13 @@ failed or was cancelled. --timeout then also bounds each reconnection.`,
 				return err
 			}
 			jobspec.ApplyDefaults(spec)
+			// Tracing is on when OTEL_* or $APIARY_TRACE_FILE is set; the
+			// submit span is the root of the job's trace.
+			tp, stopTracing, err := (&telemetryFlags{sampleRatio: 1}).setup("apiary-cli", "")
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			defer stopTracing()
 			cc, addr, err := o.conn(cmd)
 			if err != nil {
 				return err
@@ -76,20 +85,27 @@ failed or was cancelled. --timeout then also bounds each reconnection.`,
 			ctx, stop := signalContext(cmd)
 			defer stop()
 			client := apiaryv1.NewJobServiceClient(cc)
+			sctx, span := telemetry.Tracer(tp).Start(ctx, telemetry.SpanSubmit, trace.WithSpanKind(trace.SpanKindClient),
+				trace.WithAttributes(telemetry.AttrJobName.String(spec.GetName()), telemetry.AttrTaskCount.Int(jobspec.TaskCount(spec))))
 			req := &apiaryv1.SubmitJobRequest{
-				Spec:      spec,
-				ClientId:  cliconn.ClientID(),
-				RequestId: cliconn.NewRequestID(),
+				Spec:        spec,
+				ClientId:    cliconn.ClientID(),
+				RequestId:   cliconn.NewRequestID(),
+				Traceparent: telemetry.Traceparent(sctx),
 			}
 			var resp *apiaryv1.SubmitJobResponse
-			err = o.call(ctx, func(ctx context.Context) error {
+			err = o.call(sctx, func(ctx context.Context) error {
 				var err error
 				resp, err = client.SubmitJob(ctx, req)
 				return err
 			})
 			if err != nil {
+				telemetry.RecordError(span, err)
+				span.End()
 				return rpcError(err, addr, "")
 			}
+			span.SetAttributes(telemetry.AttrJobID.String(resp.GetJobId()), telemetry.AttrRegion.String(resp.GetRegion()))
+			span.End()
 			out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			if !wait {
 				if o.output == "json" {

@@ -24,6 +24,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"apiary.dev/apiary/internal/telemetry"
 )
 
 // EnvAddr names the environment variable that holds the API address.
@@ -52,11 +54,18 @@ func ResolveAddr(flag string, flagSet bool) string {
 
 // Dial returns a client connection to addr. It does not block: the first RPC
 // connects, and a refused connection fails that RPC with UNAVAILABLE.
+//
+// When tracing is on (telemetry.Setup found OTEL_* or a span file), job
+// calls carry the caller's trace context (otelgrpc).
 func Dial(addr string) (*grpc.ClientConn, error) {
-	return grpc.NewClient(addr,
+	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvBytes)),
-	)
+	}
+	if h := telemetry.GRPCClientHandler(nil); h != nil {
+		opts = append(opts, grpc.WithStatsHandler(h))
+	}
+	return grpc.NewClient(addr, opts...)
 }
 
 // ClientID identifies this host and user, stably across invocations, so that a

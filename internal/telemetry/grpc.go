@@ -1,20 +1,22 @@
 package telemetry
 
 import (
-	"strings"
-
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/stats"
 )
 
 // TracedRPC reports whether an RPC gets otelgrpc spans: the JobService
-// methods (a job's submission, status, cancel). Agent heartbeats, reports
-// and assignment streams do not (they would each start a trace of their
-// own); their lifecycle spans are made explicitly from the job's
-// traceparent.
+// calls that change a job (SubmitJob, CancelJob). Reads and watches (polled
+// by clients), agent heartbeats, reports and assignment streams do not: each
+// would start a trace of its own. A job's later spans are made explicitly
+// from its stored traceparent.
 func TracedRPC(fullMethod string) bool {
-	return strings.HasPrefix(fullMethod, "/apiary.v1.JobService/")
+	switch fullMethod {
+	case "/apiary.v1.JobService/SubmitJob", "/apiary.v1.JobService/CancelJob":
+		return true
+	}
+	return false
 }
 
 func filter(info *stats.RPCTagInfo) bool { return TracedRPC(info.FullMethodName) }
