@@ -3,9 +3,12 @@
 // with reject-and-requeue").
 //
 // It is a pure library: a Snapshot of nodes and existing allocations and a
-// batch of Tasks in, a Plan out. It does no I/O, keeps no state between
-// calls, starts no goroutines, and imports only the standard library and
-// nothing else of Apiary's (not even api/).
+// batch of Tasks in, a Plan out. It does no I/O, starts no goroutines, and
+// imports only the standard library and nothing else of Apiary's (not even
+// api/). The only state it keeps between calls is a cache of what it derives
+// from the node set (label value codes and indexes, the ID map), used only
+// when the caller sets Snapshot.Generation and the node IDs match
+// (table.go); a plan never depends on whether the cache was used.
 //
 // What it owns:
 //   - the model of nodes, requests and rules (types.go);

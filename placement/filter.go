@@ -34,11 +34,10 @@ const (
 type eligibilityFilter struct{}
 
 func (eligibilityFilter) check(_ *taskCtx, st *state, i int, _ *view) string {
-	n := st.nodes[i]
-	if n.Ineligible {
+	switch st.slots[i].bad {
+	case slotIneligible:
 		return ReasonIneligible
-	}
-	if n.Quarantined {
+	case slotQuarantined:
 		return ReasonQuarantined
 	}
 	return ""
@@ -165,7 +164,7 @@ func (f *distinctPropertyFilter) check(c *taskCtx, st *state, i int, _ *view) st
 type maxTasksFilter struct{}
 
 func (maxTasksFilter) check(_ *taskCtx, st *state, i int, v *view) string {
-	if m := st.nodes[i].MaxTasks; m > 0 && v.tasks >= m {
+	if m := int(st.slots[i].maxTasks); m > 0 && v.tasks >= m {
 		return ReasonMaxTasks
 	}
 	return ""

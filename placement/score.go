@@ -37,7 +37,7 @@ type fitScorer struct{ spread bool }
 func (s fitScorer) norm() normKind { return normFixed }
 
 func (s fitScorer) score(c *taskCtx, st *state, i int, v *view, _ []int) float64 {
-	n := st.nodes[i]
+	n := &st.slots[i]
 	var sum float64
 	dims := 0
 	add := func(free, cap float64) {
@@ -55,8 +55,8 @@ func (s fitScorer) score(c *taskCtx, st *state, i int, v *view, _ []int) float64
 		}
 		dims++
 	}
-	add(float64(v.cpuFree-c.req.CPUMillis), float64(n.Capacity.CPUMillis))
-	add(float64(v.memFree-c.req.MemoryMiB), float64(n.Capacity.MemoryMiB))
+	add(float64(v.cpuFree-c.req.CPUMillis), float64(n.cpuCap))
+	add(float64(v.memFree-c.req.MemoryMiB), float64(n.memCap))
 	if g := len(v.gpuFree); g > 0 {
 		add(float64(sumFree(v.gpuFree)-c.req.GPUs*1000-c.req.GPUMilli), float64(g*1000))
 	}

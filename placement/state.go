@@ -1,15 +1,16 @@
 package placement
 
 // state is the engine's working copy of node usage for one Place call. It
-// never mutates the Snapshot: a node is copied into an overlay the first time
-// a placement touches it (copy-on-write), so preparing a batch costs O(1) per
-// untouched node and a plan can never over-commit a node across its tasks.
+// never mutates the Snapshot: each node's free capacity and flags are copied
+// into a compact slot per call (one sequential O(nodes) pass), its GPU
+// vector on the first placement there (copy-on-write), and a plan can never
+// over-commit a node across its tasks.
 type state struct {
 	snap  *Snapshot
 	nodes []*Node
-	// over[i] is the working usage of node i once touched; nil means "as in
-	// the snapshot".
-	over []*nodeUsage
+	// slots[i] is the working usage of node i (copied from the snapshot
+	// per call; GPU slices copied on first write).
+	slots []slot
 
 	// batchIDs are the task IDs being placed in this call. An existing
 	// allocation with one of these IDs is being re-placed and does not count
@@ -44,13 +45,6 @@ type state struct {
 	preempted map[int]bool
 }
 
-// nodeUsage is the mutable usage of one node. Units as in Resources.
-type nodeUsage struct {
-	cpu, mem int64 // allocated millicores, MiB
-	tasks    int
-	gpuFree  []int // free milli per GPU, len == Capacity.GPUs
-}
-
 // idleGPUs[k] is a shared, read-only slice of k idle GPUs.
 var idleGPUs = func() [][]int {
 	out := make([][]int, 17)
@@ -65,7 +59,7 @@ var idleGPUs = func() [][]int {
 }()
 
 func newState(snap *Snapshot, tasks []Task, tab *nodeTable) *state {
-	st := &state{snap: snap, nodes: snap.Nodes, over: make([]*nodeUsage, len(snap.Nodes)), tab: tab}
+	st := &state{snap: snap, nodes: snap.Nodes, slots: newSlots(snap.Nodes), tab: tab}
 	st.batchIDs = make(map[string]bool, len(tasks))
 	for i := range tasks {
 		st.batchIDs[tasks[i].ID] = true
@@ -107,38 +101,59 @@ type view struct {
 	gpuFree          []int
 }
 
-func (st *state) view(i int) view {
-	n := st.nodes[i]
-	if u := st.over[i]; u != nil {
-		return view{cpuFree: n.Capacity.CPUMillis - u.cpu, memFree: n.Capacity.MemoryMiB - u.mem, tasks: u.tasks, gpuFree: u.gpuFree}
-	}
-	return view{
-		cpuFree: n.Capacity.CPUMillis - n.Allocated.CPUMillis,
-		memFree: n.Capacity.MemoryMiB - n.Allocated.MemoryMiB,
-		tasks:   n.RunningTasks,
-		gpuFree: snapGPUFree(n),
-	}
+// slot is node i's working usage and flags in one compact record, read by
+// the candidate scan without dereferencing the Node (slots are contiguous;
+// Nodes are scattered on the heap).
+type slot struct {
+	cpuFree, memFree int64
+	cpuCap, memCap   int64
+	gpuFree          []int // shared with the snapshot until owned
+	tasks            int32
+	maxTasks         int32
+	bad              uint8 // 0 eligible, else slotIneligible or slotQuarantined
+	owned            bool  // gpuFree is this state's copy
 }
 
-// touch returns the writable usage of node i, copying it from the snapshot
-// on first use.
-func (st *state) touch(i int) *nodeUsage {
-	if u := st.over[i]; u != nil {
-		return u
+const (
+	slotIneligible uint8 = 1 + iota
+	slotQuarantined
+)
+
+func newSlots(nodes []*Node) []slot {
+	out := make([]slot, len(nodes))
+	for i, n := range nodes {
+		s := &out[i]
+		s.cpuFree = n.Capacity.CPUMillis - n.Allocated.CPUMillis
+		s.memFree = n.Capacity.MemoryMiB - n.Allocated.MemoryMiB
+		s.cpuCap, s.memCap = n.Capacity.CPUMillis, n.Capacity.MemoryMiB
+		s.gpuFree = snapGPUFree(n)
+		s.tasks = int32(min(n.RunningTasks, 1<<30))
+		s.maxTasks = int32(min(n.MaxTasks, 1<<30))
+		switch {
+		case n.Ineligible:
+			s.bad = slotIneligible
+		case n.Quarantined:
+			s.bad = slotQuarantined
+		}
 	}
-	n := st.nodes[i]
-	g := snapGPUFree(n)
-	u := &nodeUsage{cpu: n.Allocated.CPUMillis, mem: n.Allocated.MemoryMiB, tasks: n.RunningTasks, gpuFree: append([]int(nil), g...)}
-	st.over[i] = u
-	return u
+	return out
+}
+
+func (st *state) view(i int) view {
+	s := &st.slots[i]
+	return view{cpuFree: s.cpuFree, memFree: s.memFree, tasks: int(s.tasks), gpuFree: s.gpuFree}
 }
 
 // apply commits task t to node i with the given GPUs in the working copy.
 func (st *state) apply(i int, t *Task, req Resources, gpus []int) {
-	u := st.touch(i)
-	u.cpu += req.CPUMillis
-	u.mem += req.MemoryMiB
+	u := &st.slots[i]
+	u.cpuFree -= req.CPUMillis
+	u.memFree -= req.MemoryMiB
 	u.tasks++
+	if len(gpus) > 0 && !u.owned {
+		u.gpuFree = append([]int(nil), u.gpuFree...)
+		u.owned = true
+	}
 	for _, g := range gpus {
 		if req.GPUs > 0 {
 			u.gpuFree[g] = 0

@@ -27,27 +27,32 @@ func BenchmarkQuality(b *testing.B) {
 		pol   placement.Policy
 		limit int
 		fm    placement.FragModel
+		sw    float64 // ScarcityWeight (0 = default)
 	}
 	vs := []variant{
-		{"random", placement.PolicyRandom, -1, ""},
-		{"spread", placement.PolicySpread, -1, ""},
-		{"binpack", placement.PolicyBinpack, -1, ""},
-		{"bestfit", placement.PolicyBestFit, -1, ""},
-		{"fgd-published-measure", placement.PolicyFragmentation, -1, placement.FragModelFGD},
-		{"fragmentation", placement.PolicyFragmentation, -1, ""},
-		{"fragmentation-limit256", placement.PolicyFragmentation, 256, ""},
-		{"fragmentation-limit64", placement.PolicyFragmentation, 64, ""},
-		{"fragmentation-limit16", placement.PolicyFragmentation, 16, ""},
+		{"random", placement.PolicyRandom, -1, "", 0},
+		{"spread", placement.PolicySpread, -1, "", 0},
+		{"binpack", placement.PolicyBinpack, -1, "", 0},
+		{"bestfit", placement.PolicyBestFit, -1, "", 0},
+		{"fgd-published-measure", placement.PolicyFragmentation, -1, placement.FragModelFGD, 0},
+		{"fragmentation", placement.PolicyFragmentation, -1, "", 0},
+		{"fragmentation-noscarcity", placement.PolicyFragmentation, -1, "", -1},
+		{"fragmentation-limit256", placement.PolicyFragmentation, 256, "", 0},
+		{"fragmentation-limit64", placement.PolicyFragmentation, 64, "", 0},
+		{"fragmentation-limit16", placement.PolicyFragmentation, 16, "", 0},
 	}
 	for _, file := range []string{"openb_pod_list_default.csv", "openb_pod_list_gpuspec33.csv"} {
 		nodes, tasks := load(b, file)
 		for _, v := range vs {
+			if v.sw < 0 && file == "openb_pod_list_default.csv" {
+				continue // no GPU-model constraints: the charge is 0 everywhere
+			}
 			b.Run(fmt.Sprintf("trace=%s/policy=%s", file[len("openb_pod_list_"):len(file)-4], v.name), func(b *testing.B) {
 				var s Summary
 				for i := 0; i < b.N; i++ {
 					var runs []Result
 					for _, seed := range seeds {
-						runs = append(runs, Run(nodes, tasks, Config{Policy: v.pol, Seed: seed, CandidateLimit: v.limit, FragModel: v.fm}))
+						runs = append(runs, Run(nodes, tasks, Config{Policy: v.pol, Seed: seed, CandidateLimit: v.limit, FragModel: v.fm, ScarcityWeight: v.sw}))
 					}
 					s = Summarize(runs)
 				}
