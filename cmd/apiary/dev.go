@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strings"
@@ -14,7 +15,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/regional"
 )
 
 func init() { register(newDevCmd) }
@@ -39,14 +42,19 @@ func newDevCmd() *cobra.Command {
 		readyFile   string
 		agentCPU    int64
 		agentMemory int64
+		policyPath  string
+		maxPending  string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
-		Short: "Run a whole federation on loopback: regions, coordinators and agents as subprocesses",
-		Long: `Run Apiary on this machine for development: every region's coordinators
-(embedded etcd) and agents are real subprocesses of this binary on loopback
-ports, with data under --data-dir (a temp dir by default, removed on exit).
-Ctrl-C or SIGTERM stops everything.`,
+		Short: "Run a whole federation on loopback: a global router, regions, coordinators and agents as subprocesses",
+		Long: `Run Apiary on this machine for development: one global router and every
+region's coordinators (embedded etcd) and agents are real subprocesses of this
+binary on loopback ports, with data under --data-dir (a temp dir by default,
+removed on exit). The coordinators and the router form a serf WAN pool; the
+router applies the sovereignty policy (--policy, default: the built-in copy of
+deploy/policy.yaml). Point clients at the router's address (printed, and
+global_addr in --ready-file). Ctrl-C or SIGTERM stops everything.`,
 		Example: `  apiary dev --ready-file /tmp/apiary.json
   apiary dev --regions eu-west:eu --agents-per-region 4 --coordinators-per-region 3`,
 		Args: cobra.NoArgs,
@@ -71,7 +79,20 @@ Ctrl-C or SIGTERM stops everything.`,
 				}
 				defer os.RemoveAll(dataDir)
 			}
-			opts := devcluster.Options{Binary: bin, Dir: dataDir}
+			if _, err := regional.ParseBacklogBounds(maxPending); err != nil {
+				return withCode(exitInvalid, fmt.Errorf("--%w", err))
+			}
+			if policyPath == "" {
+				policyPath = filepath.Join(dataDir, "policy.yaml")
+				if err := os.WriteFile(policyPath, []byte(policy.DefaultYAML), 0o644); err != nil {
+					return err
+				}
+			} else if _, err := policy.Load(policyPath); err != nil {
+				return withCode(exitInvalid, fmt.Errorf("--policy: %w", err))
+			} else if policyPath, err = filepath.Abs(policyPath); err != nil {
+				return err
+			}
+			opts := devcluster.Options{Binary: bin, Dir: dataDir, Global: &devcluster.GlobalSpec{PolicyFile: policyPath}}
 			for i, r := range regions {
 				name, jur, _ := strings.Cut(r, ":")
 				if !regionNameRE.MatchString(name) {
@@ -79,6 +100,9 @@ Ctrl-C or SIGTERM stops everything.`,
 				}
 				rs := devcluster.RegionSpec{Name: name, Jurisdiction: jur, Coordinators: coords,
 					Labels: map[string]string{"jurisdiction": jur, "tier": "standard"}}
+				if maxPending != "" {
+					rs.ExtraArgs = append(rs.ExtraArgs, "--max-pending", maxPending)
+				}
 				for a := 0; a < agents; a++ {
 					class := "cloud"
 					if a%2 == 1 {
@@ -103,7 +127,8 @@ Ctrl-C or SIGTERM stops everything.`,
 				return withCode(exitUnavailable, err)
 			}
 			defer cl.Stop()
-			ready := devReady{}
+			ready := devReady{GlobalAddr: cl.GlobalAddr}
+			fmt.Fprintf(os.Stderr, "global router  api %s  wan %s  policy %s  log %s\n", cl.GlobalAddr, cl.GlobalWAN, policyPath, cl.Global.LogPath)
 			for _, r := range cl.Regions {
 				ready.Regions = append(ready.Regions, devReadyEntry{Name: r.Spec.Name, Addr: r.Addr()})
 				fmt.Fprintf(os.Stderr, "region %-10s jurisdiction %-4s api %s  agents %d  logs %s/%s-*.log\n",
@@ -115,7 +140,7 @@ Ctrl-C or SIGTERM stops everything.`,
 					return err
 				}
 			}
-			fmt.Fprintf(os.Stderr, "ready; try: APIARY_ADDR=%s apiary job run examples/hello.yaml --wait\n", cl.Regions[0].APIAddrs[0])
+			fmt.Fprintf(os.Stderr, "ready; try: APIARY_ADDR=%s apiary job run examples/hello.yaml --wait\n", cl.GlobalAddr)
 			<-ctx.Done()
 			fmt.Fprintln(os.Stderr, "stopping ...")
 			return nil
@@ -129,6 +154,8 @@ Ctrl-C or SIGTERM stops everything.`,
 	f.StringVar(&readyFile, "ready-file", "", `write {"global_addr", "regions":[{"name","addr"}]} here once every part answers`)
 	f.Int64Var(&agentCPU, "agent-cpu-millis", 4000, "CPU capacity of each dev agent (millicores)")
 	f.Int64Var(&agentMemory, "agent-memory-mb", 8192, "memory capacity of each dev agent (MiB)")
+	f.StringVar(&policyPath, "policy", "", "sovereignty policy file for the router and coordinators (default: built-in copy of deploy/policy.yaml)")
+	f.StringVar(&maxPending, "max-pending", "", "backlog bound per priority class of every region (see apiary region --max-pending)")
 	return cmd
 }
 

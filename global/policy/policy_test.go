@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -88,5 +89,18 @@ rules:
 	}
 	if d := p.Decide("", ""); d.Rule != "default" || !d.Allows("us") || d.Allows("eu") {
 		t.Errorf("default: %+v", d)
+	}
+}
+
+func TestDefaultYAMLIsDeployPolicy(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(b)) != strings.TrimSpace(DefaultYAML) {
+		t.Fatal("global/policy/default.go DefaultYAML differs from deploy/policy.yaml; copy the file over")
+	}
+	if _, err := Parse([]byte(DefaultYAML)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -56,6 +56,18 @@ type Options struct {
 	Regions []RegionSpec
 	// ExtraEnv is added to every process's environment.
 	ExtraEnv []string
+	// Global, if set, adds a global router (`apiary global`) and makes every
+	// coordinator join its serf WAN pool.
+	Global *GlobalSpec
+}
+
+// GlobalSpec describes the global router process.
+type GlobalSpec struct {
+	// PolicyFile is passed as --policy to the router and every coordinator
+	// (empty: no policy).
+	PolicyFile string
+	// ExtraArgs are appended to the `apiary global` command line.
+	ExtraArgs []string
 }
 
 // Proc is one supervised process.
@@ -167,7 +179,9 @@ type Region struct {
 	// EtcdEndpoints[i] is the etcd client URL of Coords[i]'s member.
 	EtcdEndpoints []string
 	Agents        []*Proc
-	ready         []string
+	// WANAddrs[i] is the serf WAN address of Coords[i] (with a global router).
+	WANAddrs []string
+	ready    []string
 }
 
 // Addr returns the comma-separated API addresses of the region.
@@ -177,6 +191,13 @@ func (r *Region) Addr() string { return strings.Join(r.APIAddrs, ",") }
 type Cluster struct {
 	opts    Options
 	Regions []*Region
+	// Global is the router process (nil without Options.Global); GlobalAddr
+	// its API address and GlobalWAN its serf address.
+	Global     *Proc
+	GlobalAddr string
+	GlobalWAN  string
+	wanPorts   [][]int
+	globalRdy  string
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
@@ -219,6 +240,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{opts: opts}
+	if opts.Global != nil {
+		if err := c.startGlobal(); err != nil {
+			return nil, err
+		}
+	}
 	for _, rs := range opts.Regions {
 		r, err := c.startRegion(rs)
 		if err != nil {
@@ -243,6 +269,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	for _, r := range c.Regions {
 		if err := r.WaitNodes(ctx, len(r.Spec.Agents)); err != nil {
+			c.Stop()
+			return nil, err
+		}
+	}
+	if c.Global != nil {
+		if err := c.WaitGlobal(ctx); err != nil {
 			c.Stop()
 			return nil, err
 		}
@@ -278,6 +310,10 @@ func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
 			"--ready-file", ready}
 		for k, v := range rs.Labels {
 			args = append(args, "--label", k+"="+v)
+		}
+		if c.opts.Global != nil {
+			args = append(args, c.wanArgs(len(c.Regions), i)...)
+			r.WANAddrs = append(r.WANAddrs, fmt.Sprintf("127.0.0.1:%d", c.wanPorts[len(c.Regions)][i]))
 		}
 		args = append(args, rs.ExtraArgs...)
 		p := &Proc{Name: id, Args: args, LogPath: filepath.Join(c.opts.Dir, id+".log"), env: c.opts.ExtraEnv, bin: c.opts.Binary}
@@ -402,8 +438,12 @@ func (r *Region) WaitNodes(ctx context.Context, n int) error {
 	})
 }
 
-// Stop stops every process (agents first), gracefully then by force.
+// Stop stops every process (router, then agents, then coordinators),
+// gracefully then by force.
 func (c *Cluster) Stop() {
+	if c.Global != nil {
+		c.Global.Stop(5 * time.Second)
+	}
 	var wg sync.WaitGroup
 	for _, r := range c.Regions {
 		for _, p := range r.Agents {

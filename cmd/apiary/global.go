@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"apiary.dev/apiary/global/policy"
+	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/global/router"
+)
+
+func init() { register(newGlobalCmd) }
+
+func newGlobalCmd() *cobra.Command {
+	var (
+		listen, wanBind, wanAdvertise, name string
+		wanJoin                             []string
+		policyPath, ready, logFormat        string
+	)
+	cmd := &cobra.Command{
+		Use:   "global",
+		Short: "Run a global router: JobService in front of every region (stateless)",
+		Long: `Run a global router. It joins the serf WAN pool that the regional
+coordinators join (--wan-join), keeps a live view of the regions (up while one
+coordinator is alive and answers), reads the sovereignty policy (--policy) and
+serves JobService: a submission goes to the best eligible region; a job no
+region may run is refused with a reason per region; status, cancel, watch and
+logs go to the region in the job id; list fans out. Any number of routers may
+run; they keep no state.`,
+		Example: `  apiary global --policy deploy/policy.yaml --wan-join 10.0.0.5:7946 --listen 0.0.0.0:7070`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logFormat)
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			var pol *policy.Policy
+			if policyPath != "" {
+				if pol, err = policy.Load(policyPath); err != nil {
+					return withCode(exitInvalid, fmt.Errorf("--policy: %w", err))
+				}
+			} else {
+				log.Warn("no --policy: a job's jurisdiction must equal its region's, nothing more")
+			}
+			lis, err := net.Listen("tcp", listen)
+			if err != nil {
+				return withCode(exitInvalid, fmt.Errorf("--listen: %w", err))
+			}
+			if name == "" {
+				host, _ := os.Hostname()
+				name = fmt.Sprintf("global/%s/%s", host, lis.Addr())
+			}
+			reg, err := registry.New(registry.Config{Name: name, Bind: wanBind, Advertise: wanAdvertise, Join: wanJoin, Logger: log.With("component", "wan")})
+			if err != nil {
+				lis.Close()
+				return withCode(exitInvalid, err)
+			}
+			defer reg.Close()
+			rt, err := router.New(router.Config{View: reg, Policy: pol, Logger: log})
+			if err != nil {
+				return err
+			}
+			srv := grpc.NewServer(grpc.MaxRecvMsgSize(16 << 20))
+			hs := health.NewServer()
+			healthpb.RegisterHealthServer(srv, hs)
+			rt.Register(srv)
+			go func() { _ = srv.Serve(lis) }()
+			log.Info("global router serving", "api", lis.Addr().String(), "wan", reg.WANAddr(), "join", wanJoin, "policy", policyPath)
+			if ready != "" {
+				b := fmt.Sprintf("{\"api\": %q, \"wan\": %q}\n", lis.Addr().String(), reg.WANAddr())
+				if err := writeFileAtomic(ready, []byte(b)); err != nil {
+					srv.Stop()
+					return err
+				}
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			<-ctx.Done()
+			log.Info("stopping global router")
+			done := make(chan struct{})
+			go func() { srv.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(2 * time.Second):
+				srv.Stop()
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:7070", "gRPC API listen address (JobService, AdminService.ListRegions)")
+	f.StringVar(&wanBind, "wan-bind", "127.0.0.1:7946", "serf WAN pool listen host:port (port 0 picks one)")
+	f.StringVar(&wanAdvertise, "wan-advertise", "", "serf WAN address others reach this router at (default --wan-bind)")
+	f.StringSliceVar(&wanJoin, "wan-join", nil, "WAN pool members to join (coordinators or other routers), host:port; retried every second")
+	f.StringVar(&name, "name", "", "unique member name in the WAN pool (default global/<host>/<listen>)")
+	f.StringVar(&policyPath, "policy", "", "sovereignty policy file (strict YAML; see deploy/policy.yaml)")
+	f.StringVar(&ready, "ready-file", "", `write {"api": ADDR, "wan": ADDR} here once serving`)
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	return cmd
+}

@@ -1,0 +1,150 @@
+package router
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/global/policy"
+	"apiary.dev/apiary/global/registry"
+)
+
+// Exclusion kinds: why a region cannot take a job.
+const (
+	KindSelector = "selector" // region labels do not match the job's region.selector
+	KindPolicy   = "policy"   // the sovereignty policy forbids the region's jurisdiction
+	KindDown     = "down"     // no coordinator alive and answering
+	KindCapacity = "capacity" // a task is larger than the region's largest node
+	KindRefused  = "refused"  // the region refused the job before accepting it
+)
+
+// Exclusion is one region left out of a routing decision, and why.
+type Exclusion struct {
+	Region string
+	Kind   string
+	Detail string
+}
+
+func (e Exclusion) String() string { return fmt.Sprintf("%s: %s: %s", e.Region, e.Kind, e.Detail) }
+
+// Eligible returns the regions that may take spec, best first, and every
+// other region with the reason it was excluded. Order: regions named in
+// spec.region.prefer in that order, then regions whose backlog for the job's
+// priority class is below its bound before those at or over it, then most
+// free CPU, then most free memory, then name. pol may be nil: then a job's
+// jurisdiction must equal the region's (the same rule a region applies
+// without a policy).
+func Eligible(regions []registry.Region, pol *policy.Policy, spec *apiaryv1.JobSpec) ([]registry.Region, []Exclusion) {
+	var ok []registry.Region
+	var out []Exclusion
+	var decision *policy.Decision
+	if pol != nil {
+		d := pol.Decide(spec.GetJurisdiction(), spec.GetDataClass())
+		decision = &d
+	}
+	for _, r := range regions {
+		if why := selectorMismatch(r, spec.GetRegion().GetSelector()); why != "" {
+			out = append(out, Exclusion{r.Name, KindSelector, why})
+			continue
+		}
+		if decision != nil && !decision.Allows(r.Jurisdiction) {
+			out = append(out, Exclusion{r.Name, KindPolicy, fmt.Sprintf("jurisdiction %q; %s for data (jurisdiction %q, data_class %q)",
+				r.Jurisdiction, decision, spec.GetJurisdiction(), spec.GetDataClass())})
+			continue
+		}
+		if decision == nil && spec.GetJurisdiction() != "" && r.Jurisdiction != "" && r.Jurisdiction != spec.GetJurisdiction() {
+			out = append(out, Exclusion{r.Name, KindPolicy, fmt.Sprintf("region jurisdiction %q, job requires %q", r.Jurisdiction, spec.GetJurisdiction())})
+			continue
+		}
+		if !r.Up {
+			out = append(out, Exclusion{r.Name, KindDown, r.DownReason})
+			continue
+		}
+		if why := tooLarge(r, spec); why != "" {
+			out = append(out, Exclusion{r.Name, KindCapacity, why})
+			continue
+		}
+		ok = append(ok, r)
+	}
+	prefer := map[string]int{}
+	for i, p := range spec.GetRegion().GetPrefer() {
+		if _, dup := prefer[p]; !dup {
+			prefer[p] = i
+		}
+	}
+	rank := func(r registry.Region) int {
+		if i, ok := prefer[r.Name]; ok {
+			return i
+		}
+		return len(prefer)
+	}
+	class := registry.ClassOf(spec.GetPriority())
+	full := func(r registry.Region) bool {
+		for _, b := range r.Backlog {
+			if b.Class == class && b.Bound > 0 && b.Pending >= b.Bound {
+				return true
+			}
+		}
+		return false
+	}
+	sort.SliceStable(ok, func(a, b int) bool {
+		ra, rb := ok[a], ok[b]
+		if x, y := rank(ra), rank(rb); x != y {
+			return x < y
+		}
+		if x, y := full(ra), full(rb); x != y {
+			return !x
+		}
+		if x, y := ra.Capacity.Free.CPUMillis, rb.Capacity.Free.CPUMillis; x != y {
+			return x > y
+		}
+		if x, y := ra.Capacity.Free.MemoryMiB, rb.Capacity.Free.MemoryMiB; x != y {
+			return x > y
+		}
+		return ra.Name < rb.Name
+	})
+	return ok, out
+}
+
+func selectorMismatch(r registry.Region, sel map[string]string) string {
+	keys := make([]string, 0, len(sel))
+	for k := range sel {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var miss []string
+	for _, k := range keys {
+		if got, ok := r.Labels[k]; !ok || got != sel[k] {
+			if !ok {
+				got = "(unset)"
+			}
+			miss = append(miss, fmt.Sprintf("%s=%s wanted, region has %s", k, sel[k], got))
+		}
+	}
+	if len(miss) == 0 {
+		return ""
+	}
+	return "region.selector: " + strings.Join(miss, "; ")
+}
+
+// tooLarge uses the largest node published in the region's tags; regions
+// with no registered node yet are not excluded (the region re-checks).
+func tooLarge(r registry.Region, spec *apiaryv1.JobSpec) string {
+	l := r.Capacity.Largest
+	if l.CPUMillis == 0 && l.MemoryMiB == 0 {
+		return ""
+	}
+	for g, grp := range spec.GetTasks() {
+		res := grp.GetResources()
+		gpus := int64(res.GetGpus())
+		if res.GetGpuMilli() > 0 && gpus == 0 {
+			gpus = 1
+		}
+		if res.GetCpuMillis() > l.CPUMillis || res.GetMemoryMb() > l.MemoryMiB || gpus > l.GPUs {
+			return fmt.Sprintf("tasks[%d] needs cpu %dm, memory %d MiB, %d GPU(s); largest node has cpu %dm, memory %d MiB, %d GPU(s)",
+				g, res.GetCpuMillis(), res.GetMemoryMb(), gpus, l.CPUMillis, l.MemoryMiB, l.GPUs)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,525 @@
+// Package router is the global tier's JobService (and AdminService's
+// ListRegions): a stateless router in front of the regions.
+//
+// SubmitJob: the eligible regions are those whose labels match the job's
+// region selector, minus those the sovereignty policy forbids, minus those
+// that are down (registry), minus those whose largest node is smaller than a
+// task. They are tried best first (route.go). A job no region may run is
+// refused with FAILED_PRECONDITION and a PreconditionFailure detail naming
+// every region and why (selector, policy, down, capacity, refused).
+//
+// Retry rules, chosen so the router never makes a second job:
+//   - nothing was sent (connection refused, no coordinator answering): try
+//     the region's next coordinator, then the next eligible region;
+//   - the region refused before accepting (FAILED_PRECONDITION, e.g. its own
+//     policy re-check or a task that fits none of its nodes;
+//     RESOURCE_EXHAUSTED, its backlog bound): try the next eligible region;
+//   - the outcome is unknown (the request was sent and the call failed with
+//     UNAVAILABLE, DEADLINE_EXCEEDED, ...): retry the SAME region with the
+//     same client and request id, whose dedup key returns the job if the
+//     first attempt committed. The router remembers (client id, request id)
+//     → region for StickyTTL, so a client's own retry goes to that region
+//     too, never elsewhere. A request without ids gets ids from the router.
+//
+// Job ids carry their region (internal/ids.RegionOf), so GetJob, CancelJob,
+// WatchJob and GetJobLogs go to that region without a lookup. ListJobs fans
+// out to every known region and lists the regions that did not answer.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/global/policy"
+	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/internal/jobspec"
+)
+
+// View is what the router needs of the region registry.
+type View interface {
+	Regions() []registry.Region
+	Conn(addr string) (*grpc.ClientConn, error)
+	MarkFailed(addr string)
+}
+
+// Config configures a Router.
+type Config struct {
+	View View
+	// Policy is the sovereignty policy (nil: a job's jurisdiction must equal
+	// the region's).
+	Policy *policy.Policy
+	Logger *slog.Logger
+	// AttemptTimeout bounds one forwarded call (default 5 s).
+	AttemptTimeout time.Duration
+	// StickyTTL is how long an unknown outcome pins a request id to its
+	// region (default 10 min).
+	StickyTTL time.Duration
+}
+
+// Router serves JobService and AdminService.ListRegions.
+type Router struct {
+	apiaryv1.UnimplementedJobServiceServer
+	cfg Config
+	log *slog.Logger
+
+	mu     sync.Mutex
+	sticky map[string]stickyEntry
+}
+
+type stickyEntry struct {
+	region string
+	at     time.Time
+}
+
+// New returns a router.
+func New(cfg Config) (*Router, error) {
+	if cfg.View == nil {
+		return nil, errors.New("router: View is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.AttemptTimeout <= 0 {
+		cfg.AttemptTimeout = 5 * time.Second
+	}
+	if cfg.StickyTTL <= 0 {
+		cfg.StickyTTL = 10 * time.Minute
+	}
+	return &Router{cfg: cfg, log: cfg.Logger, sticky: map[string]stickyEntry{}}, nil
+}
+
+// Register registers JobService and AdminService on s.
+func (r *Router) Register(s *grpc.Server) {
+	apiaryv1.RegisterJobServiceServer(s, r)
+	apiaryv1.RegisterAdminServiceServer(s, &adminServer{r: r})
+}
+
+// outcome classifies a failed forwarded call.
+type outcome int
+
+const (
+	outFinal   outcome = iota // return the error to the client as is
+	outNotSent                // nothing reached the region: try elsewhere
+	outRefused                // the region refused before accepting: next region
+	outUnknown                // sent, result unknown: retry the same region
+)
+
+func classify(err error, ctx context.Context) outcome {
+	st := status.Convert(err)
+	switch st.Code() {
+	case codes.InvalidArgument, codes.AlreadyExists, codes.PermissionDenied, codes.Unauthenticated, codes.NotFound:
+		return outFinal
+	case codes.FailedPrecondition, codes.ResourceExhausted, codes.OutOfRange:
+		return outRefused
+	case codes.Unavailable:
+		if notSent(st.Message()) {
+			return outNotSent
+		}
+	case codes.Canceled:
+		if ctx.Err() != nil {
+			return outFinal
+		}
+	}
+	return outUnknown
+}
+
+// notSent recognises gRPC's errors for a call that never left the client: the
+// connection could not be established.
+func notSent(msg string) bool {
+	m := strings.ToLower(msg)
+	return strings.Contains(m, "error while dialing") || strings.Contains(m, "connection refused") ||
+		strings.Contains(m, "no such host") || strings.Contains(m, "no coordinator answering")
+}
+
+var errNoCoordinator = status.Error(codes.Unavailable, "no coordinator answering")
+
+// call runs fn against the region's answering coordinators until one takes
+// the call: it moves on to the next coordinator only when nothing was sent.
+func (r *Router) call(ctx context.Context, region registry.Region, fn func(ctx context.Context, cc *grpc.ClientConn) error) error {
+	addrs := region.Addrs()
+	if len(addrs) == 0 {
+		return errNoCoordinator
+	}
+	var last error
+	for _, a := range addrs {
+		cc, err := r.cfg.View.Conn(a)
+		if err != nil {
+			last = status.Errorf(codes.Unavailable, "error while dialing %s: %v", a, err)
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, r.cfg.AttemptTimeout)
+		err = fn(actx, cc)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		last = err
+		if classify(err, ctx) != outNotSent {
+			return err
+		}
+		r.cfg.View.MarkFailed(a)
+	}
+	return last
+}
+
+func stickyKey(client, req string) string { return client + "\x00" + req }
+
+func (r *Router) stickyRegion(key string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.sticky[key]
+	if ok && time.Since(e.at) > r.cfg.StickyTTL {
+		delete(r.sticky, key)
+		return "", false
+	}
+	return e.region, ok
+}
+
+func (r *Router) setSticky(key, region string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	if len(r.sticky) > 10000 {
+		for k, e := range r.sticky {
+			if now.Sub(e.at) > r.cfg.StickyTTL {
+				delete(r.sticky, k)
+			}
+		}
+	}
+	r.sticky[key] = stickyEntry{region: region, at: now}
+}
+
+// SubmitJob routes a job to the best eligible region (see the package doc).
+func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) (*apiaryv1.SubmitJobResponse, error) {
+	if req.GetSpec() == nil {
+		return nil, status.Error(codes.InvalidArgument, "spec: is required")
+	}
+	spec := proto.Clone(req.GetSpec()).(*apiaryv1.JobSpec)
+	if err := jobspec.Validate(spec); err != nil {
+		return nil, err
+	}
+	jobspec.ApplyDefaults(spec)
+	req = proto.Clone(req).(*apiaryv1.SubmitJobRequest)
+	if req.GetClientId() == "" && req.GetRequestId() == "" {
+		// The router's own retries must be idempotent too.
+		req.ClientId, req.RequestId = "router", ids.NewJobID("req", time.Now())
+	}
+	key := stickyKey(req.GetClientId(), req.GetRequestId())
+	regions := r.cfg.View.Regions()
+	if name, ok := r.stickyRegion(key); ok {
+		for _, reg := range regions {
+			if reg.Name == name {
+				return r.submitSame(ctx, reg, req, key)
+			}
+		}
+		return nil, status.Errorf(codes.Unavailable, "request %s was sent to region %s with an unknown outcome and that region is gone from the pool; retry later with the same request id", req.GetRequestId(), name)
+	}
+	eligible, excluded := Eligible(regions, r.cfg.Policy, spec)
+	exhausted := false
+	for _, reg := range eligible {
+		var resp *apiaryv1.SubmitJobResponse
+		err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+			var err error
+			resp, err = apiaryv1.NewJobServiceClient(cc).SubmitJob(ctx, req)
+			return err
+		})
+		if err == nil {
+			return resp, nil
+		}
+		switch classify(err, ctx) {
+		case outFinal:
+			return nil, err
+		case outNotSent:
+			excluded = append(excluded, Exclusion{reg.Name, KindDown, "no coordinator took the call: " + status.Convert(err).Message()})
+		case outRefused:
+			exhausted = exhausted || status.Code(err) == codes.ResourceExhausted
+			excluded = append(excluded, Exclusion{reg.Name, KindRefused, status.Convert(err).Message()})
+		case outUnknown:
+			r.setSticky(key, reg.Name)
+			r.log.Warn("submission outcome unknown; retrying the same region", "region", reg.Name, "request_id", req.GetRequestId(), "err", err)
+			return r.submitSame(ctx, reg, req, key)
+		}
+	}
+	return nil, refusal(spec, regions, excluded, exhausted)
+}
+
+// submitSame retries a submission in one region (same request id) until it
+// has an answer or ctx ends.
+func (r *Router) submitSame(ctx context.Context, reg registry.Region, req *apiaryv1.SubmitJobRequest, key string) (*apiaryv1.SubmitJobResponse, error) {
+	var last error
+	for n := 0; ; n++ {
+		if cur, ok := r.regionByName(reg.Name); ok {
+			reg = cur
+		}
+		var resp *apiaryv1.SubmitJobResponse
+		err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+			var err error
+			resp, err = apiaryv1.NewJobServiceClient(cc).SubmitJob(ctx, req)
+			return err
+		})
+		if err == nil {
+			return resp, nil
+		}
+		last = err
+		if o := classify(err, ctx); o == outFinal || o == outRefused {
+			return nil, err
+		}
+		wait := min(100*time.Millisecond<<min(n, 4), time.Second)
+		select {
+		case <-ctx.Done():
+			return nil, status.Errorf(codes.Unavailable,
+				"submission to region %s has an unknown outcome (%s); retry with the same request id: it will go to %s again and never create a second job",
+				reg.Name, status.Convert(last).Message(), reg.Name)
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (r *Router) regionByName(name string) (registry.Region, bool) {
+	for _, reg := range r.cfg.View.Regions() {
+		if reg.Name == name {
+			return reg, true
+		}
+	}
+	return registry.Region{}, false
+}
+
+// refusal builds the structured error for a job no region took.
+func refusal(spec *apiaryv1.JobSpec, regions []registry.Region, ex []Exclusion, exhausted bool) error {
+	sort.SliceStable(ex, func(a, b int) bool { return ex[a].Region < ex[b].Region })
+	if len(regions) == 0 {
+		return status.Error(codes.Unavailable, "no region is known to the router yet (is it joined to the WAN pool?)")
+	}
+	// "Up" is the problem when every region that selector and policy allow
+	// is down (and there is at least one such region).
+	allowedDown, allowedOther := 0, 0
+	for _, e := range ex {
+		switch e.Kind {
+		case KindDown:
+			allowedDown++
+		case KindSelector, KindPolicy:
+		default:
+			allowedOther++
+		}
+	}
+	onlyDown := allowedDown > 0 && allowedOther == 0
+	code := codes.FailedPrecondition
+	head := fmt.Sprintf("no eligible region for job %q", spec.GetName())
+	switch {
+	case exhausted:
+		code = codes.ResourceExhausted
+		head = fmt.Sprintf("every eligible region refused job %q for now (backlog bound reached)", spec.GetName())
+	case onlyDown:
+		head = fmt.Sprintf("no eligible region up for job %q", spec.GetName())
+	}
+	pf := &errdetails.PreconditionFailure{}
+	lines := []string{head + ":"}
+	for _, e := range ex {
+		pf.Violations = append(pf.Violations, &errdetails.PreconditionFailure_Violation{Type: e.Kind, Subject: "region " + e.Region, Description: e.Kind + ": " + e.Detail})
+		lines = append(lines, fmt.Sprintf("  region %s: %s: %s", e.Region, e.Kind, e.Detail))
+	}
+	st := status.New(code, strings.Join(lines, "\n"))
+	d, err := st.WithDetails(pf)
+	if err == nil && exhausted {
+		d, err = d.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(2 * time.Second)})
+	}
+	if err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// regionOf routes by the region prefix of a job id.
+func (r *Router) regionOf(jobID string) (registry.Region, error) {
+	if jobID == "" {
+		return registry.Region{}, status.Error(codes.InvalidArgument, "job_id: is required")
+	}
+	name := ids.RegionOf(jobID)
+	if name == "" {
+		return registry.Region{}, status.Errorf(codes.InvalidArgument, "job_id: %q is not an apiary job id (<region>-<20 chars>)", jobID)
+	}
+	reg, ok := r.regionByName(name)
+	if !ok {
+		return registry.Region{}, status.Errorf(codes.NotFound, "job %s not found: region %s is not in the WAN pool", jobID, name)
+	}
+	if !reg.Up {
+		return registry.Region{}, status.Errorf(codes.Unavailable, "region %s of job %s is down: %s", name, jobID, reg.DownReason)
+	}
+	return reg, nil
+}
+
+// unary forwards an idempotent call about one job to its region.
+func (r *Router) unary(ctx context.Context, jobID string, fn func(ctx context.Context, c apiaryv1.JobServiceClient) error) error {
+	reg, err := r.regionOf(jobID)
+	if err != nil {
+		return err
+	}
+	err = r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+		return fn(ctx, apiaryv1.NewJobServiceClient(cc))
+	})
+	if err == errNoCoordinator {
+		return status.Errorf(codes.Unavailable, "region %s of job %s: no coordinator answering", reg.Name, jobID)
+	}
+	return err
+}
+
+// GetJob forwards to the job's region.
+func (r *Router) GetJob(ctx context.Context, req *apiaryv1.GetJobRequest) (*apiaryv1.GetJobResponse, error) {
+	var resp *apiaryv1.GetJobResponse
+	err := r.unary(ctx, req.GetJobId(), func(ctx context.Context, c apiaryv1.JobServiceClient) (err error) {
+		resp, err = c.GetJob(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
+// CancelJob forwards to the job's region (cancel is idempotent).
+func (r *Router) CancelJob(ctx context.Context, req *apiaryv1.CancelJobRequest) (*apiaryv1.CancelJobResponse, error) {
+	var resp *apiaryv1.CancelJobResponse
+	err := r.unary(ctx, req.GetJobId(), func(ctx context.Context, c apiaryv1.JobServiceClient) (err error) {
+		resp, err = c.CancelJob(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
+// GetJobLogs forwards to the job's region.
+func (r *Router) GetJobLogs(ctx context.Context, req *apiaryv1.GetJobLogsRequest) (*apiaryv1.GetJobLogsResponse, error) {
+	var resp *apiaryv1.GetJobLogsResponse
+	err := r.unary(ctx, req.GetJobId(), func(ctx context.Context, c apiaryv1.JobServiceClient) (err error) {
+		resp, err = c.GetJobLogs(ctx, req, grpc.MaxCallRecvMsgSize(64<<20))
+		return err
+	})
+	return resp, err
+}
+
+// WatchJob proxies the job region's stream.
+func (r *Router) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobService_WatchJobServer) error {
+	reg, err := r.regionOf(req.GetJobId())
+	if err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	var last error = errNoCoordinator
+	for _, a := range reg.Addrs() {
+		cc, err := r.cfg.View.Conn(a)
+		if err != nil {
+			continue
+		}
+		up, err := apiaryv1.NewJobServiceClient(cc).WatchJob(ctx, req)
+		if err != nil {
+			last = err
+			continue
+		}
+		sent := false
+		for {
+			m, err := up.Recv()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				if !sent && classify(err, ctx) == outNotSent {
+					r.cfg.View.MarkFailed(a)
+					last = err
+					break
+				}
+				return err
+			}
+			sent = true
+			if err := stream.Send(m); err != nil {
+				return err
+			}
+		}
+	}
+	return last
+}
+
+// ListJobs fans out to every region and merges, newest first.
+func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*apiaryv1.ListJobsResponse, error) {
+	limit := int(req.GetLimit())
+	if limit < 0 || limit > 10000 {
+		return nil, status.Errorf(codes.InvalidArgument, "limit: must be in 0..10000, got %d", limit)
+	}
+	if limit == 0 {
+		limit = 100
+	}
+	regions := r.cfg.View.Regions()
+	out := &apiaryv1.ListJobsResponse{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, reg := range regions {
+		if !reg.Up {
+			out.UnavailableRegions = append(out.UnavailableRegions, reg.Name)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var resp *apiaryv1.ListJobsResponse
+			err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
+				resp, err = apiaryv1.NewJobServiceClient(cc).ListJobs(ctx, req, grpc.MaxCallRecvMsgSize(64<<20))
+				return err
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				out.UnavailableRegions = append(out.UnavailableRegions, reg.Name)
+				return
+			}
+			out.Jobs = append(out.Jobs, resp.GetJobs()...)
+		}()
+	}
+	wg.Wait()
+	sort.Strings(out.UnavailableRegions)
+	sort.SliceStable(out.Jobs, func(a, b int) bool {
+		if x, y := out.Jobs[a].GetSubmitTimeMs(), out.Jobs[b].GetSubmitTimeMs(); x != y {
+			return x > y
+		}
+		return out.Jobs[a].GetId() > out.Jobs[b].GetId()
+	})
+	if len(out.Jobs) > limit {
+		out.Jobs = out.Jobs[:limit]
+	}
+	return out, nil
+}
+
+// adminServer serves ListRegions from the registry view.
+type adminServer struct {
+	apiaryv1.UnimplementedAdminServiceServer
+	r *Router
+}
+
+func (s *adminServer) ListRegions(context.Context, *apiaryv1.ListRegionsRequest) (*apiaryv1.ListRegionsResponse, error) {
+	out := &apiaryv1.ListRegionsResponse{}
+	for _, reg := range s.r.cfg.View.Regions() {
+		rs := &apiaryv1.RegionSummary{Name: reg.Name, Jurisdiction: reg.Jurisdiction, Labels: reg.Labels, Up: reg.Up,
+			DownReason: reg.DownReason, NodesReady: int32(reg.Capacity.NodesReady), UpdatedTimeMs: reg.UpdatedMs,
+			Free:        &apiaryv1.Resources{CpuMillis: reg.Capacity.Free.CPUMillis, MemoryMb: reg.Capacity.Free.MemoryMiB, Gpus: int32(reg.Capacity.Free.GPUs)},
+			LargestNode: &apiaryv1.Resources{CpuMillis: reg.Capacity.Largest.CPUMillis, MemoryMb: reg.Capacity.Largest.MemoryMiB, Gpus: int32(reg.Capacity.Largest.GPUs)}}
+		for _, c := range reg.Coordinators {
+			rs.Coordinators = append(rs.Coordinators, &apiaryv1.RegionCoordinator{Id: c.Tags.ID, ApiAddr: c.Tags.APIAddr,
+				MemberStatus: c.Status, Health: c.Tags.Health, Answers: c.Answers})
+		}
+		for _, b := range reg.Backlog {
+			rs.Backlog = append(rs.Backlog, &apiaryv1.PriorityBacklog{Class: b.Class, Pending: b.Pending, Bound: b.Bound})
+		}
+		out.Regions = append(out.Regions, rs)
+	}
+	return out, nil
+}
