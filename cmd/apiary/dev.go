@@ -17,6 +17,7 @@ import (
 
 	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/regional"
 )
 
@@ -93,6 +94,9 @@ global_addr in --ready-file). Ctrl-C or SIGTERM stops everything.`,
 				return err
 			}
 			opts := devcluster.Options{Binary: bin, Dir: dataDir, Global: &devcluster.GlobalSpec{PolicyFile: policyPath}}
+			// Every process appends its spans to one file (apiary trace reads it).
+			traceFile := filepath.Join(dataDir, "traces.jsonl")
+			opts.ExtraEnv = append(opts.ExtraEnv, telemetry.EnvTraceFile+"="+traceFile)
 			for i, r := range regions {
 				name, jur, _ := strings.Cut(r, ":")
 				if !regionNameRE.MatchString(name) {
@@ -140,6 +144,7 @@ global_addr in --ready-file). Ctrl-C or SIGTERM stops everything.`,
 					return err
 				}
 			}
+			fmt.Fprintf(os.Stderr, "spans of every process go to %s; export %s=%s, then apiary trace JOB_ID\n", traceFile, telemetry.EnvTraceFile, traceFile)
 			fmt.Fprintf(os.Stderr, "ready; try: APIARY_ADDR=%s apiary job run examples/hello.yaml --wait\n", cl.GlobalAddr)
 			<-ctx.Done()
 			fmt.Fprintln(os.Stderr, "stopping ...")
