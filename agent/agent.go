@@ -132,6 +132,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, "work"), 0o755); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	killOrphans(a.cfg.DataDir, a.log)
 	if a.cfg.MetricsAddr != "" {
 		srv, err := telemetry.Serve(a.cfg.MetricsAddr, a.cfg.Registry, true)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -108,7 +109,10 @@ func Start(spec Spec) (*Execution, error) {
 	}
 	cmd.Dir = spec.Dir
 	cmd.Env = spec.Env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Own process group; and if the agent dies, the kernel kills the task's
+	// main process (a restarted agent also sweeps leftover groups: see
+	// killOrphans).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 
 	// The process writes straight into its log files (no pipes, no copier
 	// goroutines: less work per attempt, and a background child that keeps
@@ -138,6 +142,8 @@ func Start(spec Spec) (*Execution, error) {
 		started: time.Now(),
 		done:    make(chan struct{}),
 	}
+	pgidFile := filepath.Join(spec.Dir, pgidFileName)
+	_ = os.WriteFile(pgidFile, []byte(strconv.Itoa(e.pgid)), 0o644)
 	if spec.Timeout > 0 {
 		e.mu.Lock()
 		e.timer = time.AfterFunc(spec.Timeout, func() { e.stop(OutcomeTimedOut) })
@@ -150,6 +156,7 @@ func Start(spec Spec) (*Execution, error) {
 		// Leftovers of the group (daemons, background jobs) do not outlive
 		// the attempt.
 		_ = syscall.Kill(-e.pgid, syscall.SIGKILL)
+		_ = os.Remove(pgidFile)
 		e.exited = true
 		if e.timer != nil {
 			e.timer.Stop()

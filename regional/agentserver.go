@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -29,7 +31,10 @@ type agentServer struct {
 	c *Coordinator
 }
 
-var nodeIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var (
+	nodeIDRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$`)
+)
 
 func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNodeRequest) (*apiaryv1.RegisterNodeResponse, error) {
 	c := s.c
@@ -42,6 +47,23 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	}
 	if req.GetMaxTasks() < 0 {
 		return nil, status.Error(codes.InvalidArgument, "max_tasks: must be >= 0")
+	}
+	if cp.GetCpuMillis() > 1<<30 || cp.GetMemoryMb() > 1<<40 || cp.GetGpus() > 1024 || cp.GetGpuMilli() != 0 {
+		return nil, status.Error(codes.InvalidArgument, "capacity: cpu_millis <= 2^30, memory_mb <= 2^40, gpus <= 1024, gpu_milli must be 0 (a node offers whole GPUs)")
+	}
+	if len(req.GetLabels()) > 64 {
+		return nil, status.Error(codes.InvalidArgument, "labels: at most 64")
+	}
+	for k, v := range req.GetLabels() {
+		if !labelKeyRE.MatchString(k) {
+			return nil, status.Errorf(codes.InvalidArgument, "labels: key %q must match %s", k, labelKeyRE)
+		}
+		if len(v) > 256 || !utf8.ValidString(v) || strings.ContainsAny(v, "\x00\n") {
+			return nil, status.Errorf(codes.InvalidArgument, "labels[%s]: value must be valid UTF-8 of at most 256 bytes without NUL or newline", k)
+		}
+	}
+	if len(req.GetGpuModel()) > 128 {
+		return nil, status.Error(codes.InvalidArgument, "gpu_model: at most 128 bytes")
 	}
 	ttl := int64(c.cfg.NodeLeaseTTL.Seconds() + 0.5)
 	cctx, cancel := etcdCtx(ctx)
@@ -212,6 +234,12 @@ func (s *agentServer) ReportTaskStatus(ctx context.Context, req *apiaryv1.Report
 	if _, err := s.c.checkJobID(req.GetJobId()); err != nil {
 		return nil, err
 	}
+	// Keep at most maxTailBytes of each stream (the end), whatever the agent
+	// sent, so one report can never outgrow an etcd request.
+	req.StdoutTail, req.StderrTail = capTail(req.GetStdoutTail()), capTail(req.GetStderrTail())
+	if len(req.GetError()) > maxTailBytes {
+		req.Error = req.GetError()[:maxTailBytes]
+	}
 	it := &reportItem{req: req, done: make(chan *apiaryv1.ReportTaskStatusResponse, 1)}
 	if err := s.c.reports.submit(ctx, it); err != nil {
 		return nil, status.FromContextError(err).Err()
@@ -286,35 +314,58 @@ var reportRNG = struct {
 // Txn whose compares pin each task's ModRevision and each node's epoch. If
 // the write Txn fails (a concurrent change), every report is redone alone.
 func (c *Coordinator) flushReports(batch []*reportItem) {
+	// Split by bytes so that no Txn outgrows etcd's request limit.
+	for len(batch) > 0 {
+		n, size := 0, 0
+		for n < len(batch) && (n == 0 || size+reportBytes(batch[n]) <= maxReportBatchBytes) {
+			size += reportBytes(batch[n])
+			n++
+		}
+		c.flushReportChunk(batch[:n])
+		batch = batch[n:]
+	}
+}
+
+func (c *Coordinator) flushReportChunk(batch []*reportItem) {
 	if len(batch) > 1 {
-		if c.commitReports(batch) {
+		if ok, err := c.commitReports(batch, false); ok && err == nil {
 			return
 		}
 	}
 	for _, it := range batch {
 		var ok bool
+		var err error
 		for try := 0; try < 5 && !ok; try++ {
-			ok = c.commitReports([]*reportItem{it})
+			ok, err = c.commitReports([]*reportItem{it}, true)
 		}
 		if !ok {
-			it.err = status.Error(codes.Aborted, "report: too many concurrent changes; retry")
+			if err == nil {
+				err = status.Error(codes.Aborted, "report: too many concurrent changes; retry")
+			}
+			it.err = err
 			it.done <- nil
 		}
 	}
 }
 
-// commitReports returns false if the write Txn's compares failed (nothing was
-// answered then); any other outcome answers every item.
-func (c *Coordinator) commitReports(batch []*reportItem) bool {
+// commitReports commits a batch and answers every item, returning true. It
+// returns false with nothing answered when the write Txn's compares failed,
+// or when etcd failed and answer is false (the caller then retries the items
+// one by one; with answer true the error is returned to the agents).
+func (c *Coordinator) commitReports(batch []*reportItem, answer bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), commitAttempts*commitAttemptTimeout)
 	defer cancel()
 	start := time.Now()
-	fail := func(err error) bool {
+	fail := func(err error) (bool, error) {
+		c.log.Warn("report commit failed", "reports", len(batch), "err", err)
+		if !answer {
+			return false, err
+		}
 		for _, it := range batch {
 			it.err = status.Errorf(codes.Unavailable, "report: %v", err)
 			it.done <- nil
 		}
-		return true
+		return true, nil
 	}
 	states := map[string]*reportState{}
 	var order []string
@@ -444,7 +495,7 @@ func (c *Coordinator) commitReports(batch []*reportItem) bool {
 			return fail(err)
 		}
 		if !wresp.Succeeded {
-			return false
+			return false, nil
 		}
 	}
 	for i, it := range batch {
@@ -452,7 +503,7 @@ func (c *Coordinator) commitReports(batch []*reportItem) bool {
 		c.observeReport(r, answers[i], states[keyTask(shards.Of(r.GetJobId(), c.meta.ShardCount), r.GetJobId(), r.GetTaskIndex())], outcomes[i], start)
 		it.done <- answers[i]
 	}
-	return true
+	return true, nil
 }
 
 func firstNonEmpty(a, b string) string {
@@ -467,4 +518,28 @@ func firstNonZero(a, b int64) int64 {
 		return a
 	}
 	return b
+}
+
+// maxTailBytes caps each output tail a coordinator stores per attempt.
+const maxTailBytes = 64 << 10
+
+// maxReportBatchBytes caps the output carried by one report Txn.
+const maxReportBatchBytes = 4 << 20
+
+// capTail keeps the last maxTailBytes of s, starting at a rune boundary.
+func capTail(s string) string {
+	if len(s) <= maxTailBytes {
+		return s
+	}
+	s = s[len(s)-maxTailBytes:]
+	for i := 0; i < len(s) && i < 4; i++ {
+		if utf8.RuneStart(s[i]) {
+			return s[i:]
+		}
+	}
+	return s
+}
+
+func reportBytes(it *reportItem) int {
+	return len(it.req.GetStdoutTail()) + len(it.req.GetStderrTail()) + len(it.req.GetError()) + 256
 }

@@ -45,7 +45,9 @@ type Config struct {
 	Etcd    EtcdConfig
 	// NodeLeaseTTL is the node lease (whole seconds, at least 1; default 2 s).
 	NodeLeaseTTL time.Duration
-	// OwnerLeaseTTL is the shard owner's session lease (default 1 s).
+	// OwnerLeaseTTL is the shard owner's session lease (default 2 s: a 1 s
+	// lease can lapse on the client side during an etcd leader election,
+	// which churns ownership; crashes are taken over on suspicion anyway).
 	OwnerLeaseTTL time.Duration
 	// SuspectAfter: a follower that cannot reach the owner's API this long
 	// (connection refused) revokes the owner's lease (default 300 ms; 0 keeps
@@ -100,7 +102,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("node-lease-ttl: must be at least 1s, got %s", c.NodeLeaseTTL)
 	}
 	if c.OwnerLeaseTTL == 0 {
-		c.OwnerLeaseTTL = time.Second
+		c.OwnerLeaseTTL = 2 * time.Second
 	}
 	if c.JobRetention == 0 {
 		c.JobRetention = 24 * time.Hour

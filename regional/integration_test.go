@@ -219,6 +219,24 @@ tasks:
 		}
 	})
 
+	t.Run("LargeOutputCompletes", func(t *testing.T) {
+		id := submit(t, c, spec(t, `
+name: loud
+tasks:
+  - name: a
+    count: 4
+    command: sh
+    args: ["-c", "head -c 300000 /dev/zero | tr '\\0' '<'; head -c 300000 /dev/zero | tr '\\0' '<' >&2"]
+`))
+		waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
+		for _, tk := range logs(t, c, id) {
+			a := tk.GetAttempts()[0]
+			if len(a.GetStdoutTail()) != 16384 || strings.Trim(a.GetStdoutTail(), "<") != "" || len(a.GetStderrTail()) != 16384 {
+				t.Fatalf("task %d: tails of %d and %d bytes", tk.GetIndex(), len(a.GetStdoutTail()), len(a.GetStderrTail()))
+			}
+		}
+	})
+
 	t.Run("RetryableFailureRetriesAndCompletes", func(t *testing.T) {
 		id := submit(t, c, spec(t, `
 name: retry-once

@@ -218,6 +218,9 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 	if limit == 0 {
 		limit = 100
 	}
+	if _, ok := apiaryv1.JobState_name[int32(req.GetState())]; !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "state: unknown job state %d", req.GetState())
+	}
 	cctx, cancel := etcdCtx(ctx)
 	defer cancel()
 	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(prefJobs, clientv3.WithPrefix()),

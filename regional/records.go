@@ -2,6 +2,7 @@ package regional
 
 import (
 	"encoding/json"
+	"strings"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 )
@@ -67,10 +68,14 @@ type memberRecord struct {
 	APIAddr string `json:"api_addr"`
 }
 
+// mustJSON encodes a record without HTML escaping (json.Marshal would store
+// each '<' of an output tail as six bytes).
 func mustJSON(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
 		panic(err)
 	}
-	return string(b)
+	return strings.TrimSuffix(b.String(), "\n")
 }

@@ -129,22 +129,34 @@ func (it *submitItem) dedupKey() string {
 
 const maxOpsPerTxn = 16384
 
+// maxSubmitBatchBytes bounds the estimated size of one group-commit Txn
+// (etcd refuses requests over its MaxRequestBytes, 16 MiB here); a single
+// submission is at most about 1 MiB of spec (jobspec limit) plus its tasks.
+const maxSubmitBatchBytes = 4 << 20
+
+// bytes estimates the encoded size of a submission's writes.
+func (it *submitItem) bytes() int {
+	return 2*proto.Size(it.job.Spec) + 256*len(it.tasks) + 512
+}
+
 // flushSubmits commits a batch in one Txn guarded by "no dedup key exists".
 // If that guard fails (some request id was seen before) or a batch holds the
 // same request id twice, it falls back to one Txn per submission.
 func (c *Coordinator) flushSubmits(batch []*submitItem) {
 	var together, alone []*submitItem
 	seen := map[string]bool{}
-	nops := 0
+	nops, size := 0, 0
 	for _, it := range batch {
 		k := it.dedupKey()
 		n := len(it.tasks) + 2
-		if (k != "" && seen[k]) || nops+n > maxOpsPerTxn {
+		b := it.bytes()
+		if (k != "" && seen[k]) || nops+n > maxOpsPerTxn || size+b > maxSubmitBatchBytes {
 			alone = append(alone, it)
 			continue
 		}
 		seen[k] = true
 		nops += n
+		size += b
 		together = append(together, it)
 	}
 	if len(together) == 1 {

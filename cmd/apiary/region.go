@@ -109,7 +109,7 @@ restarted from the same data dirs loses nothing.`,
 	f.UintVar(&cfg.Etcd.ElectionMs, "etcd-election-ms", 500, "etcd election timeout (ms)")
 	f.UintVar(&cfg.Etcd.HeartbeatMs, "etcd-heartbeat-ms", 50, "etcd heartbeat interval (ms)")
 	f.DurationVar(&cfg.NodeLeaseTTL, "node-lease-ttl", 2*time.Second, "node lease TTL (whole seconds, >= 1s)")
-	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", time.Second, "shard owner lease TTL (whole seconds, >= 1s)")
+	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", 2*time.Second, "shard owner lease TTL (whole seconds, >= 1s)")
 	f.DurationVar(&cfg.SuspectAfter, "suspect-after", 300*time.Millisecond, "take the shards over when the owner's API refuses connections this long (negative: never)")
 	f.DurationVar(&cfg.JobRetention, "job-retention", 24*time.Hour, "keep finished jobs this long, then delete them (negative: forever)")
 	f.StringVar(&policy, "scheduler", "binpack", "default placement policy: binpack, spread or fragmentation")

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"apiary.dev/apiary/internal/cliconn"
+	"apiary.dev/apiary/loadtest"
+)
+
+func init() { register(newLoadtestCmd) }
+
+func newLoadtestCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "loadtest",
+		Short: "Open-loop load and fault scenarios on real processes, with verification",
+		Long: `Run open-loop load against a region this command starts as real processes
+(or, for "run", an existing one with --addr), inject faults, then read every
+job back and verify: nothing accepted lost, no task completed twice, stale
+attempts' effects fenced, no task outside its jurisdiction. Any violation
+makes the command exit 1 and lists the offending ids.`,
+	}
+	cmd.AddCommand(newLoadtestRunCmd(), newLoadtestFailoverCmd())
+	return cmd
+}
+
+type loadtestFlags struct {
+	rate        float64
+	duration    time.Duration
+	tasksPerJob int
+	taskSleep   time.Duration
+	agents      int
+	slots       int
+	coords      int
+	output      string
+	resultsDir  string
+	workDir     string
+}
+
+func (f *loadtestFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.Float64Var(&f.rate, "rate", 50, "submissions per second (open loop)")
+	fl.IntVar(&f.tasksPerJob, "tasks-per-job", 1, "tasks per job")
+	fl.DurationVar(&f.taskSleep, "task-sleep", 300*time.Millisecond, "how long each task runs")
+	fl.IntVar(&f.agents, "agents", 3, "agents in the region the harness starts")
+	fl.IntVar(&f.slots, "slots", 32, "task slots per agent")
+	fl.IntVar(&f.coords, "coordinators", 0, "coordinators (default 3 for scheduler faults, else 1)")
+	fl.StringVarP(&f.output, "output", "o", "text", "text or json")
+	fl.StringVar(&f.resultsDir, "results-dir", "loadtest/results", "write <timestamp>-<scenario>/ here (empty: do not write)")
+	fl.StringVar(&f.workDir, "work-dir", "", "scratch dir for data, logs and the ledger (default: a temp dir, removed)")
+}
+
+func newLoadtestRunCmd() *cobra.Command {
+	var f loadtestFlags
+	var addr string
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Steady open-loop load, then verification",
+		Example: `  apiary loadtest run --rate 200 --duration 20s
+  apiary loadtest run --addr 127.0.0.1:7070 --rate 50 --duration 10s --work-dir /tmp/lt`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("addr") || os.Getenv(cliconn.EnvAddr) != "" && !cmd.Flags().Changed("dev") {
+				addr = cliconn.ResolveAddr(addr, cmd.Flags().Changed("addr"))
+			}
+			if dev, _ := cmd.Flags().GetBool("dev"); dev {
+				addr = ""
+			}
+			return runLoadtest(cmd, f, loadtest.Options{Scenario: loadtest.Steady, Duration: f.duration, Addr: addr})
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().DurationVar(&f.duration, "duration", 10*time.Second, "how long to submit")
+	cmd.Flags().StringVar(&addr, "addr", "", "target an existing region (env APIARY_ADDR) instead of starting one")
+	cmd.Flags().Bool("dev", false, "start a region even if APIARY_ADDR is set")
+	return cmd
+}
+
+func newLoadtestFailoverCmd() *cobra.Command {
+	var f loadtestFlags
+	var scenario string
+	var trials int
+	var every time.Duration
+	cmd := &cobra.Command{
+		Use:   "failover",
+		Short: "Inject a fault per trial under load and time what users wait on",
+		Long: `Scenarios: kill-scheduler (SIGKILL the scheduling coordinator of a
+3-coordinator region), pause-scheduler (SIGSTOP it longer than its lease, then
+SIGCONT), kill-agent (SIGKILL an agent running tasks), pause-agent (SIGSTOP an
+agent longer than its lease, then SIGCONT).`,
+		Example: `  apiary loadtest failover --scenario kill-scheduler --trials 20 --output json`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runLoadtest(cmd, f, loadtest.Options{Scenario: loadtest.Scenario(scenario), Trials: trials, TrialEvery: every})
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&scenario, "scenario", "kill-scheduler", "kill-scheduler, pause-scheduler, kill-agent or pause-agent")
+	cmd.Flags().IntVar(&trials, "trials", 5, "faults to inject (1..200)")
+	cmd.Flags().DurationVar(&every, "trial-every", 6*time.Second, "load time per trial")
+	return cmd
+}
+
+func runLoadtest(cmd *cobra.Command, f loadtestFlags, o loadtest.Options) error {
+	if f.output != "text" && f.output != "json" {
+		return withCode(exitInvalid, fmt.Errorf("--output: must be text or json, got %q", f.output))
+	}
+	if o.Scenario != loadtest.Steady && o.Scenario != "" {
+		ok := false
+		for _, s := range loadtest.Scenarios {
+			ok = ok || (s == o.Scenario && s != loadtest.Steady)
+		}
+		if !ok {
+			return withCode(exitInvalid, fmt.Errorf("--scenario: must be kill-scheduler, pause-scheduler, kill-agent or pause-agent, got %q", o.Scenario))
+		}
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	work := f.workDir
+	if work == "" {
+		if work, err = os.MkdirTemp("", "apiary-loadtest-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(work)
+	}
+	o.Binary, o.WorkDir = bin, work
+	o.Rate, o.TasksPerJob, o.TaskSleep = f.rate, f.tasksPerJob, f.taskSleep
+	o.Agents, o.Slots, o.Coordinators = f.agents, f.slots, f.coords
+	stderr := cmd.ErrOrStderr()
+	o.Logf = func(format string, args ...any) {
+		fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	}
+	total := o.Duration
+	if o.Scenario != loadtest.Steady {
+		total = time.Duration(o.Trials) * o.TrialEvery
+	}
+	expected := int64(o.Rate * total.Seconds())
+	var done, failed atomic.Int64
+	if term.IsTerminal(int(os.Stderr.Fd())) {
+		bar := progressbar.NewOptions64(expected, progressbar.OptionSetWriter(os.Stderr),
+			progressbar.OptionSetDescription("submitting"), progressbar.OptionShowCount(), progressbar.OptionThrottle(100*time.Millisecond))
+		o.OnSample = func(s loadtest.Sample) { _ = bar.Add(1) }
+	} else {
+		var last atomic.Int64
+		o.OnSample = func(s loadtest.Sample) {
+			n := done.Add(1)
+			if s.Err != "" {
+				failed.Add(1)
+			}
+			if now := time.Now().Unix(); last.Swap(now) != now {
+				fmt.Fprintf(stderr, "submitted %d/%d (%d errors)\n", n, expected, failed.Load())
+			}
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := loadtest.Run(ctx, o)
+	if err != nil {
+		return withCode(exitInvalid, err)
+	}
+	if f.resultsDir != "" {
+		dir := filepath.Join(f.resultsDir, time.Now().UTC().Format("20060102T150405Z")+"-"+string(o.Scenario))
+		if err := loadtest.WriteResults(dir, res, "apiary "+strings.Join(os.Args[1:], " ")); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "results in %s\n", dir)
+	}
+	if f.output == "json" {
+		b, _ := json.MarshalIndent(res, "", "  ")
+		fmt.Fprintln(cmd.OutOrStdout(), string(b))
+	} else {
+		w := cmd.OutOrStdout()
+		fmt.Fprintf(w, "scenario %s: %d trials (%d valid)\n", res.Scenario, res.Trials, res.ValidTrials)
+		fmt.Fprintf(w, "submitted %d, accepted %d, completed %d, failed %d, lost %d, duplicates %d, sovereignty violations %d\n",
+			res.Submitted, res.Accepted, res.Completed, res.Failed, res.Lost, res.Duplicates, res.SovereigntyViolations)
+		fmt.Fprintf(w, "throughput %.1f tasks/s\n", res.ThroughputTasksPerS)
+		for _, l := range []struct {
+			name string
+			q    loadtest.Quantiles
+		}{{"submit latency", res.SubmitLatencyMs}, {"schedule latency", res.ScheduleLatencyMs}, {"fault to dispatch", res.FaultToDispatchMs}, {"generator lag", res.GeneratorLagMs}} {
+			fmt.Fprintf(w, "%-18s n=%d p50 %.1f ms  p95 %.1f ms  p99 %.1f ms  max %.1f ms\n", l.name, l.q.N, l.q.P50, l.q.P95, l.q.P99, l.q.Max)
+		}
+	}
+	if !res.Verdict.OK() {
+		return withCode(exitJobFailed, fmt.Errorf("verification failed: %s", res.Verdict.Error()))
+	}
+	return nil
+}

@@ -1,0 +1,52 @@
+package loadtest
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// Effect is one ledger line: an attempt of a task that really ran.
+type Effect struct {
+	JobID        string
+	Task         int32
+	Attempt      int32
+	FencingToken int64
+	Node         string
+	Region       string
+}
+
+// LedgerCommand is the shell snippet a load-test task runs first: it appends
+// the attempt's identity to the ledger file (one short O_APPEND write, atomic
+// on a local file system), then the task's work follows.
+func LedgerCommand(ledgerPath string) string {
+	return `printf '%s,%s,%s,%s,%s,%s\n' "$APIARY_JOB_ID" "$APIARY_TASK_INDEX" "$APIARY_ATTEMPT" "$APIARY_FENCING_TOKEN" "$APIARY_NODE_ID" "$APIARY_REGION" >> ` + shellQuote(ledgerPath)
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// ReadLedger parses a ledger; a malformed line is an error naming its number.
+func ReadLedger(r io.Reader) ([]Effect, error) {
+	var out []Effect
+	sc := bufio.NewScanner(r)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		f := strings.Split(line, ",")
+		if len(f) != 6 {
+			return nil, fmt.Errorf("ledger line %d: want 6 fields, got %d: %q", n, len(f), line)
+		}
+		task, err1 := strconv.ParseInt(f[1], 10, 32)
+		att, err2 := strconv.ParseInt(f[2], 10, 32)
+		tok, err3 := strconv.ParseInt(f[3], 10, 64)
+		if err1 != nil || err2 != nil || err3 != nil {
+			return nil, fmt.Errorf("ledger line %d: task, attempt and token must be integers: %q", n, line)
+		}
+		out = append(out, Effect{JobID: f[0], Task: int32(task), Attempt: int32(att), FencingToken: tok, Node: f[4], Region: f[5]})
+	}
+	return out, sc.Err()
+}

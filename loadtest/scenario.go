@@ -1,0 +1,572 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	"google.golang.org/grpc"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/devcluster"
+)
+
+// Scenario names a fault to inject under load.
+type Scenario string
+
+// The scenarios. Steady injects nothing.
+const (
+	Steady         Scenario = "steady"
+	KillScheduler  Scenario = "kill-scheduler"
+	PauseScheduler Scenario = "pause-scheduler"
+	KillAgent      Scenario = "kill-agent"
+	PauseAgent     Scenario = "pause-agent"
+)
+
+// Scenarios lists the scenarios this harness runs on one region.
+var Scenarios = []Scenario{Steady, KillScheduler, PauseScheduler, KillAgent, PauseAgent}
+
+// Options configure a run.
+type Options struct {
+	Scenario Scenario
+	// Trials is the number of faults (one per TrialEvery of load).
+	Trials     int
+	TrialEvery time.Duration
+	// Rate is submissions per second; for Steady, Duration is the load time.
+	Rate     float64
+	Duration time.Duration
+	// TasksPerJob and TaskSleep shape each job (each task appends to the
+	// ledger, then sleeps).
+	TasksPerJob int
+	TaskSleep   time.Duration
+	// Binary and WorkDir: the cluster is started as real processes there.
+	Binary  string
+	WorkDir string
+	// Addr, if set, targets an existing region instead (steady load only;
+	// its agents must run on this host so that tasks can append to the
+	// ledger under WorkDir).
+	Addr string
+	// Coordinators (default 3 for scheduler faults, else 1), Agents
+	// (default 3) and Slots per agent (default 32).
+	Coordinators int
+	Agents       int
+	Slots        int
+	// NodeLeaseTTL of the region (default 1 s); Pause is how long a paused
+	// process stays stopped (default 2.5 s, longer than both leases).
+	NodeLeaseTTL time.Duration
+	Pause        time.Duration
+	// DrainTimeout bounds the wait for every accepted job to finish.
+	DrainTimeout time.Duration
+	Logf         func(format string, args ...any)
+	OnSample     func(Sample)
+}
+
+func (o *Options) defaults() error {
+	switch o.Scenario {
+	case Steady, KillScheduler, PauseScheduler, KillAgent, PauseAgent:
+	default:
+		return fmt.Errorf("scenario: must be one of %v, got %q", Scenarios, o.Scenario)
+	}
+	if o.Rate <= 0 {
+		return fmt.Errorf("rate: must be > 0, got %v", o.Rate)
+	}
+	if o.Addr != "" && o.Scenario != Steady {
+		return fmt.Errorf("scenario: faults need a cluster the harness starts itself; with an address only %q runs", Steady)
+	}
+	if o.Scenario == Steady {
+		if o.Duration <= 0 {
+			return fmt.Errorf("duration: must be > 0 for steady load")
+		}
+		o.Trials = 0
+	} else {
+		if o.Trials < 1 || o.Trials > 200 {
+			return fmt.Errorf("trials: must be in 1..200, got %d", o.Trials)
+		}
+		if o.TrialEvery == 0 {
+			o.TrialEvery = 6 * time.Second
+		}
+		o.Duration = time.Duration(o.Trials) * o.TrialEvery
+	}
+	if o.TasksPerJob == 0 {
+		o.TasksPerJob = 1
+	}
+	if o.TaskSleep == 0 {
+		o.TaskSleep = 300 * time.Millisecond
+	}
+	if o.Coordinators == 0 {
+		o.Coordinators = 1
+		if o.Scenario == KillScheduler || o.Scenario == PauseScheduler {
+			o.Coordinators = 3
+		}
+	}
+	if o.Agents == 0 {
+		o.Agents = 3
+	}
+	if o.Slots == 0 {
+		o.Slots = 32
+	}
+	if o.NodeLeaseTTL == 0 {
+		o.NodeLeaseTTL = time.Second
+	}
+	if o.Pause == 0 {
+		o.Pause = 2500 * time.Millisecond
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = 60 * time.Second
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	return nil
+}
+
+// Quantiles are latency quantiles in milliseconds.
+type Quantiles struct {
+	N   int64   `json:"n"`
+	P50 float64 `json:"p50"`
+	P95 float64 `json:"p95"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+func quantiles(ms []float64) Quantiles {
+	h := hdrhistogram.New(1, 3_600_000_000, 3) // µs, up to 1 h
+	for _, v := range ms {
+		_ = h.RecordValue(max(int64(v*1000), 1))
+	}
+	q := func(p float64) float64 { return float64(h.ValueAtQuantile(p)) / 1000 }
+	return Quantiles{N: h.TotalCount(), P50: q(50), P95: q(95), P99: q(99), Max: float64(h.Max()) / 1000}
+}
+
+// Trial is one injected fault and what it cost.
+type Trial struct {
+	N      int       `json:"trial"`
+	Fault  string    `json:"fault"`
+	Target string    `json:"target"`
+	At     time.Time `json:"at"`
+	// FaultToDispatchMs: for scheduler faults, from the fault to the first
+	// task started under the successor's epoch; for agent faults, from the
+	// fault until every task the node held had started again elsewhere.
+	FaultToDispatchMs float64 `json:"fault_to_dispatch_ms"`
+	Valid             bool    `json:"valid"`
+	Note              string  `json:"note,omitempty"`
+	// internal: the revision just before a scheduler fault
+	newEpoch int64
+	node     string
+	epoch    int64
+}
+
+// Result is a run's outcome, with stable JSON field names.
+type Result struct {
+	Scenario              string    `json:"scenario"`
+	Trials                int       `json:"trials"`
+	ValidTrials           int       `json:"valid_trials"`
+	Submitted             int       `json:"submitted"`
+	Accepted              int       `json:"accepted"`
+	Completed             int       `json:"completed"`
+	Failed                int       `json:"failed"`
+	Lost                  int       `json:"lost"`
+	Duplicates            int       `json:"duplicates"`
+	SovereigntyViolations int       `json:"sovereignty_violations"`
+	ThroughputTasksPerS   float64   `json:"throughput_tasks_per_s"`
+	SubmitLatencyMs       Quantiles `json:"submit_latency_ms"`
+	ScheduleLatencyMs     Quantiles `json:"schedule_latency_ms"`
+	FaultToDispatchMs     Quantiles `json:"fault_to_dispatch_ms"`
+	GeneratorLagMs        Quantiles `json:"generator_lag_ms"`
+	Verdict               Verdict   `json:"verdict"`
+	TrialDetails          []Trial   `json:"trial_details"`
+	Config                Options   `json:"-"`
+	Samples               []Sample  `json:"-"`
+}
+
+const region = "lt-eu"
+
+// Run starts a region as real processes, runs open-loop load with the
+// scenario's faults, waits for every accepted job to finish, verifies the
+// promises and returns the figures. It stops by itself: load and faults are
+// bounded by Trials x TrialEvery (or Duration) plus DrainTimeout.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(o.WorkDir, 0o755); err != nil {
+		return nil, err
+	}
+	ledgerPath := filepath.Join(o.WorkDir, "ledger.csv")
+	_ = os.Remove(ledgerPath)
+	var agents []devcluster.AgentSpec
+	for i := 0; i < o.Agents; i++ {
+		agents = append(agents, devcluster.AgentSpec{ID: fmt.Sprintf("lt-n%d", i+1), Labels: map[string]string{"zone": fmt.Sprintf("z%d", i%3)},
+			CPUMillis: int64(o.Slots) * 100, MemoryMiB: int64(o.Slots) * 64, MaxTasks: o.Slots})
+	}
+	var r *devcluster.Region
+	var conn *grpc.ClientConn
+	if o.Addr == "" {
+		o.Logf("starting region %s: %d coordinator(s), %d agent(s) x %d slots", region, o.Coordinators, o.Agents, o.Slots)
+		cl, err := devcluster.Start(ctx, devcluster.Options{Binary: o.Binary, Dir: filepath.Join(o.WorkDir, "cluster"),
+			Regions: []devcluster.RegionSpec{{Name: region, Jurisdiction: "eu", Coordinators: o.Coordinators, Agents: agents,
+				ExtraArgs: []string{"--node-lease-ttl", o.NodeLeaseTTL.String()}}}})
+		if err != nil {
+			return nil, err
+		}
+		defer cl.Stop()
+		r = cl.Regions[0]
+		if conn, err = r.Dial(); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if conn, err = devcluster.DialAddrs(strings.Split(o.Addr, ",")); err != nil {
+			return nil, err
+		}
+	}
+	defer conn.Close()
+	js := apiaryv1.NewJobServiceClient(conn)
+	admin := apiaryv1.NewAdminServiceClient(conn)
+	regionName, jurisdiction := region, "eu"
+	if o.Addr != "" {
+		info, err := regionInfo(ctx, admin)
+		if err != nil {
+			return nil, fmt.Errorf("region at %s: %w", o.Addr, err)
+		}
+		regionName, jurisdiction = info.GetRegion(), info.GetJurisdiction()
+	}
+	sleep := strconv.FormatFloat(o.TaskSleep.Seconds(), 'f', 3, 64)
+	spec := func(i int) *apiaryv1.JobSpec {
+		return &apiaryv1.JobSpec{Name: "loadtest", Jurisdiction: jurisdiction, MaxAttempts: 10, Tasks: []*apiaryv1.TaskGroup{{
+			Name: "t", Count: int32(o.TasksPerJob), Command: "sh",
+			Args:      []string{"-c", LedgerCommand(ledgerPath) + "; sleep " + sleep},
+			Resources: &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 16}}}}
+	}
+	res := &Result{Scenario: string(o.Scenario), Trials: o.Trials, Config: o}
+	var samples []Sample
+	var genErr error
+	genDone := make(chan struct{})
+	runID := fmt.Sprintf("%s-%d", o.Scenario, time.Now().UnixNano())
+	go func() {
+		defer close(genDone)
+		samples, genErr = Generate(ctx, js, LoadOptions{Rate: o.Rate, Duration: o.Duration, Spec: spec, RunID: runID, OnSample: o.OnSample})
+	}()
+	start := time.Now()
+	for k := 0; k < o.Trials; k++ {
+		at := start.Add(time.Duration(k)*o.TrialEvery + o.TrialEvery/3)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Until(at)):
+		}
+		tr, err := inject(ctx, o, r, admin, k+1)
+		if err != nil {
+			tr.Note = err.Error()
+			o.Logf("trial %d: %v", k+1, err)
+		}
+		res.TrialDetails = append(res.TrialDetails, tr)
+	}
+	<-genDone
+	if genErr != nil {
+		return nil, genErr
+	}
+	res.Samples = samples
+	var accepted []string
+	var lat, lag []float64
+	for _, s := range samples {
+		lat = append(lat, s.LatencyMs())
+		lag = append(lag, s.LagMs())
+		if s.JobID != "" {
+			accepted = append(accepted, s.JobID)
+		}
+	}
+	res.Submitted, res.Accepted = len(samples), len(accepted)
+	res.SubmitLatencyMs, res.GeneratorLagMs = quantiles(lat), quantiles(lag)
+	o.Logf("load done: %d submitted, %d accepted; waiting for them to finish", res.Submitted, res.Accepted)
+	jobs := drain(ctx, js, accepted, o.DrainTimeout, o.Logf)
+	f, err := os.Open(ledgerPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var ledger []Effect
+	if f != nil {
+		ledger, err = ReadLedger(f)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	res.Verdict = Verify(accepted, jobs, ledger, map[string]string{regionName: jurisdiction})
+	res.Completed, res.Failed = res.Verdict.Completed, res.Verdict.Failed
+	res.Lost, res.Duplicates = len(res.Verdict.Lost), len(res.Verdict.Duplicates)
+	res.SovereigntyViolations = len(res.Verdict.SovereigntyViolations)
+	measure(res, jobs)
+	return res, nil
+}
+
+// inject applies one fault and restores the process afterwards.
+func inject(ctx context.Context, o Options, r *devcluster.Region, admin apiaryv1.AdminServiceClient, n int) (Trial, error) {
+	tr := Trial{N: n, Fault: string(o.Scenario)}
+	switch o.Scenario {
+	case KillScheduler, PauseScheduler:
+		info, err := regionInfo(ctx, admin)
+		if err != nil {
+			return tr, err
+		}
+		idx := -1
+		for _, c := range info.GetCoordinators() {
+			if c.GetScheduler() {
+				for i, p := range r.Coords {
+					if p.Name == c.GetId() {
+						idx, tr.Target = i, c.GetId()
+					}
+				}
+			}
+		}
+		if idx < 0 {
+			return tr, fmt.Errorf("no scheduler to fault")
+		}
+		// Plans committed after this revision carry higher fencing tokens;
+		// with the owner killed or paused right after it, they are the
+		// successor's.
+		tr.newEpoch = info.GetRevision()
+		tr.At = time.Now()
+		if o.Scenario == KillScheduler {
+			err = r.Coords[idx].Kill()
+		} else {
+			err = r.Coords[idx].Pause()
+		}
+		if err != nil {
+			return tr, err
+		}
+		// Wait for a successor's epoch (the fencing token of everything it
+		// dispatches is above it).
+		deadline := time.Now().Add(20 * time.Second)
+		succeeded := false
+		for time.Now().Before(deadline) && !succeeded {
+			if in, err := regionInfo(ctx, admin); err == nil && in.GetSchedulerEpoch() != info.GetSchedulerEpoch() && in.GetSchedulerEpoch() != 0 {
+				succeeded = true
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if o.Scenario == PauseScheduler {
+			time.Sleep(max(0, o.Pause-time.Since(tr.At)))
+			_ = r.Coords[idx].Resume()
+		} else {
+			if err := r.RestartCoordinator(ctx, idx); err != nil {
+				return tr, fmt.Errorf("restart %s: %w", tr.Target, err)
+			}
+		}
+		if !succeeded {
+			return tr, fmt.Errorf("no successor within 20 s")
+		}
+	case KillAgent, PauseAgent:
+		resp, err := admin.ListNodes(ctx, &apiaryv1.ListNodesRequest{})
+		if err != nil {
+			return tr, err
+		}
+		nodes := resp.GetNodes()
+		sort.Slice(nodes, func(a, b int) bool { return nodes[a].GetRunningTasks() > nodes[b].GetRunningTasks() })
+		var p *devcluster.Proc
+		for _, nd := range nodes {
+			if nd.GetStatus() != apiaryv1.NodeStatus_NODE_STATUS_READY || nd.GetRunningTasks() == 0 {
+				continue
+			}
+			for _, a := range r.Agents {
+				if a.Name == nd.GetId() {
+					p, tr.Target, tr.node, tr.epoch = a, nd.GetId(), nd.GetId(), nd.GetEpoch()
+				}
+			}
+			if p != nil {
+				break
+			}
+		}
+		if p == nil {
+			return tr, fmt.Errorf("no agent with running tasks")
+		}
+		tr.At = time.Now()
+		if o.Scenario == KillAgent {
+			if err := p.Kill(); err != nil {
+				return tr, err
+			}
+			// A crashed host does not come back at once: restart the agent
+			// only after its lease has lapsed (node DOWN), so the reclaim
+			// measured is the lease's, not a re-registration's.
+			deadline := time.Now().Add(o.NodeLeaseTTL*5 + 5*time.Second)
+			for time.Now().Before(deadline) && nodeReady(ctx, admin, tr.node, tr.epoch) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			time.Sleep(o.NodeLeaseTTL)
+			if err := p.Start(); err != nil {
+				return tr, err
+			}
+		} else {
+			if err := p.Pause(); err != nil {
+				return tr, err
+			}
+			time.Sleep(o.Pause)
+			_ = p.Resume()
+		}
+		if err := r.WaitNodes(ctx, o.Agents); err != nil {
+			return tr, err
+		}
+	}
+	return tr, nil
+}
+
+func regionInfo(ctx context.Context, admin apiaryv1.AdminServiceClient) (*apiaryv1.GetRegionInfoResponse, error) {
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return admin.GetRegionInfo(cctx, &apiaryv1.GetRegionInfoRequest{})
+}
+
+// drain waits until every accepted job is terminal (or the timeout), then
+// reads each back with its attempt results.
+func drain(ctx context.Context, js apiaryv1.JobServiceClient, ids []string, timeout time.Duration, logf func(string, ...any)) map[string]*apiaryv1.Job {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := js.ListJobs(cctx, &apiaryv1.ListJobsRequest{Limit: 10000}, grpc.MaxCallRecvMsgSize(256<<20))
+		cancel()
+		if err == nil {
+			open := 0
+			for _, j := range resp.GetJobs() {
+				switch j.GetState() {
+				case apiaryv1.JobState_JOB_STATE_PENDING, apiaryv1.JobState_JOB_STATE_RUNNING:
+					open++
+				}
+			}
+			if open == 0 && len(resp.GetJobs()) >= min(len(ids), 10000) {
+				break
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	out := map[string]*apiaryv1.Job{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	var failed atomic.Int64
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(id string) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			for try := 0; try < 5; try++ {
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				g, err := js.GetJob(cctx, &apiaryv1.GetJobRequest{JobId: id})
+				cancel()
+				if err == nil {
+					mu.Lock()
+					out[id] = g.GetJob()
+					mu.Unlock()
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			failed.Add(1)
+		}(id)
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		logf("%d jobs could not be read back", n)
+	}
+	return out
+}
+
+// measure fills throughput, schedule latency and per-trial fault costs from
+// the jobs' attempt results (agent start times and fencing tokens).
+func measure(res *Result, jobs map[string]*apiaryv1.Job) {
+	var sched []float64
+	var first, last int64
+	tasks := 0
+	for _, j := range jobs {
+		if first == 0 || j.GetSubmitTimeMs() < first {
+			first = j.GetSubmitTimeMs()
+		}
+		firstStart := int64(0)
+		for _, t := range j.GetTasks() {
+			for _, a := range t.GetAttempts() {
+				if a.GetStartTimeMs() > 0 && (firstStart == 0 || a.GetStartTimeMs() < firstStart) {
+					firstStart = a.GetStartTimeMs()
+				}
+				if a.GetOutcome() == "complete" {
+					tasks++
+					last = max(last, a.GetEndTimeMs())
+				}
+			}
+		}
+		if firstStart > 0 {
+			sched = append(sched, float64(firstStart-j.GetSubmitTimeMs()))
+		}
+	}
+	res.ScheduleLatencyMs = quantiles(sched)
+	if last > first {
+		res.ThroughputTasksPerS = float64(tasks) / (float64(last-first) / 1000)
+	}
+	var f2d []float64
+	for i := range res.TrialDetails {
+		tr := &res.TrialDetails[i]
+		if tr.At.IsZero() || tr.Note != "" {
+			continue
+		}
+		atMs := tr.At.UnixMilli()
+		var v int64 = -1
+		switch res.Scenario {
+		case string(KillScheduler), string(PauseScheduler):
+			for _, j := range jobs {
+				for _, t := range j.GetTasks() {
+					for _, a := range t.GetAttempts() {
+						if a.GetFencingToken() > tr.newEpoch && a.GetStartTimeMs() >= atMs && (v < 0 || a.GetStartTimeMs()-atMs < v) {
+							v = a.GetStartTimeMs() - atMs
+						}
+					}
+				}
+			}
+		case string(KillAgent), string(PauseAgent):
+			for _, j := range jobs {
+				for _, t := range j.GetTasks() {
+					as := t.GetAttempts()
+					for k, a := range as {
+						if a.GetNodeId() == tr.node && a.GetNodeEpoch() == tr.epoch && a.GetOutcome() == "lost" && k+1 < len(as) {
+							if d := as[k+1].GetStartTimeMs() - atMs; d > v {
+								v = d
+							}
+						}
+					}
+				}
+			}
+		}
+		if v >= 0 {
+			tr.FaultToDispatchMs, tr.Valid = float64(v), true
+			f2d = append(f2d, float64(v))
+			res.ValidTrials++
+		} else {
+			tr.Note = "no redispatch observed"
+		}
+	}
+	res.FaultToDispatchMs = quantiles(f2d)
+}
+
+// nodeReady reports whether node is READY with the given epoch.
+func nodeReady(ctx context.Context, admin apiaryv1.AdminServiceClient, node string, epoch int64) bool {
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	resp, err := admin.ListNodes(cctx, &apiaryv1.ListNodesRequest{})
+	if err != nil {
+		return true
+	}
+	for _, n := range resp.GetNodes() {
+		if n.GetId() == node {
+			return n.GetStatus() == apiaryv1.NodeStatus_NODE_STATUS_READY && n.GetEpoch() == epoch
+		}
+	}
+	return false
+}
