@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -63,7 +64,7 @@ func (r *SpanRecord) Attr(k attribute.Key) string {
 		if x == float64(int64(x)) {
 			return fmt.Sprint(int64(x))
 		}
-		return fmt.Sprint(x)
+		return strconv.FormatFloat(x, 'g', 4, 64)
 	default:
 		return fmt.Sprint(x)
 	}
