@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# make demo: start a local federation with `apiary dev` (two regions, each one
-# coordinator with embedded etcd and two agents, all real processes on
-# loopback), run the examples, print what happened, and stop everything.
+# make demo: start a local federation with `apiary dev` (a global router and
+# two regions, eu-west/eu and us-east/us, each one coordinator with embedded
+# etcd and two agents, all real processes on loopback, joined in a serf WAN
+# pool), run the examples through the global router, replay the first 300
+# pods of the Alibaba GPU trace as real `sleep` jobs, print a summary, stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin/apiary}
+TRACE=${TRACE:-../shared/traces/alibaba-gpu-v2023/openb_pod_list_default.csv}
 work=$(mktemp -d -t apiary-demo-XXXX)
 ready="$work/ready.json"
 "$BIN" dev --data-dir "$work/data" --ready-file "$ready" >"$work/dev.log" 2>&1 &
@@ -16,45 +19,64 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-for _ in $(seq 1 600); do
+for _ in $(seq 1 900); do
   [ -s "$ready" ] && break
   kill -0 "$dev" 2>/dev/null || { echo "apiary dev exited:"; cat "$work/dev.log"; exit 3; }
   sleep 0.1
 done
-[ -s "$ready" ] || { echo "apiary dev not ready after 60 s:"; cat "$work/dev.log"; exit 3; }
+[ -s "$ready" ] || { echo "apiary dev not ready after 90 s:"; cat "$work/dev.log"; exit 3; }
 cat "$work/dev.log"
+global=$(sed -n 's/.*"global_addr": "\([^"]*\)".*/\1/p' "$ready")
 eu=$(sed -n '/"eu-west"/{n;s/.*"addr": "\([^"]*\)".*/\1/p}' "$ready")
 us=$(sed -n '/"us-east"/{n;s/.*"addr": "\([^"]*\)".*/\1/p}' "$ready")
+export APIARY_ADDR=$global
+echo
+echo "== regions, as the global router at $global sees them (serf WAN pool)"
+"$BIN" region list
 echo
 echo "== nodes of eu-west"
 "$BIN" node list --addr "$eu"
 
 pass=0; fail=0
-run() { # run NAME ADDR FILE EXPECTED_EXIT
-  local name=$1 addr=$2 file=$3 want=$4 out code
+run() { # run NAME FILE EXPECTED_EXIT [REGION_EXPECTED] [ADDR]
+  local name=$1 file=$2 want=$3 region=${4:-} addr=${5:-$global} out code
   echo
-  echo "== $name: apiary job run $file --wait  (region at $addr)"
+  echo "== $name: apiary job run $file --wait  (via $addr)"
   set +e
   out=$("$BIN" job run "$file" --wait --addr "$addr" 2>&1)
   code=$?
   set -e
   echo "$out" | sed 's/^/   /' | tail -n 25
-  if [ "$code" = "$want" ]; then
-    echo "   -> exit $code (as expected)"; pass=$((pass+1))
-  else
-    echo "   -> exit $code, expected $want"; fail=$((fail+1))
+  if [ "$code" != "$want" ]; then
+    echo "   -> exit $code, expected $want"; fail=$((fail+1)); return
   fi
+  if [ -n "$region" ] && ! echo "$out" | grep -Eq "^Region: +$region "; then
+    echo "   -> exit $code, but not in region $region"; fail=$((fail+1)); return
+  fi
+  echo "   -> exit $code (as expected)${region:+, ran in $region}"; pass=$((pass+1))
 }
-run "hello"               "$eu" examples/hello.yaml 0
-run "20-way fan-out"      "$eu" examples/fanout.yaml 0
-run "retry then succeed"  "$eu" examples/retry.yaml 0
-run "constraints"         "$eu" examples/constrained.yaml 0
-run "eu data in eu-west"  "$eu" examples/eu-pinned.yaml 0
-run "eu data refused by us-east" "$us" examples/eu-pinned.yaml 2
+run "hello"                         examples/hello.yaml 0
+run "20-way fan-out"                examples/fanout.yaml 0
+run "retry then succeed"            examples/retry.yaml 0
+run "constraints"                   examples/constrained.yaml 0
+run "eu personal data -> eu-west"   examples/eu-pinned.yaml 0 eu-west
+run "us personal data -> us-east"   examples/us-only.yaml 0 us-east
+run "restricted data: no region may run it" examples/restricted.yaml 2
+run "direct to us-east, eu data: the region re-checks the policy" examples/eu-pinned.yaml 2 "" "$us"
 
 echo
-echo "== jobs in eu-west"
-"$BIN" job list --addr "$eu"
+echo "== jobs in every region (ListJobs fans out through the router)"
+"$BIN" job list
+
+echo
+echo "== replay: first 300 pods of $TRACE through the global router"
+if [ -f "$TRACE" ]; then
+  "$BIN" demo-replay --trace "$TRACE" --n 300 --span 45s --wait-limit 80s || fail=$((fail+1))
+  echo
+  "$BIN" region list
+else
+  echo "   trace file not found; skipped"
+fi
 echo
 echo "demo: $pass as expected, $fail not"
 [ "$fail" = 0 ]

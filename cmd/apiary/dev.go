@@ -83,6 +83,9 @@ global_addr in --ready-file). Ctrl-C or SIGTERM stops everything.`,
 			if _, err := regional.ParseBacklogBounds(maxPending); err != nil {
 				return withCode(exitInvalid, fmt.Errorf("--%w", err))
 			}
+			if err := os.MkdirAll(dataDir, 0o755); err != nil {
+				return err
+			}
 			if policyPath == "" {
 				policyPath = filepath.Join(dataDir, "policy.yaml")
 				if err := os.WriteFile(policyPath, []byte(policy.DefaultYAML), 0o644); err != nil {
