@@ -15,14 +15,17 @@ import (
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
+	"net"
 	"os"
 	"os/user"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
 	"apiary.dev/apiary/internal/telemetry"
@@ -57,16 +60,67 @@ func ResolveAddr(flag string, flagSet bool) string {
 //
 // When tracing is on (telemetry.Setup found OTEL_* or a span file), job
 // calls carry the caller's trace context (otelgrpc).
+//
+// addr may be a comma-separated list of host:port (the coordinators of a
+// region): calls are balanced round robin over the ones that answer, so a
+// dead coordinator is skipped. A malformed address is an error at once.
 func Dial(addr string) (*grpc.ClientConn, error) {
+	addrs, err := SplitAddrs(addr)
+	if err != nil {
+		return nil, err
+	}
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvBytes)),
+		grpc.WithResolvers(staticBuilder{}),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
 	}
 	if h := telemetry.GRPCClientHandler(nil); h != nil {
 		opts = append(opts, grpc.WithStatsHandler(h))
 	}
-	return grpc.NewClient(addr, opts...)
+	return grpc.NewClient("static:///"+strings.Join(addrs, ","), opts...)
 }
+
+// SplitAddrs parses a comma-separated list of host:port addresses.
+func SplitAddrs(list string) ([]string, error) {
+	var out []string
+	for _, a := range strings.Split(list, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(a)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("address %q: must be host:port (a comma-separated list for several coordinators)", a)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("address %q: port must be 1..65535", a)
+		}
+		out = append(out, a)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("address: none given")
+	}
+	return out, nil
+}
+
+// staticBuilder resolves "static:///a:1,b:2" to those addresses.
+type staticBuilder struct{}
+
+func (staticBuilder) Scheme() string { return "static" }
+
+func (staticBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
+	var addrs []resolver.Address
+	for _, a := range strings.Split(t.Endpoint(), ",") {
+		addrs = append(addrs, resolver.Address{Addr: a})
+	}
+	return nopResolver{}, cc.UpdateState(resolver.State{Addresses: addrs})
+}
+
+type nopResolver struct{}
+
+func (nopResolver) ResolveNow(resolver.ResolveNowOptions) {}
+func (nopResolver) Close()                                {}
 
 // ClientID identifies this host and user, stably across invocations, so that a
 // region can deduplicate retried submissions: "cli-" and 16 hex digits of a

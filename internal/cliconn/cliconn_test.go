@@ -88,3 +88,15 @@ func TestBackoff(t *testing.T) {
 		}
 	}
 }
+
+func TestSplitAddrs(t *testing.T) {
+	got, err := SplitAddrs(" 127.0.0.1:7070, [::1]:7071 ,")
+	if err != nil || len(got) != 2 || got[1] != "[::1]:7071" {
+		t.Fatalf("%v %v", got, err)
+	}
+	for _, bad := range []string{"", "notanaddr", "host:0", "host:99999", ":7070", "a:1,b"} {
+		if _, err := SplitAddrs(bad); err == nil {
+			t.Fatalf("%q accepted", bad)
+		}
+	}
+}
