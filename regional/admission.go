@@ -91,19 +91,33 @@ type capacityState struct {
 	sizes     []registry.Res // distinct capacities of registered nodes
 	nodesSeen int
 	pending   map[string]int64 // by class, from the last read (-1 unknown)
-	extra     map[string]int64 // accepted locally since the read started
+	// extra holds the jobs this coordinator accepted that the last read
+	// did not see yet (job id → class and task count).
+	extra map[string]localJob
+	// lastSeen: job ids the last read saw (a job committed just before that
+	// read must not be added to extra afterwards).
+	lastSeen map[string]int32
+}
+
+type localJob struct {
+	class string
+	tasks int64
+}
+
+// extraBy sums the not-yet-read local jobs of a class.
+func (st *capacityState) extraBy(class string) int64 {
+	var n int64
+	for _, j := range st.extra {
+		if j.class == class {
+			n += j.tasks
+		}
+	}
+	return n
 }
 
 // refreshCapacity reads nodes (and the backlog when bounded) from etcd.
 func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	st := &c.capState
-	st.mu.Lock()
-	extraAtStart := map[string]int64{}
-	for k, v := range st.extra {
-		extraAtStart[k] = v
-	}
-	st.mu.Unlock()
-
 	ops := []clientv3.Op{clientv3.OpGet(prefNodes, clientv3.WithPrefix())}
 	bounded := c.cfg.Backlog.any()
 	if bounded {
@@ -168,8 +182,10 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		sum.Free.GPUs += max(free.GPUs, 0)
 	}
 	var pending map[string]int64
+	var seenJobs map[string]int32
 	if bounded {
 		prio := map[string]int32{}
+		seenJobs = prio
 		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 			var j jobRecord
 			if json.Unmarshal(kv.Value, &j) == nil {
@@ -186,8 +202,14 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	}
 	st.mu.Lock()
 	st.readOK, st.readAt, st.cap, st.sizes, st.nodesSeen, st.pending = true, time.Now(), sum, sizes, len(recs), pending
-	for k, v := range extraAtStart {
-		st.extra[k] -= v
+	st.lastSeen = seenJobs
+	if !bounded {
+		clear(st.extra)
+	}
+	for id := range st.extra {
+		if _, seen := seenJobs[id]; seen {
+			delete(st.extra, id) // counted in pending (if still pending)
+		}
 	}
 	st.mu.Unlock()
 }
@@ -208,7 +230,7 @@ func (c *Coordinator) capacitySnapshot() (health string, cp registry.Capacity, b
 	for _, class := range registry.Classes {
 		b := registry.Backlog{Class: class, Pending: -1, Bound: c.cfg.Backlog[class]}
 		if st.pending != nil {
-			b.Pending = st.pending[class] + st.extra[class]
+			b.Pending = st.pending[class] + st.extraBy(class)
 		}
 		backlog = append(backlog, b)
 	}
@@ -246,7 +268,7 @@ func (c *Coordinator) admit(spec *apiaryv1.JobSpec) error {
 	}
 	class := registry.ClassOf(spec.GetPriority())
 	if bound := c.cfg.Backlog[class]; bound > 0 {
-		pending := st.extra[class]
+		pending := st.extraBy(class)
 		if st.pending != nil {
 			pending += st.pending[class]
 		}
@@ -265,11 +287,17 @@ func (c *Coordinator) admit(spec *apiaryv1.JobSpec) error {
 
 // admitted records a committed submission in the local backlog count until
 // the next read sees it.
-func (c *Coordinator) admitted(spec *apiaryv1.JobSpec) {
+func (c *Coordinator) admitted(jobID string, spec *apiaryv1.JobSpec) {
+	if !c.cfg.Backlog.any() {
+		return
+	}
 	st := &c.capState
 	st.mu.Lock()
-	st.extra[registry.ClassOf(spec.GetPriority())] += int64(jobspec.TaskCount(spec))
-	st.mu.Unlock()
+	defer st.mu.Unlock()
+	if _, seen := st.lastSeen[jobID]; seen {
+		return
+	}
+	st.extra[jobID] = localJob{class: registry.ClassOf(spec.GetPriority()), tasks: int64(jobspec.TaskCount(spec))}
 }
 
 // capacityLoop refreshes the summary every CapacityRefresh and publishes it

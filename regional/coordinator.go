@@ -167,7 +167,7 @@ func New(cfg Config) (*Coordinator, error) {
 	return &Coordinator{cfg: cfg, log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
 		tracer: telemetry.Tracer(telemetry.OrNoop(cfg.TracerProvider)), tracing: telemetry.IsEnabled(cfg.TracerProvider),
 		metrics:  telemetry.NewRegionMetrics(cfg.Registry),
-		capState: capacityState{extra: map[string]int64{}},
+		capState: capacityState{extra: map[string]localJob{}},
 		stopped:  make(chan struct{}), done: make(chan struct{})}, nil
 }
 

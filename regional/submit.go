@@ -98,7 +98,7 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 			return nil, r.err
 		}
 		if !r.deduplicated {
-			c.admitted(spec)
+			c.admitted(r.jobID, spec)
 		}
 		return &apiaryv1.SubmitJobResponse{JobId: r.jobID, Region: c.meta.Region, Deduplicated: r.deduplicated}, nil
 	case <-ctx.Done():
