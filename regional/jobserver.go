@@ -306,6 +306,7 @@ func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobS
 		}
 		rev = v.rev
 		j := v.toProto(true, false)
+		s.c.explainNoNodes(ctx, j)
 		if last == nil || !proto.Equal(j, last) {
 			if err := stream.Send(&apiaryv1.WatchJobResponse{Job: j}); err != nil {
 				return false, err

@@ -295,9 +295,17 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 func progressLine(job *apiaryv1.Job) string {
 	c := job.GetCounts()
-	return fmt.Sprintf("%s: %s  %d/%d complete, %d running, %d pending, %d failed",
+	line := fmt.Sprintf("%s: %s  %d/%d complete, %d running, %d pending, %d failed",
 		job.GetId(), jobState(job.GetState()), c.GetComplete(), countTotal(c),
 		c.GetRunning()+c.GetAssigned(), c.GetPending(), c.GetFailed())
+	// Say why pending tasks wait, so a job that cannot be placed does not
+	// just sit there.
+	for _, t := range job.GetTasks() {
+		if t.GetState() == apiaryv1.TaskState_TASK_STATE_PENDING && t.GetUnplacedReason() != "" {
+			return line + "; waiting: " + t.GetUnplacedReason()
+		}
+	}
+	return line
 }
 
 // ---------------------------------------------------------------------------
