@@ -1,0 +1,77 @@
+package router
+
+import (
+	"testing"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/global/policy"
+	"apiary.dev/apiary/global/registry"
+)
+
+func TestEligibleOrderAndExclusions(t *testing.T) {
+	pol, err := policy.Parse([]byte(policy.DefaultYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := func(name, jur string, up bool, freeCPU int64, pending int64) registry.Region {
+		return registry.Region{Name: name, Jurisdiction: jur, Up: up, DownReason: "test",
+			Labels:   map[string]string{"tier": "standard"},
+			Capacity: registry.Capacity{Free: registry.Res{CPUMillis: freeCPU}, Largest: registry.Res{CPUMillis: 4000, MemoryMiB: 8192}},
+			Backlog:  []registry.Backlog{{Class: registry.ClassStandard, Pending: pending, Bound: 10}}}
+	}
+	regions := []registry.Region{reg("eu-a", "eu", true, 100, 0), reg("eu-b", "eu", true, 900, 10), reg("eu-c", "eu", true, 500, 0),
+		reg("us-a", "us", true, 5000, 0), reg("eu-down", "eu", false, 9000, 0)}
+	ok, ex := Eligible(regions, pol, &apiaryv1.JobSpec{Name: "j", Priority: 50, Jurisdiction: "eu",
+		Tasks: []*apiaryv1.TaskGroup{{Resources: &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 64}}}})
+	var names []string
+	for _, r := range ok {
+		names = append(names, r.Name)
+	}
+	// eu-b has most free cpu but is at its backlog bound: last.
+	if want := []string{"eu-c", "eu-a", "eu-b"}; len(names) != 3 || names[0] != want[0] || names[1] != want[1] || names[2] != want[2] {
+		t.Fatalf("order %v, want %v", names, want)
+	}
+	kinds := map[string]string{}
+	for _, e := range ex {
+		kinds[e.Region] = e.Kind
+	}
+	if kinds["us-a"] != KindPolicy || kinds["eu-down"] != KindDown {
+		t.Fatalf("exclusions %v", ex)
+	}
+	ok, _ = Eligible(regions, pol, &apiaryv1.JobSpec{Region: &apiaryv1.RegionSpec{Prefer: []string{"eu-a"}},
+		Tasks: []*apiaryv1.TaskGroup{{Resources: &apiaryv1.Resources{CpuMillis: 100}}}})
+	if ok[0].Name != "eu-a" {
+		t.Fatalf("prefer ignored: %v", ok[0].Name)
+	}
+	_, ex = Eligible(regions, pol, &apiaryv1.JobSpec{Region: &apiaryv1.RegionSpec{Selector: map[string]string{"tier": "gold"}}})
+	if len(ex) != len(regions) || ex[0].Kind != KindSelector {
+		t.Fatalf("selector: %v", ex)
+	}
+	ok, ex = Eligible(regions[:1], pol, &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Resources: &apiaryv1.Resources{MemoryMb: 9000}}}})
+	if len(ok) != 0 || ex[0].Kind != KindCapacity {
+		t.Fatalf("too large: %v %v", ok, ex)
+	}
+}
+
+func TestTagsRoundTripAndLimit(t *testing.T) {
+	in := registry.CoordinatorTags{Region: "eu-west", ID: "c1", Jurisdiction: "eu", Labels: map[string]string{"tier": "standard"},
+		APIAddr: "127.0.0.1:1", Health: registry.HealthOK, UpdatedMs: 42,
+		Capacity: registry.Capacity{Free: registry.Res{CPUMillis: 1, MemoryMiB: 2, GPUs: 3}, Largest: registry.Res{CPUMillis: 4, MemoryMiB: 5, GPUs: 6}, NodesReady: 7},
+		Backlog:  []registry.Backlog{{Class: registry.ClassStandard, Pending: 5, Bound: 50}}}
+	m, err := in.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, ok := registry.DecodeCoordinatorTags(m)
+	if !ok || out.Capacity != in.Capacity || out.Labels["tier"] != "standard" || out.Backlog[1].Pending != 5 || out.Backlog[0].Pending != -1 {
+		t.Fatalf("round trip: %+v", out)
+	}
+	big := map[string]string{}
+	for i := 0; i < 40; i++ {
+		big[string(rune('a'+i%26))+string(rune('a'+i/26))] = "0123456789"
+	}
+	in.Labels = big
+	if _, err := in.Encode(); err == nil {
+		t.Fatal("tags over 512 bytes accepted")
+	}
+}
