@@ -53,7 +53,7 @@ func readyNode(n *cNode) bool {
 
 // snapshot builds the placement input from the cache.
 func (s *scheduler) snapshot() (*placement.Snapshot, map[string]usageRecord) {
-	snap := &placement.Snapshot{}
+	snap := &placement.Snapshot{Generation: s.nodesGen + 1}
 	used := map[string]usageRecord{}
 	ids := make([]string, 0, len(s.nodes))
 	for id, n := range s.nodes {

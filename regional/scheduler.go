@@ -47,6 +47,8 @@ type scheduler struct {
 	dirtyCancel map[string]bool
 	usageSynced time.Time
 	swept       time.Time
+	// nodesGen counts node record and liveness changes (Snapshot.Generation).
+	nodesGen uint64
 	// unplacedSince and reasonAt gate unplaced-reason writes: a task's
 	// reason is recorded once it has waited reasonAfter, then at most every
 	// reasonEvery, so a busy region does not rewrite its queue every round.
@@ -268,6 +270,11 @@ func (s *scheduler) apply(kv *mvccpb.KeyValue, deleted bool) {
 		id, kind, ok := nodeKeyKind(key)
 		if !ok {
 			return
+		}
+		if kind != "usage" {
+			// Node set, labels or capacity may change: the placement
+			// engine must rebuild its per-snapshot indexes.
+			s.nodesGen++
 		}
 		n := s.nodes[id]
 		if n == nil {
