@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"regexp"
@@ -267,6 +268,19 @@ func (c *Coordinator) initMeta(ctx context.Context) error {
 		if got.ShardCount != want.ShardCount && want.ShardCount != shards.DefaultCount {
 			return fmt.Errorf("shards: region was created with %d shards; the count is fixed at creation", got.ShardCount)
 		}
+		if got.Jurisdiction != want.Jurisdiction {
+			return fmt.Errorf("jurisdiction: region %s was created in jurisdiction %q, not %q; a region's jurisdiction is fixed at creation", got.Region, got.Jurisdiction, want.Jurisdiction)
+		}
+		if !maps.Equal(got.Labels, want.Labels) {
+			// Labels describe the region to the router; the latest start wins.
+			got.Labels = want.Labels
+			pctx, cancel := etcdCtx(ctx)
+			_, err := c.cli.Put(pctx, keyMeta, mustJSON(got))
+			cancel()
+			if err != nil {
+				return fmt.Errorf("update region labels: %w", err)
+			}
+		}
 		c.meta = got
 		return nil
 	}
@@ -368,7 +382,7 @@ func (c *Coordinator) Stop() {
 			go func() { c.grpc.GracefulStop(); close(stopped) }()
 			select {
 			case <-stopped:
-			case <-time.After(2 * time.Second):
+			case <-time.After(500 * time.Millisecond):
 				c.grpc.Stop()
 			}
 		}
@@ -413,8 +427,8 @@ func etcdCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // per-attempt deadline and a retry reach the new leader as soon as it is
 // elected (about 0.7 s at election 500 ms).
 const (
-	commitAttemptTimeout = 1500 * time.Millisecond
-	commitAttempts       = 4
+	commitAttemptTimeout = 800 * time.Millisecond
+	commitAttempts       = 6
 )
 
 // txnRetry runs an etcd Txn with a short deadline per attempt, retrying

@@ -58,6 +58,11 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 			return nil, status.Errorf(codes.InvalidArgument, "request_id: must match %s when client_id is set", idRE)
 		}
 	}
+	if j := spec.GetJurisdiction(); j != "" && c.meta.Jurisdiction == "" {
+		// A region that declares no jurisdiction cannot prove where its
+		// nodes are: refuse rather than accept a job it can never place.
+		return nil, status.Errorf(codes.FailedPrecondition, "jurisdiction: job requires %q; region %s declares no jurisdiction (start its coordinators with --jurisdiction)", j, c.meta.Region)
+	}
 	if c.cfg.Policy != nil {
 		if err := c.cfg.Policy.Check(spec.GetJurisdiction(), spec.GetDataClass(), c.meta.Region, c.meta.Jurisdiction); err != nil {
 			return nil, status.Error(codes.FailedPrecondition, err.Error())
