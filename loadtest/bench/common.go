@@ -53,8 +53,14 @@ func (c Config) logf(format string, args ...any) {
 // startRegion starts one region named "bench" with n coordinators and the
 // given agents, under dir.
 func startRegion(ctx context.Context, cfg Config, dir string, n int, agents []devcluster.AgentSpec, extra []string) (*devcluster.Cluster, *devcluster.Region, error) {
+	return startRegionEnv(ctx, cfg, dir, n, agents, extra, nil)
+}
+
+// startRegionEnv is startRegion with env added to every process's
+// environment.
+func startRegionEnv(ctx context.Context, cfg Config, dir string, n int, agents []devcluster.AgentSpec, extra, env []string) (*devcluster.Cluster, *devcluster.Region, error) {
 	_ = os.RemoveAll(dir)
-	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: cfg.Binary, Dir: dir,
+	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: cfg.Binary, Dir: dir, ExtraEnv: env,
 		Regions: []devcluster.RegionSpec{{Name: "bench", Coordinators: n, Agents: agents, ExtraArgs: extra}}})
 	if err != nil {
 		return nil, nil, err

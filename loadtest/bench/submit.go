@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,12 @@ type SubmitOptions struct {
 	Conns        int // gRPC connections they share (each round-robins over the coordinators)
 	Warmup       time.Duration
 	Duration     time.Duration
+	// Tracing is how the region exports spans: TracingOff (default),
+	// TracingFile or TracingOTLPGRPC.
+	Tracing string
+	// Run numbers repeated runs of the same configuration (names the
+	// scratch directory only).
+	Run int
 }
 
 // SubmitResult is one submit run.
@@ -32,6 +39,28 @@ type SubmitResult struct {
 	Latency  *hdrhistogram.Histogram // microseconds, measured window only
 	Series   []int64                 // successes per second, warm-up included
 	ErrCodes map[string]int64
+
+	// Accepted counts every successful SubmitJob of the run (probes and
+	// warm-up included, and answers that came after the window closed):
+	// the jobs whose traces the region started.
+	Accepted int64
+	// Spans exported by the region (file lines, or spans the OTLP receiver
+	// got), counted after the region was stopped (which flushes the
+	// exporters), by span name; SpansAtEnd were there when the measured
+	// window closed. OTLPRequests counts export calls.
+	Spans        int64
+	SpansAtEnd   int64
+	SpansByName  map[string]int64
+	OTLPRequests int64
+	// SpanFileBytes is the size of the span file (file mode).
+	SpanFileBytes int64
+	// SpanSample is the first lines of the span file (file mode).
+	SpanSample []string
+	// CoordCPU is the CPU seconds of the coordinator processes (each with
+	// its embedded etcd member) and HarnessCPU those of the harness (load
+	// generator and, in otlp-grpc mode, the receiver), both from the start
+	// of the warm-up to the end of the measured window.
+	CoordCPU, HarnessCPU float64
 }
 
 // Submit runs closed-loop SubmitJob clients against a fresh region with no
@@ -39,12 +68,31 @@ type SubmitResult struct {
 // request_id, as the CLI does) and sends the next when the answer arrives.
 func Submit(ctx context.Context, cfg Config, o SubmitOptions) (SubmitResult, error) {
 	res := SubmitResult{Opts: o, Latency: hdrhistogram.New(1, 60_000_000, 3), ErrCodes: map[string]int64{}}
-	dir := filepath.Join(cfg.WorkDir, fmt.Sprintf("submit-%dm", o.Coordinators))
-	cl, r, err := startRegion(ctx, cfg, dir, o.Coordinators, nil, nil)
+	if o.Tracing == "" {
+		o.Tracing = TracingOff
+	}
+	res.Opts = o
+	dir := filepath.Join(cfg.WorkDir, fmt.Sprintf("submit-%dm-%s-%d", o.Coordinators, o.Tracing, o.Run))
+	sink, err := startTraceSink(o.Tracing, dir+"-trace")
 	if err != nil {
 		return res, err
 	}
-	defer cl.Stop()
+	defer sink.close()
+	cl, r, err := startRegionEnv(ctx, cfg, dir, o.Coordinators, nil, nil, sink.env)
+	if err != nil {
+		return res, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			cl.Stop()
+		}
+	}()
+	var coordPids []int
+	for _, p := range r.Coords {
+		coordPids = append(coordPids, p.Pid())
+	}
+	var accepted atomic.Int64
 	if o.Conns <= 0 {
 		o.Conns = 1
 	}
@@ -65,9 +113,11 @@ func Submit(ctx context.Context, cfg Config, o SubmitOptions) (SubmitResult, err
 		if err != nil {
 			return res, fmt.Errorf("probe: %w", err)
 		}
+		accepted.Add(1)
 	}
 	total := o.Warmup + o.Duration
 	series := make([]atomic.Int64, int(total/time.Second)+2)
+	cpu0, self0 := cpuSeconds(coordPids...), selfCPU()
 	start := time.Now()
 	measureFrom, end := start.Add(o.Warmup), start.Add(total)
 	var mu sync.Mutex
@@ -91,6 +141,9 @@ func Submit(ctx context.Context, cfg Config, o SubmitOptions) (SubmitResult, err
 					RequestId: fmt.Sprintf("c%d-%d", i, n)})
 				cancel()
 				done := time.Now()
+				if err == nil {
+					accepted.Add(1)
+				}
 				if done.After(end) {
 					break // the answer came after the window closed
 				}
@@ -117,7 +170,29 @@ func Submit(ctx context.Context, cfg Config, o SubmitOptions) (SubmitResult, err
 		}(i)
 	}
 	wg.Wait()
+	res.CoordCPU, res.HarnessCPU = cpuSeconds(coordPids...)-cpu0, (selfCPU() - self0).Seconds()
 	res.OK, res.Errors = ok.Load(), bad.Load()
+	res.Accepted = accepted.Load()
+	if o.Tracing != TracingOff {
+		if res.SpansAtEnd, _, _, err = sink.counts(); err != nil {
+			return res, err
+		}
+		// Stopping the region (SIGTERM) flushes the batch span processors.
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		cl.Stop()
+		stopped = true
+		if res.Spans, res.SpansByName, res.OTLPRequests, err = sink.counts(); err != nil {
+			return res, err
+		}
+		if sink.file != "" {
+			if fi, err := os.Stat(sink.file); err == nil {
+				res.SpanFileBytes = fi.Size()
+			}
+			res.SpanSample = headLines(sink.file, 3)
+		}
+	}
 	res.PerSec = float64(res.OK) / o.Duration.Seconds()
 	for i := range series[:int(total/time.Second)] {
 		res.Series = append(res.Series, series[i].Load())

@@ -35,6 +35,8 @@ func main() {
 		warmup       = flag.Duration("warmup", 2*time.Second, "submit: warm-up (not measured)")
 		duration     = flag.Duration("duration", 10*time.Second, "submit: measured duration")
 		submitConfig = flag.String("submit-members", "1,3", "submit: region sizes")
+		submitTrace  = flag.String("submit-tracing", "off", "submit: tracing modes of the region, comma-separated: off (no tracing variables), file (APIARY_TRACE_FILE), otlp-grpc (OTLP/gRPC to an in-process receiver)")
+		submitRuns   = flag.Int("submit-runs", 1, "submit: runs per region size and tracing mode (modes interleaved within each round)")
 	)
 	flag.Parse()
 	if *out == "" {
@@ -112,36 +114,89 @@ func main() {
 	}
 
 	if run["submit"] && ctx.Err() == nil {
+		var modes []string
+		for _, m := range strings.Split(*submitTrace, ",") {
+			modes = append(modes, strings.TrimSpace(m))
+		}
 		var rows, series [][]string
-		fmt.Fprintf(&sum, "## submit\n\nSubmitJob, single-task jobs (with client_id + unique request_id, as the CLI sends), %d closed-loop clients over %d gRPC connections (round robin over the coordinators), %s warm-up then %s measured; no agents (every job stays PENDING; the scheduler records an unplaced reason for each).\n\n",
-			*clients, *conns, *warmup, *duration)
-		fmt.Fprintf(&sum, "| members | ok | errors | jobs/s | p50 ms | p95 ms | p99 ms | max ms |\n|---|---|---|---|---|---|---|---|\n")
+		fmt.Fprintf(&sum, "## submit\n\nSubmitJob, single-task jobs (with client_id + unique request_id, as the CLI sends), %d closed-loop clients over %d gRPC connections (round robin over the coordinators), %s warm-up then %s measured; no agents (every job stays PENDING; the scheduler records an unplaced reason for each). A fresh region per run; tracing modes %s, %d run(s) each, interleaved. The clients send no traceparent: with tracing on, the region starts each job's trace at accept. Spans are counted after the region is stopped (SIGTERM flushes the exporters); accepted = every successful SubmitJob of the run (warm-up and probes included).\n\n",
+			*clients, *conns, *warmup, *duration, strings.Join(modes, ", "), *submitRuns)
+		fmt.Fprintf(&sum, "| members | tracing | run | ok | errors | jobs/s | p50 ms | p95 ms | p99 ms | max ms | accepted | spans | spans/job | coord CPU s | coord CPU µs/job | harness CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		type key struct {
+			n    int
+			mode string
+		}
+		agg := map[key][][4]float64{} // jobs/s, p50, p99, coordinator CPU µs per accepted job
+		var order []key
+		var notes strings.Builder
 		for _, m := range strings.Split(*submitConfig, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(m))
 			if err != nil {
 				fatal(err)
 			}
-			r, err := bench.Submit(ctx, cfg, bench.SubmitOptions{Coordinators: n, Clients: *clients, Conns: *conns, Warmup: *warmup, Duration: *duration})
-			if err != nil {
-				cfg.Log.Write([]byte(fmt.Sprintf("submit %d members: %v\n", n, err)))
-				failed = true
-				continue
+			for run := 1; run <= *submitRuns && ctx.Err() == nil; run++ {
+				for _, mode := range modes {
+					if ctx.Err() != nil {
+						break
+					}
+					r, err := bench.Submit(ctx, cfg, bench.SubmitOptions{Coordinators: n, Clients: *clients, Conns: *conns, Warmup: *warmup, Duration: *duration, Tracing: mode, Run: run})
+					if err != nil {
+						cfg.Log.Write([]byte(fmt.Sprintf("submit %d members, tracing %s, run %d: %v\n", n, mode, run, err)))
+						failed = true
+						continue
+					}
+					h := r.Latency
+					q := func(p float64) string { return f1(float64(h.ValueAtQuantile(p)) / 1000) }
+					cpuPerJob := "-"
+					if r.Accepted > 0 {
+						cpuPerJob = strconv.FormatFloat(r.CoordCPU/float64(r.Accepted)*1e6, 'f', 0, 64)
+					}
+					perJob := "-"
+					if mode != bench.TracingOff && r.Accepted > 0 {
+						perJob = strconv.FormatFloat(float64(r.Spans)/float64(r.Accepted), 'f', 3, 64)
+					}
+					cfg.Log.Write([]byte(fmt.Sprintf("submit %d members, tracing %s, run %d: %d ok, %d errors %v, %.0f jobs/s, p50 %s p95 %s p99 %s max %s ms; accepted %d; spans %d (%s at window end; %s) per job %s, otlp requests %d, span file %d bytes; cpu s: coordinators %.1f harness %.1f\n",
+						n, mode, run, r.OK, r.Errors, r.ErrCodes, r.PerSec, q(50), q(95), q(99), q(100), r.Accepted, r.Spans, strconv.FormatInt(r.SpansAtEnd, 10), bench.FormatCounts(r.SpansByName), perJob, r.OTLPRequests, r.SpanFileBytes, r.CoordCPU, r.HarnessCPU)))
+					if len(r.SpanSample) > 0 && notes.Len() == 0 {
+						notes.WriteString("First span-file lines (file mode, first run):\n\n```\n" + strings.Join(r.SpanSample, "\n") + "\n```\n\n")
+					}
+					rows = append(rows, []string{itoa(n), mode, itoa(run), itoa(*clients), itoa(*conns), duration.String(), strconv.FormatInt(r.OK, 10), strconv.FormatInt(r.Errors, 10),
+						f1(r.PerSec), q(50), q(90), q(95), q(99), q(99.9), q(100), f1(h.Mean() / 1000),
+						strconv.FormatInt(r.Accepted, 10), strconv.FormatInt(r.Spans, 10), strconv.FormatInt(r.SpansAtEnd, 10), perJob, bench.FormatCounts(r.SpansByName),
+						strconv.FormatInt(r.OTLPRequests, 10), strconv.FormatInt(r.SpanFileBytes, 10), f1(r.CoordCPU), cpuPerJob, f1(r.HarnessCPU)})
+					for s, c := range r.Series {
+						series = append(series, []string{itoa(n), mode, itoa(run), itoa(s), strconv.FormatInt(c, 10)})
+					}
+					fmt.Fprintf(&sum, "| %d | %s | %d | %d | %d | %.0f | %s | %s | %s | %s | %d | %d | %s | %.1f | %s | %.1f |\n", n, mode, run, r.OK, r.Errors, r.PerSec, q(50), q(95), q(99), q(100), r.Accepted, r.Spans, perJob, r.CoordCPU, cpuPerJob, r.HarnessCPU)
+					k := key{n, mode}
+					if _, ok := agg[k]; !ok {
+						order = append(order, k)
+					}
+					agg[k] = append(agg[k], [4]float64{r.PerSec, float64(h.ValueAtQuantile(50)) / 1000, float64(h.ValueAtQuantile(99)) / 1000, r.CoordCPU / float64(max(r.Accepted, 1)) * 1e6})
+				}
 			}
-			h := r.Latency
-			q := func(p float64) string { return f1(float64(h.ValueAtQuantile(p)) / 1000) }
-			cfg.Log.Write([]byte(fmt.Sprintf("submit %d members: %d ok, %d errors %v, %.0f jobs/s, p50 %s p95 %s p99 %s max %s ms\n",
-				n, r.OK, r.Errors, r.ErrCodes, r.PerSec, q(50), q(95), q(99), q(100))))
-			rows = append(rows, []string{itoa(n), itoa(*clients), itoa(*conns), duration.String(), strconv.FormatInt(r.OK, 10), strconv.FormatInt(r.Errors, 10),
-				f1(r.PerSec), q(50), q(90), q(95), q(99), q(99.9), q(100), f1(h.Mean() / 1000)})
-			for s, c := range r.Series {
-				series = append(series, []string{itoa(n), itoa(s), strconv.FormatInt(c, 10)})
-			}
-			fmt.Fprintf(&sum, "| %d | %d | %d | %.0f | %s | %s | %s | %s |\n", n, r.OK, r.Errors, r.PerSec, q(50), q(95), q(99), q(100))
 		}
-		check(writeCSV(filepath.Join(*out, "submit.csv"), []string{"members", "clients", "conns", "duration", "ok", "errors", "jobs_per_s",
-			"p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms"}, rows))
-		check(writeCSV(filepath.Join(*out, "submit-per-second.csv"), []string{"members", "second", "ok"}, series))
+		if *submitRuns > 1 || len(modes) > 1 {
+			sum.WriteString("\nMedian over runs [min–max]:\n\n| members | tracing | n | jobs/s | p50 ms | p99 ms | coord CPU µs/job |\n|---|---|---|---|---|---|---|\n")
+			for _, k := range order {
+				col := func(i int) string {
+					var xs []float64
+					for _, v := range agg[k] {
+						xs = append(xs, v[i])
+					}
+					sm := bench.Summarize(xs)
+					return fmt.Sprintf("%s [%s–%s]", f1(sm.P50), f1(sm.Min), f1(sm.Max))
+				}
+				fmt.Fprintf(&sum, "| %d | %s | %d | %s | %s | %s | %s |\n", k.n, k.mode, len(agg[k]), col(0), col(1), col(2), col(3))
+			}
+			sum.WriteString("\n(median = nearest-rank p50 of the runs: the middle one for odd n; coordinator CPU (process incl. its etcd member, from /proc) from warm-up start to window end, divided by the jobs accepted in the run)\n")
+		}
+		check(writeCSV(filepath.Join(*out, "submit.csv"), []string{"members", "tracing", "run", "clients", "conns", "duration", "ok", "errors", "jobs_per_s",
+			"p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms",
+			"accepted", "spans", "spans_at_window_end", "spans_per_job", "spans_by_name", "otlp_requests", "span_file_bytes", "coord_cpu_s", "coord_cpu_us_per_accepted_job", "harness_cpu_s"}, rows))
+		check(writeCSV(filepath.Join(*out, "submit-per-second.csv"), []string{"members", "tracing", "run", "second", "ok"}, series))
 		sum.WriteString("\n(per-second counts, warm-up included: submit-per-second.csv)\n\n")
+		sum.WriteString(notes.String())
 	}
 
 	if run["failover"] && ctx.Err() == nil {
