@@ -96,6 +96,10 @@ func (c *Coordinator) publishWAN() {
 	if c.wan.serf == nil {
 		return
 	}
+	c.metrics.SerfMembers.Reset()
+	for state, n := range registry.MemberCounts(c.wan.serf) {
+		c.metrics.SerfMembers.WithLabelValues("wan", state).Set(float64(n))
+	}
 	tags, err := c.wanTags()
 	if err != nil {
 		c.log.Warn("wan tags", "err", err)

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -17,6 +18,7 @@ import (
 	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/global/registry"
 	"apiary.dev/apiary/global/router"
+	"apiary.dev/apiary/internal/telemetry"
 )
 
 func init() { register(newGlobalCmd) }
@@ -26,6 +28,7 @@ func newGlobalCmd() *cobra.Command {
 		listen, wanBind, wanAdvertise, name string
 		wanJoin                             []string
 		policyPath, ready, logFormat        string
+		tel                                 telemetryFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "global",
@@ -66,11 +69,39 @@ run; they keep no state.`,
 				return withCode(exitInvalid, err)
 			}
 			defer reg.Close()
-			rt, err := router.New(router.Config{View: reg, Policy: pol, Logger: log})
+			tp, stopTracing, err := tel.setup("apiary-global", name)
+			if err != nil {
+				return withCode(exitInvalid, err)
+			}
+			defer stopTracing()
+			metrics := telemetry.NewRegistry()
+			serfMembers := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "apiary_serf_members",
+				Help: "serf pool members by pool (wan) and state (alive, leaving, left, failed)."}, []string{"pool", "state"})
+			metrics.MustRegister(serfMembers)
+			go func() {
+				for range time.Tick(2 * time.Second) {
+					serfMembers.Reset()
+					for state, n := range registry.MemberCounts(reg.Serf()) {
+						serfMembers.WithLabelValues("wan", state).Set(float64(n))
+					}
+				}
+			}()
+			if tel.metricsAddr != "" {
+				ms, err := telemetry.Serve(tel.metricsAddr, metrics, true)
+				if err != nil {
+					return withCode(exitInvalid, err)
+				}
+				defer ms.Close()
+			}
+			rt, err := router.New(router.Config{View: reg, Policy: pol, Logger: log, Tracer: tp, Metrics: metrics})
 			if err != nil {
 				return err
 			}
-			srv := grpc.NewServer(grpc.MaxRecvMsgSize(16 << 20))
+			sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
+			if h := telemetry.GRPCServerHandler(tp); h != nil {
+				sopts = append(sopts, grpc.StatsHandler(h))
+			}
+			srv := grpc.NewServer(sopts...)
 			hs := health.NewServer()
 			healthpb.RegisterHealthServer(srv, hs)
 			rt.Register(srv)
@@ -98,6 +129,7 @@ run; they keep no state.`,
 		},
 	}
 	f := cmd.Flags()
+	tel.add(cmd)
 	f.StringVar(&listen, "listen", "127.0.0.1:7070", "gRPC API listen address (JobService, AdminService.ListRegions)")
 	f.StringVar(&wanBind, "wan-bind", "127.0.0.1:7946", "serf WAN pool listen host:port (port 0 picks one)")
 	f.StringVar(&wanAdvertise, "wan-advertise", "", "serf WAN address others reach this router at (default --wan-bind)")

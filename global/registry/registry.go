@@ -26,6 +26,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"apiary.dev/apiary/internal/telemetry"
 )
 
 // Probe timings of coordinator API health checks (loopback/LAN values).
@@ -153,8 +155,13 @@ func (r *Registry) Conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := r.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}
+	// Forwarded SubmitJob/CancelJob carry the router's trace context.
+	if h := telemetry.GRPCClientHandler(nil); h != nil {
+		opts = append(opts, grpc.WithStatsHandler(h))
+	}
+	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -295,4 +302,14 @@ func (r *Registry) Region(name string) (Region, bool) {
 		}
 	}
 	return Region{}, false
+}
+
+// MemberCounts counts a serf pool's members by state (alive, leaving, left,
+// failed), for the apiary_serf_members gauge.
+func MemberCounts(s *serf.Serf) map[string]int {
+	out := map[string]int{}
+	for _, m := range s.Members() {
+		out[m.Status.String()]++
+	}
+	return out
 }

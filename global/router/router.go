@@ -37,6 +37,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -49,6 +51,7 @@ import (
 	"apiary.dev/apiary/global/registry"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/telemetry"
 )
 
 // View is what the router needs of the region registry.
@@ -70,6 +73,29 @@ type Config struct {
 	// StickyTTL is how long an unknown outcome pins a request id to its
 	// region (default 10 min).
 	StickyTTL time.Duration
+	// Tracer makes the job.route span (nil: no tracing).
+	Tracer trace.TracerProvider
+	// Metrics registers apiary_router_* metrics (nil: none).
+	Metrics prometheus.Registerer
+}
+
+// routerMetrics are the router's Prometheus metrics.
+type routerMetrics struct {
+	submissions *prometheus.CounterVec // outcome, region
+	latency     prometheus.Histogram
+}
+
+func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
+	m := &routerMetrics{
+		submissions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apiary_router_submissions_total",
+			Help: "SubmitJob calls through the router by outcome (routed, refused, error) and region (routed only)."}, []string{"outcome", "region"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "apiary_router_submit_seconds",
+			Help: "Time to route and forward one SubmitJob.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.submissions, m.latency)
+	}
+	return m
 }
 
 // Router serves JobService and AdminService.ListRegions.
@@ -77,6 +103,8 @@ type Router struct {
 	apiaryv1.UnimplementedJobServiceServer
 	cfg Config
 	log *slog.Logger
+
+	metrics *routerMetrics
 
 	mu     sync.Mutex
 	sticky map[string]stickyEntry
@@ -101,7 +129,7 @@ func New(cfg Config) (*Router, error) {
 	if cfg.StickyTTL <= 0 {
 		cfg.StickyTTL = 10 * time.Minute
 	}
-	return &Router{cfg: cfg, log: cfg.Logger, sticky: map[string]stickyEntry{}}, nil
+	return &Router{cfg: cfg, log: cfg.Logger, sticky: map[string]stickyEntry{}, metrics: newRouterMetrics(cfg.Metrics)}, nil
 }
 
 // Register registers JobService and AdminService on s.
@@ -206,7 +234,36 @@ func (r *Router) setSticky(key, region string) {
 }
 
 // SubmitJob routes a job to the best eligible region (see the package doc).
-func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) (*apiaryv1.SubmitJobResponse, error) {
+func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) (resp *apiaryv1.SubmitJobResponse, err error) {
+	start := time.Now()
+	tr := telemetry.Tracer(telemetry.OrNoop(r.cfg.Tracer))
+	if tp := req.GetTraceparent(); tp != "" {
+		ctx = telemetry.ContextWithTraceparent(ctx, tp)
+	}
+	ctx, span := tr.Start(ctx, telemetry.SpanRoute, trace.WithSpanKind(trace.SpanKindServer))
+	if req.GetTraceparent() == "" && span.SpanContext().IsValid() {
+		// The route span starts the job's trace; the region stores it.
+		req = proto.Clone(req).(*apiaryv1.SubmitJobRequest)
+		req.Traceparent = telemetry.SpanTraceparent(span)
+	}
+	defer func() {
+		outcome, region := "routed", ""
+		switch {
+		case err != nil && status.Code(err) == codes.FailedPrecondition:
+			outcome = "refused"
+		case err != nil:
+			outcome = "error"
+		default:
+			region = resp.GetRegion()
+			span.SetAttributes(telemetry.AttrRegion.String(region), telemetry.AttrJobID.String(resp.GetJobId()))
+		}
+		if err != nil {
+			telemetry.RecordError(span, err)
+		}
+		span.End()
+		r.metrics.submissions.WithLabelValues(outcome, region).Inc()
+		r.metrics.latency.Observe(time.Since(start).Seconds())
+	}()
 	if req.GetSpec() == nil {
 		return nil, status.Error(codes.InvalidArgument, "spec: is required")
 	}
