@@ -18,6 +18,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/ids"
 )
 
 // Scenario names a fault to inject under load.
@@ -30,10 +31,14 @@ const (
 	PauseScheduler Scenario = "pause-scheduler"
 	KillAgent      Scenario = "kill-agent"
 	PauseAgent     Scenario = "pause-agent"
+	// KillRegion SIGKILLs every coordinator of one region of a federation
+	// (global router + regions lt-a and lt-b in jurisdiction eu, lt-us in
+	// us) and times how soon new submissions are accepted elsewhere.
+	KillRegion Scenario = "kill-region"
 )
 
 // Scenarios lists the scenarios this harness runs on one region.
-var Scenarios = []Scenario{Steady, KillScheduler, PauseScheduler, KillAgent, PauseAgent}
+var Scenarios = []Scenario{Steady, KillScheduler, PauseScheduler, KillAgent, PauseAgent, KillRegion}
 
 // Options configure a run.
 type Options struct {
@@ -72,7 +77,7 @@ type Options struct {
 
 func (o *Options) defaults() error {
 	switch o.Scenario {
-	case Steady, KillScheduler, PauseScheduler, KillAgent, PauseAgent:
+	case Steady, KillScheduler, PauseScheduler, KillAgent, PauseAgent, KillRegion:
 	default:
 		return fmt.Errorf("scenario: must be one of %v, got %q", Scenarios, o.Scenario)
 	}
@@ -209,8 +214,35 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			CPUMillis: int64(o.Slots) * 100, MemoryMiB: int64(o.Slots) * 64, MaxTasks: o.Slots})
 	}
 	var r *devcluster.Region
+	var fed *devcluster.Cluster
 	var conn *grpc.ClientConn
-	if o.Addr == "" {
+	jurisdictionOf := map[string]string{region: "eu"}
+	if o.Scenario == KillRegion {
+		// Three regions behind a router: jobs prefer lt-a (the victim);
+		// every fourth is pinned to eu, which lt-us must never run.
+		var specs []devcluster.RegionSpec
+		jurisdictionOf = map[string]string{"lt-a": "eu", "lt-b": "eu", "lt-us": "us"}
+		for _, name := range []string{"lt-a", "lt-b", "lt-us"} {
+			var ags []devcluster.AgentSpec
+			for i := 0; i < o.Agents; i++ {
+				ags = append(ags, devcluster.AgentSpec{ID: fmt.Sprintf("%s-n%d", name, i+1),
+					CPUMillis: int64(o.Slots) * 100, MemoryMiB: int64(o.Slots) * 64, MaxTasks: o.Slots})
+			}
+			specs = append(specs, devcluster.RegionSpec{Name: name, Jurisdiction: jurisdictionOf[name], Coordinators: o.Coordinators,
+				Agents: ags, ExtraArgs: []string{"--node-lease-ttl", o.NodeLeaseTTL.String()}})
+		}
+		o.Logf("starting a federation: router + regions lt-a, lt-b (eu), lt-us (us), %d agent(s) x %d slots each", o.Agents, o.Slots)
+		cl, err := devcluster.Start(ctx, devcluster.Options{Binary: o.Binary, Dir: filepath.Join(o.WorkDir, "cluster"),
+			Regions: specs, Global: &devcluster.GlobalSpec{}})
+		if err != nil {
+			return nil, err
+		}
+		defer cl.Stop()
+		fed, r = cl, cl.Regions[0]
+		if conn, err = devcluster.DialAddrs([]string{cl.GlobalAddr}); err != nil {
+			return nil, err
+		}
+	} else if o.Addr == "" {
 		o.Logf("starting region %s: %d coordinator(s), %d agent(s) x %d slots", region, o.Coordinators, o.Agents, o.Slots)
 		cl, err := devcluster.Start(ctx, devcluster.Options{Binary: o.Binary, Dir: filepath.Join(o.WorkDir, "cluster"),
 			Regions: []devcluster.RegionSpec{{Name: region, Jurisdiction: "eu", Coordinators: o.Coordinators, Agents: agents,
@@ -232,17 +264,27 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	defer conn.Close()
 	js := apiaryv1.NewJobServiceClient(conn)
 	admin := apiaryv1.NewAdminServiceClient(conn)
-	regionName, jurisdiction := region, "eu"
+	jurisdiction := "eu"
 	if o.Addr != "" {
 		info, err := regionInfo(ctx, admin)
 		if err != nil {
 			return nil, fmt.Errorf("region at %s: %w", o.Addr, err)
 		}
-		regionName, jurisdiction = info.GetRegion(), info.GetJurisdiction()
+		jurisdiction = info.GetJurisdiction()
+		jurisdictionOf = map[string]string{info.GetRegion(): jurisdiction}
 	}
 	sleep := strconv.FormatFloat(o.TaskSleep.Seconds(), 'f', 3, 64)
 	spec := func(i int) *apiaryv1.JobSpec {
-		return &apiaryv1.JobSpec{Name: "loadtest", Jurisdiction: jurisdiction, MaxAttempts: 10, Tasks: []*apiaryv1.TaskGroup{{
+		jur := jurisdiction
+		var rs *apiaryv1.RegionSpec
+		if o.Scenario == KillRegion {
+			jur = ""
+			if i%4 == 0 {
+				jur = "eu"
+			}
+			rs = &apiaryv1.RegionSpec{Prefer: []string{"lt-a"}}
+		}
+		return &apiaryv1.JobSpec{Name: "loadtest", Jurisdiction: jur, Region: rs, MaxAttempts: 10, Tasks: []*apiaryv1.TaskGroup{{
 			Name: "t", Count: int32(o.TasksPerJob), Command: "sh",
 			Args:      []string{"-c", LedgerCommand(ledgerPath) + "; sleep " + sleep},
 			Resources: &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 16}}}}
@@ -264,7 +306,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, ctx.Err()
 		case <-time.After(time.Until(at)):
 		}
-		tr, err := inject(ctx, o, r, admin, k+1)
+		var tr Trial
+		var err error
+		if o.Scenario == KillRegion {
+			tr, err = killRegion(ctx, o, fed, k+1)
+		} else {
+			tr, err = inject(ctx, o, r, admin, k+1)
+		}
 		if err != nil {
 			tr.Note = err.Error()
 			o.Logf("trial %d: %v", k+1, err)
@@ -301,12 +349,67 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 	}
-	res.Verdict = Verify(accepted, jobs, ledger, map[string]string{regionName: jurisdiction})
+	res.Verdict = Verify(accepted, jobs, ledger, jurisdictionOf)
 	res.Completed, res.Failed = res.Verdict.Completed, res.Verdict.Failed
 	res.Lost, res.Duplicates = len(res.Verdict.Lost), len(res.Verdict.Duplicates)
 	res.SovereigntyViolations = len(res.Verdict.SovereigntyViolations)
 	measure(res, jobs)
+	if o.Scenario == KillRegion {
+		measureReroute(res)
+	}
 	return res, nil
+}
+
+// measureReroute times each region kill: from the fault to the first
+// submission sent after it that a region other than the victim accepted.
+func measureReroute(res *Result) {
+	var f2d []float64
+	res.ValidTrials = 0
+	for i := range res.TrialDetails {
+		tr := &res.TrialDetails[i]
+		if tr.At.IsZero() || (tr.Note != "" && tr.Note != "no redispatch observed") {
+			continue
+		}
+		tr.Note = ""
+		var best time.Duration = -1
+		for _, s := range res.Samples {
+			if s.JobID == "" || s.Sent.Before(tr.At) || ids.RegionOf(s.JobID) == tr.Target {
+				continue
+			}
+			if d := s.Done.Sub(tr.At); best < 0 || d < best {
+				best = d
+			}
+		}
+		if best < 0 {
+			tr.Note, tr.Valid = "no submission rerouted", false
+			continue
+		}
+		tr.FaultToDispatchMs, tr.Valid = float64(best.Microseconds())/1000, true
+		f2d = append(f2d, tr.FaultToDispatchMs)
+		res.ValidTrials++
+	}
+	res.FaultToDispatchMs = quantiles(f2d)
+}
+
+// killRegion SIGKILLs every coordinator of lt-a, waits (bounded) for the
+// router to route elsewhere, then restarts the region from its data dirs.
+// The fault's cost is read from the samples afterwards (measureReroute).
+func killRegion(ctx context.Context, o Options, fed *devcluster.Cluster, n int) (Trial, error) {
+	victim := fed.Regions[0]
+	tr := Trial{N: n, Fault: string(KillRegion), Target: victim.Spec.Name, At: time.Now()}
+	for _, p := range victim.Coords {
+		if err := p.Kill(); err != nil {
+			return tr, err
+		}
+	}
+	// Stay down long enough for the pool to see the region fail.
+	time.Sleep(o.Pause)
+	for i := range victim.Coords {
+		if err := victim.RestartCoordinator(ctx, i); err != nil {
+			return tr, fmt.Errorf("restart %s: %w", victim.Coords[i].Name, err)
+		}
+	}
+	return tr, victim.WaitNodes(ctx, o.Agents)
 }
 
 // inject applies one fault and restores the process afterwards.

@@ -99,7 +99,9 @@ func newLoadtestFailoverCmd() *cobra.Command {
 		Long: `Scenarios: kill-scheduler (SIGKILL the scheduling coordinator of a
 3-coordinator region), pause-scheduler (SIGSTOP it longer than its lease, then
 SIGCONT), kill-agent (SIGKILL an agent running tasks), pause-agent (SIGSTOP an
-agent longer than its lease, then SIGCONT).`,
+agent longer than its lease, then SIGCONT), kill-region (SIGKILL every
+coordinator of one region of a federation behind a global router; measures
+how soon new submissions are accepted by another region).`,
 		Example: `  apiary loadtest failover --scenario kill-scheduler --trials 20 --output json`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -107,7 +109,7 @@ agent longer than its lease, then SIGCONT).`,
 		},
 	}
 	f.register(cmd)
-	cmd.Flags().StringVar(&scenario, "scenario", "kill-scheduler", "kill-scheduler, pause-scheduler, kill-agent or pause-agent")
+	cmd.Flags().StringVar(&scenario, "scenario", "kill-scheduler", "kill-scheduler, pause-scheduler, kill-agent, pause-agent or kill-region")
 	cmd.Flags().IntVar(&trials, "trials", 5, "faults to inject (1..200)")
 	cmd.Flags().DurationVar(&every, "trial-every", 6*time.Second, "load time per trial")
 	return cmd
@@ -123,7 +125,7 @@ func runLoadtest(cmd *cobra.Command, f loadtestFlags, o loadtest.Options) error 
 			ok = ok || (s == o.Scenario && s != loadtest.Steady)
 		}
 		if !ok {
-			return withCode(exitInvalid, fmt.Errorf("--scenario: must be kill-scheduler, pause-scheduler, kill-agent or pause-agent, got %q", o.Scenario))
+			return withCode(exitInvalid, fmt.Errorf("--scenario: must be kill-scheduler, pause-scheduler, kill-agent, pause-agent or kill-region, got %q", o.Scenario))
 		}
 	}
 	bin, err := os.Executable()
