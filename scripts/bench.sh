@@ -28,7 +28,7 @@ done
 for sc in kill-scheduler kill-agent; do
 	"$BIN" loadtest failover --scenario "$sc" --trials "$LT_TRIALS" --rate 50 --results-dir "$LT_RESULTS" || rc=$?
 done
-for sc in pause-scheduler pause-agent; do
+for sc in pause-scheduler pause-agent kill-region; do
 	"$BIN" loadtest failover --scenario "$sc" --trials 5 --rate 50 --results-dir "$LT_RESULTS" || rc=$?
 done
 if [ -f scripts/bench-placement.sh ]; then
