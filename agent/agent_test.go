@@ -234,16 +234,23 @@ func (f *fakeCoord) numRegisters() int {
 // waitStream waits until a stream of epoch is open.
 func (f *fakeCoord) waitStream(t *testing.T, epoch int64) {
 	t.Helper()
+	f.waitStreamThat(t, func(s *fakeStream) bool { return s.epoch == epoch }, "a stream of epoch %d", epoch)
+}
+
+// waitStreamThat waits until an open stream satisfies ok; what (formatted
+// with args) names it in the failure.
+func (f *fakeCoord) waitStreamThat(t *testing.T, ok func(*fakeStream) bool, what string, args ...any) {
+	t.Helper()
 	waitFor(t, 10*time.Second, func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		for _, s := range f.streams {
-			if s.epoch == epoch {
+			if ok(s) {
 				return true
 			}
 		}
 		return false
-	}, "a stream of epoch %d", epoch)
+	}, what, args...)
 }
 
 // reportsFor returns the reports on key so far.
@@ -315,6 +322,27 @@ func startAgent(t *testing.T, addrs []string, mod func(*Config)) *testAgent {
 	return ta
 }
 
+// startConnected starts a fake coordinator and an agent against it (mod, if
+// not nil, adjusts the agent's config), and waits until the agent is
+// registered and has opened its assignment stream. It returns the epoch.
+func startConnected(t *testing.T, mod func(*Config)) (*fakeCoord, *testAgent, int64) {
+	t.Helper()
+	f := startFake(t)
+	ta := startAgent(t, []string{f.addr}, mod)
+	epoch := ta.waitEpoch(t, 1)
+	f.waitStream(t, epoch)
+	return f, ta, epoch
+}
+
+// sync runs a sentinel assignment and waits for it to exit: the agent has
+// handled every assignment pushed before it.
+func (f *fakeCoord) sync(t *testing.T, epoch int64) {
+	t.Helper()
+	sentinel := AttemptKey{JobID: "r1-sentinel", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, sentinel, "exit 0"))
+	f.waitReport(t, sentinel, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+}
+
 // stop cancels Run and waits for it to return.
 func (ta *testAgent) stop(t *testing.T) {
 	t.Helper()
@@ -372,10 +400,7 @@ func kinds(rs []*apiaryv1.ReportTaskStatusRequest) []apiaryv1.ReportKind {
 }
 
 func TestAgentRegisterStreamRunReport(t *testing.T) {
-	f := startFake(t)
-	ta := startAgent(t, []string{f.addr}, nil)
-	epoch := ta.waitEpoch(t, 1)
-	f.waitStream(t, epoch)
+	f, ta, epoch := startConnected(t, nil)
 
 	reg := f.registers[0]
 	if reg.GetNodeId() != "n1" || reg.GetLabels()["zone"] != "z1" || reg.GetCapacity().GetCpuMillis() != 4000 ||
@@ -412,10 +437,7 @@ func TestAgentRegisterStreamRunReport(t *testing.T) {
 }
 
 func TestAgentEpochLostKillsAttemptsAndReregisters(t *testing.T) {
-	f := startFake(t)
-	ta := startAgent(t, []string{f.addr}, nil)
-	e1 := ta.waitEpoch(t, 1)
-	f.waitStream(t, e1)
+	f, ta, e1 := startConnected(t, nil)
 
 	key := AttemptKey{JobID: "r1-long", TaskIndex: 0, Attempt: 1}
 	f.push(runAsg(e1, key, `sleep 100 & echo $! > pids; echo $$ >> pids; wait`))
@@ -447,10 +469,7 @@ func TestAgentEpochLostKillsAttemptsAndReregisters(t *testing.T) {
 }
 
 func TestAgentDuplicateAssignmentRunsOnce(t *testing.T) {
-	f := startFake(t)
-	ta := startAgent(t, []string{f.addr}, nil)
-	epoch := ta.waitEpoch(t, 1)
-	f.waitStream(t, epoch)
+	f, _, epoch := startConnected(t, nil)
 
 	count := filepath.Join(t.TempDir(), "count")
 	key := AttemptKey{JobID: "r1-dup", TaskIndex: 0, Attempt: 1}
@@ -462,9 +481,7 @@ func TestAgentDuplicateAssignmentRunsOnce(t *testing.T) {
 	f.killStreams()
 	f.waitStream(t, epoch)
 	f.push(a)
-	sentinel := AttemptKey{JobID: "r1-sentinel", TaskIndex: 0, Attempt: 1}
-	f.push(runAsg(epoch, sentinel, "exit 0"))
-	f.waitReport(t, sentinel, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	f.sync(t, epoch)
 
 	b, _ := os.ReadFile(count)
 	if n := strings.Count(string(b), "x"); n != 1 {
@@ -477,18 +494,13 @@ func TestAgentDuplicateAssignmentRunsOnce(t *testing.T) {
 }
 
 func TestAgentIgnoresOtherEpochAssignments(t *testing.T) {
-	f := startFake(t)
-	ta := startAgent(t, []string{f.addr}, nil)
-	epoch := ta.waitEpoch(t, 1)
-	f.waitStream(t, epoch)
+	f, ta, epoch := startConnected(t, nil)
 
 	stale := AttemptKey{JobID: "r1-stale", TaskIndex: 0, Attempt: 1}
 	future := AttemptKey{JobID: "r1-future", TaskIndex: 0, Attempt: 1}
 	f.push(runAsg(epoch-1, stale, "exit 0"))
 	f.push(runAsg(epoch+5, future, "exit 0"))
-	sentinel := AttemptKey{JobID: "r1-sentinel", TaskIndex: 0, Attempt: 1}
-	f.push(runAsg(epoch, sentinel, "exit 0"))
-	f.waitReport(t, sentinel, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	f.sync(t, epoch)
 	for _, k := range []AttemptKey{stale, future} {
 		if rs := f.reportsFor(k); len(rs) != 0 {
 			t.Fatalf("%s: reports %v, want none", k, kinds(rs))
@@ -500,10 +512,7 @@ func TestAgentIgnoresOtherEpochAssignments(t *testing.T) {
 }
 
 func TestAgentCancel(t *testing.T) {
-	f := startFake(t)
-	ta := startAgent(t, []string{f.addr}, nil)
-	epoch := ta.waitEpoch(t, 1)
-	f.waitStream(t, epoch)
+	f, ta, epoch := startConnected(t, nil)
 
 	key := AttemptKey{JobID: "r1-cancel", TaskIndex: 1, Attempt: 1}
 	f.push(runAsg(epoch, key, `sleep 100 & echo $! > pids; echo $$ >> pids; wait`))
@@ -524,9 +533,7 @@ func TestAgentCancel(t *testing.T) {
 	early := AttemptKey{JobID: "r1-early", TaskIndex: 0, Attempt: 1}
 	f.push(cancelAsg(epoch, early))
 	f.push(runAsg(epoch, early, "exit 0"))
-	sentinel := AttemptKey{JobID: "r1-sentinel", TaskIndex: 0, Attempt: 1}
-	f.push(runAsg(epoch, sentinel, "exit 0"))
-	f.waitReport(t, sentinel, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	f.sync(t, epoch)
 	f.waitReport(t, early, apiaryv1.ReportKind_REPORT_KIND_CANCELLED)
 	if ks := kinds(f.reportsFor(early)); len(ks) != 1 {
 		t.Fatalf("early-cancelled attempt reports %v, want only CANCELLED", ks)
@@ -534,10 +541,7 @@ func TestAgentCancel(t *testing.T) {
 }
 
 func TestAgentTimeout(t *testing.T) {
-	f := startFake(t)
-	ta := startAgent(t, []string{f.addr}, nil)
-	epoch := ta.waitEpoch(t, 1)
-	f.waitStream(t, epoch)
+	f, _, epoch := startConnected(t, nil)
 
 	key := AttemptKey{JobID: "r1-slow", TaskIndex: 0, Attempt: 1}
 	a := runAsg(epoch, key, `echo begin; sleep 100`)
@@ -550,13 +554,10 @@ func TestAgentTimeout(t *testing.T) {
 }
 
 func TestAgentRefusesWhatDoesNotFit(t *testing.T) {
-	f := startFake(t)
-	ta := startAgent(t, []string{f.addr}, func(c *Config) {
+	f, ta, epoch := startConnected(t, func(c *Config) {
 		c.Capacity = Resources{CPUMillis: 1000, MemoryMB: 1024}
 		c.MaxTasks = 1
 	})
-	epoch := ta.waitEpoch(t, 1)
-	f.waitStream(t, epoch)
 
 	big := AttemptKey{JobID: "r1-big", TaskIndex: 0, Attempt: 1}
 	a := runAsg(epoch, big, "exit 0")
@@ -585,10 +586,7 @@ func TestAgentRefusesWhatDoesNotFit(t *testing.T) {
 }
 
 func TestAgentStartFailed(t *testing.T) {
-	f := startFake(t)
-	ta := startAgent(t, []string{f.addr}, nil)
-	epoch := ta.waitEpoch(t, 1)
-	f.waitStream(t, epoch)
+	f, ta, epoch := startConnected(t, nil)
 
 	key := AttemptKey{JobID: "r1-nocmd", TaskIndex: 0, Attempt: 1}
 	a := runAsg(epoch, key, "")
@@ -664,10 +662,7 @@ func TestAgentRetriesReportsAndFailsOver(t *testing.T) {
 }
 
 func TestAgentShutdownKillsProcessGroups(t *testing.T) {
-	f := startFake(t)
-	ta := startAgent(t, []string{f.addr}, nil)
-	epoch := ta.waitEpoch(t, 1)
-	f.waitStream(t, epoch)
+	f, ta, epoch := startConnected(t, nil)
 
 	key := AttemptKey{JobID: "r1-run", TaskIndex: 0, Attempt: 1}
 	f.push(runAsg(epoch, key, `sleep 100 & echo $! > pids; echo $$ >> pids; wait`))
@@ -742,16 +737,7 @@ func TestAgentLeavesHungCoordinator(t *testing.T) {
 	h.serve(t)
 	ta := startAgent(t, []string{h.addr, f.addr}, func(c *Config) { c.RPCTimeout = 200 * time.Millisecond })
 	epoch := ta.waitEpoch(t, 1)
-	waitFor(t, 10*time.Second, func() bool {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		for _, s := range f.streams {
-			if s.via == h {
-				return true
-			}
-		}
-		return false
-	}, "stream on the first coordinator")
+	f.waitStreamThat(t, func(s *fakeStream) bool { return s.via == h }, "stream on the first coordinator")
 	h.hung.Store(true)
 	key := AttemptKey{JobID: "r1-moved", TaskIndex: 0, Attempt: 1}
 	f.push(runAsg(epoch, key, "exit 0"))

@@ -82,6 +82,52 @@ func (o *clientOpts) call(ctx context.Context, fn func(ctx context.Context) erro
 	return cliconn.Retry(ctx, min(perCallTimeout, o.timeout), fn)
 }
 
+// unaryCall is the plumbing of a client subcommand that makes one unary RPC:
+// it checks the flags, then runs check (the command's own arguments; may be
+// nil), both exit 2 before any dialing; dials; and calls rpc on the client
+// that newClient makes, with retries on UNAVAILABLE within --timeout, under a
+// context that SIGINT or SIGTERM cancel. A failed call is mapped to an exit
+// code and message by rpcError; what names the object for NOT_FOUND.
+func unaryCall[C, R any](cmd *cobra.Command, o *clientOpts, check func() error, newClient func(grpc.ClientConnInterface) C,
+	what string, rpc func(ctx context.Context, client C) (R, error)) (R, error) {
+	var resp R
+	if err := o.check(); err != nil {
+		return resp, err
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return resp, err
+		}
+	}
+	cc, addr, err := o.conn(cmd)
+	if err != nil {
+		return resp, err
+	}
+	defer cc.Close()
+	ctx, stop := signalContext(cmd)
+	defer stop()
+	client := newClient(cc)
+	err = o.call(ctx, func(ctx context.Context) error {
+		var err error
+		resp, err = rpc(ctx, client)
+		return err
+	})
+	if err != nil {
+		var zero R
+		return zero, rpcError(err, addr, what)
+	}
+	return resp, nil
+}
+
+// print writes m as JSON with --output json, else calls text with w.
+func (o *clientOpts) print(w io.Writer, m proto.Message, text func(w io.Writer)) error {
+	if o.output == "json" {
+		return printJSON(w, m)
+	}
+	text(w)
+	return nil
+}
+
 // signalContext is cancelled on SIGINT or SIGTERM.
 func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 	parent := cmd.Context()

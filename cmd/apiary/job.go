@@ -318,30 +318,14 @@ func newJobStatusCmd(o *clientOpts) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := args[0]
-			if err := o.check(); err != nil {
-				return err
-			}
-			cc, addr, err := o.conn(cmd)
+			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewJobServiceClient, "job "+id,
+				func(ctx context.Context, c apiaryv1.JobServiceClient) (*apiaryv1.GetJobResponse, error) {
+					return c.GetJob(ctx, &apiaryv1.GetJobRequest{JobId: id})
+				})
 			if err != nil {
 				return err
 			}
-			defer cc.Close()
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			client := apiaryv1.NewJobServiceClient(cc)
-			var resp *apiaryv1.GetJobResponse
-			err = o.call(ctx, func(ctx context.Context) error {
-				resp, err = client.GetJob(ctx, &apiaryv1.GetJobRequest{JobId: id})
-				return err
-			})
-			if err != nil {
-				return rpcError(err, addr, "job "+id)
-			}
-			if o.output == "json" {
-				return printJSON(cmd.OutOrStdout(), resp.GetJob())
-			}
-			printJob(cmd.OutOrStdout(), resp.GetJob())
-			return nil
+			return o.print(cmd.OutOrStdout(), resp.GetJob(), func(w io.Writer) { printJob(w, resp.GetJob()) })
 		},
 	}
 }
@@ -411,51 +395,41 @@ func newJobListCmd(o *clientOpts) *cobra.Command {
 		Short: "List jobs, newest first as the server orders them",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.check(); err != nil {
-				return err
+			var st apiaryv1.JobState
+			check := func() error {
+				var err error
+				if st, err = parseJobState(state); err != nil {
+					return withCode(exitInvalid, err)
+				}
+				if limit < 0 || limit > 10000 {
+					return withCode(exitInvalid, fmt.Errorf("--limit must be between 1 and 10000 (got %d)", limit))
+				}
+				return nil
 			}
-			st, err := parseJobState(state)
+			resp, err := unaryCall(cmd, o, check, apiaryv1.NewJobServiceClient, "",
+				func(ctx context.Context, c apiaryv1.JobServiceClient) (*apiaryv1.ListJobsResponse, error) {
+					return c.ListJobs(ctx, &apiaryv1.ListJobsRequest{State: st, Limit: limit})
+				})
 			if err != nil {
-				return withCode(exitInvalid, err)
-			}
-			if limit < 0 || limit > 10000 {
-				return withCode(exitInvalid, fmt.Errorf("--limit must be between 1 and 10000 (got %d)", limit))
-			}
-			cc, addr, err := o.conn(cmd)
-			if err != nil {
 				return err
-			}
-			defer cc.Close()
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			client := apiaryv1.NewJobServiceClient(cc)
-			var resp *apiaryv1.ListJobsResponse
-			err = o.call(ctx, func(ctx context.Context) error {
-				resp, err = client.ListJobs(ctx, &apiaryv1.ListJobsRequest{State: st, Limit: limit})
-				return err
-			})
-			if err != nil {
-				return rpcError(err, addr, "")
 			}
 			if u := resp.GetUnavailableRegions(); len(u) > 0 {
 				fmt.Fprintf(cmd.ErrOrStderr(), "warning: these regions did not answer, their jobs are missing: %s\n", strings.Join(u, ", "))
 			}
-			if o.output == "json" {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			t := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(t, "ID\tNAME\tSTATE\tCOMPLETE\tFAILED\tREGION\tSUBMITTED")
-			for _, j := range resp.GetJobs() {
-				c := j.GetCounts()
-				fmt.Fprintf(t, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\n", j.GetId(), cell(j.GetSpec().GetName(), 40),
-					jobState(j.GetState()), c.GetComplete(), countTotal(c), c.GetFailed(), cell(j.GetRegion(), 0),
-					fmtTime(j.GetSubmitTimeMs()))
-			}
-			t.Flush()
-			if len(resp.GetJobs()) == 0 {
-				fmt.Fprintln(cmd.ErrOrStderr(), "no jobs")
-			}
-			return nil
+			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
+				t := newTable(w)
+				fmt.Fprintln(t, "ID\tNAME\tSTATE\tCOMPLETE\tFAILED\tREGION\tSUBMITTED")
+				for _, j := range resp.GetJobs() {
+					c := j.GetCounts()
+					fmt.Fprintf(t, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\n", j.GetId(), cell(j.GetSpec().GetName(), 40),
+						jobState(j.GetState()), c.GetComplete(), countTotal(c), c.GetFailed(), cell(j.GetRegion(), 0),
+						fmtTime(j.GetSubmitTimeMs()))
+				}
+				t.Flush()
+				if len(resp.GetJobs()) == 0 {
+					fmt.Fprintln(cmd.ErrOrStderr(), "no jobs")
+				}
+			})
 		},
 	}
 	cmd.Flags().StringVar(&state, "state", "", "only jobs in this state: pending, running, complete, failed or cancelled")
@@ -488,39 +462,25 @@ func newJobCancelCmd(o *clientOpts) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := args[0]
-			if err := o.check(); err != nil {
-				return err
-			}
-			cc, addr, err := o.conn(cmd)
+			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewJobServiceClient, "job "+id,
+				func(ctx context.Context, c apiaryv1.JobServiceClient) (*apiaryv1.CancelJobResponse, error) {
+					return c.CancelJob(ctx, &apiaryv1.CancelJobRequest{JobId: id})
+				})
 			if err != nil {
 				return err
-			}
-			defer cc.Close()
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			client := apiaryv1.NewJobServiceClient(cc)
-			var resp *apiaryv1.CancelJobResponse
-			err = o.call(ctx, func(ctx context.Context) error {
-				resp, err = client.CancelJob(ctx, &apiaryv1.CancelJobRequest{JobId: id})
-				return err
-			})
-			if err != nil {
-				return rpcError(err, addr, "job "+id)
-			}
-			if o.output == "json" {
-				return printJSON(cmd.OutOrStdout(), resp.GetJob())
 			}
 			job := resp.GetJob()
-			switch s := job.GetState(); {
-			case s == apiaryv1.JobState_JOB_STATE_CANCELLED:
-				fmt.Fprintf(cmd.OutOrStdout(), "job %s cancelled\n", id)
-			case terminal(s):
-				fmt.Fprintf(cmd.OutOrStdout(), "job %s had already ended (%s); nothing to cancel\n", id, strings.ToLower(jobState(s)))
-			default:
-				fmt.Fprintf(cmd.OutOrStdout(), "job %s: cancel requested; %d tasks still running will be killed\n",
-					id, job.GetCounts().GetRunning()+job.GetCounts().GetAssigned())
-			}
-			return nil
+			return o.print(cmd.OutOrStdout(), job, func(w io.Writer) {
+				switch s := job.GetState(); {
+				case s == apiaryv1.JobState_JOB_STATE_CANCELLED:
+					fmt.Fprintf(w, "job %s cancelled\n", id)
+				case terminal(s):
+					fmt.Fprintf(w, "job %s had already ended (%s); nothing to cancel\n", id, strings.ToLower(jobState(s)))
+				default:
+					fmt.Fprintf(w, "job %s: cancel requested; %d tasks still running will be killed\n",
+						id, job.GetCounts().GetRunning()+job.GetCounts().GetAssigned())
+				}
+			})
 		},
 	}
 }
@@ -540,37 +500,24 @@ full logs stay on the node that ran the attempt.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := args[0]
-			if err := o.check(); err != nil {
-				return err
-			}
-			if task < -1 {
-				return withCode(exitInvalid, fmt.Errorf("--task must be a task index >= 0 (got %d)", task))
-			}
-			cc, addr, err := o.conn(cmd)
-			if err != nil {
-				return err
-			}
-			defer cc.Close()
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			client := apiaryv1.NewJobServiceClient(cc)
-			var resp *apiaryv1.GetJobLogsResponse
-			err = o.call(ctx, func(ctx context.Context) error {
-				resp, err = client.GetJobLogs(ctx, &apiaryv1.GetJobLogsRequest{JobId: id, TaskIndex: task}, grpc.MaxCallRecvMsgSize(cliconn.MaxRecvBytes))
-				return err
-			})
-			if err != nil {
-				what := "job " + id
-				if task >= 0 {
-					what = fmt.Sprintf("task %d of job %s", task, id)
+			check := func() error {
+				if task < -1 {
+					return withCode(exitInvalid, fmt.Errorf("--task must be a task index >= 0 (got %d)", task))
 				}
-				return rpcError(err, addr, what)
+				return nil
 			}
-			if o.output == "json" {
-				return printJSON(cmd.OutOrStdout(), resp)
+			what := "job " + id
+			if task >= 0 {
+				what = fmt.Sprintf("task %d of job %s", task, id)
 			}
-			printLogs(cmd.OutOrStdout(), resp.GetTasks())
-			return nil
+			resp, err := unaryCall(cmd, o, check, apiaryv1.NewJobServiceClient, what,
+				func(ctx context.Context, c apiaryv1.JobServiceClient) (*apiaryv1.GetJobLogsResponse, error) {
+					return c.GetJobLogs(ctx, &apiaryv1.GetJobLogsRequest{JobId: id, TaskIndex: task}, grpc.MaxCallRecvMsgSize(cliconn.MaxRecvBytes))
+				})
+			if err != nil {
+				return err
+			}
+			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) { printLogs(w, resp.GetTasks()) })
 		},
 	}
 	cmd.Flags().Int32Var(&task, "task", -1, "only this task index (default: all tasks)")

@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -67,72 +68,61 @@ and answers), free capacity, largest node, and each priority class's pending
 backlog against the region's bound. --addr must be a global router.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.check(); err != nil {
-				return err
-			}
-			cc, addr, err := o.conn(cmd)
+			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
+				func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.ListRegionsResponse, error) {
+					return c.ListRegions(ctx, &apiaryv1.ListRegionsRequest{})
+				})
 			if err != nil {
 				return err
 			}
-			defer cc.Close()
-			ctx, stop := signalContext(cmd)
-			defer stop()
-			client := apiaryv1.NewAdminServiceClient(cc)
-			var resp *apiaryv1.ListRegionsResponse
-			err = o.call(ctx, func(ctx context.Context) error {
-				resp, err = client.ListRegions(ctx, &apiaryv1.ListRegionsRequest{})
-				return err
-			})
-			if err != nil {
-				return rpcError(err, addr, "")
-			}
-			if o.output == "json" {
-				return printJSON(cmd.OutOrStdout(), resp)
-			}
-			t := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(t, "REGION\tJURISDICTION\tSTATUS\tCOORDINATORS\tNODES\tFREE CPU (m)\tFREE MEM (MiB)\tLARGEST NODE\tBACKLOG/BOUND (batch,standard,urgent)\tLABELS")
-			for _, r := range resp.GetRegions() {
-				st := "up"
-				if !r.GetUp() {
-					st = "DOWN: " + r.GetDownReason()
-				}
-				var coords []string
-				for _, c := range r.GetCoordinators() {
-					s := c.GetId() + "(" + c.GetMemberStatus()
-					if c.GetMemberStatus() == "alive" {
-						if c.GetAnswers() {
-							s += ",answers"
-						} else {
-							s += ",no answer"
-						}
-						s += "," + c.GetHealth()
-					}
-					coords = append(coords, s+")")
-				}
-				var bl []string
-				for _, b := range r.GetBacklog() {
-					p, bound := "?", "-"
-					if b.GetPending() >= 0 {
-						p = fmt.Sprint(b.GetPending())
-					}
-					if b.GetBound() > 0 {
-						bound = fmt.Sprint(b.GetBound())
-					}
-					bl = append(bl, p+"/"+bound)
-				}
-				l := r.GetLargestNode()
-				fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%dm/%dMiB/%dgpu\t%s\t%s\n", r.GetName(), cell(r.GetJurisdiction(), 0),
-					cell(st, 100), cell(strings.Join(coords, " "), 120), r.GetNodesReady(),
-					r.GetFree().GetCpuMillis(), r.GetFree().GetMemoryMb(), l.GetCpuMillis(), l.GetMemoryMb(), l.GetGpus(),
-					cell(strings.Join(bl, " "), 0), cell(fmtLabels(r.GetLabels()), 60))
-			}
-			t.Flush()
-			if len(resp.GetRegions()) == 0 {
-				fmt.Fprintln(cmd.ErrOrStderr(), "no regions in the WAN pool yet")
-			}
-			return nil
+			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) { printRegions(w, cmd.ErrOrStderr(), resp.GetRegions()) })
 		},
 	}
 	o.addFlags(cmd)
 	return cmd
+}
+
+// printRegions writes a table of regions to w; a note to errw when there are none.
+func printRegions(w, errw io.Writer, regions []*apiaryv1.RegionSummary) {
+	t := newTable(w)
+	fmt.Fprintln(t, "REGION\tJURISDICTION\tSTATUS\tCOORDINATORS\tNODES\tFREE CPU (m)\tFREE MEM (MiB)\tLARGEST NODE\tBACKLOG/BOUND (batch,standard,urgent)\tLABELS")
+	for _, r := range regions {
+		st := "up"
+		if !r.GetUp() {
+			st = "DOWN: " + r.GetDownReason()
+		}
+		var coords []string
+		for _, c := range r.GetCoordinators() {
+			s := c.GetId() + "(" + c.GetMemberStatus()
+			if c.GetMemberStatus() == "alive" {
+				if c.GetAnswers() {
+					s += ",answers"
+				} else {
+					s += ",no answer"
+				}
+				s += "," + c.GetHealth()
+			}
+			coords = append(coords, s+")")
+		}
+		var bl []string
+		for _, b := range r.GetBacklog() {
+			p, bound := "?", "-"
+			if b.GetPending() >= 0 {
+				p = fmt.Sprint(b.GetPending())
+			}
+			if b.GetBound() > 0 {
+				bound = fmt.Sprint(b.GetBound())
+			}
+			bl = append(bl, p+"/"+bound)
+		}
+		l := r.GetLargestNode()
+		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%dm/%dMiB/%dgpu\t%s\t%s\n", r.GetName(), cell(r.GetJurisdiction(), 0),
+			cell(st, 100), cell(strings.Join(coords, " "), 120), r.GetNodesReady(),
+			r.GetFree().GetCpuMillis(), r.GetFree().GetMemoryMb(), l.GetCpuMillis(), l.GetMemoryMb(), l.GetGpus(),
+			cell(strings.Join(bl, " "), 0), cell(fmtLabels(r.GetLabels()), 60))
+	}
+	t.Flush()
+	if len(regions) == 0 {
+		fmt.Fprintln(errw, "no regions in the WAN pool yet")
+	}
 }

@@ -290,12 +290,7 @@ func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) 
 	eligible, excluded := Eligible(regions, r.cfg.Policy, spec)
 	exhausted := false
 	for _, reg := range eligible {
-		var resp *apiaryv1.SubmitJobResponse
-		err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
-			var err error
-			resp, err = apiaryv1.NewJobServiceClient(cc).SubmitJob(ctx, req)
-			return err
-		})
+		resp, err := r.submitTo(ctx, reg, req)
 		if err == nil {
 			return resp, nil
 		}
@@ -316,6 +311,17 @@ func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) 
 	return nil, refusal(spec, regions, excluded, exhausted)
 }
 
+// submitTo sends a submission to one region.
+func (r *Router) submitTo(ctx context.Context, reg registry.Region, req *apiaryv1.SubmitJobRequest) (*apiaryv1.SubmitJobResponse, error) {
+	var resp *apiaryv1.SubmitJobResponse
+	err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+		var err error
+		resp, err = apiaryv1.NewJobServiceClient(cc).SubmitJob(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
 // submitSame retries a submission in one region (same request id) until it
 // has an answer or ctx ends.
 func (r *Router) submitSame(ctx context.Context, reg registry.Region, req *apiaryv1.SubmitJobRequest, key string) (*apiaryv1.SubmitJobResponse, error) {
@@ -324,12 +330,7 @@ func (r *Router) submitSame(ctx context.Context, reg registry.Region, req *apiar
 		if cur, ok := r.regionByName(reg.Name); ok {
 			reg = cur
 		}
-		var resp *apiaryv1.SubmitJobResponse
-		err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
-			var err error
-			resp, err = apiaryv1.NewJobServiceClient(cc).SubmitJob(ctx, req)
-			return err
-		})
+		resp, err := r.submitTo(ctx, reg, req)
 		if err == nil {
 			return resp, nil
 		}
@@ -436,34 +437,31 @@ func (r *Router) unary(ctx context.Context, jobID string, fn func(ctx context.Co
 	return err
 }
 
-// GetJob forwards to the job's region.
-func (r *Router) GetJob(ctx context.Context, req *apiaryv1.GetJobRequest) (*apiaryv1.GetJobResponse, error) {
-	var resp *apiaryv1.GetJobResponse
+// forwardJob makes one unary JobService call about req's job in the job's
+// region (see unary).
+func forwardJob[Req interface{ GetJobId() string }, Resp any](ctx context.Context, r *Router, req Req,
+	method func(apiaryv1.JobServiceClient, context.Context, Req, ...grpc.CallOption) (Resp, error), opts ...grpc.CallOption) (Resp, error) {
+	var resp Resp
 	err := r.unary(ctx, req.GetJobId(), func(ctx context.Context, c apiaryv1.JobServiceClient) (err error) {
-		resp, err = c.GetJob(ctx, req)
+		resp, err = method(c, ctx, req, opts...)
 		return err
 	})
 	return resp, err
+}
+
+// GetJob forwards to the job's region.
+func (r *Router) GetJob(ctx context.Context, req *apiaryv1.GetJobRequest) (*apiaryv1.GetJobResponse, error) {
+	return forwardJob(ctx, r, req, apiaryv1.JobServiceClient.GetJob)
 }
 
 // CancelJob forwards to the job's region (cancel is idempotent).
 func (r *Router) CancelJob(ctx context.Context, req *apiaryv1.CancelJobRequest) (*apiaryv1.CancelJobResponse, error) {
-	var resp *apiaryv1.CancelJobResponse
-	err := r.unary(ctx, req.GetJobId(), func(ctx context.Context, c apiaryv1.JobServiceClient) (err error) {
-		resp, err = c.CancelJob(ctx, req)
-		return err
-	})
-	return resp, err
+	return forwardJob(ctx, r, req, apiaryv1.JobServiceClient.CancelJob)
 }
 
 // GetJobLogs forwards to the job's region.
 func (r *Router) GetJobLogs(ctx context.Context, req *apiaryv1.GetJobLogsRequest) (*apiaryv1.GetJobLogsResponse, error) {
-	var resp *apiaryv1.GetJobLogsResponse
-	err := r.unary(ctx, req.GetJobId(), func(ctx context.Context, c apiaryv1.JobServiceClient) (err error) {
-		resp, err = c.GetJobLogs(ctx, req, grpc.MaxCallRecvMsgSize(64<<20))
-		return err
-	})
-	return resp, err
+	return forwardJob(ctx, r, req, apiaryv1.JobServiceClient.GetJobLogs, grpc.MaxCallRecvMsgSize(64<<20))
 }
 
 // WatchJob proxies the job region's stream.

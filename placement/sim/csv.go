@@ -44,18 +44,11 @@ func ReadNodes(r io.Reader) ([]*placement.Node, error) {
 			return nil, fmt.Errorf("line %d: duplicate node %q (first on line %d)", row.line, id, l)
 		}
 		seen[id] = row.line
-		cpu, err := nonNeg(f[col["cpu_milli"]], "cpu_milli", row.line)
+		v, err := row.nonNegs(col, "cpu_milli", "memory_mib", "gpu")
 		if err != nil {
 			return nil, err
 		}
-		mem, err := nonNeg(f[col["memory_mib"]], "memory_mib", row.line)
-		if err != nil {
-			return nil, err
-		}
-		gpu, err := nonNeg(f[col["gpu"]], "gpu", row.line)
-		if err != nil {
-			return nil, err
-		}
+		cpu, mem, gpu := v[0], v[1], v[2]
 		if gpu > 1024 {
 			return nil, fmt.Errorf("line %d: gpu %d out of range", row.line, gpu)
 		}
@@ -90,22 +83,11 @@ func ReadTasks(r io.Reader) ([]placement.Task, error) {
 		if name == "" {
 			return nil, fmt.Errorf("line %d: empty name", row.line)
 		}
-		cpu, err := nonNeg(f[col["cpu_milli"]], "cpu_milli", row.line)
+		v, err := row.nonNegs(col, "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 		if err != nil {
 			return nil, err
 		}
-		mem, err := nonNeg(f[col["memory_mib"]], "memory_mib", row.line)
-		if err != nil {
-			return nil, err
-		}
-		ng, err := nonNeg(f[col["num_gpu"]], "num_gpu", row.line)
-		if err != nil {
-			return nil, err
-		}
-		gm, err := nonNeg(f[col["gpu_milli"]], "gpu_milli", row.line)
-		if err != nil {
-			return nil, err
-		}
+		cpu, mem, ng, gm := v[0], v[1], v[2], v[3]
 		req := placement.Resources{CPUMillis: cpu, MemoryMiB: mem}
 		switch {
 		case ng == 0 && gm == 0:
@@ -180,6 +162,20 @@ func readCSV(r io.Reader, need ...string) ([]csvRow, map[string]int, error) {
 		rows = append(rows, csvRow{line: line, fields: rec})
 	}
 	return rows, col, nil
+}
+
+// nonNegs parses the named columns of row as non-negative integers, in the
+// order named; the first bad one is the error.
+func (row csvRow) nonNegs(col map[string]int, names ...string) ([]int64, error) {
+	vs := make([]int64, len(names))
+	for i, name := range names {
+		v, err := nonNeg(row.fields[col[name]], name, row.line)
+		if err != nil {
+			return nil, err
+		}
+		vs[i] = v
+	}
+	return vs, nil
 }
 
 func nonNeg(s, name string, line int) (int64, error) {
