@@ -230,6 +230,7 @@ func main() {
 		fmt.Fprintf(&sum, "| quantity (ms from SIGKILL) | distribution |\n|---|---|\n| first dispatch by the successor | %s |\n| ... when the killed coordinator hosted the etcd leader | %s |\n| ... when it did not | %s |\n| old owner key deleted (ownership moved) | %s |\n| first dispatch, by the task record's assigned_ms | %s |\n| first successor-dispatched task seen RUNNING or COMPLETE | %s |\n| first successful answer to a SubmitJob sent after the kill | %s |\n\n",
 			bench.Summarize(disp), bench.Summarize(dispLeader), bench.Summarize(dispFollower), bench.Summarize(owner), bench.Summarize(rec), bench.Summarize(start), bench.Summarize(sub))
 	}
+	failed = runFederation(ctx, cfg, run, *out, &sum) || failed // federation.go: route-submit, region-kill (not in the default -only)
 	check(os.WriteFile(filepath.Join(*out, "summary.md"), []byte(sum.String()), 0o644))
 	fmt.Print(sum.String())
 	if failed {
