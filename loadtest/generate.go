@@ -36,6 +36,9 @@ type LoadOptions struct {
 	// Rate is submissions per second (> 0); Duration bounds the schedule.
 	Rate     float64
 	Duration time.Duration
+	// Offsets, if set, is the schedule instead (trace replay): submission i
+	// is intended at start + Offsets[i] (non-decreasing).
+	Offsets []time.Duration
 	// Spec makes the job for submission i.
 	Spec func(i int) *apiaryv1.JobSpec
 	// RunID prefixes request ids so runs never collide.
@@ -53,7 +56,7 @@ type LoadOptions struct {
 // Generate runs an open-loop schedule of SubmitJob calls and returns every
 // sample in schedule order.
 func Generate(ctx context.Context, js apiaryv1.JobServiceClient, o LoadOptions) ([]Sample, error) {
-	if o.Rate <= 0 || o.Duration <= 0 {
+	if o.Offsets == nil && (o.Rate <= 0 || o.Duration <= 0) {
 		return nil, fmt.Errorf("rate and duration must be > 0")
 	}
 	if o.SubmitTimeout == 0 {
@@ -63,14 +66,23 @@ func Generate(ctx context.Context, js apiaryv1.JobServiceClient, o LoadOptions) 
 		o.MaxInFlight = 1024
 	}
 	n := int(o.Rate * o.Duration.Seconds())
+	if o.Offsets != nil {
+		n = len(o.Offsets)
+	}
 	samples := make([]Sample, n)
 	sem := make(chan struct{}, o.MaxInFlight)
 	var wg sync.WaitGroup
 	var done atomic.Int64
 	start := time.Now()
-	interval := time.Duration(float64(time.Second) / o.Rate)
+	var interval time.Duration
+	if o.Rate > 0 {
+		interval = time.Duration(float64(time.Second) / o.Rate)
+	}
 	for i := 0; i < n; i++ {
 		intended := start.Add(time.Duration(i) * interval)
+		if o.Offsets != nil {
+			intended = start.Add(o.Offsets[i])
+		}
 		if d := time.Until(intended); d > 0 {
 			select {
 			case <-ctx.Done():

@@ -49,6 +49,15 @@ type Options struct {
 	// Rate is submissions per second; for Steady, Duration is the load time.
 	Rate     float64
 	Duration time.Duration
+	// Trace, if set, replays a cluster-trace-gpu-v2023 pod list instead of a
+	// fixed rate (steady only): pod i is submitted at its creation time
+	// scaled to fit Duration, as a one-task job whose CPU and memory are
+	// scaled by SizeScale and which sleeps for its scaled lifetime (at most
+	// MaxTaskSleep). TraceLimit bounds the pods replayed (default 1000).
+	Trace        string
+	TraceLimit   int
+	SizeScale    float64
+	MaxTaskSleep time.Duration
 	// TasksPerJob and TaskSleep shape each job (each task appends to the
 	// ledger, then sleeps).
 	TasksPerJob int
@@ -81,8 +90,28 @@ func (o *Options) defaults() error {
 	default:
 		return fmt.Errorf("scenario: must be one of %v, got %q", Scenarios, o.Scenario)
 	}
-	if o.Rate <= 0 {
+	if o.Rate <= 0 && o.Trace == "" {
 		return fmt.Errorf("rate: must be > 0, got %v", o.Rate)
+	}
+	if o.Trace != "" && o.Scenario != Steady {
+		return fmt.Errorf("trace: replay runs as steady load, not with scenario %q", o.Scenario)
+	}
+	if o.Trace != "" {
+		if o.TraceLimit == 0 {
+			o.TraceLimit = 1000
+		}
+		if o.SizeScale == 0 {
+			o.SizeScale = 0.01
+		}
+		if o.SizeScale < 0 || o.SizeScale > 1 {
+			return fmt.Errorf("size-scale: must be in (0, 1], got %v", o.SizeScale)
+		}
+		if o.MaxTaskSleep == 0 {
+			o.MaxTaskSleep = 5 * time.Second
+		}
+		if o.Rate == 0 {
+			o.Rate = 1 // unused with a trace schedule
+		}
 	}
 	if o.Addr != "" && o.Scenario != Steady {
 		return fmt.Errorf("scenario: faults need a cluster the harness starts itself; with an address only %q runs", Steady)
@@ -172,11 +201,14 @@ type Trial struct {
 
 // Result is a run's outcome, with stable JSON field names.
 type Result struct {
-	Scenario              string    `json:"scenario"`
-	Trials                int       `json:"trials"`
-	ValidTrials           int       `json:"valid_trials"`
-	Submitted             int       `json:"submitted"`
-	Accepted              int       `json:"accepted"`
+	Scenario    string `json:"scenario"`
+	Trials      int    `json:"trials"`
+	ValidTrials int    `json:"valid_trials"`
+	Submitted   int    `json:"submitted"`
+	Accepted    int    `json:"accepted"`
+	// Refused counts submissions the system rejected on purpose (invalid,
+	// or no region could ever run them); they are not lost.
+	Refused               int       `json:"refused"`
 	Completed             int       `json:"completed"`
 	Failed                int       `json:"failed"`
 	Lost                  int       `json:"lost"`
@@ -274,7 +306,45 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		jurisdictionOf = map[string]string{info.GetRegion(): jurisdiction}
 	}
 	sleep := strconv.FormatFloat(o.TaskSleep.Seconds(), 'f', 3, 64)
+	var pods []Pod
+	var offsets, sleeps []time.Duration
+	if o.Trace != "" {
+		f, err := os.Open(o.Trace)
+		if err != nil {
+			return nil, fmt.Errorf("trace: %w", err)
+		}
+		pods, err = ReadPods(f, o.TraceLimit)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("trace %s: %w", o.Trace, err)
+		}
+		if len(pods) == 0 {
+			return nil, fmt.Errorf("trace %s: no pods", o.Trace)
+		}
+		sort.SliceStable(pods, func(a, b int) bool { return pods[a].Create < pods[b].Create })
+		span := pods[len(pods)-1].Create - pods[0].Create
+		scale := 0.0
+		if span > 0 {
+			scale = o.Duration.Seconds() / float64(span)
+		}
+		for _, p := range pods {
+			offsets = append(offsets, time.Duration(float64(p.Create-pods[0].Create)*scale*float64(time.Second)))
+		}
+		o.Logf("replaying %d pods of %s over %s (time x %.3g, size x %.3g)", len(pods), o.Trace, o.Duration, scale, o.SizeScale)
+		for _, p := range pods {
+			life := time.Duration(float64(p.Lifetime()) * scale * float64(time.Second))
+			sleeps = append(sleeps, min(life, o.MaxTaskSleep))
+		}
+	}
 	spec := func(i int) *apiaryv1.JobSpec {
+		if pods != nil {
+			p := pods[i]
+			return &apiaryv1.JobSpec{Name: "replay-" + p.Name, Jurisdiction: jurisdiction, MaxAttempts: 10, Tasks: []*apiaryv1.TaskGroup{{
+				Name: "pod", Count: 1, Command: "sh",
+				Args: []string{"-c", LedgerCommand(ledgerPath) + "; sleep " + strconv.FormatFloat(sleeps[i].Seconds(), 'f', 3, 64)},
+				Resources: &apiaryv1.Resources{CpuMillis: max(int64(float64(p.CPUMilli)*o.SizeScale), 1),
+					MemoryMb: max(int64(float64(p.MemoryMiB)*o.SizeScale), 1)}}}}
+		}
 		jur := jurisdiction
 		var rs *apiaryv1.RegionSpec
 		if o.Scenario == KillRegion {
@@ -296,7 +366,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	runID := fmt.Sprintf("%s-%d", o.Scenario, time.Now().UnixNano())
 	go func() {
 		defer close(genDone)
-		samples, genErr = Generate(ctx, js, LoadOptions{Rate: o.Rate, Duration: o.Duration, Spec: spec, RunID: runID, OnSample: o.OnSample})
+		samples, genErr = Generate(ctx, js, LoadOptions{Rate: o.Rate, Duration: o.Duration, Offsets: offsets, Spec: spec, RunID: runID, OnSample: o.OnSample})
 	}()
 	start := time.Now()
 	for k := 0; k < o.Trials; k++ {
@@ -331,6 +401,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		lag = append(lag, s.LagMs())
 		if s.JobID != "" {
 			accepted = append(accepted, s.JobID)
+		} else if strings.Contains(s.Err, "code = FailedPrecondition") || strings.Contains(s.Err, "code = InvalidArgument") {
+			res.Refused++
 		}
 	}
 	res.Submitted, res.Accepted = len(samples), len(accepted)

@@ -3,6 +3,7 @@ package loadtest
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -48,5 +49,21 @@ func TestScenariosKeepPromises(t *testing.T) {
 				t.Fatal("write results")
 			}
 		})
+	}
+}
+
+// TestTraceReplay replays the first pods of the real trace as jobs and
+// verifies them like any other run.
+func TestTraceReplay(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, Options{Scenario: Steady, Binary: testutil.Binary(t), WorkDir: t.TempDir(), Agents: 2, Slots: 8,
+		Trace: filepath.Join("..", "..", "shared", "traces", "alibaba-gpu-v2023", "openb_pod_list_default.csv"), TraceLimit: 40,
+		Duration: 2 * time.Second, MaxTaskSleep: 300 * time.Millisecond, DrainTimeout: 45 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Verdict.OK() || res.Submitted != 40 || res.Accepted+res.Refused != 40 || res.Completed != res.Accepted || res.Accepted < 30 {
+		t.Fatalf("replay: submitted %d accepted %d refused %d completed %d; %s", res.Submitted, res.Accepted, res.Refused, res.Completed, res.Verdict.Error())
 	}
 }

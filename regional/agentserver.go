@@ -115,6 +115,9 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 		return nil, status.Errorf(codes.Unavailable, "register: %v", err)
 	}
 	c.log.Info("node registered", "node", rec.ID, "epoch", epoch, "labels", rec.Labels)
+	// Admission judges "fits no node" from the capacity summary: include
+	// this node before the agent hears it is registered.
+	c.refreshCapacity(ctx)
 	return &apiaryv1.RegisterNodeResponse{NodeEpoch: epoch, LeaseTtlMs: ttl * 1000,
 		HeartbeatIntervalMs: ttl * 1000 / 4, Region: c.meta.Region}, nil
 }

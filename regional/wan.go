@@ -54,7 +54,8 @@ func (c *Coordinator) startWAN(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sc, err := registry.NewSerfConfig(registry.MemberConfig{Name: c.meta.Region + "/" + c.cfg.ID, Bind: bind,
+	// The member name has no '/': memberlist reads "name/addr" on reconnect.
+	sc, err := registry.NewSerfConfig(registry.MemberConfig{Name: c.meta.Region + "." + c.cfg.ID, Bind: bind,
 		Advertise: c.cfg.WAN.Advertise, Tags: tags, Logger: c.log.With("component", "wan")})
 	if err != nil {
 		return err

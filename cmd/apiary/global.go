@@ -61,7 +61,7 @@ run; they keep no state.`,
 			}
 			if name == "" {
 				host, _ := os.Hostname()
-				name = fmt.Sprintf("global/%s/%s", host, lis.Addr())
+				name = fmt.Sprintf("global.%s.%s", host, lis.Addr()) // no '/': memberlist reads "name/addr"
 			}
 			reg, err := registry.New(registry.Config{Name: name, Bind: wanBind, Advertise: wanAdvertise, Join: wanJoin, Logger: log.With("component", "wan")})
 			if err != nil {
@@ -134,7 +134,7 @@ run; they keep no state.`,
 	f.StringVar(&wanBind, "wan-bind", "127.0.0.1:7946", "serf WAN pool listen host:port (port 0 picks one)")
 	f.StringVar(&wanAdvertise, "wan-advertise", "", "serf WAN address others reach this router at (default --wan-bind)")
 	f.StringSliceVar(&wanJoin, "wan-join", nil, "WAN pool members to join (coordinators or other routers), host:port; retried every second")
-	f.StringVar(&name, "name", "", "unique member name in the WAN pool (default global/<host>/<listen>)")
+	f.StringVar(&name, "name", "", "unique member name in the WAN pool (default global.<host>.<listen>)")
 	f.StringVar(&policyPath, "policy", "", "sovereignty policy file (strict YAML; see deploy/policy.yaml)")
 	f.StringVar(&ready, "ready-file", "", `write {"api": ADDR, "wan": ADDR} here once serving`)
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")

@@ -64,12 +64,16 @@ func (f *loadtestFlags) register(cmd *cobra.Command) {
 
 func newLoadtestRunCmd() *cobra.Command {
 	var f loadtestFlags
-	var addr string
+	var addr, trace string
+	var traceLimit int
+	var sizeScale float64
+	var maxSleep time.Duration
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Steady open-loop load, then verification",
 		Example: `  apiary loadtest run --rate 200 --duration 20s
-  apiary loadtest run --addr 127.0.0.1:7070 --rate 50 --duration 10s --work-dir /tmp/lt`,
+  apiary loadtest run --addr 127.0.0.1:7070 --rate 50 --duration 10s --work-dir /tmp/lt
+  apiary loadtest run --trace ../shared/traces/alibaba-gpu-v2023/openb_pod_list_default.csv --trace-limit 500 --duration 30s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cmd.Flags().Changed("addr") || os.Getenv(cliconn.EnvAddr) != "" && !cmd.Flags().Changed("dev") {
@@ -78,13 +82,18 @@ func newLoadtestRunCmd() *cobra.Command {
 			if dev, _ := cmd.Flags().GetBool("dev"); dev {
 				addr = ""
 			}
-			return runLoadtest(cmd, f, loadtest.Options{Scenario: loadtest.Steady, Duration: f.duration, Addr: addr})
+			return runLoadtest(cmd, f, loadtest.Options{Scenario: loadtest.Steady, Duration: f.duration, Addr: addr,
+				Trace: trace, TraceLimit: traceLimit, SizeScale: sizeScale, MaxTaskSleep: maxSleep})
 		},
 	}
 	f.register(cmd)
 	cmd.Flags().DurationVar(&f.duration, "duration", 10*time.Second, "how long to submit")
 	cmd.Flags().StringVar(&addr, "addr", "", "target an existing region (env APIARY_ADDR) instead of starting one")
 	cmd.Flags().Bool("dev", false, "start a region even if APIARY_ADDR is set")
+	cmd.Flags().StringVar(&trace, "trace", "", "replay a cluster-trace-gpu-v2023 pod list (e.g. ../shared/traces/alibaba-gpu-v2023/openb_pod_list_default.csv) instead of --rate: creation times scaled to --duration")
+	cmd.Flags().IntVar(&traceLimit, "trace-limit", 1000, "pods of the trace to replay")
+	cmd.Flags().Float64Var(&sizeScale, "size-scale", 0.01, "scale the trace's cpu and memory requests by this factor")
+	cmd.Flags().DurationVar(&maxSleep, "max-task-sleep", 5*time.Second, "cap on a replayed task's scaled lifetime")
 	return cmd
 }
 
@@ -151,6 +160,9 @@ func runLoadtest(cmd *cobra.Command, f loadtestFlags, o loadtest.Options) error 
 		total = time.Duration(o.Trials) * o.TrialEvery
 	}
 	expected := int64(o.Rate * total.Seconds())
+	if o.Trace != "" {
+		expected = int64(o.TraceLimit)
+	}
 	var done, failed atomic.Int64
 	if term.IsTerminal(int(os.Stderr.Fd())) {
 		bar := progressbar.NewOptions64(expected, progressbar.OptionSetWriter(os.Stderr),
@@ -187,8 +199,8 @@ func runLoadtest(cmd *cobra.Command, f loadtestFlags, o loadtest.Options) error 
 	} else {
 		w := cmd.OutOrStdout()
 		fmt.Fprintf(w, "scenario %s: %d trials (%d valid)\n", res.Scenario, res.Trials, res.ValidTrials)
-		fmt.Fprintf(w, "submitted %d, accepted %d, completed %d, failed %d, lost %d, duplicates %d, sovereignty violations %d\n",
-			res.Submitted, res.Accepted, res.Completed, res.Failed, res.Lost, res.Duplicates, res.SovereigntyViolations)
+		fmt.Fprintf(w, "submitted %d, accepted %d, refused %d, completed %d, failed %d, lost %d, duplicates %d, sovereignty violations %d\n",
+			res.Submitted, res.Accepted, res.Refused, res.Completed, res.Failed, res.Lost, res.Duplicates, res.SovereigntyViolations)
 		fmt.Fprintf(w, "throughput %.1f tasks/s\n", res.ThroughputTasksPerS)
 		for _, l := range []struct {
 			name string

@@ -29,7 +29,7 @@ const (
 
 // MemberConfig describes one serf WAN member.
 type MemberConfig struct {
-	// Name is unique in the pool (coordinators: "<region>/<id>").
+	// Name is unique in the pool (coordinators: "<region>.<id>"); no "/" (memberlist reads "name/addr").
 	Name string
 	// Bind is host:port to listen on (UDP and TCP); port 0 picks one.
 	Bind string

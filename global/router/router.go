@@ -171,8 +171,11 @@ func classify(err error, ctx context.Context) outcome {
 // connection could not be established.
 func notSent(msg string) bool {
 	m := strings.ToLower(msg)
+	// "error reading server preface": the connection died before HTTP/2 was
+	// set up, so no request went out.
 	return strings.Contains(m, "error while dialing") || strings.Contains(m, "connection refused") ||
-		strings.Contains(m, "no such host") || strings.Contains(m, "no coordinator answering")
+		strings.Contains(m, "no such host") || strings.Contains(m, "no coordinator answering") ||
+		strings.Contains(m, "error reading server preface")
 }
 
 var errNoCoordinator = status.Error(codes.Unavailable, "no coordinator answering")
