@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/internal/testutil"
 	"apiary.dev/apiary/regional"
 )
@@ -468,5 +470,29 @@ func TestDevReadyFileHello(t *testing.T) {
 	}
 	if out, _ := exec.Command("pgrep", "-f", dir).CombinedOutput(); len(bytes.TrimSpace(out)) > 0 {
 		t.Fatalf("processes left behind: %s", out)
+	}
+	// apiary dev traces every process into one file: the job's lifecycle,
+	// from the router's route decision to the agent's run, is one trace.
+	id := regexp.MustCompile(`(eu-west|us-east)-[0-9a-z]{20}`).FindString(string(out))
+	spans, err := telemetry.ReadSpanFile(filepath.Join(dir, "data", "traces.jsonl"))
+	if err != nil || id == "" {
+		t.Fatalf("job %q, spans: %v", id, err)
+	}
+	trace := ""
+	for _, sp := range spans {
+		if sp.Name == telemetry.SpanAccept && sp.Attr(telemetry.AttrJobID) == id {
+			trace = sp.TraceID
+		}
+	}
+	names := map[string]bool{}
+	for _, sp := range spans {
+		if sp.TraceID == trace {
+			names[sp.Name] = true
+		}
+	}
+	for _, want := range []string{telemetry.SpanRoute, telemetry.SpanAccept, telemetry.SpanPlace, telemetry.SpanDispatch, telemetry.SpanRun, "task.complete"} {
+		if trace == "" || !names[want] {
+			t.Fatalf("job %s trace %q lacks %s; has %v", id, trace, want, names)
+		}
 	}
 }
