@@ -92,8 +92,11 @@ func startEtcd(ctx context.Context, c EtcdConfig) (*embed.Etcd, error) {
 		e.Close()
 		return nil, fmt.Errorf("etcd member %s: %w", c.Name, err)
 	case <-ctx.Done():
-		e.Close()
-		return nil, fmt.Errorf("etcd member %s not ready: %w", c.Name, ctx.Err())
+		// Without a quorum a graceful Close can wait forever: stop hard,
+		// and do not wait for the rest (the process is giving up anyway).
+		e.Server.HardStop()
+		go e.Close()
+		return nil, fmt.Errorf("etcd member %s not ready (does a quorum of --initial-cluster run?): %w", c.Name, ctx.Err())
 	}
 }
 
