@@ -292,14 +292,24 @@ tasks:
 	})
 
 	t.Run("UnplaceableTaskSaysWhyAndCancels", func(t *testing.T) {
+		// Larger than every node: refused at submission, nothing stored.
+		ctx0, cancel0 := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.jobs.SubmitJob(ctx0, &apiaryv1.SubmitJobRequest{Spec: spec(t, "name: too-big\ntasks:\n  - name: huge\n    command: \"true\"\n    resources:\n      memory_mb: 100000\n")})
+		cancel0()
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "tasks[0].resources") || !strings.Contains(err.Error(), "could never be placed") {
+			t.Fatalf("task larger than every node: %v", err)
+		}
+		// Fits a node's size but no node's labels: accepted, explained.
 		id := submit(t, c, spec(t, `
-name: too-big
+name: nowhere
 tasks:
-  - name: huge
+  - name: picky
     count: 3
     command: "true"
-    resources:
-      memory_mb: 100000
+    constraints:
+      - label: zone
+        op: "="
+        values: [mars]
 `))
 		testutil.Eventually(t, 15*time.Second, "unplaced reason", func() error {
 			j, err := getJob(c, id)
@@ -307,7 +317,7 @@ tasks:
 				return err
 			}
 			for _, tk := range j.GetTasks() {
-				if !strings.Contains(tk.GetUnplacedReason(), "memory") {
+				if !strings.Contains(tk.GetUnplacedReason(), "zone") {
 					return fmt.Errorf("task %d reason %q", tk.GetIndex(), tk.GetUnplacedReason())
 				}
 			}

@@ -391,14 +391,19 @@ type candGroup struct {
 	tasks []*cTask
 }
 
+// maxExplain bounds the tasks admitted per round only to learn why they do
+// not fit (one per group that has no room).
+const maxExplain = 64
+
 // admit picks the candidates worth a placement pass, highest priority and
-// oldest job first. Tasks of one group are identical in size, so a group gets
-// at most as many candidates as the region has room for (ignoring
-// constraints, an upper bound) plus one, which the engine uses to say why the
-// group waits; the rest wait for the next round instead of being filtered
-// against every node again. A round's cost thus follows free capacity, not
-// the backlog (Nomad gets the same effect by blocking evaluations until
-// capacity frees).
+// oldest job first. It reserves room for them in a copy of the nodes' free
+// capacity (resources and task caps, ignoring constraints: an upper bound),
+// so the round considers at most about as many tasks as the region can take;
+// a group with no room left gets one candidate, which the engine uses to say
+// why the group waits (at most maxExplain per round). The rest wait for the
+// next round instead of being filtered against every node again: a round's
+// cost follows free capacity, not the backlog (Nomad gets the same effect by
+// blocking evaluations until capacity frees).
 func (s *scheduler) admit(groups map[string]*candGroup, snap *placement.Snapshot) (admitted, waiting []*cTask) {
 	order := make([]*candGroup, 0, len(groups))
 	for _, g := range groups {
@@ -414,47 +419,85 @@ func (s *scheduler) admit(groups map[string]*candGroup, snap *placement.Snapshot
 		}
 		return ga.key < gb.key
 	})
+	free := newFreeRoom(snap.Nodes)
+	explain := maxExplain
 	for _, g := range order {
-		room := fitSlots(s.request(&g.tasks[0].rec), snap.Nodes) + 1
-		room = min(room, maxPlaceBatch-len(admitted))
-		if room < len(g.tasks) {
-			sort.Slice(g.tasks, func(a, b int) bool { return g.tasks[a].rec.Index < g.tasks[b].rec.Index })
-		} else {
-			room = len(g.tasks)
+		k := 0
+		if len(admitted) < maxPlaceBatch {
+			k = free.take(s.request(&g.tasks[0].rec), min(len(g.tasks), maxPlaceBatch-len(admitted)))
 		}
-		admitted = append(admitted, g.tasks[:room]...)
-		waiting = append(waiting, g.tasks[room:]...)
+		if k < len(g.tasks) {
+			sort.Slice(g.tasks, func(a, b int) bool { return g.tasks[a].rec.Index < g.tasks[b].rec.Index })
+			if k == 0 && explain > 0 {
+				k, explain = 1, explain-1
+			}
+		}
+		admitted = append(admitted, g.tasks[:k]...)
+		waiting = append(waiting, g.tasks[k:]...)
 	}
 	return admitted, waiting
 }
 
-// fitSlots is how many tasks of size req the nodes could still take, by
-// resources and task caps alone.
-func fitSlots(req placement.Resources, nodes []*placement.Node) int {
-	total := 0
+// freeRoom is a scratch copy of the nodes' free capacity; nodes that are full
+// drop out, so once the region is full a group costs O(1).
+type freeRoom struct {
+	nodes []freeNode
+}
+
+type freeNode struct {
+	cpu, mem int64
+	gpus     int
+	tasks    int
+}
+
+func newFreeRoom(nodes []*placement.Node) *freeRoom {
+	f := &freeRoom{}
 	for _, n := range nodes {
 		if n.Quarantined || n.Ineligible {
 			continue
 		}
-		k := 1 << 30
+		fn := freeNode{cpu: n.Capacity.CPUMillis - n.Allocated.CPUMillis, mem: n.Capacity.MemoryMiB - n.Allocated.MemoryMiB,
+			gpus: n.Capacity.GPUs - n.Allocated.GPUs, tasks: 1 << 30}
 		if n.MaxTasks > 0 {
-			k = min(k, n.MaxTasks-n.RunningTasks)
+			fn.tasks = n.MaxTasks - n.RunningTasks
 		}
-		if req.CPUMillis > 0 {
-			k = min(k, int((n.Capacity.CPUMillis-n.Allocated.CPUMillis)/req.CPUMillis))
-		}
-		if req.MemoryMiB > 0 {
-			k = min(k, int((n.Capacity.MemoryMiB-n.Allocated.MemoryMiB)/req.MemoryMiB))
-		}
-		if req.GPUs > 0 {
-			k = min(k, (n.Capacity.GPUs-n.Allocated.GPUs)/req.GPUs)
-		}
-		if k > 0 {
-			total += k
-		}
-		if total > maxPlaceBatch {
-			return maxPlaceBatch
+		if fn.tasks > 0 && fn.cpu > 0 && fn.mem > 0 {
+			f.nodes = append(f.nodes, fn)
 		}
 	}
-	return total
+	return f
+}
+
+// take reserves room for up to want tasks of size req and returns how many
+// fit.
+func (f *freeRoom) take(req placement.Resources, want int) int {
+	got := 0
+	for i := 0; i < len(f.nodes) && got < want; {
+		n := &f.nodes[i]
+		c := n.tasks
+		if req.CPUMillis > 0 {
+			c = min(c, int(n.cpu/req.CPUMillis))
+		}
+		if req.MemoryMiB > 0 {
+			c = min(c, int(n.mem/req.MemoryMiB))
+		}
+		if req.GPUs > 0 {
+			c = min(c, n.gpus/req.GPUs)
+		}
+		c = min(c, want-got)
+		if c > 0 {
+			got += c
+			n.tasks -= c
+			n.cpu -= int64(c) * req.CPUMillis
+			n.mem -= int64(c) * req.MemoryMiB
+			n.gpus -= c * req.GPUs
+		}
+		if n.tasks <= 0 || n.cpu <= 0 || n.mem <= 0 {
+			f.nodes[i] = f.nodes[len(f.nodes)-1]
+			f.nodes = f.nodes[:len(f.nodes)-1]
+			continue
+		}
+		i++
+	}
+	return got
 }
