@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"container/heap"
 	"context"
 	"sort"
 	"strconv"
@@ -405,23 +406,23 @@ const maxExplain = 64
 // cost follows free capacity, not the backlog (Nomad gets the same effect by
 // blocking evaluations until capacity frees).
 func (s *scheduler) admit(groups map[string]*candGroup, snap *placement.Snapshot) (admitted, waiting []*cTask) {
-	order := make([]*candGroup, 0, len(groups))
+	// A heap, not a sort: once the region is full only the first groups
+	// (and maxExplain more) are popped, so a large backlog costs O(groups).
+	order := &groupHeap{}
 	for _, g := range groups {
-		order = append(order, g)
+		order.gs = append(order.gs, g)
 	}
-	sort.Slice(order, func(a, b int) bool {
-		ga, gb := order[a], order[b]
-		if pa, pb := ga.job.priority(), gb.job.priority(); pa != pb {
-			return pa > pb
-		}
-		if ga.job.rec.SubmitMs != gb.job.rec.SubmitMs {
-			return ga.job.rec.SubmitMs < gb.job.rec.SubmitMs
-		}
-		return ga.key < gb.key
-	})
+	heap.Init(order)
 	free := newFreeRoom(snap.Nodes)
 	explain := maxExplain
-	for _, g := range order {
+	for order.Len() > 0 {
+		if len(free.nodes) == 0 && explain == 0 {
+			for _, g := range order.gs {
+				waiting = append(waiting, g.tasks...)
+			}
+			break
+		}
+		g := heap.Pop(order).(*candGroup)
 		k := 0
 		if len(admitted) < maxPlaceBatch {
 			k = free.take(s.request(&g.tasks[0].rec), min(len(g.tasks), maxPlaceBatch-len(admitted)))
@@ -436,6 +437,29 @@ func (s *scheduler) admit(groups map[string]*candGroup, snap *placement.Snapshot
 		waiting = append(waiting, g.tasks[k:]...)
 	}
 	return admitted, waiting
+}
+
+// groupHeap orders candidate groups: higher priority, then older job, then
+// key.
+type groupHeap struct{ gs []*candGroup }
+
+func (h *groupHeap) Len() int { return len(h.gs) }
+func (h *groupHeap) Less(a, b int) bool {
+	ga, gb := h.gs[a], h.gs[b]
+	if pa, pb := ga.job.priority(), gb.job.priority(); pa != pb {
+		return pa > pb
+	}
+	if ga.job.rec.SubmitMs != gb.job.rec.SubmitMs {
+		return ga.job.rec.SubmitMs < gb.job.rec.SubmitMs
+	}
+	return ga.key < gb.key
+}
+func (h *groupHeap) Swap(a, b int) { h.gs[a], h.gs[b] = h.gs[b], h.gs[a] }
+func (h *groupHeap) Push(x any)    { h.gs = append(h.gs, x.(*candGroup)) }
+func (h *groupHeap) Pop() any {
+	g := h.gs[len(h.gs)-1]
+	h.gs = h.gs[:len(h.gs)-1]
+	return g
 }
 
 // freeRoom is a scratch copy of the nodes' free capacity; nodes that are full

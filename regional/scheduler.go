@@ -162,6 +162,7 @@ func (s *scheduler) run(ctx context.Context) error {
 		}
 		return true, s.applyWatch(wr, ok)
 	}
+	var lastRound time.Time
 	for {
 		if _, err := take(true); err != nil {
 			return err
@@ -176,19 +177,32 @@ func (s *scheduler) run(ctx context.Context) error {
 				break
 			}
 		}
+		resetTimer := func(d time.Duration) {
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			timer.Reset(d)
+		}
+		// Coalesce: under a stream of reports, run at most one round per
+		// minRoundGap; the events keep being applied in between.
+		if since := time.Since(lastRound); since < minRoundGap {
+			resetTimer(minRoundGap - since)
+			continue
+		}
 		next, err := s.round(ctx)
 		if err != nil {
 			return err
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		timer.Reset(next)
+		lastRound = time.Now()
+		resetTimer(next)
 	}
 }
+
+// minRoundGap is the least time between two scheduling rounds.
+const minRoundGap = 15 * time.Millisecond
 
 func (s *scheduler) applyWatch(wr clientv3.WatchResponse, ok bool) error {
 	if !ok {

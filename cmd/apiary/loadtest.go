@@ -47,6 +47,7 @@ type loadtestFlags struct {
 	output      string
 	resultsDir  string
 	workDir     string
+	drain       time.Duration
 }
 
 func (f *loadtestFlags) register(cmd *cobra.Command) {
@@ -59,6 +60,7 @@ func (f *loadtestFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.coords, "coordinators", 0, "coordinators (default 3 for scheduler faults, else 1)")
 	fl.StringVarP(&f.output, "output", "o", "text", "text or json")
 	fl.StringVar(&f.resultsDir, "results-dir", "loadtest/results", "write <timestamp>-<scenario>/ here (empty: do not write)")
+	fl.DurationVar(&f.drain, "drain-timeout", 60*time.Second, "how long to wait after the load for every accepted job to finish (an unfinished job counts as lost)")
 	fl.StringVar(&f.workDir, "work-dir", "", "scratch dir for data, logs and the ledger (default: a temp dir, removed)")
 }
 
@@ -151,6 +153,7 @@ func runLoadtest(cmd *cobra.Command, f loadtestFlags, o loadtest.Options) error 
 	o.Binary, o.WorkDir = bin, work
 	o.Rate, o.TasksPerJob, o.TaskSleep = f.rate, f.tasksPerJob, f.taskSleep
 	o.Agents, o.Slots, o.Coordinators = f.agents, f.slots, f.coords
+	o.DrainTimeout = f.drain
 	stderr := cmd.ErrOrStderr()
 	o.Logf = func(format string, args ...any) {
 		fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
