@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -142,8 +141,6 @@ func Start(spec Spec) (*Execution, error) {
 		started: time.Now(),
 		done:    make(chan struct{}),
 	}
-	pgidFile := filepath.Join(spec.Dir, pgidFileName)
-	_ = os.WriteFile(pgidFile, []byte(strconv.Itoa(e.pgid)), 0o644)
 	if spec.Timeout > 0 {
 		e.mu.Lock()
 		e.timer = time.AfterFunc(spec.Timeout, func() { e.stop(OutcomeTimedOut) })
@@ -156,7 +153,6 @@ func Start(spec Spec) (*Execution, error) {
 		// Leftovers of the group (daemons, background jobs) do not outlive
 		// the attempt.
 		_ = syscall.Kill(-e.pgid, syscall.SIGKILL)
-		_ = os.Remove(pgidFile)
 		e.exited = true
 		if e.timer != nil {
 			e.timer.Stop()

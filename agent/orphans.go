@@ -9,40 +9,41 @@ import (
 	"syscall"
 )
 
-// pgidFileName is written into an attempt's working dir while its process
-// group runs.
-const pgidFileName = "pgid"
-
 // killOrphans kills the process groups of attempts that a previous run of
 // this agent left behind (it was SIGKILLed, so it could not stop them). Those
 // attempts belong to an epoch that ended with that run, so their work must
-// not go on. A group is killed only if its leader still runs in the attempt's
-// working dir, so a recycled pid is never hit. It returns how many it killed.
+// not go on. An attempt runs in its own working dir under <DataDir>/work/ and
+// leads its own process group, so a process whose current directory is there
+// and which leads its group is such an orphan; the scan of /proc happens once,
+// at start-up, before this run starts any attempt (no per-attempt cost). It
+// returns how many groups it killed.
 func killOrphans(dataDir string, log *slog.Logger) int {
-	files, _ := filepath.Glob(filepath.Join(dataDir, "work", "*", "*", "*", pgidFileName))
+	work, err := filepath.Abs(filepath.Join(dataDir, "work"))
+	if err != nil {
+		return 0
+	}
+	work += string(filepath.Separator)
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
 	killed := 0
-	for _, f := range files {
-		dir := filepath.Dir(f)
-		b, err := os.ReadFile(f)
-		_ = os.Remove(f)
-		if err != nil {
+	self := os.Getpid()
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 1 || pid == self {
 			continue
 		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 1 {
+		cwd, err := os.Readlink("/proc/" + e.Name() + "/cwd")
+		if err != nil || !strings.HasPrefix(cwd+string(filepath.Separator), work) {
 			continue
 		}
-		cwd, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd")
-		if err != nil {
-			continue
-		}
-		abs, _ := filepath.Abs(dir)
-		if filepath.Clean(cwd) != filepath.Clean(abs) {
-			continue
+		if pgid, err := syscall.Getpgid(pid); err != nil || pgid != pid {
+			continue // not a group leader: its leader is handled on its own
 		}
 		if syscall.Kill(-pid, syscall.SIGKILL) == nil {
 			killed++
-			log.Warn("killed an attempt left by a previous run of this agent", "pgid", pid, "dir", dir)
+			log.Warn("killed an attempt left by a previous run of this agent", "pgid", pid, "dir", cwd)
 		}
 	}
 	return killed

@@ -6,15 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
 )
 
 // TestKillOrphans: a process group left in an attempt dir by a previous run
-// is killed; a pgid file whose process runs elsewhere (a recycled pid) is not
-// acted on.
+// is killed; a process group leader running elsewhere is not.
 func TestKillOrphans(t *testing.T) {
 	data := t.TempDir()
 	dir := filepath.Join(data, "work", "eu-job", "0", "1")
@@ -29,9 +27,6 @@ func TestKillOrphans(t *testing.T) {
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- orphan.Wait() }()
-	if err := os.WriteFile(filepath.Join(dir, pgidFileName), []byte(strconv.Itoa(orphan.Process.Pid)), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	// A stranger: a live process whose cwd is not the attempt dir.
 	other := filepath.Join(data, "work", "eu-job", "1", "1")
 	if err := os.MkdirAll(other, 0o755); err != nil {
@@ -43,9 +38,6 @@ func TestKillOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = syscall.Kill(-stranger.Process.Pid, syscall.SIGKILL); _ = stranger.Wait() }()
-	if err := os.WriteFile(filepath.Join(other, pgidFileName), []byte(strconv.Itoa(stranger.Process.Pid)), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	if n := killOrphans(data, slog.New(slog.NewTextHandler(io.Discard, nil))); n != 1 {
 		t.Fatalf("killed %d groups, want 1", n)
 	}
