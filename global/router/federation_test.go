@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -468,8 +469,8 @@ func TestDevReadyFileHello(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("apiary dev did not stop within 30 s of SIGINT")
 	}
-	if out, _ := exec.Command("pgrep", "-f", dir).CombinedOutput(); len(bytes.TrimSpace(out)) > 0 {
-		t.Fatalf("processes left behind: %s", out)
+	if left := processesMentioning(t, dir); len(left) > 0 {
+		t.Fatalf("processes left behind: %v", left)
 	}
 	// apiary dev traces every process into one file: the job's lifecycle,
 	// from the router's route decision to the agent's run, is one trace.
@@ -495,4 +496,25 @@ func TestDevReadyFileHello(t *testing.T) {
 			t.Fatalf("job %s trace %q lacks %s; has %v", id, trace, want, names)
 		}
 	}
+}
+
+// processesMentioning lists the pids whose command line contains s (a scan
+// of /proc, so it cannot silently pass for want of a tool).
+func processesMentioning(t *testing.T, s string) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(b, []byte(s)) {
+			out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
 }
