@@ -99,8 +99,13 @@ func Start(spec Spec) (*Execution, error) {
 	if spec.Command == "" {
 		return nil, errors.New("empty command")
 	}
-	if err := os.MkdirAll(spec.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("work dir: %w", err)
+	// The common case is a new attempt dir under an existing task dir: one
+	// mkdir, not MkdirAll's stat of every level (file system calls are most
+	// of an agent's own cost per attempt).
+	if err := os.Mkdir(spec.Dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		if err := os.MkdirAll(spec.Dir, 0o755); err != nil {
+			return nil, fmt.Errorf("work dir: %w", err)
+		}
 	}
 	cmd := exec.Command(spec.Command, spec.Args...)
 	if cmd.Err != nil {
