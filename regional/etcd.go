@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"strings"
-	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -113,29 +110,4 @@ func orDefault(v, d uint) uint {
 		return d
 	}
 	return v
-}
-
-// newEtcdClient returns a client of the given endpoints (the local member's
-// first: it serves linearizable reads through the raft leader anyway).
-func newEtcdClient(endpoints []string) (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{
-		Endpoints:            endpoints,
-		DialTimeout:          5 * time.Second,
-		DialKeepAliveTime:    2 * time.Second,
-		DialKeepAliveTimeout: 2 * time.Second,
-		Logger:               zap.NewNop(),
-	})
-}
-
-// clusterClientURLs guesses the client URLs of all members from the
-// initial-cluster string is not possible (it lists peer URLs), so the
-// coordinator is given them explicitly; this splits a comma list.
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }

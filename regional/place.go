@@ -192,7 +192,6 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		byKey[ct.key] = ct
 	}
 	plan := s.placer.Place(snap, ptasks)
-	s.stats.plans++
 
 	// Group placements by node so a chunk carries whole nodes.
 	byNode := map[string][]placement.Placement{}
@@ -223,11 +222,11 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 			}
 		}
 	}
-	conflicts := s.stats.conflicts
+	conflicts := s.conflicts
 	if err := s.commit(ctx, ws); err != nil {
 		return 0, err
 	}
-	s.observePlacements(chunks, byKey, now, s.stats.conflicts-conflicts)
+	s.observePlacements(chunks, byKey, now, s.conflicts-conflicts)
 	var unplaced []*cTask
 	reasons := map[string]placement.Unplaced{}
 	for _, u := range plan.Unplaced {
@@ -318,7 +317,6 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 	used[nodeID] = u
 	w.ops = append(w.ops, clientv3.OpPut(usageKey, mustJSON(u)))
 	w.after = func(rev int64) {
-		s.stats.placed += len(upds)
 		n.usage, n.usageRev = u, rev
 		for _, x := range upds {
 			s.setTask(x.ct.key, &cTask{key: x.ct.key, shard: x.ct.shard, rec: x.rec, modRev: rev})

@@ -54,12 +54,9 @@ type scheduler struct {
 	// reasonEvery, so a busy region does not rewrite its queue every round.
 	unplacedSince map[string]time.Time
 	reasonAt      map[string]time.Time
-	stats         schedStats
-	gaugesAt      time.Time // metrics gauges last set (telemetry.go)
-}
-
-type schedStats struct {
-	plans, placed, conflicts, reclaimed int
+	// conflicts counts failed plan/write compares (for the plan metrics).
+	conflicts int
+	gaugesAt  time.Time // metrics gauges last set (telemetry.go)
 }
 
 type cJob struct {
@@ -436,7 +433,7 @@ func (s *scheduler) commit(ctx context.Context, ws []write) error {
 				}
 			}
 		} else {
-			s.stats.conflicts++
+			s.conflicts++
 			if err := s.reread(ctx, keys); err != nil {
 				return err
 			}
@@ -508,7 +505,6 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) error {
 					clientv3.OpDelete(keyAssign(nodeID, ct.rec.JobID, ct.rec.Index))},
 				keys: []string{key},
 				after: func(rev int64) {
-					s.stats.reclaimed++
 					s.observeReclaim(ct, &newRec, nodeID, now)
 					s.setTask(key, &cTask{key: key, shard: ct.shard, rec: newRec, modRev: rev})
 				},
@@ -559,11 +555,11 @@ func (s *scheduler) cancels(ctx context.Context, now time.Time) error {
 			})
 		}
 	}
-	before := s.stats.conflicts
+	before := s.conflicts
 	if err := s.commit(ctx, ws); err != nil {
 		return err
 	}
-	if s.stats.conflicts != before {
+	if s.conflicts != before {
 		// Retry the jobs whose writes conflicted in the next round.
 		for _, w := range ws {
 			for _, k := range w.keys {

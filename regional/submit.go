@@ -3,7 +3,6 @@ package regional
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"regexp"
 	"time"
 
@@ -235,6 +234,3 @@ func (it *submitItem) guards() []clientv3.Cmp {
 	}
 	return g
 }
-
-// errorf is a small helper for internal errors with context.
-func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -8,6 +8,8 @@ package regional
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -167,7 +169,7 @@ func (s *scheduler) observeReclaim(ct *cTask, newRec *taskstate.Task, nodeID str
 		opts = append(opts, trace.WithLinks(l))
 	}
 	_, span := telemetry.StartFromTraceparent(context.Background(), s.c.tracer, j.rec.Traceparent, telemetry.SpanReclaim, opts...)
-	telemetry.RecordError(span, errorf("node %s epoch %d lost", nodeID, ct.rec.NodeEpoch))
+	telemetry.RecordError(span, fmt.Errorf("node %s epoch %d lost", nodeID, ct.rec.NodeEpoch))
 	span.End()
 }
 
@@ -272,7 +274,7 @@ func (c *Coordinator) observeReport(r *apiaryv1.ReportTaskStatusRequest, ans *ap
 		if msg == "" {
 			msg = "attempt " + outcome
 		}
-		telemetry.RecordError(span, errorf("%s", msg))
+		telemetry.RecordError(span, errors.New(msg))
 	}
 	if name == telemetry.SpanRetry && st.task.NotBeforeMs > 0 {
 		span.SetAttributes(attribute.Int64("apiary.retry.not_before_ms", st.task.NotBeforeMs))
