@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/ids"
 )
@@ -271,7 +272,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		defer cl.Stop()
 		fed, r = cl, cl.Regions[0]
-		if conn, err = devcluster.DialAddrs([]string{cl.GlobalAddr}); err != nil {
+		if conn, err = cliconn.Dial(cl.GlobalAddr); err != nil {
 			return nil, err
 		}
 	} else if o.Addr == "" {
@@ -289,7 +290,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	} else {
 		var err error
-		if conn, err = devcluster.DialAddrs(strings.Split(o.Addr, ",")); err != nil {
+		if conn, err = cliconn.Dial(o.Addr); err != nil {
 			return nil, err
 		}
 	}

@@ -20,6 +20,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/global/policy"
+	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/telemetry"
@@ -86,7 +87,7 @@ func startFed(t *testing.T) *fed {
 		}
 	})
 	dial := func(addrs []string) *grpc.ClientConn {
-		c, err := devcluster.DialAddrs(addrs)
+		c, err := cliconn.Dial(strings.Join(addrs, ","))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/cliconn"
 )
 
 // AgentSpec describes one agent process.
@@ -392,19 +392,7 @@ func (r *Region) startAgent(c *Cluster, i int) error {
 // Dial returns a client connection to the region's coordinators (round
 // robin over all of them, so a dead one is skipped).
 func (r *Region) Dial() (*grpc.ClientConn, error) {
-	return DialAddrs(r.APIAddrs)
-}
-
-// DialAddrs dials a comma list of coordinator addresses with round-robin
-// load balancing over a static resolver.
-func DialAddrs(addrs []string) (*grpc.ClientConn, error) {
-	target := "passthrough:///" + addrs[0]
-	if len(addrs) > 1 {
-		target = "static:///" + strings.Join(addrs, ",")
-	}
-	return grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithResolvers(staticBuilder{}),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+	return cliconn.Dial(r.Addr())
 }
 
 // WaitNodes waits until at least n nodes are READY in the region.

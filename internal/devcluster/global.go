@@ -10,6 +10,7 @@ import (
 	"time"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/cliconn"
 )
 
 // startGlobal picks the router's ports and every coordinator's serf WAN
@@ -80,7 +81,7 @@ func (c *Cluster) WaitGlobal(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("global router not ready: %w", err)
 	}
-	conn, err := DialAddrs([]string{c.GlobalAddr})
+	conn, err := cliconn.Dial(c.GlobalAddr)
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/devcluster"
 )
 
@@ -132,7 +133,7 @@ func RouteSubmit(ctx context.Context, cfg Config, o RouteSubmitOptions) (RouteSu
 	}
 	var conns []*grpc.ClientConn
 	for i := 0; i < o.Conns; i++ {
-		c, err := devcluster.DialAddrs(addrs)
+		c, err := cliconn.Dial(strings.Join(addrs, ","))
 		if err != nil {
 			return res, err
 		}
@@ -275,7 +276,7 @@ func RegionKill(ctx context.Context, cfg Config, o RegionKillOptions) ([]RegionK
 	}
 	defer cl.Stop()
 	victim := fedRegion(cl, FedSecond)
-	conn, err := devcluster.DialAddrs([]string{cl.GlobalAddr})
+	conn, err := cliconn.Dial(cl.GlobalAddr)
 	if err != nil {
 		return nil, err
 	}
