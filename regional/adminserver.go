@@ -27,40 +27,21 @@ func (s *adminServer) ListNodes(ctx context.Context, _ *apiaryv1.ListNodesReques
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "list nodes: %v", err)
 	}
-	recs := map[string]*nodeRecord{}
-	alive := map[string]int64{}
-	usage := map[string]*usageRecord{}
-	for _, kv := range resp.Kvs {
-		id, kind, ok := nodeKeyKind(string(kv.Key))
-		if !ok {
+	out := &apiaryv1.ListNodesResponse{}
+	for id, nv := range decodeNodes(resp.Kvs) {
+		r := nv.rec
+		if r == nil {
 			continue
 		}
-		switch kind {
-		case "record":
-			var r nodeRecord
-			if json.Unmarshal(kv.Value, &r) == nil {
-				recs[id] = &r
-			}
-		case "alive":
-			alive[id] = kv.CreateRevision
-		case "usage":
-			var u usageRecord
-			if json.Unmarshal(kv.Value, &u) == nil {
-				usage[id] = &u
-			}
-		}
-	}
-	out := &apiaryv1.ListNodesResponse{}
-	for id, r := range recs {
 		n := &apiaryv1.Node{Id: id, Labels: r.Labels, Capacity: r.Capacity, Epoch: r.Epoch, GpuModel: r.GPUModel,
 			MaxTasks: r.MaxTasks, RegisteredTimeMs: r.RegisteredMs, Quarantined: r.Quarantined,
 			QuarantineReason: r.QuarantineBy, Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{}}
-		if alive[id] != 0 && alive[id] == r.Epoch {
+		if nv.ready() {
 			n.Status = apiaryv1.NodeStatus_NODE_STATUS_READY
-		}
-		if u := usage[id]; u != nil && n.Status == apiaryv1.NodeStatus_NODE_STATUS_READY && u.Epoch == r.Epoch {
-			n.Allocated = &apiaryv1.Resources{CpuMillis: u.CPUMillis, MemoryMb: u.MemoryMiB, Gpus: u.GPUs}
-			n.RunningTasks = u.Tasks
+			if u := nv.usage; u != nil && u.Epoch == r.Epoch {
+				n.Allocated = &apiaryv1.Resources{CpuMillis: u.CPUMillis, MemoryMb: u.MemoryMiB, Gpus: u.GPUs}
+				n.RunningTasks = u.Tasks
+			}
 		}
 		out.Nodes = append(out.Nodes, n)
 	}

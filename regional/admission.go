@@ -132,33 +132,16 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		st.mu.Unlock()
 		return
 	}
-	recs := map[string]*nodeRecord{}
-	alive := map[string]int64{}
-	usage := map[string]*usageRecord{}
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		id, kind, ok := nodeKeyKind(string(kv.Key))
-		if !ok {
-			continue
-		}
-		switch kind {
-		case "record":
-			var r nodeRecord
-			if json.Unmarshal(kv.Value, &r) == nil && r.Capacity != nil {
-				recs[id] = &r
-			}
-		case "alive":
-			alive[id] = kv.CreateRevision
-		case "usage":
-			var u usageRecord
-			if json.Unmarshal(kv.Value, &u) == nil {
-				usage[id] = &u
-			}
-		}
-	}
 	var sum registry.Capacity
 	seen := map[registry.Res]bool{}
 	var sizes []registry.Res
-	for id, r := range recs {
+	nodesSeen := 0
+	for _, nv := range decodeNodes(resp.Responses[0].GetResponseRange().Kvs) {
+		r := nv.rec
+		if r == nil || r.Capacity == nil {
+			continue
+		}
+		nodesSeen++
 		size := registry.Res{CPUMillis: r.Capacity.GetCpuMillis(), MemoryMiB: r.Capacity.GetMemoryMb(), GPUs: int64(r.Capacity.GetGpus())}
 		if !seen[size] {
 			seen[size] = true
@@ -167,12 +150,12 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		sum.Largest.CPUMillis = max(sum.Largest.CPUMillis, size.CPUMillis)
 		sum.Largest.MemoryMiB = max(sum.Largest.MemoryMiB, size.MemoryMiB)
 		sum.Largest.GPUs = max(sum.Largest.GPUs, size.GPUs)
-		if alive[id] == 0 || alive[id] != r.Epoch || r.Quarantined {
+		if !nv.ready() || r.Quarantined {
 			continue
 		}
 		sum.NodesReady++
 		free := size
-		if u := usage[id]; u != nil && u.Epoch == r.Epoch {
+		if u := nv.usage; u != nil && u.Epoch == r.Epoch {
 			free.CPUMillis -= u.CPUMillis
 			free.MemoryMiB -= u.MemoryMiB
 			free.GPUs -= int64(u.GPUs)
@@ -201,7 +184,7 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		}
 	}
 	st.mu.Lock()
-	st.readOK, st.readAt, st.cap, st.sizes, st.nodesSeen, st.pending = true, time.Now(), sum, sizes, len(recs), pending
+	st.readOK, st.readAt, st.cap, st.sizes, st.nodesSeen, st.pending = true, time.Now(), sum, sizes, nodesSeen, pending
 	st.lastSeen = seenJobs
 	if !bounded {
 		clear(st.extra)

@@ -2,6 +2,7 @@ package regional_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -27,6 +28,18 @@ func TestRegionIdentity(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "declares no jurisdiction") {
 		t.Fatalf("pinned job on a region without jurisdiction: %v", err)
 	}
+	// With no node at all, a pending task says so.
+	id := submit(t, c, spec(t, "name: waits\ntasks:\n  - name: a\n    command: \"true\"\n"))
+	testutil.Eventually(t, 10*time.Second, "no-ready-nodes reason", func() error {
+		j, err := getJob(c, id)
+		if err != nil {
+			return err
+		}
+		if got := j.GetTasks()[0].GetUnplacedReason(); got != "no ready nodes in region plain" {
+			return fmt.Errorf("reason %q", got)
+		}
+		return nil
+	})
 	p := r.Coords[0]
 	p.Stop(10 * time.Second)
 	p.Args = append(p.Args, "--jurisdiction", "us")

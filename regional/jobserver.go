@@ -155,34 +155,21 @@ func (s *jobServer) GetJob(ctx context.Context, req *apiaryv1.GetJobRequest) (*a
 		return nil, err
 	}
 	j := v.toProto(true, false)
-	s.c.explainNoNodes(ctx, j)
+	s.c.explainNoNodes(j)
 	return &apiaryv1.GetJobResponse{Job: j}, nil
 }
 
 // explainNoNodes fills the unplaced reason of pending tasks when the region
 // has no ready node at all (the scheduler does not write that reason to
-// every task of the backlog).
-func (c *Coordinator) explainNoNodes(ctx context.Context, j *apiaryv1.Job) {
-	need := false
-	for _, t := range j.GetTasks() {
-		if t.GetState() == apiaryv1.TaskState_TASK_STATE_PENDING && t.GetUnplacedReason() == "" {
-			need = true
-			break
-		}
-	}
-	if !need {
+// every task of the backlog). It reads the coordinator's capacity summary
+// (refreshed every CapacityRefresh and on each registration), not etcd.
+func (c *Coordinator) explainNoNodes(j *apiaryv1.Job) {
+	st := &c.capState
+	st.mu.Lock()
+	none := st.readOK && st.cap.NodesReady == 0
+	st.mu.Unlock()
+	if !none {
 		return
-	}
-	cctx, cancel := etcdCtx(ctx)
-	defer cancel()
-	resp, err := c.cli.Get(cctx, prefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		return
-	}
-	for _, kv := range resp.Kvs {
-		if _, kind, ok := nodeKeyKind(string(kv.Key)); ok && kind == "alive" {
-			return
-		}
 	}
 	for _, t := range j.GetTasks() {
 		if t.GetState() == apiaryv1.TaskState_TASK_STATE_PENDING && t.GetUnplacedReason() == "" {
@@ -306,7 +293,7 @@ func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobS
 		}
 		rev = v.rev
 		j := v.toProto(true, false)
-		s.c.explainNoNodes(ctx, j)
+		s.c.explainNoNodes(j)
 		if last == nil || !proto.Equal(j, last) {
 			if err := stream.Send(&apiaryv1.WatchJobResponse{Job: j}); err != nil {
 				return false, err

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 )
 
@@ -78,4 +80,48 @@ func mustJSON(v any) string {
 		panic(err)
 	}
 	return strings.TrimSuffix(b.String(), "\n")
+}
+
+// nodeView is a node's keys under /apiary/nodes/<id> decoded: the record,
+// the alive key's CreateRevision (its current epoch; 0 when the lease is
+// gone) and the usage record.
+type nodeView struct {
+	rec   *nodeRecord
+	alive int64
+	usage *usageRecord
+}
+
+// ready reports whether the node's lease is alive for its recorded epoch.
+func (n *nodeView) ready() bool { return n.rec != nil && n.alive != 0 && n.alive == n.rec.Epoch }
+
+// decodeNodes groups a range read of /apiary/nodes/ by node id. Records and
+// usage that do not decode are skipped.
+func decodeNodes(kvs []*mvccpb.KeyValue) map[string]*nodeView {
+	out := map[string]*nodeView{}
+	for _, kv := range kvs {
+		id, kind, ok := nodeKeyKind(string(kv.Key))
+		if !ok {
+			continue
+		}
+		n := out[id]
+		if n == nil {
+			n = &nodeView{}
+			out[id] = n
+		}
+		switch kind {
+		case "record":
+			var r nodeRecord
+			if json.Unmarshal(kv.Value, &r) == nil {
+				n.rec = &r
+			}
+		case "alive":
+			n.alive = kv.CreateRevision
+		case "usage":
+			var u usageRecord
+			if json.Unmarshal(kv.Value, &u) == nil {
+				n.usage = &u
+			}
+		}
+	}
+	return out
 }
