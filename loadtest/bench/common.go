@@ -13,11 +13,14 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/HdrHistogram/hdrhistogram-go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
@@ -252,4 +255,94 @@ func cpuSeconds(pids ...int) float64 {
 		}
 	}
 	return total
+}
+
+// dialProbed opens n connections with dial and sends one probe submission on
+// each, so that every connection is up before timing starts.
+func dialProbed(ctx context.Context, n int, dial func() (*grpc.ClientConn, error)) ([]*grpc.ClientConn, error) {
+	n = max(n, 1)
+	var conns []*grpc.ClientConn
+	for i := 0; i < n; i++ {
+		c, err := dial()
+		if err != nil {
+			closeAll(conns)
+			return nil, err
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := apiaryv1.NewJobServiceClient(c).SubmitJob(pctx, &apiaryv1.SubmitJobRequest{Spec: trueJob("probe", 1)})
+		cancel()
+		if err != nil {
+			closeAll(conns)
+			return nil, fmt.Errorf("probe: %w", err)
+		}
+	}
+	return conns, nil
+}
+
+func closeAll(conns []*grpc.ClientConn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+// closedLoop runs clients goroutines that each submit spec back to back over
+// conns (round robin) until end. Answers sent at or after measureFrom and
+// received by end are measured: their latency into the returned histogram
+// (µs), errors by gRPC code. onAnswer, if set, sees every answer (called
+// concurrently).
+func closedLoop(ctx context.Context, conns []*grpc.ClientConn, clients int, spec *apiaryv1.JobSpec, clientID string,
+	reqID func(client, n int) string, measureFrom, end time.Time,
+	onAnswer func(resp *apiaryv1.SubmitJobResponse, err error, sent, done time.Time)) (lat *hdrhistogram.Histogram, ok, bad int64, codes map[string]int64) {
+	lat, codes = hdrhistogram.New(1, 60_000_000, 3), map[string]int64{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			js := apiaryv1.NewJobServiceClient(conns[i%len(conns)])
+			h := hdrhistogram.New(1, 60_000_000, 3)
+			var nOK, nBad int64
+			myCodes := map[string]int64{}
+			for n := 0; ; n++ {
+				t := time.Now()
+				if !t.Before(end) || ctx.Err() != nil {
+					break
+				}
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				resp, err := js.SubmitJob(cctx, &apiaryv1.SubmitJobRequest{Spec: spec, ClientId: clientID, RequestId: reqID(i, n)})
+				cancel()
+				done := time.Now()
+				if onAnswer != nil {
+					onAnswer(resp, err, t, done)
+				}
+				if done.After(end) {
+					break // the answer came after the window closed
+				}
+				if t.Before(measureFrom) {
+					continue
+				}
+				if err != nil {
+					nBad++
+					myCodes[grpcCode(err)]++
+					continue
+				}
+				nOK++
+				_ = h.RecordValue(done.Sub(t).Microseconds())
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			lat.Merge(h)
+			ok += nOK
+			bad += nBad
+			for k, v := range myCodes {
+				codes[k] += v
+			}
+		}(i)
+	}
+	wg.Wait()
+	return lat, ok, bad, codes
 }

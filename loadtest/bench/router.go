@@ -128,77 +128,32 @@ func RouteSubmit(ctx context.Context, cfg Config, o RouteSubmitOptions) (RouteSu
 			coordPids = append(coordPids, p.Pid())
 		}
 	}
-	if o.Conns <= 0 {
-		o.Conns = 1
+	conns, err := dialProbed(ctx, o.Conns, func() (*grpc.ClientConn, error) { return cliconn.Dial(strings.Join(addrs, ",")) })
+	if err != nil {
+		return res, fmt.Errorf("via %s: %w", o.Target, err)
 	}
-	var conns []*grpc.ClientConn
-	for i := 0; i < o.Conns; i++ {
-		c, err := cliconn.Dial(strings.Join(addrs, ","))
-		if err != nil {
-			return res, err
-		}
-		defer c.Close()
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := apiaryv1.NewJobServiceClient(c).SubmitJob(pctx, &apiaryv1.SubmitJobRequest{Spec: trueJob("probe", 1)})
-		cancel()
-		if err != nil {
-			return res, fmt.Errorf("probe via %s: %w", o.Target, err)
-		}
-	}
+	defer closeAll(conns)
 	routerPid := cl.Global.Pid()
 	r0, c0 := cpuSeconds(routerPid), cpuSeconds(coordPids...)
 	start := time.Now()
 	measureFrom, end := start.Add(o.Warmup), start.Add(o.Warmup+o.Duration)
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	var ok, bad atomic.Int64
-	spec := trueJob("route-submit", 1)
-	for i := 0; i < o.Clients; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			js := apiaryv1.NewJobServiceClient(conns[i%len(conns)])
-			h := hdrhistogram.New(1, 60_000_000, 3)
-			codes, regions := map[string]int64{}, map[string]int64{}
-			for n := 0; ; n++ {
-				t := time.Now()
-				if !t.Before(end) || ctx.Err() != nil {
-					break
-				}
-				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				resp, err := js.SubmitJob(cctx, &apiaryv1.SubmitJobRequest{Spec: spec, ClientId: "bench-route-submit",
-					RequestId: fmt.Sprintf("%s-%d-c%d-%d", o.Target, o.Run, i, n)})
-				cancel()
-				done := time.Now()
-				if done.After(end) || t.Before(measureFrom) {
-					continue // warm-up, or the answer came after the window closed
-				}
-				if err != nil {
-					bad.Add(1)
-					codes[grpcCode(err)]++
-					continue
-				}
-				ok.Add(1)
-				regions[resp.GetRegion()]++
-				_ = h.RecordValue(done.Sub(t).Microseconds())
+	lat, ok, bad, codes := closedLoop(ctx, conns, o.Clients, trueJob("route-submit", 1), "bench-route-submit",
+		func(i, n int) string { return fmt.Sprintf("%s-%d-c%d-%d", o.Target, o.Run, i, n) }, measureFrom, end,
+		func(resp *apiaryv1.SubmitJobResponse, err error, sent, done time.Time) {
+			if err != nil || done.After(end) || sent.Before(measureFrom) {
+				return
 			}
 			mu.Lock()
-			res.Latency.Merge(h)
-			for k, v := range codes {
-				res.ErrCodes[k] += v
-			}
-			for k, v := range regions {
-				res.Regions[k] += v
-			}
+			res.Regions[resp.GetRegion()]++
 			mu.Unlock()
-		}(i)
+		})
+	res.Latency.Merge(lat)
+	for k, v := range codes {
+		res.ErrCodes[k] += v
 	}
-	wg.Wait()
 	res.RouterCPU, res.CoordCPU = cpuSeconds(routerPid)-r0, cpuSeconds(coordPids...)-c0
-	res.OK, res.Errors = ok.Load(), bad.Load()
+	res.OK, res.Errors = ok, bad
 	res.PerSec = float64(res.OK) / o.Duration.Seconds()
 	return res, nil
 }

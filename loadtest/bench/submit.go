@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
-	"google.golang.org/grpc"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 )
@@ -93,85 +91,34 @@ func Submit(ctx context.Context, cfg Config, o SubmitOptions) (SubmitResult, err
 		coordPids = append(coordPids, p.Pid())
 	}
 	var accepted atomic.Int64
-	if o.Conns <= 0 {
-		o.Conns = 1
+	conns, err := dialProbed(ctx, o.Conns, r.Dial)
+	if err != nil {
+		return res, err
 	}
-	var conns []*grpc.ClientConn
-	for i := 0; i < o.Conns; i++ {
-		c, err := r.Dial()
-		if err != nil {
-			return res, err
-		}
-		defer c.Close()
-		conns = append(conns, c)
-	}
-	// One probe submission so that every connection is up before timing.
-	for _, c := range conns {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := apiaryv1.NewJobServiceClient(c).SubmitJob(pctx, &apiaryv1.SubmitJobRequest{Spec: trueJob("probe", 1)})
-		cancel()
-		if err != nil {
-			return res, fmt.Errorf("probe: %w", err)
-		}
-		accepted.Add(1)
-	}
+	defer closeAll(conns)
+	accepted.Add(int64(len(conns)))
 	total := o.Warmup + o.Duration
 	series := make([]atomic.Int64, int(total/time.Second)+2)
 	cpu0, self0 := cpuSeconds(coordPids...), selfCPU()
 	start := time.Now()
 	measureFrom, end := start.Add(o.Warmup), start.Add(total)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	var ok, bad atomic.Int64
-	spec := trueJob("submit", 1)
-	for i := 0; i < o.Clients; i++ {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			js := apiaryv1.NewJobServiceClient(conns[i%len(conns)])
-			h := hdrhistogram.New(1, 60_000_000, 3)
-			codes := map[string]int64{}
-			for n := 0; ; n++ {
-				t := time.Now()
-				if !t.Before(end) || ctx.Err() != nil {
-					break
-				}
-				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				_, err := js.SubmitJob(cctx, &apiaryv1.SubmitJobRequest{Spec: spec, ClientId: "bench-submit",
-					RequestId: fmt.Sprintf("c%d-%d", i, n)})
-				cancel()
-				done := time.Now()
-				if err == nil {
-					accepted.Add(1)
-				}
-				if done.After(end) {
-					break // the answer came after the window closed
-				}
-				if sec := int(done.Sub(start) / time.Second); err == nil && sec < len(series) {
-					series[sec].Add(1)
-				}
-				if t.Before(measureFrom) {
-					continue
-				}
-				if err != nil {
-					bad.Add(1)
-					codes[fmt.Sprint(grpcCode(err))]++
-					continue
-				}
-				ok.Add(1)
-				_ = h.RecordValue(done.Sub(t).Microseconds())
+	lat, ok, bad, codes := closedLoop(ctx, conns, o.Clients, trueJob("submit", 1), "bench-submit",
+		func(i, n int) string { return fmt.Sprintf("c%d-%d", i, n) }, measureFrom, end,
+		func(_ *apiaryv1.SubmitJobResponse, err error, _, done time.Time) {
+			if err != nil {
+				return
 			}
-			mu.Lock()
-			res.Latency.Merge(h)
-			for k, v := range codes {
-				res.ErrCodes[k] += v
+			accepted.Add(1)
+			if sec := int(done.Sub(start) / time.Second); !done.After(end) && sec < len(series) {
+				series[sec].Add(1)
 			}
-			mu.Unlock()
-		}(i)
+		})
+	res.Latency.Merge(lat)
+	for k, v := range codes {
+		res.ErrCodes[k] += v
 	}
-	wg.Wait()
 	res.CoordCPU, res.HarnessCPU = cpuSeconds(coordPids...)-cpu0, (selfCPU() - self0).Seconds()
-	res.OK, res.Errors = ok.Load(), bad.Load()
+	res.OK, res.Errors = ok, bad
 	res.Accepted = accepted.Load()
 	if o.Tracing != TracingOff {
 		if res.SpansAtEnd, _, _, err = sink.counts(); err != nil {
