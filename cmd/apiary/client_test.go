@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"net"
@@ -21,6 +20,8 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/jobspec"
+
+	"apiary.dev/apiary/internal/testutil"
 )
 
 // The CLI tests run the real binary path: the test binary re-executes itself
@@ -110,25 +111,6 @@ func countingListener(t *testing.T) (string, *atomic.Int32) {
 	return l.Addr().String(), &n
 }
 
-func malformedExpectation(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	line, _ := bufio.NewReader(f).ReadString('\n')
-	line = strings.TrimSpace(line)
-	if v, ok := strings.CutPrefix(line, "# expect: "); ok {
-		return v + ": "
-	}
-	if v, ok := strings.CutPrefix(line, "# expect-message: "); ok {
-		return v
-	}
-	t.Fatalf("%s has no expectation line", path)
-	return ""
-}
-
 func TestCLIMalformedFilesExit2WithoutDialing(t *testing.T) {
 	files, err := filepath.Glob("../../internal/jobspec/testdata/malformed/*.yaml")
 	if err != nil || len(files) < 20 {
@@ -149,7 +131,7 @@ func TestCLIMalformedFilesExit2WithoutDialing(t *testing.T) {
 	for i, path := range append(files, huge) {
 		want := "1 MiB"
 		if path != huge {
-			want = malformedExpectation(t, path)
+			want = testutil.ReadExpectation(t, path).Text()
 		}
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			// Alternate between a closed port (--addr) and a listener that

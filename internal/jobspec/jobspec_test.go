@@ -1,7 +1,6 @@
 package jobspec
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"os"
@@ -16,34 +15,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+
+	"apiary.dev/apiary/internal/testutil"
 )
-
-// Expectation is what a malformed test file says about itself in its first
-// line: "# expect: FIELD" (an error must name FIELD) or
-// "# expect-message: TEXT" (the message must contain TEXT).
-type Expectation struct {
-	Field   string
-	Message string
-}
-
-func readExpectation(t *testing.T, path string) Expectation {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	line, _ := bufio.NewReader(f).ReadString('\n')
-	line = strings.TrimSpace(line)
-	switch {
-	case strings.HasPrefix(line, "# expect: "):
-		return Expectation{Field: strings.TrimPrefix(line, "# expect: ")}
-	case strings.HasPrefix(line, "# expect-message: "):
-		return Expectation{Message: strings.TrimPrefix(line, "# expect-message: ")}
-	}
-	t.Fatalf("%s: first line must be '# expect: FIELD' or '# expect-message: TEXT', got %q", path, line)
-	return Expectation{}
-}
 
 // load parses and validates like the CLI does.
 func load(path string) (*apiaryv1.JobSpec, error) {
@@ -67,7 +41,7 @@ func TestMalformedFiles(t *testing.T) {
 	}
 	for _, path := range files {
 		t.Run(filepath.Base(path), func(t *testing.T) {
-			want := readExpectation(t, path)
+			want := testutil.ReadExpectation(t, path)
 			_, err := load(path)
 			if err == nil {
 				t.Fatal("accepted a malformed file")

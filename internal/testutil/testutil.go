@@ -4,10 +4,12 @@
 package testutil
 
 import (
+	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -63,4 +65,42 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() er
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
+}
+
+// Expectation is what a malformed job file under
+// internal/jobspec/testdata/malformed says about itself in its first line:
+// "# expect: FIELD" (an error must name FIELD) or "# expect-message: TEXT"
+// (the message must contain TEXT).
+type Expectation struct {
+	Field   string
+	Message string
+}
+
+// Text is what the error output must contain: "FIELD: " or TEXT.
+func (e Expectation) Text() string {
+	if e.Field != "" {
+		return e.Field + ": "
+	}
+	return e.Message
+}
+
+// ReadExpectation reads a malformed job file's expectation line; a file
+// without one fails the test.
+func ReadExpectation(t testing.TB, path string) Expectation {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	line, _ := bufio.NewReader(f).ReadString('\n')
+	line = strings.TrimSpace(line)
+	if v, ok := strings.CutPrefix(line, "# expect: "); ok {
+		return Expectation{Field: v}
+	}
+	if v, ok := strings.CutPrefix(line, "# expect-message: "); ok {
+		return Expectation{Message: v}
+	}
+	t.Fatalf("%s: first line must be '# expect: FIELD' or '# expect-message: TEXT', got %q", path, line)
+	return Expectation{}
 }
