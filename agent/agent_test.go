@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -456,7 +455,7 @@ func TestAgentEpochLostKillsAttemptsAndReregisters(t *testing.T) {
 	}
 	// SIGKILL is delivered asynchronously: wait (bounded) for each to die.
 	for _, p := range pids {
-		waitFor(t, 5*time.Second, func() bool { return processGone(p) }, fmt.Sprintf("pid %d of the lost epoch gone after re-registration", p))
+		waitFor(t, 5*time.Second, func() bool { return processGone(p) }, "pid %d of the lost epoch gone after re-registration", p)
 	}
 	// The new epoch works, and the old attempt was never reported again.
 	f.waitStream(t, e2)
@@ -525,7 +524,7 @@ func TestAgentCancel(t *testing.T) {
 	}
 	// SIGKILL is delivered asynchronously: wait (bounded) for each to die.
 	for _, p := range pids {
-		waitFor(t, 5*time.Second, func() bool { return processGone(p) }, fmt.Sprintf("pid %d gone after cancel", p))
+		waitFor(t, 5*time.Second, func() bool { return processGone(p) }, "pid %d gone after cancel", p)
 	}
 
 	// A cancel that arrives before its RUN: reported, and the RUN never runs.
@@ -670,7 +669,7 @@ func TestAgentShutdownKillsProcessGroups(t *testing.T) {
 	ta.stop(t)
 	// SIGKILL is delivered asynchronously: wait (bounded) for each to die.
 	for _, p := range pids {
-		waitFor(t, 5*time.Second, func() bool { return processGone(p) }, fmt.Sprintf("pid %d gone after shutdown", p))
+		waitFor(t, 5*time.Second, func() bool { return processGone(p) }, "pid %d gone after shutdown", p)
 	}
 	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
 		t.Fatalf("reports %v, want only STARTED (shutdown is not reported)", ks)
