@@ -162,6 +162,7 @@ type Session struct {
 	cands []cand
 	raw   []float64
 	gbuf  []int
+	v     view // the scan's view of the node being visited
 }
 
 type cand struct {
@@ -215,16 +216,19 @@ func (s *Session) PlaceOne(t *Task) Result {
 				}
 				continue
 			}
-			v := st.view(i)
-			if c.dynamicOK(st, i, &v) {
+			// v lives in the session: a local would escape to the heap
+			// through the filter and scorer interfaces, once per node.
+			v := &s.v
+			*v = st.view(i)
+			if c.dynamicOK(st, i, v) {
 				share := -1
 				if c.req.GPUMilli > 0 {
-					share = c.pickShare(s.e, st, i, &v)
+					share = c.pickShare(s.e, st, i, v)
 				}
 				s.cands = append(s.cands, cand{i: i, share: share})
-				gpus := s.gpuList(c, &v, share)
+				gpus := s.gpuList(c, v, share)
 				for _, sc := range c.scorers {
-					s.raw = append(s.raw, sc.s.score(c, st, i, &v, gpus))
+					s.raw = append(s.raw, sc.s.score(c, st, i, v, gpus))
 				}
 			}
 			p += stride
