@@ -203,13 +203,20 @@ func (m *fragModel) stranded(cpuFree int64, gpuFree int) float64 {
 }
 
 // fragKey identifies a node state for memoisation: nodes in the same state
-// have the same fragmentation.
+// have the same fragmentation. The memo pays only when the workload has many
+// classes (a trace's measured workload has hundreds; evaluating them costs
+// more than a map access), not for a short list such as DefaultWorkload,
+// where most lookups miss and the map inserts cost more than they save
+// (BENCHMARKS.md).
 type fragKey struct {
 	cpu, mem int64
 	model    string
 	n        int8
 	g        [8]int16 // sorted free milli
 }
+
+// memoMinClasses is the workload size from which frag memoises.
+const memoMinClasses = 32
 
 // frag returns F_n(M) in GPU milli for a node with the given free CPU,
 // memory and per-GPU free milli.
@@ -218,7 +225,7 @@ func (m *fragModel) frag(st *state, cpuFree, memFree int64, model string, gpu []
 		return 0
 	}
 	var key fragKey
-	memo := len(gpu) <= 8 && st != nil
+	memo := len(m.classes) > memoMinClasses && len(gpu) <= 8 && st != nil
 	if memo {
 		key = fragKey{cpu: cpuFree, mem: memFree, model: model, n: int8(len(gpu))}
 		for i, f := range gpu {
@@ -233,13 +240,15 @@ func (m *fragModel) frag(st *state, cpuFree, memFree int64, model string, gpu []
 		}
 	}
 	var f float64
+	var g gpuSummary
+	g.of(gpu)
 	switch m.kind {
 	case FragModelFGD:
-		f = m.fragRaw(cpuFree, memFree, model, gpu)
+		f = m.fragRawSum(cpuFree, memFree, model, &g)
 	case FragModelFill:
-		f = m.fragFill(cpuFree, memFree, model, gpu)
+		f = m.fragFillSum(cpuFree, memFree, model, &g)
 	default:
-		f = m.fragRaw(cpuFree, memFree, model, gpu) + m.fragFill(cpuFree, memFree, model, gpu)
+		f = m.fragRawSum(cpuFree, memFree, model, &g) + m.fragFillSum(cpuFree, memFree, model, &g)
 	}
 	if memo {
 		st.fmemo[key] = f
@@ -248,37 +257,62 @@ func (m *fragModel) frag(st *state, cpuFree, memFree int64, model string, gpu []
 }
 
 func (m *fragModel) fragRaw(cpuFree, memFree int64, model string, gpu []int) float64 {
-	total, idle, partial := 0, 0, 0
+	var g gpuSummary
+	g.of(gpu)
+	return m.fragRawSum(cpuFree, memFree, model, &g)
+}
+
+// gpuSummary is what the fragment measures read of a node's GPUs: totals,
+// the idle count and the free share of each partly used GPU (an idle GPU
+// holds floor(1000/d) shares of d and is never short of one, so only the
+// partly used ones need a per-GPU look).
+type gpuSummary struct {
+	total, idle, partial int
+	part                 []int
+	buf                  [16]int
+}
+
+func (g *gpuSummary) of(gpu []int) {
+	g.part = g.buf[:0]
 	for _, f := range gpu {
-		total += f
+		g.total += f
 		if f >= 1000 {
-			idle++
-		} else {
-			partial += f
+			g.idle++
+		} else if f > 0 {
+			g.partial += f
+			g.part = append(g.part, f)
 		}
 	}
-	if total == 0 {
+}
+
+// modelOK reports whether class c may use GPUs of the given model.
+func (m *fragModel) modelOK(c *fragClass, bit int, known bool) bool {
+	return c.anyModel || (known && bit < 64 && c.allowed&(1<<bit) != 0)
+}
+
+func (m *fragModel) fragRawSum(cpuFree, memFree int64, model string, g *gpuSummary) float64 {
+	if g.total == 0 {
 		return 0
 	}
 	bit, known := m.models[model]
+	total := float64(g.total)
 	var F float64
 	for k := range m.classes {
 		c := &m.classes[k]
-		if c.cpu > cpuFree || c.mem > memFree ||
-			(!c.anyModel && (!known || bit >= 64 || c.allowed&(1<<bit) == 0)) {
-			F += c.p * float64(total)
+		if c.cpu > cpuFree || c.mem > memFree || !m.modelOK(c, bit, known) {
+			F += c.p * total
 			continue
 		}
 		if c.gpus > 0 {
-			if idle < c.gpus {
-				F += c.p * float64(total)
+			if g.idle < c.gpus {
+				F += c.p * total
 			} else {
-				F += c.p * float64(partial)
+				F += c.p * float64(g.partial)
 			}
 			continue
 		}
 		s := 0
-		for _, f := range gpu {
+		for _, f := range g.part {
 			if f < c.milli {
 				s += f
 			}
@@ -288,10 +322,33 @@ func (m *fragModel) fragRaw(cpuFree, memFree int64, model string, gpu []int) flo
 	return F
 }
 
+// fragNow is F_n(M) of node i in its current state v, cached per node
+// until a placement on the node (state.apply) changes it: the scan asks for
+// it once per visit and pickShare once per GPU choice.
+func (m *fragModel) fragNow(st *state, i int, v *view) float64 {
+	if st.fcur == nil {
+		st.fcur = make([]fragCur, len(st.nodes))
+	}
+	c := &st.fcur[i]
+	if !c.ok {
+		c.f, c.ok = m.frag(st, v.cpuFree, v.memFree, st.slots[i].gpuModel, v.gpuFree), true
+	}
+	return c.f
+}
+
+// fragCur is a node's cached current fragmentation.
+type fragCur struct {
+	f  float64
+	ok bool
+}
+
 // fragDelta is F_n(M) after placing req with the given GPUs minus before.
 func (m *fragModel) fragDelta(st *state, i int, v *view, req Resources, gpus []int) float64 {
-	model := st.nodes[i].GPUModel
-	before := m.frag(st, v.cpuFree, v.memFree, model, v.gpuFree)
+	if len(v.gpuFree) == 0 {
+		return 0 // no GPUs, no fragment (and no read of the Node)
+	}
+	model := st.slots[i].gpuModel
+	before := m.fragNow(st, i, v)
 	var buf [16]int
 	after := buf[:0]
 	if len(v.gpuFree) > len(buf) {
@@ -347,6 +404,9 @@ type fragScorer struct {
 func (fragScorer) norm() normKind { return normMinMax }
 
 func (s fragScorer) score(c *taskCtx, st *state, i int, v *view, gpus []int) float64 {
+	if len(v.gpuFree) == 0 {
+		return 0 // every term below is 0 on a node without GPUs
+	}
 	d := s.m.fragDelta(st, i, v, c.req, gpus)
 	if s.m.kind == "" || s.m.kind == FragModelHybrid {
 		// Stranding charge: how much more of the node's free GPU its free
@@ -355,7 +415,7 @@ func (s fragScorer) score(c *taskCtx, st *state, i int, v *view, gpus []int) flo
 		d += strandWeight * (s.m.stranded(v.cpuFree-c.req.CPUMillis, gf-c.req.GPUs*1000-c.req.GPUMilli) - s.m.stranded(v.cpuFree, gf))
 	}
 	if s.scarcity > 0 {
-		if rho := st.modelPressure(s.m)[st.nodes[i].GPUModel]; rho > 0 {
+		if rho := st.modelPressure(s.m)[st.slots[i].gpuModel]; rho > 0 {
 			d += s.scarcity * rho * float64(c.req.GPUs*1000+c.req.GPUMilli)
 		}
 	}
@@ -451,42 +511,42 @@ func (bestFitScorer) score(c *taskCtx, st *state, i int, v *view, _ []int) float
 // node that fits one more 1-GPU task but not four strands three GPUs, which
 // F_n(m) does not see.
 func (m *fragModel) fragFill(cpuFree, memFree int64, model string, gpu []int) float64 {
-	total, idle := 0, 0
-	for _, f := range gpu {
-		total += f
-		if f >= 1000 {
-			idle++
-		}
-	}
-	if total == 0 {
+	var g gpuSummary
+	g.of(gpu)
+	return m.fragFillSum(cpuFree, memFree, model, &g)
+}
+
+func (m *fragModel) fragFillSum(cpuFree, memFree int64, model string, g *gpuSummary) float64 {
+	if g.total == 0 {
 		return 0
 	}
 	bit, known := m.models[model]
+	total := float64(g.total)
 	var F float64
 	for k := range m.classes {
 		c := &m.classes[k]
-		if !c.anyModel && (!known || bit >= 64 || c.allowed&(1<<bit) == 0) {
-			F += c.p * float64(total)
+		if !m.modelOK(c, bit, known) {
+			F += c.p * total
 			continue
 		}
-		n := int64(1 << 30)
-		if c.cpu > 0 {
-			n = min(n, cpuFree/c.cpu)
-		}
-		if c.mem > 0 {
-			n = min(n, memFree/c.mem)
-		}
-		var used int64
+		// n: how many tasks of c the GPUs hold; then cut to what the free
+		// CPU and memory hold (divisions only when they bind).
+		var n, size int64
 		if c.gpus > 0 {
-			used = min(n, int64(idle/c.gpus)) * int64(c.gpus) * 1000
+			n, size = int64(g.idle/c.gpus), int64(c.gpus)*1000
 		} else {
-			var slots int64
-			for _, f := range gpu {
-				slots += int64(f / c.milli)
+			n, size = int64(g.idle*(1000/c.milli)), int64(c.milli)
+			for _, f := range g.part {
+				n += int64(f / c.milli)
 			}
-			used = min(n, slots) * int64(c.milli)
 		}
-		F += c.p * float64(int64(total)-used)
+		if c.cpu > 0 && c.cpu*n > cpuFree {
+			n = cpuFree / c.cpu
+		}
+		if c.mem > 0 && c.mem*n > memFree {
+			n = memFree / c.mem
+		}
+		F += c.p * (total - float64(n*size))
 	}
 	return F
 }

@@ -27,6 +27,8 @@ type state struct {
 	byID map[string]int
 	// fmemo memoises the fragmentation of a node state (see fragModel).
 	fmemo map[fragKey]float64
+	// fcur[i] caches F_n(M) of node i's current state (fgd.go).
+	fcur []fragCur
 	// pressure is the per-GPU-model demand pressure (fgd.go).
 	pressure map[string]float64
 	// maxCap is the largest node capacity per dimension (best-fit scale).
@@ -108,6 +110,7 @@ type slot struct {
 	cpuFree, memFree int64
 	cpuCap, memCap   int64
 	gpuFree          []int // shared with the snapshot until owned
+	gpuModel         string
 	tasks            int32
 	maxTasks         int32
 	bad              uint8 // 0 eligible, else slotIneligible or slotQuarantined
@@ -127,6 +130,7 @@ func newSlots(nodes []*Node) []slot {
 		s.memFree = n.Capacity.MemoryMiB - n.Allocated.MemoryMiB
 		s.cpuCap, s.memCap = n.Capacity.CPUMillis, n.Capacity.MemoryMiB
 		s.gpuFree = snapGPUFree(n)
+		s.gpuModel = n.GPUModel
 		s.tasks = int32(min(n.RunningTasks, 1<<30))
 		s.maxTasks = int32(min(n.MaxTasks, 1<<30))
 		switch {
@@ -147,6 +151,9 @@ func (st *state) view(i int) view {
 // apply commits task t to node i with the given GPUs in the working copy.
 func (st *state) apply(i int, t *Task, req Resources, gpus []int) {
 	u := &st.slots[i]
+	if st.fcur != nil {
+		st.fcur[i].ok = false
+	}
 	u.cpuFree -= req.CPUMillis
 	u.memFree -= req.MemoryMiB
 	u.tasks++
