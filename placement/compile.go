@@ -43,7 +43,8 @@ type scoreStage struct {
 }
 
 func (e *Engine) compileTask(t *Task) *taskCtx {
-	c := &taskCtx{t: t, req: normRequest(t.Request), group: groupKey(t), policy: t.Policy}
+	c := &taskCtx{t: t, req: normRequest(t.Request), group: groupKey(t), policy: t.Policy,
+		filters: make([]filter, 0, 8+len(t.Constraints)), scorers: make([]scoreStage, 0, 6)}
 	if c.policy == "" {
 		c.policy = e.opts.Policy
 	}
@@ -102,7 +103,7 @@ func (e *Engine) compileTask(t *Task) *taskCtx {
 	case PolicySpread:
 		c.addScore(fitScorer{spread: true}, w.Fit, normFixed)
 	case PolicyFragmentation:
-		c.addScore(fragScorer{m: e.frag, scarcity: e.scarcity}, w.Fit, normMinMax)
+		c.addScore(e.fragScorer, w.Fit, normMinMax)
 		// Bin-packing breaks ties between equally fragmenting nodes.
 		c.addScore(fitScorer{}, w.Fit*fragTieBreak, normFixed)
 	case PolicyBestFit:

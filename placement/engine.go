@@ -88,6 +88,9 @@ type Engine struct {
 	w        Weights
 	frag     *fragModel
 	scarcity float64
+	// fragScorer is shared by every task's pipeline (it holds no per-task
+	// state), so compiling a task does not box a new one.
+	fragScorer scorer
 
 	// mu guards tabs, the node tables of recent snapshot generations
 	// (table.go).
@@ -123,6 +126,7 @@ func NewEngine(opts Options) *Engine {
 	default:
 		e.scarcity = opts.ScarcityWeight
 	}
+	e.fragScorer = fragScorer{m: fm, scarcity: e.scarcity}
 	return e
 }
 

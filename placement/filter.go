@@ -61,12 +61,15 @@ const JurisdictionLabel = "jurisdiction"
 // the node's "jurisdiction" label must be one of the task's Jurisdictions. A
 // node without the label is outside every jurisdiction.
 type jurisdictionFilter struct {
-	allowed []bool // by value code of st.codes(JurisdictionLabel); built on first use
+	lc      *labelCodes // st.codes(JurisdictionLabel), on first use
+	allowed []bool      // by value code of lc
 }
 
 func (f *jurisdictionFilter) check(c *taskCtx, st *state, i int, _ *view) string {
-	lc := st.codes(JurisdictionLabel)
-	if f.allowed == nil {
+	lc := f.lc
+	if lc == nil {
+		lc = st.codes(JurisdictionLabel)
+		f.lc = lc
 		f.allowed = make([]bool, len(lc.values)+1)
 		for _, j := range c.t.Jurisdictions {
 			if k, ok := lc.code[j]; ok {
