@@ -248,7 +248,7 @@ func (m *fragModel) frag(st *state, cpuFree, memFree int64, model string, gpu []
 	case FragModelFill:
 		f = m.fragFillSum(cpuFree, memFree, model, &g)
 	default:
-		f = m.fragRawSum(cpuFree, memFree, model, &g) + m.fragFillSum(cpuFree, memFree, model, &g)
+		f = m.fragHybridSum(cpuFree, memFree, model, &g)
 	}
 	if memo {
 		st.fmemo[key] = f
@@ -268,21 +268,48 @@ func (m *fragModel) fragRaw(cpuFree, memFree int64, model string, gpu []int) flo
 // partly used ones need a per-GPU look).
 type gpuSummary struct {
 	total, idle, partial int
-	part                 []int
+	np                   int // partly used GPUs: buf[:np], or extra past 16
 	buf                  [16]int
+	extra                []int
 }
 
 func (g *gpuSummary) of(gpu []int) {
-	g.part = g.buf[:0]
 	for _, f := range gpu {
 		g.total += f
 		if f >= 1000 {
 			g.idle++
 		} else if f > 0 {
 			g.partial += f
-			g.part = append(g.part, f)
+			if g.np < len(g.buf) {
+				g.buf[g.np] = f
+			} else {
+				if g.extra == nil {
+					g.extra = append([]int(nil), g.buf[:]...)
+				}
+				g.extra = append(g.extra, f)
+			}
+			g.np++
 		}
 	}
+}
+
+// parts is the free milli of each partly used GPU. (A slice of buf kept in
+// the struct itself would make every summary escape to the heap.)
+func (g *gpuSummary) parts() []int {
+	if g.extra != nil {
+		return g.extra
+	}
+	return g.buf[:g.np]
+}
+
+// modelBit is the bit of a GPU model in fragClass.allowed; known is false
+// for a model no class names (no map access when none does).
+func (m *fragModel) modelBit(model string) (bit int, known bool) {
+	if len(m.models) == 0 {
+		return 0, false
+	}
+	bit, known = m.models[model]
+	return bit, known
 }
 
 // modelOK reports whether class c may use GPUs of the given model.
@@ -294,7 +321,7 @@ func (m *fragModel) fragRawSum(cpuFree, memFree int64, model string, g *gpuSumma
 	if g.total == 0 {
 		return 0
 	}
-	bit, known := m.models[model]
+	bit, known := m.modelBit(model)
 	total := float64(g.total)
 	var F float64
 	for k := range m.classes {
@@ -312,7 +339,7 @@ func (m *fragModel) fragRawSum(cpuFree, memFree int64, model string, g *gpuSumma
 			continue
 		}
 		s := 0
-		for _, f := range g.part {
+		for _, f := range g.parts() {
 			if f < c.milli {
 				s += f
 			}
@@ -520,7 +547,7 @@ func (m *fragModel) fragFillSum(cpuFree, memFree int64, model string, g *gpuSumm
 	if g.total == 0 {
 		return 0
 	}
-	bit, known := m.models[model]
+	bit, known := m.modelBit(model)
 	total := float64(g.total)
 	var F float64
 	for k := range m.classes {
@@ -536,7 +563,7 @@ func (m *fragModel) fragFillSum(cpuFree, memFree int64, model string, g *gpuSumm
 			n, size = int64(g.idle/c.gpus), int64(c.gpus)*1000
 		} else {
 			n, size = int64(g.idle*(1000/c.milli)), int64(c.milli)
-			for _, f := range g.part {
+			for _, f := range g.parts() {
 				n += int64(f / c.milli)
 			}
 		}
@@ -547,6 +574,55 @@ func (m *fragModel) fragFillSum(cpuFree, memFree int64, model string, g *gpuSumm
 			n = memFree / c.mem
 		}
 		F += c.p * (total - float64(n*size))
+	}
+	return F
+}
+
+// fragHybridSum is fragRawSum + fragFillSum in one pass over the classes.
+func (m *fragModel) fragHybridSum(cpuFree, memFree int64, model string, g *gpuSummary) float64 {
+	if g.total == 0 {
+		return 0
+	}
+	bit, known := m.modelBit(model)
+	total := float64(g.total)
+	parts := g.parts()
+	var F float64
+	for k := range m.classes {
+		c := &m.classes[k]
+		if !m.modelOK(c, bit, known) {
+			F += 2 * c.p * total
+			continue
+		}
+		var raw float64
+		var n, size int64
+		if c.gpus > 0 {
+			n, size = int64(g.idle/c.gpus), int64(c.gpus)*1000
+			if n == 0 {
+				raw = total
+			} else {
+				raw = float64(g.partial)
+			}
+		} else {
+			n, size = int64(g.idle*(1000/c.milli)), int64(c.milli)
+			s := 0
+			for _, f := range parts {
+				n += int64(f / c.milli)
+				if f < c.milli {
+					s += f
+				}
+			}
+			raw = float64(s)
+		}
+		if c.cpu > cpuFree || c.mem > memFree {
+			raw = total
+		}
+		if c.cpu > 0 && c.cpu*n > cpuFree {
+			n = cpuFree / c.cpu
+		}
+		if c.mem > 0 && c.mem*n > memFree {
+			n = memFree / c.mem
+		}
+		F += c.p * (raw + total - float64(n*size))
 	}
 	return F
 }

@@ -51,7 +51,7 @@ func (s fitScorer) score(c *taskCtx, st *state, i int, v *view, _ []int) float64
 		if s.spread {
 			sum += f
 		} else {
-			sum += (math.Exp(f*math.Ln10) - 1) / 9 // 10^f
+			sum += (pow10Frac(f) - 1) / 9
 		}
 		dims++
 	}
@@ -67,6 +67,33 @@ func (s fitScorer) score(c *taskCtx, st *state, i int, v *view, _ []int) float64
 		return sum / float64(dims)
 	}
 	return 1 - sum/float64(dims)
+}
+
+// pow10Steps is the resolution of pow10Frac's table.
+const pow10Steps = 4096
+
+// pow10Table[k] = 10^(k/pow10Steps), k = 0..pow10Steps (+1 guard entry).
+var pow10Table = func() []float64 {
+	t := make([]float64, pow10Steps+2)
+	for k := range t {
+		t[k] = math.Pow(10, float64(k)/pow10Steps)
+	}
+	return t
+}()
+
+// pow10Frac is 10^f for a free fraction f, linearly interpolated in a table
+// (relative error under 1e-7, exact at multiples of 1/4096; math.Exp costs
+// about a fifth of a bin-pack scan). f is clamped to [0, 1].
+func pow10Frac(f float64) float64 {
+	if f <= 0 {
+		return 1
+	}
+	if f >= 1 {
+		return 10
+	}
+	x := f * pow10Steps
+	k := int(x)
+	return pow10Table[k] + (pow10Table[k+1]-pow10Table[k])*(x-float64(k))
 }
 
 // affinityScorer is Nomad's node affinity: Σ weights of the matching

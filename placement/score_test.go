@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"math"
 	"testing"
 )
 
@@ -147,5 +148,18 @@ func TestPreemption(t *testing.T) {
 	}
 	if _, off := placeOne(t, Options{DisablePreemption: true}, mk(), task); len(off.Preemptions) != 0 {
 		t.Fatal("preemption proposed while disabled")
+	}
+}
+
+func TestPow10Frac(t *testing.T) {
+	for k := 0; k <= 100000; k++ {
+		f := float64(k) / 100000
+		want := math.Pow(10, f)
+		if got := pow10Frac(f); math.Abs(got-want)/want > 1e-7 {
+			t.Fatalf("pow10Frac(%v) = %v, want %v", f, got, want)
+		}
+	}
+	if pow10Frac(-0.5) != 1 || pow10Frac(1.5) != 10 {
+		t.Fatalf("pow10Frac does not clamp: %v %v", pow10Frac(-0.5), pow10Frac(1.5))
 	}
 }
