@@ -58,7 +58,7 @@ func (e *Engine) compileTask(t *Task) *taskCtx {
 	}
 	for _, k := range t.Constraints {
 		m := compileMatcher(k.Label, k.Op, k.Values)
-		c.filters = append(c.filters, &constraintFilter{m: m, reason: "constraint " + m.text})
+		c.filters = append(c.filters, &constraintFilter{m: m})
 	}
 	if len(t.GPUModels) > 0 && (c.req.GPUs > 0 || c.req.GPUMilli > 0) {
 		c.filters = append(c.filters, gpuModelFilter{})

@@ -38,7 +38,6 @@ type matcher struct {
 	num   float64
 	ver   []verCond
 	bad   bool // could not be compiled: never matches
-	text  string
 }
 
 type verCond struct {
@@ -48,7 +47,6 @@ type verCond struct {
 
 func compileMatcher(label, op string, values []string) matcher {
 	m := matcher{label: label, op: op, vals: values}
-	m.text = describeRule(label, op, values)
 	switch op {
 	case OpEq, OpNe:
 		if len(values) != 1 {

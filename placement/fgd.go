@@ -138,6 +138,7 @@ type fragClass struct {
 	gpus     int // whole GPUs, or 0
 	milli    int // share of one GPU, or 0
 	p        float64
+	perIdle  int // shares of milli an idle GPU holds (1000/milli), or 0
 	anyModel bool
 	allowed  uint64 // bit per model index (models past 64 never match)
 }
@@ -158,6 +159,9 @@ func newFragModel(wl []WorkloadClass) *fragModel {
 			continue
 		}
 		k := fragClass{cpu: r.CPUMillis, mem: r.MemoryMiB, gpus: r.GPUs, milli: r.GPUMilli, p: w.Weight / tot, anyModel: len(w.GPUModels) == 0}
+		if k.milli > 0 {
+			k.perIdle = 1000 / k.milli
+		}
 		for _, mo := range w.GPUModels {
 			b, ok := m.models[mo]
 			if !ok {
@@ -562,7 +566,7 @@ func (m *fragModel) fragFillSum(cpuFree, memFree int64, model string, g *gpuSumm
 		if c.gpus > 0 {
 			n, size = int64(g.idle/c.gpus), int64(c.gpus)*1000
 		} else {
-			n, size = int64(g.idle*(1000/c.milli)), int64(c.milli)
+			n, size = int64(g.idle*c.perIdle), int64(c.milli)
 			for _, f := range g.parts() {
 				n += int64(f / c.milli)
 			}
@@ -603,7 +607,7 @@ func (m *fragModel) fragHybridSum(cpuFree, memFree int64, model string, g *gpuSu
 				raw = float64(g.partial)
 			}
 		} else {
-			n, size = int64(g.idle*(1000/c.milli)), int64(c.milli)
+			n, size = int64(g.idle*c.perIdle), int64(c.milli)
 			s := 0
 			for _, f := range parts {
 				n += int64(f / c.milli)

@@ -95,16 +95,16 @@ type labelCodes struct {
 // constraintFilter enforces one hard label constraint.
 type constraintFilter struct {
 	m      matcher
-	reason string
+	reason string   // "constraint <rule>", built on the first rejection
 	memo   codeMemo // outcome per value of the label
 }
 
 func (f *constraintFilter) check(_ *taskCtx, st *state, i int, _ *view) string {
-	if f.m.bad {
-		return f.reason
-	}
-	if f.memo.match(&f.m, st, i) {
+	if !f.m.bad && f.memo.match(&f.m, st, i) {
 		return ""
+	}
+	if f.reason == "" {
+		f.reason = "constraint " + describeRule(f.m.label, f.m.op, f.m.vals)
 	}
 	return f.reason
 }

@@ -191,6 +191,7 @@ func (c *taskCtx) spreadMemo(k int, st *state, i int) float64 {
 	sc := &c.spread[k]
 	if sc.lc == nil {
 		sc.lc = st.codes(sp.Label)
+		sc.mx = -1
 		if len(sc.lc.values) <= codeMemoMaxValues {
 			sc.boost = make([]float64, len(sc.lc.values))
 			sc.known = make([]bool, len(sc.lc.values))
@@ -201,10 +202,10 @@ func (c *taskCtx) spreadMemo(k int, st *state, i int) float64 {
 		return -1 // no label
 	}
 	if sc.boost == nil {
-		return spreadBoost(c, st, i, sp)
+		return spreadBoost(c, st, i, sp, &sc.mx)
 	}
 	if !sc.known[code] {
-		sc.boost[code] = spreadBoost(c, st, i, sp)
+		sc.boost[code] = spreadBoost(c, st, i, sp, &sc.mx)
 		sc.known[code] = true
 	}
 	return sc.boost[code]
@@ -214,9 +215,12 @@ type spreadCache struct {
 	lc    *labelCodes
 	boost []float64
 	known []bool
+	mx    int // the group's largest count over the label's values; -1 unknown
 }
 
-func spreadBoost(c *taskCtx, st *state, i int, sp *Spread) float64 {
+// spreadBoost is the boost of node i for sp; *mx caches the even spread's
+// largest count across calls for one task (-1: not yet computed).
+func spreadBoost(c *taskCtx, st *state, i int, sp *Spread, mx *int) float64 {
 	val, ok := st.nodes[i].Labels[sp.Label]
 	if !ok {
 		return -1
@@ -249,14 +253,16 @@ func spreadBoost(c *taskCtx, st *state, i int, sp *Spread) float64 {
 		b := (desired - float64(used)) / desired
 		return math.Max(-1, math.Min(1, b))
 	}
-	mx := 0
-	for _, v := range st.labelValues(sp.Label) {
-		if n := counts[v]; n > mx {
-			mx = n
+	if *mx < 0 {
+		*mx = 0
+		for _, v := range st.labelValues(sp.Label) {
+			if n := counts[v]; n > *mx {
+				*mx = n
+			}
 		}
 	}
-	if mx == 0 {
+	if *mx == 0 {
 		return 0
 	}
-	return float64(mx-counts[val]) / float64(mx)
+	return float64(*mx-counts[val]) / float64(*mx)
 }
