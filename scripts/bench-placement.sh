@@ -13,7 +13,7 @@ export GOMAXPROCS=1
 {
   echo "# $(go version) $(uname -sm) nproc=$(nproc) commit=$(git rev-parse --short HEAD 2>/dev/null || echo none)"
   APIARY_BENCH_SEEDS="${APIARY_BENCH_SEEDS:-42-51}" \
-    go test ./placement/sim -run '^$' -bench 'Quality' -benchtime 1x -timeout 60m
+    go test ./placement/sim -run '^$' -bench 'Quality|SharePacking' -benchtime 1x -timeout 60m
 } | tee "$out/quality-$stamp.txt"
 {
   echo "# $(go version) $(uname -sm) nproc=$(nproc) commit=$(git rev-parse --short HEAD 2>/dev/null || echo none)"

@@ -28,6 +28,10 @@ type Config struct {
 	ScarcityWeight float64
 	// Now times the run for placements per second; nil means time.Now.
 	Now func() time.Time
+	// Observe, if set, sees every task after its placement try, with the
+	// arrived GPU demand so far (milli, including this task) and the
+	// cluster's GPU capacity (milli).
+	Observe func(t *placement.Task, r placement.Result, arrivedMilli, capMilli int64)
 }
 
 // Result is the outcome of one run. Percentages are 0..100.
@@ -127,6 +131,9 @@ func Run(nodes []*placement.Node, trace []placement.Task, cfg Config) Result {
 		r := sess.PlaceOne(t)
 		spent += cfg.Now().Sub(t0)
 		arrived += gpuMilli(t.Request)
+		if cfg.Observe != nil {
+			cfg.Observe(t, r, arrived, gpuCap)
+		}
 		if r.Placement != nil {
 			res.Placed++
 			gpuAlloc += gpuMilli(t.Request)
