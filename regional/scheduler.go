@@ -56,6 +56,15 @@ type scheduler struct {
 	reasonAt      map[string]time.Time
 	// conflicts counts failed plan/write compares (for the plan metrics).
 	conflicts int
+	// The placement input kept between rounds (snapshot in place.go):
+	// snapNodes are the ready nodes, sorted, built at nodesGen snapGen-1;
+	// nodeUse caches each node's usage from its active tasks, recomputed
+	// for the nodes in useDirty (a task on them changed) and for all when
+	// the node set changes.
+	snapGen   uint64
+	snapNodes []*placement.Node
+	nodeUse   map[string]usageRecord
+	useDirty  map[string]bool
 	gaugesAt  time.Time // metrics gauges last set (telemetry.go)
 }
 
@@ -82,12 +91,16 @@ type cNode struct {
 func newScheduler(c *Coordinator, term *shards.Term) *scheduler {
 	p := c.cfg.Placer
 	if p == nil {
-		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: term.Epoch})
+		// Preemption proposals are not committed by the coordinator (yet),
+		// and the snapshot carries only the existing allocations of the
+		// batch's groups, so the engine does not compute them.
+		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: term.Epoch, DisablePreemption: true})
 	}
 	return &scheduler{c: c, term: term, placer: p, rng: rand.New(rand.NewPCG(uint64(term.Epoch), 7)),
 		jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, tasks: map[string]*cTask{},
 		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{},
-		dirtyCancel: map[string]bool{}, unplacedSince: map[string]time.Time{}, reasonAt: map[string]time.Time{}}
+		dirtyCancel: map[string]bool{}, unplacedSince: map[string]time.Time{}, reasonAt: map[string]time.Time{},
+		nodeUse: map[string]usageRecord{}, useDirty: map[string]bool{}}
 }
 
 // fencedTxn is the one path for every owner write: the ops commit only if
@@ -328,7 +341,13 @@ func hasPrefix(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
 
 // setTask replaces a cached task and keeps the indexes in step.
 func (s *scheduler) setTask(key string, t *cTask) {
+	if t != nil && t.rec.NodeID != "" {
+		s.useDirty[t.rec.NodeID] = true
+	}
 	if old := s.tasks[key]; old != nil {
+		if old.rec.NodeID != "" {
+			s.useDirty[old.rec.NodeID] = true
+		}
 		delete(s.pending, key)
 		if m := s.byNode[old.rec.NodeID]; m != nil {
 			delete(m, key)

@@ -1,0 +1,81 @@
+package regional
+
+import (
+	"fmt"
+	"testing"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// benchScheduler fills a scheduler's caches (no etcd) with nodes ready
+// nodes and perNode running tasks on each, in jobs of 100 tasks.
+func benchScheduler(nodes, perNode int) *scheduler {
+	c := &Coordinator{}
+	c.meta.Jurisdiction = "eu"
+	s := &scheduler{c: c, jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{},
+		tasks: map[string]*cTask{}, nodes: map[string]*cNode{}, pending: map[string]bool{},
+		byNode: map[string]map[string]bool{}, nodeUse: map[string]usageRecord{}, useDirty: map[string]bool{}}
+	spec := &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 100,
+		Resources: &apiaryv1.Resources{CpuMillis: 500, MemoryMb: 512}}}}
+	k := 0
+	for i := 0; i < nodes; i++ {
+		id := fmt.Sprintf("node-%06d", i)
+		s.nodes[id] = &cNode{id: id, alive: 1, rec: &nodeRecord{ID: id, Epoch: 1,
+			Labels:   map[string]string{"zone": fmt.Sprintf("z%d", i%16)},
+			Capacity: &apiaryv1.Resources{CpuMillis: 64000, MemoryMb: 262144}}}
+		for j := 0; j < perNode; j++ {
+			jobID := fmt.Sprintf("job-%d", k/100)
+			if s.jobs[jobID] == nil {
+				s.jobs[jobID] = &cJob{rec: jobRecord{ID: jobID, Spec: spec}}
+			}
+			key := fmt.Sprintf("%s/%d", jobID, k%100)
+			s.setTask(key, &cTask{key: key, rec: taskstate.Task{JobID: jobID, Index: int32(k % 100),
+				State: apiaryv1.TaskState_TASK_STATE_RUNNING, NodeID: id, NodeEpoch: 1}})
+			k++
+		}
+	}
+	return s
+}
+
+// BenchmarkRoundSnapshot measures the per-round cost of building the
+// placement input from the scheduler's cache at 1k and 10k nodes with 10
+// running tasks per node: "rebuild" after a node change (every node's usage
+// recomputed from its tasks), "round" after 10 tasks on 10 nodes changed
+// (the common case), and "existing" the existing allocations of a batch of
+// one job's group (100 tasks). It is the part of a scheduling round that
+// grows with the region, whatever the batch size.
+func BenchmarkRoundSnapshot(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		s := benchScheduler(n, 10)
+		name := fmt.Sprintf("nodes=%d/tasks=%d", n, n*10)
+		b.Run(name+"/rebuild", func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				s.nodesGen++
+				s.snapshot()
+			}
+		})
+		b.Run(name+"/round", func(b *testing.B) {
+			s.snapshot()
+			keys := make([]string, 0, 10)
+			for key := range s.jobTasks["job-0"] {
+				keys = append(keys, key)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				for _, key := range keys[:10] {
+					s.setTask(key, s.tasks[key])
+				}
+				s.snapshot()
+			}
+		})
+		b.Run(name+"/existing", func(b *testing.B) {
+			batch := []*cTask{s.tasks["job-0/0"]}
+			for i := 0; i < b.N; i++ {
+				if got := len(s.existing(batch)); got != 100 {
+					b.Fatalf("existing: %d allocations, want 100", got)
+				}
+			}
+		})
+	}
+}
