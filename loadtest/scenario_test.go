@@ -55,9 +55,10 @@ func TestScenariosKeepPromises(t *testing.T) {
 // TestTraceReplay replays the first pods of the real trace as jobs and
 // verifies them like any other run.
 func TestTraceReplay(t *testing.T) {
+	bin := testutil.Binary(t) // built before the deadline runs
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := Run(ctx, Options{Scenario: Steady, Binary: testutil.Binary(t), WorkDir: t.TempDir(), Agents: 2, Slots: 8,
+	res, err := Run(ctx, Options{Scenario: Steady, Binary: bin, WorkDir: t.TempDir(), Agents: 2, Slots: 8,
 		Trace: filepath.Join("..", "..", "shared", "traces", "alibaba-gpu-v2023", "openb_pod_list_default.csv"), TraceLimit: 40,
 		Duration: 2 * time.Second, MaxTaskSleep: 300 * time.Millisecond, DrainTimeout: 45 * time.Second})
 	if err != nil {

@@ -37,9 +37,10 @@ func cluster(t *testing.T, rs devcluster.RegionSpec) (*devcluster.Cluster, *devc
 		rs.Jurisdiction = "eu"
 	}
 	rs.ExtraArgs = append(rs.ExtraArgs, "--node-lease-ttl", "1s")
+	bin := testutil.Binary(t) // built before the start deadline runs
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: testutil.Binary(t), Dir: t.TempDir(), Regions: []devcluster.RegionSpec{rs}})
+	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: bin, Dir: t.TempDir(), Regions: []devcluster.RegionSpec{rs}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,9 +25,10 @@ func TestTraceSurvivesSchedulerKill(t *testing.T) {
 	for i := range agents {
 		agents[i].MaxTasks = 4
 	}
+	bin := testutil.Binary(t) // built before the start deadline runs
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: testutil.Binary(t), Dir: dir,
+	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: bin, Dir: dir,
 		ExtraEnv: []string{telemetry.EnvTraceFile + "=" + traceFile},
 		Regions: []devcluster.RegionSpec{{Name: "eu-west", Jurisdiction: "eu", Coordinators: 3, Agents: agents,
 			ExtraArgs: []string{"--node-lease-ttl", "1s"}}}})
