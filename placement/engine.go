@@ -259,9 +259,14 @@ func (s *Session) PlaceOne(t *Task) Result {
 			x := s.raw[j*nsc+k]
 			lo, hi = math.Min(lo, x), math.Max(hi, x)
 		}
+		// Candidates whose raw scores differ only by rounding (the same
+		// sum taken in another order) are equal: stretching a 1e-13
+		// difference to the full [0, 1] range would overrule the
+		// tie-break scores.
+		tied := hi-lo <= 1e-9*math.Max(1, math.Max(math.Abs(hi), math.Abs(lo)))
 		for j := range s.cands {
 			x := &s.raw[j*nsc+k]
-			if hi > lo {
+			if !tied {
 				*x = (*x - lo) / (hi - lo)
 			} else {
 				*x = 1

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"math/bits"
 	"slices"
 )
 
@@ -306,6 +307,18 @@ func (g *gpuSummary) parts() []int {
 	return g.buf[:g.np]
 }
 
+// capBy is min(n, free/per) for n >= 0 and per > 0, without dividing when
+// free holds all n and without overflow; negative free holds none.
+func capBy(n, free, per int64) int64 {
+	if free < 0 {
+		return 0
+	}
+	if hi, lo := bits.Mul64(uint64(per), uint64(n)); hi == 0 && lo <= uint64(free) {
+		return n
+	}
+	return free / per
+}
+
 // modelBit is the bit of a GPU model in fragClass.allowed; known is false
 // for a model no class names (no map access when none does).
 func (m *fragModel) modelBit(model string) (bit int, known bool) {
@@ -571,11 +584,11 @@ func (m *fragModel) fragFillSum(cpuFree, memFree int64, model string, g *gpuSumm
 				n += int64(f / c.milli)
 			}
 		}
-		if c.cpu > 0 && c.cpu*n > cpuFree {
-			n = cpuFree / c.cpu
+		if c.cpu > 0 {
+			n = capBy(n, cpuFree, c.cpu)
 		}
-		if c.mem > 0 && c.mem*n > memFree {
-			n = memFree / c.mem
+		if c.mem > 0 {
+			n = capBy(n, memFree, c.mem)
 		}
 		F += c.p * (total - float64(n*size))
 	}
@@ -620,11 +633,11 @@ func (m *fragModel) fragHybridSum(cpuFree, memFree int64, model string, g *gpuSu
 		if c.cpu > cpuFree || c.mem > memFree {
 			raw = total
 		}
-		if c.cpu > 0 && c.cpu*n > cpuFree {
-			n = cpuFree / c.cpu
+		if c.cpu > 0 {
+			n = capBy(n, cpuFree, c.cpu)
 		}
-		if c.mem > 0 && c.mem*n > memFree {
-			n = memFree / c.mem
+		if c.mem > 0 {
+			n = capBy(n, memFree, c.mem)
 		}
 		F += c.p * (raw + total - float64(n*size))
 	}

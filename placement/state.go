@@ -72,7 +72,8 @@ func newState(snap *Snapshot, tasks []Task, tab *nodeTable) *state {
 
 // snapGPUFree returns node n's per-GPU free milli as in the snapshot,
 // normalised to Capacity.GPUs entries (missing entries are treated as busy,
-// the conservative choice). The result must not be modified.
+// the conservative choice) of 0..1000 each (values outside are clamped).
+// The result must not be modified.
 func snapGPUFree(n *Node) []int {
 	g := n.Capacity.GPUs
 	if g <= 0 {
@@ -88,11 +89,21 @@ func snapGPUFree(n *Node) []int {
 		}
 		return s
 	}
-	if len(n.GPUFreeMilli) == g {
+	inRange := true
+	for _, f := range n.GPUFreeMilli {
+		if f < 0 || f > 1000 {
+			inRange = false
+			break
+		}
+	}
+	if len(n.GPUFreeMilli) == g && inRange {
 		return n.GPUFreeMilli
 	}
 	s := make([]int, g)
 	copy(s, n.GPUFreeMilli)
+	for i, f := range s {
+		s[i] = min(max(f, 0), 1000)
+	}
 	return s
 }
 
