@@ -118,18 +118,23 @@ func (c *refClass) modelOK(model string) bool {
 	return len(c.models) == 0 || slices.Contains(c.models, model)
 }
 
-// refFragRaw is FGD's F_n(M) = Σ_m p_m F_n(m), with F_n(m) all of n's free
-// GPU milli when m does not fit n at all (CPU, memory, GPU model, not enough
-// GPUs), else for a share d the free milli of the GPUs with less than d
-// free, for k whole GPUs the free milli of the partly used GPUs.
-func refFragRaw(cls []refClass, n equivNode) float64 {
-	total, idle := 0, 0
+// totals is the node's free GPU milli and its count of idle GPUs.
+func (n equivNode) totals() (total, idle int) {
 	for _, f := range n.gpu {
 		total += f
 		if f >= 1000 {
 			idle++
 		}
 	}
+	return total, idle
+}
+
+// refFragRaw is FGD's F_n(M) = Σ_m p_m F_n(m), with F_n(m) all of n's free
+// GPU milli when m does not fit n at all (CPU, memory, GPU model, not enough
+// GPUs), else for a share d the free milli of the GPUs with less than d
+// free, for k whole GPUs the free milli of the partly used GPUs.
+func refFragRaw(cls []refClass, n equivNode) float64 {
+	total, idle := n.totals()
 	var F float64
 	for _, c := range cls {
 		if c.cpu > n.cpu || c.mem > n.mem || !c.modelOK(n.model) || (c.gpus > 0 && idle < c.gpus) {
@@ -149,20 +154,11 @@ func refFragRaw(cls []refClass, n equivNode) float64 {
 
 // refFragFill is the fill-aware fragment: for each class m, the free GPU
 // milli left unusable after packing as many tasks of m onto the node as its
-// free CPU, memory and GPUs allow. The count is min(GPU slots, free CPU /
-// CPU, free memory / memory), each quotient truncated as Go divides, as the
-// engine always has: on a node whose free CPU or memory is negative (and at
-// least one task's worth) that count is negative and the fragment exceeds
-// the node's free GPU (see TestFragFillNegativeFreeEquiv). clamp counts such
-// a node as holding no task, which is what the doc comment says.
+// free CPU, memory and GPUs allow: min(GPU slots, free CPU / CPU, free
+// memory / memory), and none on a node whose free CPU or memory is negative
+// (see TestFragFillNegativeFreeEquiv).
 func refFragFill(cls []refClass, n equivNode) float64 {
-	total, idle := 0, 0
-	for _, f := range n.gpu {
-		total += f
-		if f >= 1000 {
-			idle++
-		}
-	}
+	total, idle := n.totals()
 	if total == 0 {
 		return 0 // no free GPU milli, none of it unusable
 	}

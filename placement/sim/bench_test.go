@@ -8,12 +8,9 @@ import (
 	"apiary.dev/apiary/placement"
 )
 
-// BenchmarkQuality is benchmark 1 of issue 3: GPU allocation at 100% arrival
-// on the Alibaba trace, per policy, mean over seeds (APIARY_BENCH_SEEDS,
-// default 42-51), for both task files; fragmentation also with bounded
-// candidate scans and with the published FGD measure. Run it once:
-// go test ./placement/sim -run XXX -bench Quality -benchtime 1x.
-func BenchmarkQuality(b *testing.B) {
+// benchSeeds is the seed list of the trace benchmarks: APIARY_BENCH_SEEDS
+// (as for --seeds), default 42-51.
+func benchSeeds(b *testing.B) []int64 {
 	spec := os.Getenv("APIARY_BENCH_SEEDS")
 	if spec == "" {
 		spec = "42-51"
@@ -22,6 +19,16 @@ func BenchmarkQuality(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return seeds
+}
+
+// BenchmarkQuality is benchmark 1 of issue 3: GPU allocation at 100% arrival
+// on the Alibaba trace, per policy, mean over seeds (APIARY_BENCH_SEEDS,
+// default 42-51), for both task files; fragmentation also with bounded
+// candidate scans and with the published FGD measure. Run it once:
+// go test ./placement/sim -run XXX -bench Quality -benchtime 1x.
+func BenchmarkQuality(b *testing.B) {
+	seeds := benchSeeds(b)
 	type variant struct {
 		name  string
 		pol   placement.Policy

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"testing"
 
@@ -66,14 +65,7 @@ func TestBestFitGPUs(t *testing.T) {
 // cluster's GPU capacity.
 // go test ./placement/sim -run '^$' -bench SharePacking -benchtime 1x
 func BenchmarkSharePacking(b *testing.B) {
-	spec := os.Getenv("APIARY_BENCH_SEEDS")
-	if spec == "" {
-		spec = "42-51"
-	}
-	seeds, err := ParseSeeds(spec)
-	if err != nil {
-		b.Fatal(err)
-	}
+	seeds := benchSeeds(b)
 	nodes, tasks := load(b, "openb_pod_list_default.csv")
 	var ours, online, offline, alloc float64
 	for i := 0; i < b.N; i++ {
