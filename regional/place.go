@@ -15,10 +15,21 @@ import (
 	"apiary.dev/apiary/regional/taskstate"
 )
 
+// nodeUse is what the active tasks of a node's current epoch hold: the
+// usage record, and the free share of each GPU (nil when no task uses one).
+type nodeUse struct {
+	usageRecord
+	gpuFree []int
+}
+
 // usedBy returns what the active tasks of (node, epoch) hold, derived from
 // the task cache (the usage key mirrors it for other owners and operators).
-func (s *scheduler) usedBy(n *cNode) usageRecord {
-	u := usageRecord{Epoch: n.alive}
+// Task records do not say which GPU devices a task got, so the per-GPU free
+// share is laid out the way the agent's ledger takes devices (gpuLayout).
+func (s *scheduler) usedBy(n *cNode) nodeUse {
+	u := nodeUse{usageRecord: usageRecord{Epoch: n.alive}}
+	whole := 0
+	var shares []int
 	for key := range s.byNode[n.id] {
 		ct := s.tasks[key]
 		if ct.rec.NodeEpoch != n.alive {
@@ -29,8 +40,56 @@ func (s *scheduler) usedBy(n *cNode) usageRecord {
 		u.MemoryMiB += r.MemoryMiB
 		u.GPUs += int32(r.GPUs)
 		u.Tasks++
+		whole += r.GPUs
+		if r.GPUs == 0 && r.GPUMilli > 0 {
+			shares = append(shares, r.GPUMilli)
+		}
+	}
+	if n.rec != nil && (whole > 0 || len(shares) > 0) {
+		u.gpuFree = gpuLayout(int(n.rec.Capacity.GetGpus()), whole, shares)
 	}
 	return u
+}
+
+// nodeUsage is usedBy, cached until a task on the node changes (useDirty)
+// or the node's epoch does.
+func (s *scheduler) nodeUsage(n *cNode) nodeUse {
+	if u, ok := s.nodeUse[n.id]; ok && !s.useDirty[n.id] && u.Epoch == n.alive {
+		return u
+	}
+	u := s.usedBy(n)
+	s.nodeUse[n.id] = u
+	delete(s.useDirty, n.id)
+	return u
+}
+
+// gpuLayout is the free milli of each of a node's gpus devices once whole
+// GPUs (taken lowest index first) and shares (largest first, each on the
+// device with the least free share that holds it) are placed, as the
+// agent's ledger takes them. The agent's real layout follows arrival order
+// and may differ for shares; a placement it cannot honour is refused and
+// re-placed (reject and requeue).
+func gpuLayout(gpus, whole int, shares []int) []int {
+	free := make([]int, max(gpus, 0))
+	for i := range free {
+		free[i] = 1000
+		if i < whole {
+			free[i] = 0
+		}
+	}
+	sort.Sort(sort.Reverse(sort.IntSlice(shares)))
+	for _, sh := range shares {
+		best := -1
+		for i, f := range free {
+			if f >= sh && (best < 0 || f < free[best]) {
+				best = i
+			}
+		}
+		if best >= 0 {
+			free[best] -= sh
+		}
+	}
+	return free
 }
 
 func (s *scheduler) group(t *taskstate.Task) *apiaryv1.TaskGroup {
@@ -83,22 +142,20 @@ func (s *scheduler) snapshot() (*placement.Snapshot, map[string]usageRecord) {
 				Capacity: placement.Resources{CPUMillis: n.rec.Capacity.GetCpuMillis(), MemoryMiB: n.rec.Capacity.GetMemoryMb(), GPUs: int(n.rec.Capacity.GetGpus())},
 				GPUModel: n.rec.GPUModel, MaxTasks: int(n.rec.MaxTasks), Quarantined: n.rec.Quarantined})
 		}
-		// usedBy reads the node's epoch, which a node change may have moved.
+		// Drop the usage of nodes that left (the rest is kept: nodeUsage
+		// checks the epoch).
 		clear(s.nodeUse)
+		clear(s.useDirty)
 	}
 	snap := &placement.Snapshot{Generation: s.snapGen, Nodes: s.snapNodes}
 	used := make(map[string]usageRecord, len(s.snapNodes))
 	for _, pn := range s.snapNodes {
-		u, ok := s.nodeUse[pn.ID]
-		if !ok || s.useDirty[pn.ID] {
-			u = s.usedBy(s.nodes[pn.ID])
-			s.nodeUse[pn.ID] = u
-		}
+		u := s.nodeUsage(s.nodes[pn.ID])
 		pn.Allocated = placement.Resources{CPUMillis: u.CPUMillis, MemoryMiB: u.MemoryMiB, GPUs: int(u.GPUs)}
+		pn.GPUFreeMilli = u.gpuFree
 		pn.RunningTasks = int(u.Tasks)
-		used[pn.ID] = u
+		used[pn.ID] = u.usageRecord
 	}
-	clear(s.useDirty)
 	return snap, used
 }
 
@@ -407,7 +464,7 @@ func (s *scheduler) syncUsage(ctx context.Context) error {
 		if !readyNode(n) {
 			continue
 		}
-		u := s.usedBy(n)
+		u := s.nodeUsage(n).usageRecord
 		if u == n.usage {
 			continue
 		}

@@ -63,7 +63,7 @@ type scheduler struct {
 	// the node set changes.
 	snapGen   uint64
 	snapNodes []*placement.Node
-	nodeUse   map[string]usageRecord
+	nodeUse   map[string]nodeUse
 	useDirty  map[string]bool
 	gaugesAt  time.Time // metrics gauges last set (telemetry.go)
 }
@@ -100,7 +100,7 @@ func newScheduler(c *Coordinator, term *shards.Term) *scheduler {
 		jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, tasks: map[string]*cTask{},
 		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{},
 		dirtyCancel: map[string]bool{}, unplacedSince: map[string]time.Time{}, reasonAt: map[string]time.Time{},
-		nodeUse: map[string]usageRecord{}, useDirty: map[string]bool{}}
+		nodeUse: map[string]nodeUse{}, useDirty: map[string]bool{}}
 }
 
 // fencedTxn is the one path for every owner write: the ops commit only if

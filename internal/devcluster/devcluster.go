@@ -33,6 +33,9 @@ type AgentSpec struct {
 	CPUMillis int64
 	MemoryMiB int64
 	MaxTasks  int
+	// GPUs and GPUModel are passed as --gpus and --gpu-model (0: none).
+	GPUs     int32
+	GPUModel string
 }
 
 // RegionSpec describes one region.
@@ -378,6 +381,12 @@ func (r *Region) startAgent(c *Cluster, i int) error {
 		"--data-dir", filepath.Join(c.opts.Dir, as.ID),
 		"--cpu-millis", strconv.FormatInt(as.CPUMillis, 10), "--memory-mb", strconv.FormatInt(as.MemoryMiB, 10),
 		"--max-tasks", strconv.Itoa(as.MaxTasks)}
+	if as.GPUs > 0 {
+		args = append(args, "--gpus", strconv.Itoa(int(as.GPUs)))
+	}
+	if as.GPUModel != "" {
+		args = append(args, "--gpu-model", as.GPUModel)
+	}
 	for k, v := range as.Labels {
 		args = append(args, "--label", k+"="+v)
 	}

@@ -15,7 +15,7 @@ func benchScheduler(nodes, perNode int) *scheduler {
 	c.meta.Jurisdiction = "eu"
 	s := &scheduler{c: c, jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{},
 		tasks: map[string]*cTask{}, nodes: map[string]*cNode{}, pending: map[string]bool{},
-		byNode: map[string]map[string]bool{}, nodeUse: map[string]usageRecord{}, useDirty: map[string]bool{}}
+		byNode: map[string]map[string]bool{}, nodeUse: map[string]nodeUse{}, useDirty: map[string]bool{}}
 	spec := &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 100,
 		Resources: &apiaryv1.Resources{CpuMillis: 500, MemoryMb: 512}}}}
 	k := 0
@@ -77,5 +77,24 @@ func BenchmarkRoundSnapshot(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+func TestGPULayout(t *testing.T) {
+	for _, c := range []struct {
+		gpus, whole int
+		shares      []int
+		want        []int
+	}{
+		{2, 0, nil, []int{1000, 1000}},
+		{2, 1, nil, []int{0, 1000}},
+		{4, 2, []int{300, 600, 500}, []int{0, 0, 100, 500}},
+		{2, 3, nil, []int{0, 0}},           // over-committed: no device left
+		{1, 0, []int{700, 700}, []int{300}}, // the second share fits nowhere
+	} {
+		got := gpuLayout(c.gpus, c.whole, c.shares)
+		if fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("gpuLayout(%d, %d, %v) = %v, want %v", c.gpus, c.whole, c.shares, got, c.want)
+		}
 	}
 }

@@ -1,0 +1,52 @@
+package regional_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/devcluster"
+)
+
+// TestGPUsNotOvercommitted: one agent with 2 GPUs gets more whole-GPU and
+// GPU-share tasks than fit at once. The scheduler must see the GPUs its
+// running tasks hold (the snapshot's per-GPU free share), so every task is
+// placed once and never refused by the agent: each ends on attempt 1. (The
+// coordinator once passed only a GPU count the engine does not read, so
+// every round saw both GPUs idle and the agent refused the surplus.)
+func TestGPUsNotOvercommitted(t *testing.T) {
+	_, r := cluster(t, devcluster.RegionSpec{Agents: []devcluster.AgentSpec{
+		{ID: "g1", GPUs: 2, GPUModel: "t4", CPUMillis: 8000, MemoryMiB: 8192}}})
+	c := dial(t, r)
+	var ids []string
+	for i := 0; i < 4; i++ {
+		ids = append(ids, submit(t, c, spec(t, fmt.Sprintf(`
+name: whole-%d
+tasks:
+  - name: train
+    count: 2
+    command: sleep
+    args: ["0.4"]
+    resources: {cpu_millis: 100, memory_mb: 64, gpus: 1}
+`, i))))
+	}
+	ids = append(ids, submit(t, c, spec(t, `
+name: shares
+tasks:
+  - name: infer
+    count: 6
+    command: sleep
+    args: ["0.3"]
+    resources: {cpu_millis: 100, memory_mb: 64, gpu_milli: 500}
+`)))
+	for _, id := range ids {
+		waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second)
+		for _, tk := range logs(t, c, id) {
+			if tk.GetAttempt() != 1 || len(tk.GetAttempts()) != 1 {
+				t.Fatalf("job %s task %d: attempt %d, %d results (refused by the agent?): %+v",
+					id, tk.GetIndex(), tk.GetAttempt(), len(tk.GetAttempts()), tk.GetAttempts())
+			}
+		}
+	}
+}
