@@ -89,7 +89,7 @@ func TestGPULayout(t *testing.T) {
 		{2, 0, nil, []int{1000, 1000}},
 		{2, 1, nil, []int{0, 1000}},
 		{4, 2, []int{300, 600, 500}, []int{0, 0, 100, 500}},
-		{2, 3, nil, []int{0, 0}},           // over-committed: no device left
+		{2, 3, nil, []int{0, 0}},            // over-committed: no device left
 		{1, 0, []int{700, 700}, []int{300}}, // the second share fits nowhere
 	} {
 		got := gpuLayout(c.gpus, c.whole, c.shares)
