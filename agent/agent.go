@@ -133,6 +133,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	killOrphans(a.cfg.DataDir, a.log)
+	go a.janitor(ctx)
 	if a.cfg.MetricsAddr != "" {
 		srv, err := telemetry.Serve(a.cfg.MetricsAddr, a.cfg.Registry, true)
 		if err != nil {

@@ -38,6 +38,9 @@ const (
 	DefaultKillGrace  = 3 * time.Second
 	DefaultRPCTimeout = 5 * time.Second
 	DefaultAddr       = "127.0.0.1:7070"
+	// DefaultWorkRetention is how long a finished attempt's directory
+	// (working dir and full logs) is kept.
+	DefaultWorkRetention = 24 * time.Hour
 )
 
 // Config configures an Agent. The zero value of every field means "use the
@@ -59,6 +62,11 @@ type Config struct {
 	// DataDir holds the attempts' working directories and full logs, under
 	// DataDir/work. Default: $TMPDIR/apiary-agent-<NodeID>.
 	DataDir string
+	// WorkRetention is how long an attempt's directory under DataDir/work is
+	// kept once nothing in it has changed and the attempt is not running;
+	// then it is removed (with task and job directories left empty).
+	// Default 24 h; negative keeps every directory.
+	WorkRetention time.Duration
 	// CoordinatorAddrs are gRPC addresses (host:port) of the region's
 	// coordinators, tried in order; the agent moves to the next one when one
 	// is unavailable. Required.
@@ -157,6 +165,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.KillGrace <= 0 {
 		c.KillGrace = DefaultKillGrace
+	}
+	if c.WorkRetention == 0 {
+		c.WorkRetention = DefaultWorkRetention
 	}
 	if c.RPCTimeout <= 0 {
 		c.RPCTimeout = DefaultRPCTimeout

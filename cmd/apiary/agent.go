@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -29,6 +30,7 @@ func newAgentCmd() *cobra.Command {
 		maxTasks  int
 		dataDir   string
 		tailBytes int
+		retention time.Duration
 		logFormat string
 		tel       telemetryFlags
 	)
@@ -42,8 +44,9 @@ func newAgentCmd() *cobra.Command {
 		Long: `Run a node agent. It registers this host with a coordinator of its region
 (labels, capacity), keeps its lease alive, receives assignments, and runs each
 attempt as a subprocess in its own working directory and process group under
---data-dir/work/<job>/<task>/<attempt>/, where full stdout/stderr logs stay.
-Capacity is detected unless given. SIGINT or SIGTERM stops it, killing the
+--data-dir/work/<job>/<task>/<attempt>/, where full stdout/stderr logs stay
+for --work-retention after the attempt ends (0 keeps them). Capacity is
+detected unless given. SIGINT or SIGTERM stops it, killing the
 running tasks; the region re-runs them elsewhere.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -60,6 +63,12 @@ running tasks; the region re-runs them elsewhere.`,
 			}
 			if tailBytes < 0 {
 				return withCode(exitInvalid, fmt.Errorf("--tail-bytes must be >= 0"))
+			}
+			if retention < 0 {
+				return withCode(exitInvalid, fmt.Errorf("--work-retention must be >= 0 (0 keeps every attempt's directory)"))
+			}
+			if retention == 0 {
+				retention = -1 // keep everything; 0 means the default in agent.Config
 			}
 			if cmd.Flags().Changed("tail-bytes") && tailBytes == 0 {
 				tailBytes = -1 // explicitly no tail; 0 means the default in agent.Config
@@ -80,6 +89,7 @@ running tasks; the region re-runs them elsewhere.`,
 				DataDir:          dataDir,
 				CoordinatorAddrs: strings.Split(addr, ","),
 				TailBytes:        tailBytes,
+				WorkRetention:    retention,
 				Logger:           logger,
 			})
 			if err != nil {
@@ -101,6 +111,7 @@ running tasks; the region re-runs them elsewhere.`,
 	f.IntVar(&maxTasks, "max-tasks", 0, "max concurrent tasks (0: limited by resources only)")
 	f.StringVar(&dataDir, "data-dir", "", "directory for task working dirs and full logs (default: $TMPDIR/apiary-agent-<node-id>)")
 	f.IntVar(&tailBytes, "tail-bytes", agent.DefaultTailBytes, "bytes of stdout and of stderr tail sent with each result")
+	f.DurationVar(&retention, "work-retention", agent.DefaultWorkRetention, "remove a finished attempt's directory (working dir, full logs) this long after its last change (0: keep)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	tel.add(cmd)
 	return cmd
