@@ -72,8 +72,27 @@ func (e *Elector) Campaign(ctx context.Context) (*Term, error) {
 		_ = s.Close()
 		return nil, fmt.Errorf("shards: campaign: %w", err)
 	}
+	// Election.Campaign returns once every older key is gone without
+	// checking that its own still exists: if the session's lease expired
+	// while it waited (a paused process), it "wins" with a deleted key.
+	// Such a term could write nothing (its fence fails), but it would claim
+	// ownership until it noticed the lease was gone; refuse it here.
+	resp, err := e.cli.Get(ctx, e.prefix+"/", clientv3.WithFirstCreate()...)
+	if err != nil || len(resp.Kvs) == 0 || string(resp.Kvs[0].Key) != el.Key() || resp.Kvs[0].CreateRevision != el.Rev() {
+		s.Orphan()
+		_ = s.Close()
+		if err != nil {
+			return nil, fmt.Errorf("shards: campaign: check own key: %w", err)
+		}
+		return nil, ErrLostWhileWaiting
+	}
 	return &Term{Epoch: el.Rev(), Key: el.Key(), LeaseID: s.Lease(), session: s, elec: el}, nil
 }
+
+// ErrLostWhileWaiting is returned by Campaign when the campaign's own key
+// was deleted (its lease expired or was revoked) before the older keys were:
+// the caller should campaign again.
+var ErrLostWhileWaiting = errors.New("shards: campaign: own key lost while waiting for the older ones")
 
 // Owner describes the current owner of the shards.
 type Owner struct {
