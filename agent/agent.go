@@ -247,7 +247,7 @@ func (a *Agent) handleAssignment(ctx context.Context, sess *session, rep *report
 		}
 		st := &attemptState{}
 		a.seen[key] = st
-		if err := a.ledger.Reserve(key, requestOf(asg.GetResources())); err != nil {
+		if err := a.ledger.Reserve(key, requestOf(asg)); err != nil {
 			st.finished = now
 			a.metrics.Attempts.WithLabelValues("refused").Inc()
 			log.Info("refusing assignment", "reason", err)
@@ -304,7 +304,7 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 		exec, err = Start(Spec{
 			Command:   asg.GetCommand(),
 			Args:      asg.GetArgs(),
-			Env:       attemptEnv(a.cfg.BaseEnv, asg, a.cfg.NodeID, region),
+			Env:       attemptEnv(a.cfg.BaseEnv, asg, a.cfg.NodeID, region, a.ledger.Devices(key)),
 			Dir:       dir,
 			Timeout:   time.Duration(asg.GetTimeoutMs()) * time.Millisecond,
 			TailBytes: a.cfg.TailBytes,
@@ -436,12 +436,15 @@ func (a *Agent) workDir(key AttemptKey) (string, error) {
 
 // attemptEnv is base, then the assignment's env (sorted by name), then the
 // APIARY_* variables, which win over both.
-func attemptEnv(base []string, asg *apiaryv1.Assignment, nodeID, region string) []string {
+// An attempt holding GPUs also gets APIARY_GPU_DEVICES and
+// CUDA_VISIBLE_DEVICES (the device indices, comma-separated), and for a
+// share APIARY_GPU_MILLI; they win over the job's env like the others.
+func attemptEnv(base []string, asg *apiaryv1.Assignment, nodeID, region string, gpus []int) []string {
 	env := slices.Clone(base)
 	for _, k := range slices.Sorted(maps.Keys(asg.GetEnv())) {
 		env = append(env, k+"="+asg.GetEnv()[k])
 	}
-	return append(env,
+	env = append(env,
 		"APIARY_JOB_ID="+asg.GetJobId(),
 		"APIARY_TASK_INDEX="+strconv.Itoa(int(asg.GetTaskIndex())),
 		"APIARY_ATTEMPT="+strconv.Itoa(int(asg.GetAttempt())),
@@ -449,16 +452,33 @@ func attemptEnv(base []string, asg *apiaryv1.Assignment, nodeID, region string) 
 		"APIARY_NODE_ID="+nodeID,
 		"APIARY_FENCING_TOKEN="+strconv.FormatInt(asg.GetFencingToken(), 10),
 	)
+	if len(gpus) > 0 {
+		ids := make([]string, len(gpus))
+		for i, g := range gpus {
+			ids[i] = strconv.Itoa(g)
+		}
+		list := strings.Join(ids, ",")
+		env = append(env, "APIARY_GPU_DEVICES="+list, "CUDA_VISIBLE_DEVICES="+list)
+		if m := asg.GetResources().GetGpuMilli(); m > 0 {
+			env = append(env, "APIARY_GPU_MILLI="+strconv.Itoa(int(m)))
+		}
+	}
+	return env
 }
 
-func requestOf(r *apiaryv1.Resources) Request {
-	return Request{
+func requestOf(asg *apiaryv1.Assignment) Request {
+	r := asg.GetResources()
+	req := Request{
 		CPUMillis: r.GetCpuMillis(),
 		MemoryMB:  r.GetMemoryMb(),
 		GPUs:      r.GetGpus(),
 		GPUMilli:  r.GetGpuMilli(),
 		GPUModels: r.GetGpuModels(),
 	}
+	for _, d := range asg.GetGpuIndices() {
+		req.Devices = append(req.Devices, int(d))
+	}
+	return req
 }
 
 // startedReportDelay is how long an attempt must run before its STARTED

@@ -30,6 +30,11 @@ type Request struct {
 	GPUMilli int32
 	// GPUModels lists acceptable GPU models; empty means any.
 	GPUModels []string
+	// Devices are the GPU devices to use, as the coordinator's placement
+	// chose them: GPUs distinct idle devices, or the one device of a
+	// GPUMilli share. Empty: the ledger picks (idle devices lowest index
+	// first; for a share, the fullest device it fits on).
+	Devices []int
 }
 
 // ErrNoRoom is wrapped by Ledger.Reserve when a request does not fit.
@@ -101,6 +106,11 @@ func (l *Ledger) Reserve(key AttemptKey, req Request) error {
 	}
 	var devices []int
 	switch {
+	case len(req.Devices) > 0:
+		var err error
+		if devices, err = l.takeDevices(req); err != nil {
+			return err
+		}
 	case req.GPUs > 0:
 		for i, u := range l.gpuUsed {
 			if u == 0 && int32(len(devices)) < req.GPUs {
@@ -131,6 +141,45 @@ func (l *Ledger) Reserve(key AttemptKey, req Request) error {
 	l.used.GPUs += req.GPUs
 	l.holds[key] = hold{req: req, devices: devices}
 	return nil
+}
+
+// takeDevices takes exactly req.Devices (l.mu held), or returns an error
+// wrapping ErrNoRoom naming the first device that cannot serve.
+func (l *Ledger) takeDevices(req Request) ([]int, error) {
+	want := req.GPUs
+	if req.GPUMilli > 0 {
+		want = 1
+	}
+	if int32(len(req.Devices)) != want {
+		return nil, fmt.Errorf("%w: gpu devices %v: want %d for gpus %d, gpu_milli %d", ErrNoRoom, req.Devices, want, req.GPUs, req.GPUMilli)
+	}
+	for i, d := range req.Devices {
+		switch {
+		case d < 0 || d >= len(l.gpuUsed):
+			return nil, fmt.Errorf("%w: gpu device %d: not a device of this node (0..%d)", ErrNoRoom, d, len(l.gpuUsed)-1)
+		case slices.Contains(req.Devices[:i], d):
+			return nil, fmt.Errorf("%w: gpu device %d named twice", ErrNoRoom, d)
+		case req.GPUMilli > 0 && l.gpuUsed[d]+req.GPUMilli > 1000:
+			return nil, fmt.Errorf("%w: gpu device %d: %d/1000 free, need %d", ErrNoRoom, d, 1000-l.gpuUsed[d], req.GPUMilli)
+		case req.GPUMilli == 0 && l.gpuUsed[d] != 0:
+			return nil, fmt.Errorf("%w: gpu device %d: not idle (%d/1000 in use)", ErrNoRoom, d, l.gpuUsed[d])
+		}
+	}
+	for _, d := range req.Devices {
+		if req.GPUMilli > 0 {
+			l.gpuUsed[d] += req.GPUMilli
+		} else {
+			l.gpuUsed[d] = 1000
+		}
+	}
+	return slices.Clone(req.Devices), nil
+}
+
+// Devices returns the GPU devices key holds (nil if none).
+func (l *Ledger) Devices(key AttemptKey) []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.holds[key].devices)
 }
 
 // Release returns key's resources; it reports whether key held any.

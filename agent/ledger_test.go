@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -91,5 +92,53 @@ func TestParseMemTotal(t *testing.T) {
 	}
 	if _, err := parseMemTotal(strings.NewReader("MemFree: 1 kB\n")); err == nil {
 		t.Fatal("want error")
+	}
+}
+
+// TestLedgerNamedDevices: an assignment that names its GPU devices gets
+// exactly those, or is refused naming the device; without names the ledger
+// picks as before.
+func TestLedgerNamedDevices(t *testing.T) {
+	l := NewLedger(Resources{CPUMillis: 8000, MemoryMB: 8192, GPUs: 4}, "t4", 0)
+	key := func(i int32) AttemptKey { return AttemptKey{JobID: "j", TaskIndex: i, Attempt: 1} }
+	if err := l.Reserve(key(0), Request{GPUs: 2, Devices: []int{3, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Devices(key(0)); !slices.Equal(got, []int{3, 1}) {
+		t.Fatalf("devices %v, want [3 1]", got)
+	}
+	if err := l.Reserve(key(1), Request{GPUMilli: 400, Devices: []int{2}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		req  Request
+		want string
+	}{
+		{Request{GPUs: 1, Devices: []int{1}}, "gpu device 1: not idle"},
+		{Request{GPUs: 1, Devices: []int{2}}, "gpu device 2: not idle"},
+		{Request{GPUMilli: 700, Devices: []int{2}}, "gpu device 2: 600/1000 free, need 700"},
+		{Request{GPUs: 1, Devices: []int{4}}, "gpu device 4: not a device of this node (0..3)"},
+		{Request{GPUs: 2, Devices: []int{0, 0}}, "gpu device 0 named twice"},
+		{Request{GPUs: 2, Devices: []int{0}}, "gpu devices [0]: want 2"},
+	} {
+		err := l.Reserve(key(9), c.req)
+		if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("Reserve(%+v) = %v, want ErrNoRoom with %q", c.req, err, c.want)
+		}
+	}
+	// A share that fits the named device; then the ledger's own pick for an
+	// unnamed whole GPU is the one idle device left.
+	if err := l.Reserve(key(2), Request{GPUMilli: 600, Devices: []int{2}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reserve(key(3), Request{GPUs: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Devices(key(3)); !slices.Equal(got, []int{0}) {
+		t.Fatalf("unnamed whole GPU got %v, want [0]", got)
+	}
+	l.Release(key(0))
+	if err := l.Reserve(key(4), Request{GPUs: 2, Devices: []int{1, 3}}); err != nil {
+		t.Fatalf("devices freed by Release: %v", err)
 	}
 }

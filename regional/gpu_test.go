@@ -2,6 +2,7 @@ package regional_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,7 +13,8 @@ import (
 // TestGPUsNotOvercommitted: one agent with 2 GPUs gets more whole-GPU and
 // GPU-share tasks than fit at once. The scheduler must see the GPUs its
 // running tasks hold (the snapshot's per-GPU free share), so every task is
-// placed once and never refused by the agent: each ends on attempt 1. (The
+// placed once and never refused by the agent: each ends on attempt 1. Each
+// process is told its device (APIARY_GPU_DEVICES, CUDA_VISIBLE_DEVICES). (The
 // coordinator once passed only a GPU count the engine does not read, so
 // every round saw both GPUs idle and the agent refused the surplus.)
 func TestGPUsNotOvercommitted(t *testing.T) {
@@ -26,8 +28,8 @@ name: whole-%d
 tasks:
   - name: train
     count: 2
-    command: sleep
-    args: ["0.4"]
+    command: sh
+    args: ["-c", "echo dev=$APIARY_GPU_DEVICES cuda=$CUDA_VISIBLE_DEVICES; sleep 0.4"]
     resources: {cpu_millis: 100, memory_mb: 64, gpus: 1}
 `, i))))
 	}
@@ -36,16 +38,26 @@ name: shares
 tasks:
   - name: infer
     count: 6
-    command: sleep
-    args: ["0.3"]
+    command: sh
+    args: ["-c", "echo dev=$APIARY_GPU_DEVICES cuda=$CUDA_VISIBLE_DEVICES milli=$APIARY_GPU_MILLI; sleep 0.3"]
     resources: {cpu_millis: 100, memory_mb: 64, gpu_milli: 500}
 `)))
-	for _, id := range ids {
+	for n, id := range ids {
 		waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second)
 		for _, tk := range logs(t, c, id) {
 			if tk.GetAttempt() != 1 || len(tk.GetAttempts()) != 1 {
 				t.Fatalf("job %s task %d: attempt %d, %d results (refused by the agent?): %+v",
 					id, tk.GetIndex(), tk.GetAttempt(), len(tk.GetAttempts()), tk.GetAttempts())
+			}
+			// The process is told its device (the one the placement chose
+			// and the agent gave), in both variables.
+			out := strings.TrimSpace(tk.GetAttempts()[0].GetStdoutTail())
+			okOut := map[string]bool{"dev=0 cuda=0": true, "dev=1 cuda=1": true}
+			if n == len(ids)-1 {
+				okOut = map[string]bool{"dev=0 cuda=0 milli=500": true, "dev=1 cuda=1 milli=500": true}
+			}
+			if !okOut[out] {
+				t.Fatalf("job %s task %d printed %q", id, tk.GetIndex(), out)
 			}
 		}
 	}

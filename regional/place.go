@@ -30,6 +30,7 @@ func (s *scheduler) usedBy(n *cNode) nodeUse {
 	u := nodeUse{usageRecord: usageRecord{Epoch: n.alive}}
 	whole := 0
 	var shares []int
+	var placed []gpuHold
 	for key := range s.byNode[n.id] {
 		ct := s.tasks[key]
 		if ct.rec.NodeEpoch != n.alive {
@@ -40,15 +41,27 @@ func (s *scheduler) usedBy(n *cNode) nodeUse {
 		u.MemoryMiB += r.MemoryMiB
 		u.GPUs += int32(r.GPUs)
 		u.Tasks++
-		whole += r.GPUs
-		if r.GPUs == 0 && r.GPUMilli > 0 {
+		switch {
+		case r.GPUs == 0 && r.GPUMilli == 0:
+		case len(ct.rec.GPUDevices) > 0:
+			placed = append(placed, gpuHold{devices: ct.rec.GPUDevices, milli: r.GPUMilli})
+		case r.GPUs > 0:
+			whole += r.GPUs
+		default:
 			shares = append(shares, r.GPUMilli)
 		}
 	}
-	if n.rec != nil && (whole > 0 || len(shares) > 0) {
-		u.gpuFree = gpuLayout(int(n.rec.Capacity.GetGpus()), whole, shares)
+	if n.rec != nil && (whole > 0 || len(shares) > 0 || len(placed) > 0) {
+		u.gpuFree = gpuLayout(int(n.rec.Capacity.GetGpus()), placed, whole, shares)
 	}
 	return u
+}
+
+// gpuHold is a task's recorded GPU devices: whole GPUs (milli 0) or the
+// one device of a share of milli.
+type gpuHold struct {
+	devices []int32
+	milli   int
 }
 
 // nodeUsage is usedBy, cached until a task on the node changes (useDirty)
@@ -63,18 +76,36 @@ func (s *scheduler) nodeUsage(n *cNode) nodeUse {
 	return u
 }
 
-// gpuLayout is the free milli of each of a node's gpus devices once whole
-// GPUs (taken lowest index first) and shares (largest first, each on the
-// device with the least free share that holds it) are placed, as the
-// agent's ledger takes them. The agent's real layout follows arrival order
-// and may differ for shares; a placement it cannot honour is refused and
-// re-placed (reject and requeue).
-func gpuLayout(gpus, whole int, shares []int) []int {
+// gpuLayout is the free milli of each of a node's gpus devices: first the
+// tasks whose devices are recorded (placed) take exactly those; then, for
+// tasks without (assigned before devices were recorded), whole GPUs take
+// idle devices lowest index first and shares, largest first, the device
+// with the least free share that holds them, as the agent's ledger picks
+// when an assignment names no device.
+func gpuLayout(gpus int, placed []gpuHold, whole int, shares []int) []int {
 	free := make([]int, max(gpus, 0))
 	for i := range free {
 		free[i] = 1000
-		if i < whole {
+	}
+	for _, h := range placed {
+		for _, d := range h.devices {
+			if d < 0 || int(d) >= len(free) {
+				continue
+			}
+			if h.milli > 0 {
+				free[d] = max(free[d]-h.milli, 0)
+			} else {
+				free[d] = 0
+			}
+		}
+	}
+	for i := range free {
+		if whole == 0 {
+			break
+		}
+		if free[i] == 1000 {
 			free[i] = 0
+			whole--
 		}
 	}
 	sort.Sort(sort.Reverse(sort.IntSlice(shares)))
@@ -390,11 +421,15 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 		if err != nil {
 			continue
 		}
+		for _, g := range p.GPUIndices {
+			rec.GPUDevices = append(rec.GPUDevices, int32(g))
+		}
 		g := s.group(&ct.rec)
 		j := s.jobs[ct.rec.JobID]
 		a := &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_RUN, JobId: ct.rec.JobID, TaskIndex: ct.rec.Index,
 			Attempt: rec.Attempt, NodeEpoch: n.alive, Command: g.GetCommand(), Args: g.GetArgs(), Env: g.GetEnv(),
-			Resources: g.GetResources(), TimeoutMs: g.GetTimeoutMs(), Region: s.c.meta.Region, Traceparent: j.rec.Traceparent}
+			Resources: g.GetResources(), TimeoutMs: g.GetTimeoutMs(), Region: s.c.meta.Region, Traceparent: j.rec.Traceparent,
+			GpuIndices: rec.GPUDevices}
 		b, err := proto.Marshal(a)
 		if err != nil {
 			continue

@@ -92,9 +92,14 @@ func TestGPULayout(t *testing.T) {
 		{2, 3, nil, []int{0, 0}},            // over-committed: no device left
 		{1, 0, []int{700, 700}, []int{300}}, // the second share fits nowhere
 	} {
-		got := gpuLayout(c.gpus, c.whole, c.shares)
+		got := gpuLayout(c.gpus, nil, c.whole, c.shares)
 		if fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("gpuLayout(%d, %d, %v) = %v, want %v", c.gpus, c.whole, c.shares, got, c.want)
 		}
+	}
+	// Recorded devices are taken as recorded, before the inferred ones.
+	placed := []gpuHold{{devices: []int32{1}}, {devices: []int32{3}, milli: 250}, {devices: []int32{9}}}
+	if got := fmt.Sprint(gpuLayout(4, placed, 1, []int{700})); got != "[0 0 1000 50]" {
+		t.Errorf("gpuLayout with recorded devices = %s, want [0 0 1000 50]", got)
 	}
 }

@@ -23,11 +23,14 @@ type Task struct {
 	// Used counts attempts that ran and ended without success (failed, timed
 	// out, or lost with their node); it is compared with max_attempts.
 	// Refusals do not count.
-	Used         int32  `json:"used,omitempty"`
-	NodeID       string `json:"node,omitempty"`
-	NodeEpoch    int64  `json:"node_epoch,omitempty"`
-	FencingToken int64  `json:"token,omitempty"`
-	NotBeforeMs  int64  `json:"not_before,omitempty"`
+	Used      int32  `json:"used,omitempty"`
+	NodeID    string `json:"node,omitempty"`
+	NodeEpoch int64  `json:"node_epoch,omitempty"`
+	// GPUDevices are the node's GPU devices the current attempt was given
+	// (whole GPUs, or the one GPU of a share); set with the plan.
+	GPUDevices   []int32 `json:"gpus,omitempty"`
+	FencingToken int64   `json:"token,omitempty"`
+	NotBeforeMs  int64   `json:"not_before,omitempty"`
 	// Excluded maps node id -> Unix ms until which the node is excluded for
 	// this task (it refused the task).
 	Excluded map[string]int64 `json:"excluded,omitempty"`
@@ -101,6 +104,7 @@ func Assign(t Task, nodeID string, nodeEpoch int64, nowMs int64) (Task, error) {
 	t.State = apiaryv1.TaskState_TASK_STATE_ASSIGNED
 	t.Attempt++
 	t.NodeID, t.NodeEpoch = nodeID, nodeEpoch
+	t.GPUDevices = nil // the caller sets the new attempt's devices
 	t.FencingToken = 0 // set from the assignment key's CreateRevision once known
 	t.UnplacedReason = ""
 	t.AssignedMs, t.StartedMs, t.FinishedMs = nowMs, 0, 0

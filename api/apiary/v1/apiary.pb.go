@@ -2447,20 +2447,25 @@ func (x *StreamAssignmentsResponse) GetAssignment() *Assignment {
 
 // Assignment tells an agent to run (or cancel) one attempt of a task.
 type Assignment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          Assignment_Kind        `protobuf:"varint,1,opt,name=kind,proto3,enum=apiary.v1.Assignment_Kind" json:"kind,omitempty"`
-	JobId         string                 `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	TaskIndex     int32                  `protobuf:"varint,3,opt,name=task_index,json=taskIndex,proto3" json:"task_index,omitempty"`
-	Attempt       int32                  `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	NodeEpoch     int64                  `protobuf:"varint,5,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
-	FencingToken  int64                  `protobuf:"varint,6,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
-	Command       string                 `protobuf:"bytes,7,opt,name=command,proto3" json:"command,omitempty"`
-	Args          []string               `protobuf:"bytes,8,rep,name=args,proto3" json:"args,omitempty"`
-	Env           map[string]string      `protobuf:"bytes,9,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Resources     *Resources             `protobuf:"bytes,10,opt,name=resources,proto3" json:"resources,omitempty"`
-	TimeoutMs     int64                  `protobuf:"varint,11,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
-	Region        string                 `protobuf:"bytes,12,opt,name=region,proto3" json:"region,omitempty"`
-	Traceparent   string                 `protobuf:"bytes,13,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Kind         Assignment_Kind        `protobuf:"varint,1,opt,name=kind,proto3,enum=apiary.v1.Assignment_Kind" json:"kind,omitempty"`
+	JobId        string                 `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	TaskIndex    int32                  `protobuf:"varint,3,opt,name=task_index,json=taskIndex,proto3" json:"task_index,omitempty"`
+	Attempt      int32                  `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	NodeEpoch    int64                  `protobuf:"varint,5,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
+	FencingToken int64                  `protobuf:"varint,6,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	Command      string                 `protobuf:"bytes,7,opt,name=command,proto3" json:"command,omitempty"`
+	Args         []string               `protobuf:"bytes,8,rep,name=args,proto3" json:"args,omitempty"`
+	Env          map[string]string      `protobuf:"bytes,9,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Resources    *Resources             `protobuf:"bytes,10,opt,name=resources,proto3" json:"resources,omitempty"`
+	TimeoutMs    int64                  `protobuf:"varint,11,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	Region       string                 `protobuf:"bytes,12,opt,name=region,proto3" json:"region,omitempty"`
+	Traceparent  string                 `protobuf:"bytes,13,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// GPU devices (indices 0..gpus-1 on the node) the attempt is to use: the
+	// whole GPUs it asked for, or the one GPU of its gpu_milli share. Chosen
+	// by the placement engine; an agent that cannot give exactly these
+	// refuses the assignment. Empty: the agent picks (older coordinators).
+	GpuIndices    []int32 `protobuf:"varint,14,rep,packed,name=gpu_indices,json=gpuIndices,proto3" json:"gpu_indices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2584,6 +2589,13 @@ func (x *Assignment) GetTraceparent() string {
 		return x.Traceparent
 	}
 	return ""
+}
+
+func (x *Assignment) GetGpuIndices() []int32 {
+	if x != nil {
+		return x.GpuIndices
+	}
+	return nil
 }
 
 type ReportTaskStatusRequest struct {
@@ -3748,7 +3760,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x19StreamAssignmentsResponse\x125\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x15.apiary.v1.AssignmentR\n" +
-	"assignment\"\xb2\x04\n" +
+	"assignment\"\xd3\x04\n" +
 	"\n" +
 	"Assignment\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.apiary.v1.Assignment.KindR\x04kind\x12\x15\n" +
@@ -3767,7 +3779,9 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\v \x01(\x03R\ttimeoutMs\x12\x16\n" +
 	"\x06region\x18\f \x01(\tR\x06region\x12 \n" +
-	"\vtraceparent\x18\r \x01(\tR\vtraceparent\x1a6\n" +
+	"\vtraceparent\x18\r \x01(\tR\vtraceparent\x12\x1f\n" +
+	"\vgpu_indices\x18\x0e \x03(\x05R\n" +
+	"gpuIndices\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\";\n" +
