@@ -24,8 +24,8 @@ type nodeUse struct {
 
 // usedBy returns what the active tasks of (node, epoch) hold, derived from
 // the task cache (the usage key mirrors it for other owners and operators).
-// Task records do not say which GPU devices a task got, so the per-GPU free
-// share is laid out the way the agent's ledger takes devices (gpuLayout).
+// The per-GPU free share comes from the devices recorded on each task
+// (Task.GPUDevices, set with the plan); see gpuLayout for tasks without.
 func (s *scheduler) usedBy(n *cNode) nodeUse {
 	u := nodeUse{usageRecord: usageRecord{Epoch: n.alive}}
 	whole := 0
