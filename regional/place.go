@@ -73,6 +73,11 @@ func (s *scheduler) nodeUsage(n *cNode) nodeUse {
 	u := s.usedBy(n)
 	s.nodeUse[n.id] = u
 	delete(s.useDirty, n.id)
+	// The flag is cleared here for every caller (syncUsage too), so the
+	// snapshot's copy is refreshed here as well.
+	if pn := s.snapIdx[n.id]; pn != nil {
+		setUsage(pn, u)
+	}
 	return u
 }
 
@@ -143,12 +148,13 @@ func readyNode(n *cNode) bool {
 }
 
 // snapshot builds the placement input from the cache: the ready nodes,
-// sorted by id, with their usage, and the usage by node id. The node list
-// and each node's usage are kept between rounds (a round at 10k nodes and
-// 100k running tasks rebuilt them in ~140 ms; BenchmarkRoundSnapshot): the
-// list is rebuilt when nodesGen changes, a node's usage when a task on it
-// changed. Existing allocations are added per batch (existing).
-func (s *scheduler) snapshot() (*placement.Snapshot, map[string]usageRecord) {
+// sorted by id, with their usage. The node list and each node's usage are
+// kept between rounds (a round at 10k nodes and 100k running tasks rebuilt
+// them in ~140 ms; BenchmarkRoundSnapshot): the list is rebuilt when
+// nodesGen changes, and then every node's usage; otherwise only the usage
+// of the nodes where a task changed (useDirty). Existing allocations are
+// added per batch (existing).
+func (s *scheduler) snapshot() *placement.Snapshot {
 	if s.snapGen != s.nodesGen+1 {
 		s.snapGen = s.nodesGen + 1
 		ids := make([]string, 0, len(s.nodes))
@@ -159,6 +165,7 @@ func (s *scheduler) snapshot() (*placement.Snapshot, map[string]usageRecord) {
 		}
 		sort.Strings(ids)
 		s.snapNodes = s.snapNodes[:0]
+		s.snapIdx = make(map[string]*placement.Node, len(ids))
 		for _, id := range ids {
 			n := s.nodes[id]
 			labels := n.rec.Labels
@@ -169,25 +176,35 @@ func (s *scheduler) snapshot() (*placement.Snapshot, map[string]usageRecord) {
 				}
 				labels["jurisdiction"] = s.c.meta.Jurisdiction
 			}
-			s.snapNodes = append(s.snapNodes, &placement.Node{ID: id, Labels: labels,
+			pn := &placement.Node{ID: id, Labels: labels,
 				Capacity: placement.Resources{CPUMillis: n.rec.Capacity.GetCpuMillis(), MemoryMiB: n.rec.Capacity.GetMemoryMb(), GPUs: int(n.rec.Capacity.GetGpus())},
-				GPUModel: n.rec.GPUModel, MaxTasks: int(n.rec.MaxTasks), Quarantined: n.rec.Quarantined})
+				GPUModel: n.rec.GPUModel, MaxTasks: int(n.rec.MaxTasks), Quarantined: n.rec.Quarantined}
+			s.snapNodes = append(s.snapNodes, pn)
+			s.snapIdx[id] = pn
 		}
-		// Drop the usage of nodes that left (the rest is kept: nodeUsage
-		// checks the epoch).
+		// Every node's usage is recomputed: the cache may hold nodes that
+		// left and epochs that moved.
 		clear(s.nodeUse)
 		clear(s.useDirty)
+		for _, pn := range s.snapNodes {
+			s.nodeUsage(s.nodes[pn.ID])
+		}
 	}
-	snap := &placement.Snapshot{Generation: s.snapGen, Nodes: s.snapNodes}
-	used := make(map[string]usageRecord, len(s.snapNodes))
-	for _, pn := range s.snapNodes {
-		u := s.nodeUsage(s.nodes[pn.ID])
-		pn.Allocated = placement.Resources{CPUMillis: u.CPUMillis, MemoryMiB: u.MemoryMiB, GPUs: int(u.GPUs)}
-		pn.GPUFreeMilli = u.gpuFree
-		pn.RunningTasks = int(u.Tasks)
-		used[pn.ID] = u.usageRecord
+	for id := range s.useDirty {
+		if s.snapIdx[id] != nil {
+			s.nodeUsage(s.nodes[id]) // refreshes the snapshot's node, clears the flag
+		} else {
+			delete(s.useDirty, id) // not ready: recomputed when it is
+		}
 	}
-	return snap, used
+	return &placement.Snapshot{Generation: s.snapGen, Nodes: s.snapNodes}
+}
+
+// setUsage copies a node's usage into its snapshot entry.
+func setUsage(pn *placement.Node, u nodeUse) {
+	pn.Allocated = placement.Resources{CPUMillis: u.CPUMillis, MemoryMiB: u.MemoryMiB, GPUs: int(u.GPUs)}
+	pn.GPUFreeMilli = u.gpuFree
+	pn.RunningTasks = int(u.Tasks)
 }
 
 // existing lists the active tasks of the batch's groups as existing
@@ -282,7 +299,9 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 	if len(s.pending) == 0 {
 		return next, nil
 	}
-	snap, used := s.snapshot()
+	snap := s.snapshot()
+	// used accumulates the usage of the nodes this round's plan writes.
+	used := map[string]usageRecord{}
 	if len(snap.Nodes) == 0 {
 		// Nothing can be placed; GetJob reports "no ready nodes" itself,
 		// so the backlog is not rewritten.
@@ -404,7 +423,10 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 	if n == nil || !readyNode(n) {
 		return write{}, false
 	}
-	u := used[nodeID]
+	u, ok := used[nodeID]
+	if !ok {
+		u = s.nodeUsage(n).usageRecord
+	}
 	aliveKey, usageKey := keyNodeAlive(nodeID), keyNodeUsage(nodeID)
 	w := write{cmps: []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(aliveKey), "=", n.alive),

@@ -63,6 +63,7 @@ type scheduler struct {
 	// the node set changes.
 	snapGen   uint64
 	snapNodes []*placement.Node
+	snapIdx   map[string]*placement.Node // id -> its entry in snapNodes
 	nodeUse   map[string]nodeUse
 	useDirty  map[string]bool
 	gaugesAt  time.Time // metrics gauges last set (telemetry.go)

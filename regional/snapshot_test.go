@@ -103,3 +103,31 @@ func TestGPULayout(t *testing.T) {
 		t.Errorf("gpuLayout with recorded devices = %s, want [0 0 1000 50]", got)
 	}
 }
+
+// TestSnapshotFollowsTaskChanges: the kept snapshot sees a task change on a
+// node even when another reader of the usage cache (syncUsage) consumed the
+// node's dirty flag first.
+func TestSnapshotFollowsTaskChanges(t *testing.T) {
+	s := benchScheduler(3, 2)
+	running := func() int {
+		for _, pn := range s.snapshot().Nodes {
+			if pn.ID == "node-000000" {
+				return pn.RunningTasks
+			}
+		}
+		t.Fatal("node-000000 not in the snapshot")
+		return 0
+	}
+	if got := running(); got != 2 {
+		t.Fatalf("running tasks %d, want 2", got)
+	}
+	s.setTask("job-0/0", nil) // a task on node-000000 ends
+	s.nodeUsage(s.nodes["node-000000"])
+	if got := running(); got != 1 {
+		t.Fatalf("after a task ended and the usage was read elsewhere: running tasks %d, want 1", got)
+	}
+	s.nodesGen++ // a node change rebuilds the list
+	if got := running(); got != 1 {
+		t.Fatalf("after a rebuild: running tasks %d, want 1", got)
+	}
+}
