@@ -375,7 +375,7 @@ func (m *fragModel) fragNow(st *state, i int, v *view) float64 {
 	}
 	c := &st.fcur[i]
 	if !c.ok {
-		c.f, c.ok = m.frag(st, v.cpuFree, v.memFree, st.slots[i].gpuModel, v.gpuFree), true
+		c.f, c.ok = m.frag(st, v.cpuFree, v.memFree, st.slot(i).gpuModel, v.gpuFree), true
 	}
 	return c.f
 }
@@ -391,7 +391,7 @@ func (m *fragModel) fragDelta(st *state, i int, v *view, req Resources, gpus []i
 	if len(v.gpuFree) == 0 {
 		return 0 // no GPUs, no fragment (and no read of the Node)
 	}
-	model := st.slots[i].gpuModel
+	model := st.slot(i).gpuModel
 	before := m.fragNow(st, i, v)
 	var buf [16]int
 	after := buf[:0]
@@ -459,7 +459,7 @@ func (s fragScorer) score(c *taskCtx, st *state, i int, v *view, gpus []int) flo
 		d += strandWeight * (s.m.stranded(v.cpuFree-c.req.CPUMillis, gf-c.req.GPUs*1000-c.req.GPUMilli) - s.m.stranded(v.cpuFree, gf))
 	}
 	if s.scarcity > 0 {
-		if rho := st.modelPressure(s.m)[st.slots[i].gpuModel]; rho > 0 {
+		if rho := st.modelPressure(s.m)[st.slot(i).gpuModel]; rho > 0 {
 			d += s.scarcity * rho * float64(c.req.GPUs*1000+c.req.GPUMilli)
 		}
 	}

@@ -34,7 +34,7 @@ const (
 type eligibilityFilter struct{}
 
 func (eligibilityFilter) check(_ *taskCtx, st *state, i int, _ *view) string {
-	switch st.slots[i].bad {
+	switch st.slot(i).bad {
 	case slotIneligible:
 		return ReasonIneligible
 	case slotQuarantined:
@@ -167,7 +167,7 @@ func (f *distinctPropertyFilter) check(c *taskCtx, st *state, i int, _ *view) st
 type maxTasksFilter struct{}
 
 func (maxTasksFilter) check(_ *taskCtx, st *state, i int, v *view) string {
-	if m := int(st.slots[i].maxTasks); m > 0 && v.tasks >= m {
+	if m := int(st.slot(i).maxTasks); m > 0 && v.tasks >= m {
 		return ReasonMaxTasks
 	}
 	return ""

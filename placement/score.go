@@ -37,7 +37,7 @@ type fitScorer struct{ spread bool }
 func (s fitScorer) norm() normKind { return normFixed }
 
 func (s fitScorer) score(c *taskCtx, st *state, i int, v *view, _ []int) float64 {
-	n := &st.slots[i]
+	n := st.slot(i)
 	var sum float64
 	dims := 0
 	add := func(free, cap float64) {

@@ -8,8 +8,8 @@ package placement
 type state struct {
 	snap  *Snapshot
 	nodes []*Node
-	// slots[i] is the working usage of node i (copied from the snapshot
-	// per call; GPU slices copied on first write).
+	// slots[i] is the working usage of node i (copied from the snapshot on
+	// first use, see state.slot; GPU slices copied on first write).
 	slots []slot
 
 	// batchIDs are the task IDs being placed in this call. An existing
@@ -126,6 +126,7 @@ type slot struct {
 	maxTasks         int32
 	bad              uint8 // 0 eligible, else slotIneligible or slotQuarantined
 	owned            bool  // gpuFree is this state's copy
+	filled           bool  // copied from the node (state.slot)
 }
 
 const (
@@ -133,35 +134,49 @@ const (
 	slotQuarantined
 )
 
+// newSlots allocates the working records; each is filled from its node on
+// first use (state.slot), so a Place call costs O(nodes it visits), not
+// O(nodes): at 100,000 nodes, copying every node's usage took ~80% of a
+// 10-task call.
 func newSlots(nodes []*Node) []slot {
-	out := make([]slot, len(nodes))
-	for i, n := range nodes {
-		s := &out[i]
-		s.cpuFree = n.Capacity.CPUMillis - n.Allocated.CPUMillis
-		s.memFree = n.Capacity.MemoryMiB - n.Allocated.MemoryMiB
-		s.cpuCap, s.memCap = n.Capacity.CPUMillis, n.Capacity.MemoryMiB
-		s.gpuFree = snapGPUFree(n)
-		s.gpuModel = n.GPUModel
-		s.tasks = int32(min(n.RunningTasks, 1<<30))
-		s.maxTasks = int32(min(n.MaxTasks, 1<<30))
-		switch {
-		case n.Ineligible:
-			s.bad = slotIneligible
-		case n.Quarantined:
-			s.bad = slotQuarantined
-		}
+	return make([]slot, len(nodes))
+}
+
+// slot returns node i's working record, filled from the snapshot on first
+// use.
+func (st *state) slot(i int) *slot {
+	s := &st.slots[i]
+	if !s.filled {
+		fillSlot(s, st.nodes[i])
 	}
-	return out
+	return s
+}
+
+func fillSlot(s *slot, n *Node) {
+	s.filled = true
+	s.cpuFree = n.Capacity.CPUMillis - n.Allocated.CPUMillis
+	s.memFree = n.Capacity.MemoryMiB - n.Allocated.MemoryMiB
+	s.cpuCap, s.memCap = n.Capacity.CPUMillis, n.Capacity.MemoryMiB
+	s.gpuFree = snapGPUFree(n)
+	s.gpuModel = n.GPUModel
+	s.tasks = int32(min(n.RunningTasks, 1<<30))
+	s.maxTasks = int32(min(n.MaxTasks, 1<<30))
+	switch {
+	case n.Ineligible:
+		s.bad = slotIneligible
+	case n.Quarantined:
+		s.bad = slotQuarantined
+	}
 }
 
 func (st *state) view(i int) view {
-	s := &st.slots[i]
+	s := st.slot(i)
 	return view{cpuFree: s.cpuFree, memFree: s.memFree, tasks: int(s.tasks), gpuFree: s.gpuFree}
 }
 
 // apply commits task t to node i with the given GPUs in the working copy.
 func (st *state) apply(i int, t *Task, req Resources, gpus []int) {
-	u := &st.slots[i]
+	u := st.slot(i)
 	if st.fcur != nil {
 		st.fcur[i].ok = false
 	}
