@@ -123,3 +123,28 @@ func BenchmarkThroughput(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSmallBatch is the per-call cost a coordinator pays when only a few
+// tasks are pending: 10 tasks per Place call (bin-pack, Generation set) on
+// 10k and 100k synthetic nodes, so the work that grows with the node count
+// rather than with the batch shows.
+func BenchmarkSmallBatch(b *testing.B) {
+	for _, n := range []int{10000, 100000} {
+		snap := synthCluster(n, 7)
+		tasks := synthTasks(10, 11)
+		b.Run(fmt.Sprintf("nodes=%d/batch=10", n), func(b *testing.B) {
+			e := New(Options{Policy: PolicyBinpack, Seed: 1})
+			round := func() {
+				s := *snap
+				s.Generation = 1
+				e.Place(&s, tasks)
+			}
+			round()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				round()
+			}
+			b.ReportMetric(float64(len(tasks))*float64(b.N)/b.Elapsed().Seconds(), "placements/s")
+		})
+	}
+}

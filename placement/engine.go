@@ -92,6 +92,9 @@ type Engine struct {
 	// state), so compiling a task does not box a new one.
 	fragScorer scorer
 
+	// slotBufs are Place's reusable scan-slot arrays (state.go).
+	slotBufs sync.Pool
+
 	// mu guards tabs, the node tables of recent snapshot generations
 	// (table.go).
 	mu   sync.Mutex
@@ -133,7 +136,12 @@ func NewEngine(opts Options) *Engine {
 // Place places tasks in order of descending Priority (stable), each against
 // the usage left by the ones before it.
 func (e *Engine) Place(snap *Snapshot, tasks []Task) Plan {
-	s := e.NewSession(snap, tasks)
+	buf, _ := e.slotBufs.Get().(*slotBuf)
+	if buf == nil {
+		buf = &slotBuf{}
+	}
+	defer e.slotBufs.Put(buf) // nothing of the session outlives the call
+	s := e.newSession(snap, tasks, buf)
 	order := make([]int, len(tasks))
 	for i := range order {
 		order[i] = i
@@ -186,11 +194,15 @@ type Result struct {
 // may be nil): existing allocations with their IDs are being re-placed and
 // stop counting toward group rules.
 func (e *Engine) NewSession(snap *Snapshot, batch []Task) *Session {
+	return e.newSession(snap, batch, &slotBuf{})
+}
+
+func (e *Engine) newSession(snap *Snapshot, batch []Task, buf *slotBuf) *Session {
 	if snap == nil {
 		snap = &Snapshot{}
 	}
 	seed := uint64(e.opts.Seed)
-	return &Session{e: e, st: newState(snap, batch, e.table(snap)), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	return &Session{e: e, st: newState(snap, batch, e.table(snap), buf), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
 // PlaceOne places t and applies it to the session's working copy.

@@ -513,3 +513,42 @@ func TestFragFillOverflowEquiv(t *testing.T) {
 		t.Fatalf("fragFill for a class of 2^62 millicores on a node with 1000 free = %v, want %v (all of its free GPU)", got, want)
 	}
 }
+
+// TestPlaceReusesSlotsSafely: Place reuses its scan-slot arrays across calls
+// (pooled, stamped per call); plans must not depend on what an earlier call
+// on another snapshot (other sizes, usage, flags) left in them, nor on a
+// nil snapshot.
+func TestPlaceReusesSlotsSafely(t *testing.T) {
+	e := New(Options{Policy: PolicyFragmentation, Seed: 3, CandidateLimit: -1})
+	fresh := func(snap *Snapshot, tasks []Task) Plan {
+		return New(Options{Policy: PolicyFragmentation, Seed: 3, CandidateLimit: -1}).Place(snap, tasks)
+	}
+	big, small := synthCluster(300, 1), synthCluster(40, 2)
+	for _, n := range small.Nodes[:10] {
+		n.Quarantined = true // flags that must not leak into the next call
+	}
+	tasks := synthTasks(60, 5)
+	for round := 0; round < 3; round++ {
+		for _, snap := range []*Snapshot{big, small, big} {
+			if got, want := e.Place(snap, tasks), fresh(snap, tasks); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("round %d, %d nodes: plan differs from a fresh engine's", round, len(snap.Nodes))
+			}
+		}
+	}
+	if p := e.Place(nil, tasks); len(p.Placements) != 0 || len(p.Unplaced) != len(tasks) {
+		t.Fatalf("nil snapshot: %d placed, %d unplaced", len(p.Placements), len(p.Unplaced))
+	}
+}
+
+// TestSlotBufEpochWrap: when the stamp wraps, the array is cleared so no old
+// record can pass for a new one.
+func TestSlotBufEpochWrap(t *testing.T) {
+	b := &slotBuf{slots: make([]slot, 2), epoch: ^uint32(0)}
+	b.slots[0].epoch = 1
+	if ep := b.next(2); ep != 1 || b.slots[0].epoch != 0 {
+		t.Fatalf("after wrap: epoch %d, old stamp %d; want 1 and 0", ep, b.slots[0].epoch)
+	}
+	if ep := b.next(5); ep != 1 || len(b.slots) != 5 {
+		t.Fatalf("grown: epoch %d, %d slots; want 1 and 5", ep, len(b.slots))
+	}
+}

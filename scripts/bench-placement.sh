@@ -17,5 +17,5 @@ export GOMAXPROCS=1
 } | tee "$out/quality-$stamp.txt"
 {
   echo "# $(go version) $(uname -sm) nproc=$(nproc) commit=$(git rev-parse --short HEAD 2>/dev/null || echo none)"
-  go test ./placement -run '^$' -bench 'Throughput' -benchtime "${APIARY_BENCH_TIME:-10x}" -count "${APIARY_BENCH_COUNT:-5}" -timeout 60m
+  go test ./placement -run '^$' -bench 'Throughput|SmallBatch' -benchtime "${APIARY_BENCH_TIME:-10x}" -count "${APIARY_BENCH_COUNT:-5}" -timeout 60m
 } | tee "$out/throughput-$stamp.txt"
