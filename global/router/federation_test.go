@@ -22,6 +22,7 @@ import (
 	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/internal/testutil"
@@ -374,10 +375,24 @@ func TestFederation(t *testing.T) {
 	})
 
 	t.Run("us-east loses every coordinator, then comes back", func(t *testing.T) {
+		probeID := ids.NewJobID("us-east", time.Now()) // no such job: us-east says NotFound while up
 		killed := time.Now()
 		if err := f.us.Coords[0].Kill(); err != nil {
 			t.Fatal(err)
 		}
+		// A request the router writes on its pooled connection to us-east
+		// before it notices the connection died ends with "error reading
+		// from server: EOF": an unknown outcome, which a submission must not
+		// reroute (it may have been accepted). Wait until a read through the
+		// router finds us-east gone, so the router's transport knows.
+		testutil.Eventually(t, 10*time.Second, "router sees us-east's connection closed", func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if _, err := f.global.GetJob(ctx, &apiaryv1.GetJobRequest{JobId: probeID}); status.Code(err) == codes.NotFound {
+				return fmt.Errorf("us-east still answers")
+			}
+			return nil
+		})
 		// New unpinned submissions never see an error: they go to eu-west.
 		var firstEU time.Duration
 		for i := 0; i < 10; i++ {
