@@ -366,24 +366,15 @@ func (m *fragModel) fragRawSum(cpuFree, memFree int64, model string, g *gpuSumma
 	return F
 }
 
-// fragNow is F_n(M) of node i in its current state v, cached per node
-// until a placement on the node (state.apply) changes it: the scan asks for
-// it once per visit and pickShare once per GPU choice.
+// fragNow is F_n(M) of node i in its current state v, cached in the node's
+// slot until a placement on the node (state.apply) changes it: the scan asks
+// for it once per visit and pickShare once per GPU choice.
 func (m *fragModel) fragNow(st *state, i int, v *view) float64 {
-	if st.fcur == nil {
-		st.fcur = make([]fragCur, len(st.nodes))
+	s := st.slot(i)
+	if !s.fragOK {
+		s.frag, s.fragOK = m.frag(st, v.cpuFree, v.memFree, s.gpuModel, v.gpuFree), true
 	}
-	c := &st.fcur[i]
-	if !c.ok {
-		c.f, c.ok = m.frag(st, v.cpuFree, v.memFree, st.slot(i).gpuModel, v.gpuFree), true
-	}
-	return c.f
-}
-
-// fragCur is a node's cached current fragmentation.
-type fragCur struct {
-	f  float64
-	ok bool
+	return s.frag
 }
 
 // fragDelta is F_n(M) after placing req with the given GPUs minus before.

@@ -13,7 +13,7 @@ import (
 
 // Property tests for the fast paths of the fragmentation measures (fgd.go:
 // gpuSummary, fragRawSum, fragFillSum, fragHybridSum, the per-node cache
-// fcur), the interpolated 10^f of the bin-pack score (score.go, pow10Frac)
+// slot.frag), the interpolated 10^f of the bin-pack score (score.go, pow10Frac)
 // and the node tables kept across calls for a Snapshot.Generation
 // (table.go). The references below are written from the doc comments of
 // fgd.go, one GPU at a time, without the summary.
@@ -445,7 +445,7 @@ func TestPlaceGenerationEquiv(t *testing.T) {
 }
 
 // TestFragCacheEquiv: after every placement of a session, each node's
-// cached current fragmentation (fcur) is what frag computes afresh from the
+// cached current fragmentation (slot.frag) is what frag computes afresh from the
 // node's working state.
 func TestFragCacheEquiv(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
@@ -455,12 +455,13 @@ func TestFragCacheEquiv(t *testing.T) {
 		for k := range tasks {
 			s.PlaceOne(&tasks[k])
 			for i := range snap.Nodes {
-				if s.st.fcur == nil || !s.st.fcur[i].ok {
+				sl := s.st.slot(i)
+				if !sl.fragOK {
 					continue
 				}
 				v := s.st.view(i)
-				if want := e.frag.frag(nil, v.cpuFree, v.memFree, snap.Nodes[i].GPUModel, v.gpuFree); s.st.fcur[i].f != want {
-					t.Fatalf("after %s: node %d cached F = %.17g, afresh %.17g", tasks[k].ID, i, s.st.fcur[i].f, want)
+				if want := e.frag.frag(nil, v.cpuFree, v.memFree, snap.Nodes[i].GPUModel, v.gpuFree); sl.frag != want {
+					t.Fatalf("after %s: node %d cached F = %.17g, afresh %.17g", tasks[k].ID, i, sl.frag, want)
 				}
 			}
 		}

@@ -28,8 +28,6 @@ type state struct {
 	byID map[string]int
 	// fmemo memoises the fragmentation of a node state (see fragModel).
 	fmemo map[fragKey]float64
-	// fcur[i] caches F_n(M) of node i's current state (fgd.go).
-	fcur []fragCur
 	// pressure is the per-GPU-model demand pressure (fgd.go).
 	pressure map[string]float64
 	// maxCap is the largest node capacity per dimension (best-fit scale).
@@ -134,9 +132,11 @@ type slot struct {
 	gpuModel         string
 	tasks            int32
 	maxTasks         int32
-	bad              uint8  // 0 eligible, else slotIneligible or slotQuarantined
-	owned            bool   // gpuFree is this state's copy
-	epoch            uint32 // the state this record was filled for (state.slot)
+	bad              uint8   // 0 eligible, else slotIneligible or slotQuarantined
+	owned            bool    // gpuFree is this state's copy
+	epoch            uint32  // the state this record was filled for (state.slot)
+	frag             float64 // F_n(M) of the current usage, when fragOK (fgd.go fragNow)
+	fragOK           bool
 }
 
 const (
@@ -207,9 +207,7 @@ func (st *state) view(i int) view {
 // apply commits task t to node i with the given GPUs in the working copy.
 func (st *state) apply(i int, t *Task, req Resources, gpus []int) {
 	u := st.slot(i)
-	if st.fcur != nil {
-		st.fcur[i].ok = false
-	}
+	u.fragOK = false
 	u.cpuFree -= req.CPUMillis
 	u.memFree -= req.MemoryMiB
 	u.tasks++
