@@ -44,11 +44,10 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	if req.GetSpec() == nil {
 		return nil, status.Error(codes.InvalidArgument, "spec: is required")
 	}
-	spec := proto.Clone(req.GetSpec()).(*apiaryv1.JobSpec)
-	if err := jobspec.Validate(spec); err != nil {
+	spec, err := jobspec.Prepare(req.GetSpec())
+	if err != nil {
 		return nil, err
 	}
-	jobspec.ApplyDefaults(spec)
 	if req.GetRequestId() != "" || req.GetClientId() != "" {
 		if !idRE.MatchString(req.GetClientId()) {
 			return nil, status.Errorf(codes.InvalidArgument, "client_id: must match %s when request_id is set", idRE)

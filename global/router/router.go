@@ -270,11 +270,10 @@ func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) 
 	if req.GetSpec() == nil {
 		return nil, status.Error(codes.InvalidArgument, "spec: is required")
 	}
-	spec := proto.Clone(req.GetSpec()).(*apiaryv1.JobSpec)
-	if err := jobspec.Validate(spec); err != nil {
+	spec, err := jobspec.Prepare(req.GetSpec())
+	if err != nil {
 		return nil, err
 	}
-	jobspec.ApplyDefaults(spec)
 	req = proto.Clone(req).(*apiaryv1.SubmitJobRequest)
 	if req.GetClientId() == "" && req.GetRequestId() == "" {
 		// The router's own retries must be idempotent too.

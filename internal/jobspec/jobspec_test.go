@@ -453,3 +453,21 @@ func TestDocumentMarkers(t *testing.T) {
 		t.Error("two documents accepted")
 	}
 }
+
+// TestPrepare: a validated, defaulted copy; the input is left as it was.
+func TestPrepare(t *testing.T) {
+	in := &apiaryv1.JobSpec{Name: "p", Tasks: []*apiaryv1.TaskGroup{{Name: "a", Command: "true"}}}
+	out, err := Prepare(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.GetPriority() != 50 || out.GetTasks()[0].GetCount() != 1 || out.GetTasks()[0].GetResources().GetCpuMillis() != 100 {
+		t.Fatalf("defaults not applied: %v", out)
+	}
+	if in.GetPriority() != 0 || in.GetTasks()[0].GetCount() != 0 || in.GetTasks()[0].GetResources() != nil {
+		t.Fatalf("input changed: %v", in)
+	}
+	if _, err := Prepare(&apiaryv1.JobSpec{Name: "p"}); err == nil || !strings.Contains(err.Error(), "tasks") {
+		t.Fatalf("spec without tasks: %v", err)
+	}
+}

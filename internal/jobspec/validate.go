@@ -499,6 +499,18 @@ func TaskCount(spec *apiaryv1.JobSpec) int {
 	return n
 }
 
+// Prepare returns a validated copy of spec with the defaults applied, leaving
+// spec itself unchanged: what a server does with a submitted spec. Errors
+// are Validate's.
+func Prepare(spec *apiaryv1.JobSpec) (*apiaryv1.JobSpec, error) {
+	c := proto.Clone(spec).(*apiaryv1.JobSpec)
+	if err := Validate(c); err != nil {
+		return nil, err
+	}
+	ApplyDefaults(c)
+	return c, nil
+}
+
 // ApplyDefaults fills every zero value that has a documented default, in
 // place: priority 50, max_attempts 3, scheduler binpack, and per task group
 // count 1, cpu_millis 100, memory_mb 64, distinct_property.max_per_value 1.
