@@ -3,6 +3,7 @@ package placement
 import (
 	"math/bits"
 	"slices"
+	"sync"
 )
 
 // This file is the fragmentation-aware score, after Fragmentation Gradient
@@ -132,6 +133,11 @@ type fragModel struct {
 	// gpuPerCPU is the workload's expected GPU milli per CPU millicore
 	// (Σ p g / Σ p cpu), for the stranding charge.
 	gpuPerCPU float64
+	// packWeight weighs the packing charge (shareprice.go), 0 when it is
+	// off; the price table is solved on first use (pricesOnce).
+	packWeight float64
+	pricesOnce sync.Once
+	prices     *sharePrices
 }
 
 type fragClass struct {
@@ -421,7 +427,7 @@ func (m *fragModel) pickShare(c *taskCtx, st *state, i int, v *view) int {
 			continue
 		}
 		one[0] = g
-		d := m.fragDelta(st, i, v, c.req, one[:])
+		d := m.fragDelta(st, i, v, c.req, one[:]) + m.packingCharge(f, c.req)
 		if best < 0 || d < bestD-1e-9 || (d <= bestD+1e-9 && f < v.gpuFree[best]) {
 			best, bestD = g, d
 		}
@@ -443,6 +449,9 @@ func (s fragScorer) score(c *taskCtx, st *state, i int, v *view, gpus []int) flo
 		return 0 // every term below is 0 on a node without GPUs
 	}
 	d := s.m.fragDelta(st, i, v, c.req, gpus)
+	if c.req.GPUMilli > 0 && len(gpus) == 1 {
+		d += s.m.packingCharge(v.gpuFree[gpus[0]], c.req)
+	}
 	if s.m.kind == "" || s.m.kind == FragModelHybrid {
 		// Stranding charge: how much more of the node's free GPU its free
 		// CPU can no longer serve at the workload's CPU-per-GPU mix.

@@ -35,18 +35,20 @@ func BenchmarkQuality(b *testing.B) {
 		limit int
 		fm    placement.FragModel
 		sw    float64 // ScarcityWeight (0 = default)
+		pw    float64 // PackingWeight (0 = default)
 	}
 	vs := []variant{
-		{"random", placement.PolicyRandom, -1, "", 0},
-		{"spread", placement.PolicySpread, -1, "", 0},
-		{"binpack", placement.PolicyBinpack, -1, "", 0},
-		{"bestfit", placement.PolicyBestFit, -1, "", 0},
-		{"fgd-published-measure", placement.PolicyFragmentation, -1, placement.FragModelFGD, 0},
-		{"fragmentation", placement.PolicyFragmentation, -1, "", 0},
-		{"fragmentation-noscarcity", placement.PolicyFragmentation, -1, "", -1},
-		{"fragmentation-limit256", placement.PolicyFragmentation, 256, "", 0},
-		{"fragmentation-limit64", placement.PolicyFragmentation, 64, "", 0},
-		{"fragmentation-limit16", placement.PolicyFragmentation, 16, "", 0},
+		{"random", placement.PolicyRandom, -1, "", 0, 0},
+		{"spread", placement.PolicySpread, -1, "", 0, 0},
+		{"binpack", placement.PolicyBinpack, -1, "", 0, 0},
+		{"bestfit", placement.PolicyBestFit, -1, "", 0, 0},
+		{"fgd-published-measure", placement.PolicyFragmentation, -1, placement.FragModelFGD, 0, 0},
+		{"fragmentation", placement.PolicyFragmentation, -1, "", 0, 0},
+		{"fragmentation-nopacking", placement.PolicyFragmentation, -1, "", 0, -1},
+		{"fragmentation-noscarcity", placement.PolicyFragmentation, -1, "", -1, 0},
+		{"fragmentation-limit256", placement.PolicyFragmentation, 256, "", 0, 0},
+		{"fragmentation-limit64", placement.PolicyFragmentation, 64, "", 0, 0},
+		{"fragmentation-limit16", placement.PolicyFragmentation, 16, "", 0, 0},
 	}
 	for _, file := range []string{"openb_pod_list_default.csv", "openb_pod_list_gpuspec33.csv"} {
 		nodes, tasks := load(b, file)
@@ -59,7 +61,7 @@ func BenchmarkQuality(b *testing.B) {
 				for i := 0; i < b.N; i++ {
 					var runs []Result
 					for _, seed := range seeds {
-						runs = append(runs, Run(nodes, tasks, Config{Policy: v.pol, Seed: seed, CandidateLimit: v.limit, FragModel: v.fm, ScarcityWeight: v.sw}))
+						runs = append(runs, Run(nodes, tasks, Config{Policy: v.pol, Seed: seed, CandidateLimit: v.limit, FragModel: v.fm, ScarcityWeight: v.sw, PackingWeight: v.pw}))
 					}
 					s = Summarize(runs)
 				}

@@ -26,6 +26,9 @@ type Config struct {
 	FragModel placement.FragModel
 	// ScarcityWeight is passed to the engine (0 = its default).
 	ScarcityWeight float64
+	// PackingWeight is passed to the engine (0 = its default, negative =
+	// off).
+	PackingWeight float64
 	// Now times the run for placements per second; nil means time.Now.
 	Now func() time.Time
 	// Observe, if set, sees every task after its placement try, with the
@@ -117,7 +120,7 @@ func Run(nodes []*placement.Node, trace []placement.Task, cfg Config) Result {
 	seq := Arrivals(trace, cfg.Seed, cfg.ArrivalPct, gpuCap)
 	eng := placement.NewEngine(placement.Options{Policy: cfg.Policy, Seed: cfg.Seed,
 		CandidateLimit: cfg.CandidateLimit, Workload: wl, DisablePreemption: true, FragModel: cfg.FragModel,
-		ScarcityWeight: cfg.ScarcityWeight})
+		ScarcityWeight: cfg.ScarcityWeight, PackingWeight: cfg.PackingWeight})
 	snap := &placement.Snapshot{Nodes: nodes}
 	sess := eng.NewSession(snap, nil)
 
