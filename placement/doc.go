@@ -4,8 +4,8 @@
 //
 // It is a pure library: a Snapshot of nodes and existing allocations and a
 // batch of Tasks in, a Plan out. It does no I/O, starts no goroutines, and
-// imports only the standard library and nothing else of Apiary's (not even
-// api/). The only state it keeps between calls is a cache of what it derives
+// imports only the standard library, gonum's LP solver (for the share
+// prices, shareprice.go) and nothing of Apiary's (not even api/). The only state it keeps between calls is a cache of what it derives
 // from the node set (label value codes and indexes, the ID map), used only
 // when the caller sets Snapshot.Generation and the node IDs match
 // (table.go); a plan never depends on whether the cache was used.
@@ -19,7 +19,9 @@
 //   - explanations for tasks that fit nowhere, counted per filter, and the
 //     fragmentation flag;
 //   - preemption proposals, as a separate part of the plan;
-//   - the fragmentation-aware GPU score (FGD, USENIX ATC 2023, fgd.go);
+//   - the fragmentation-aware GPU score (FGD, USENIX ATC 2023, fgd.go) and
+//     its packing charge for GPU shares (dual prices of the workload's
+//     fractional bin-packing LP, shareprice.go);
 //   - the what-if simulation of the Alibaba GPU trace (sub-package sim).
 //
 // What it must not touch: etcd, serf, gRPC, clocks, logs, the task state

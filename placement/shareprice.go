@@ -50,19 +50,23 @@ type sharePrices struct {
 }
 
 // maxPricedSizes bounds the LP: only the most frequent share sizes get a
-// dual price of their own; rarer ones are priced at val(s).
-const maxPricedSizes = 64
+// dual price of their own; rarer ones are priced at val(s). Solving takes
+// ~11 ms for DefaultWorkload's 13 sizes, 45-60 ms for the Alibaba trace's
+// 20 and ~75 ms for 24 sizes drawn uniformly from 20-990 milli (~200 ms
+// for 32, ~2 s for 64).
+const maxPricedSizes = 24
 
-// maxPricingRounds bounds the column generation. Each round adds the most
-// violated pattern; the Alibaba trace's 20 share sizes need 24.
+// maxPricingRounds bounds the constraint generation. Each round adds the
+// pattern the prices overvalue most.
 const maxPricingRounds = 300
 
 // priceShares solves the dual of the fractional bin-packing LP for share
 // sizes (milli, 1-999) with demands (relative counts > 0) by constraint
 // generation: solve over the patterns found so far, find the pattern the
 // prices overvalue most (a knapsack), add it, repeat until none is worth
-// more than one GPU. It returns nil if the LP solver fails.
-func priceShares(sizes []int, demand []float64) *sharePrices {
+// more than one GPU, or for at most rounds rounds. It returns nil if the LP
+// solver fails.
+func priceShares(sizes []int, demand []float64, rounds int) *sharePrices {
 	n := len(sizes)
 	if n == 0 {
 		return nil
@@ -104,7 +108,7 @@ func priceShares(sizes []int, demand []float64) *sharePrices {
 		if worth <= 1+1e-9 {
 			break
 		}
-		if round == maxPricingRounds {
+		if round >= rounds {
 			// Not converged: scaling by the most any pattern is worth makes
 			// the prices feasible (every pattern ≤ 1 GPU), if not optimal.
 			for i := range y {
@@ -188,8 +192,8 @@ func (m *fragModel) packingCharge(free int, req Resources) float64 {
 }
 
 // buildPrices prices the workload's share classes (by size, all models
-// together): the maxPricedSizes most frequent sizes enter the LP. Solving
-// takes ~10 ms for the trace's 20 sizes, so it runs on first use only.
+// together): the maxPricedSizes most frequent sizes enter the LP. It runs
+// on the first share a fragmentation-policy task places, once per engine.
 func (m *fragModel) buildPrices() {
 	dem := map[int]float64{}
 	for _, k := range m.classes {
@@ -210,5 +214,5 @@ func (m *fragModel) buildPrices() {
 	for i, s := range sizes {
 		d[i] = dem[s]
 	}
-	m.prices = priceShares(sizes, d)
+	m.prices = priceShares(sizes, d, maxPricingRounds)
 }

@@ -12,13 +12,13 @@ import (
 
 func TestSharePricesKnownMixes(t *testing.T) {
 	// Halves pair perfectly: each is worth half a GPU.
-	p := priceShares([]int{500}, []float64{1})
+	p := priceShares([]int{500}, []float64{1}, maxPricingRounds)
 	if math.Abs(p.price[500]-0.5) > 1e-9 || math.Abs(p.val[1000]-1) > 1e-9 {
 		t.Fatalf("500 alone: price %v, val(1000) %v; want 0.5 and 1", p.price[500], p.val[1000])
 	}
 	// Ten 810s for every 160: each 810 needs a GPU of its own and every 160
 	// fits beside one, so a 160 is free and an 810 costs a whole GPU.
-	p = priceShares([]int{160, 810}, []float64{1, 10})
+	p = priceShares([]int{160, 810}, []float64{1, 10}, maxPricingRounds)
 	if math.Abs(p.price[810]-1) > 1e-9 || p.price[160] > 1e-9 {
 		t.Fatalf("810 and 160: prices %v, %v; want 1 and 0", p.price[810], p.price[160])
 	}
@@ -32,7 +32,7 @@ func TestSharePricesKnownMixes(t *testing.T) {
 	// A size outside the mix is priced at what its space is worth. With only
 	// 500s expected, a 300 in a 500 gap kills a 500's place (half a GPU);
 	// in a 900 gap it costs nothing. Best fit would take the 500 gap.
-	p = priceShares([]int{500}, []float64{1})
+	p = priceShares([]int{500}, []float64{1}, maxPricingRounds)
 	if l := p.loss(500, 300); math.Abs(l-500) > 1e-6 {
 		t.Errorf("300 in a 500 gap: loss %v, want 500", l)
 	}
@@ -121,7 +121,7 @@ func TestSharePricesAreOptimalDuals(t *testing.T) {
 		for i := range d {
 			d[i] = float64(rapid.IntRange(1, 1000).Draw(t, "demand"))
 		}
-		p := priceShares(sizes, d)
+		p := priceShares(sizes, d, maxPricingRounds)
 		if p == nil {
 			t.Fatalf("no prices for %v %v", sizes, d)
 		}
@@ -141,6 +141,11 @@ func TestSharePricesAreOptimalDuals(t *testing.T) {
 		}
 		if math.Abs(bins-worth) > 1e-6*max(1, bins) {
 			t.Fatalf("sizes %v demand %v: dual worth %v, primal %v GPUs", sizes, d, worth, bins)
+		}
+		// Stopped before convergence, the prices are scaled down to stay
+		// feasible: still no pattern worth more than a GPU.
+		if q := priceShares(sizes, d, 0); q == nil || q.val[1000] > 1+1e-6 {
+			t.Fatalf("after one round: %v", q)
 		}
 		free := rapid.IntRange(1, 1000).Draw(t, "free")
 		milli := rapid.IntRange(1, 999).Draw(t, "milli")

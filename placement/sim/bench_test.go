@@ -78,3 +78,35 @@ func BenchmarkQuality(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPackingWeight is the sweep that chose DefaultPackingWeight: the
+// fragmentation policy (full scan) on both task files at packing weights
+// off, 3, 10, 20, 30 and 1000, on seeds disjoint from the reported 42-51
+// (APIARY_BENCH_SEEDS, default here 52-61). Run it once:
+// go test ./placement/sim -run '^$' -bench PackingWeight -benchtime 1x.
+func BenchmarkPackingWeight(b *testing.B) {
+	if os.Getenv("APIARY_BENCH_SEEDS") == "" {
+		b.Setenv("APIARY_BENCH_SEEDS", "52-61")
+	}
+	seeds := benchSeeds(b)
+	for _, file := range []string{"openb_pod_list_default.csv", "openb_pod_list_gpuspec33.csv"} {
+		nodes, tasks := load(b, file)
+		for _, w := range []float64{-1, 3, 10, 20, 30, 1000} {
+			b.Run(fmt.Sprintf("trace=%s/weight=%g", file[len("openb_pod_list_"):len(file)-4], w), func(b *testing.B) {
+				var s Summary
+				for i := 0; i < b.N; i++ {
+					var runs []Result
+					for _, seed := range seeds {
+						runs = append(runs, Run(nodes, tasks, Config{Policy: placement.PolicyFragmentation, Seed: seed, PackingWeight: w}))
+					}
+					s = Summarize(runs)
+				}
+				b.ReportMetric(s.GPUAllocPctAt100, "gpu_alloc_%")
+				b.ReportMetric(s.GPUAllocStd, "gpu_alloc_sd")
+				b.ReportMetric(s.GPUAllocMin, "gpu_alloc_min")
+				b.ReportMetric(s.GPUAllocMax, "gpu_alloc_max")
+				b.ReportMetric(float64(s.N), "seeds")
+			})
+		}
+	}
+}

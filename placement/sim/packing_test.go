@@ -55,14 +55,15 @@ func TestBestFitGPUs(t *testing.T) {
 
 // BenchmarkSharePacking measures how far the fragmentation policy is from
 // the best possible packing of GPU shares on the default trace (method of
-// BenchmarkQuality, full scan). At 100% arrival no GPU is idle any more and
-// the free GPU capacity is exactly the unused remainder of the GPUs that
-// hold shares, so the GPU allocation can only rise by packing the same
-// shares into fewer GPUs. Per seed it compares the GPUs the policy filled
+// BenchmarkQuality, full scan). At 100% arrival no GPU, or one, is idle any
+// more, and the free GPU capacity is (all but) the unused remainder of the
+// GPUs that hold shares, so the GPU allocation can only rise by packing the
+// same shares into fewer GPUs. Per seed it compares the GPUs the policy filled
 // with shares by then against (a) online best fit of the same shares in the
 // same order, CPU and memory ignored, and (b) offline best fit decreasing
 // of them. Reported: means over seeds, in GPUs and in points of the
-// cluster's GPU capacity.
+// cluster's GPU capacity (a gain > 0: the reference packs them into fewer
+// GPUs than the policy did; < 0: the policy packs them tighter).
 // go test ./placement/sim -run '^$' -bench SharePacking -benchtime 1x
 func BenchmarkSharePacking(b *testing.B) {
 	seeds := benchSeeds(b)

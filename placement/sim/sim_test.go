@@ -81,7 +81,8 @@ func TestTraceShape(t *testing.T) {
 
 // TestFragmentationBeatsBestFit replays seed 42 of the default trace: the
 // fragmentation policy places more of the GPU demand than best-fit, which
-// lands near the published 92.86%.
+// lands near the published 92.86%, and more than issue 3's 96% (96.14% on
+// this seed; 95.89% without the packing charge).
 func TestFragmentationBeatsBestFit(t *testing.T) {
 	nodes, tasks := load(t, "openb_pod_list_default.csv")
 	bf := Run(nodes, tasks, Config{Policy: placement.PolicyBestFit, Seed: 42})
@@ -90,8 +91,8 @@ func TestFragmentationBeatsBestFit(t *testing.T) {
 	if bf.GPUAllocPctAt100 < 91 || bf.GPUAllocPctAt100 > 95 {
 		t.Errorf("best-fit %.2f%%, want near the published 92.86%%", bf.GPUAllocPctAt100)
 	}
-	if fr.GPUAllocPctAt100 < 95 || fr.GPUAllocPctAt100 < bf.GPUAllocPctAt100+2 {
-		t.Errorf("fragmentation %.2f%%, want >= 95%% and 2 points over best-fit", fr.GPUAllocPctAt100)
+	if fr.GPUAllocPctAt100 <= 96 || fr.GPUAllocPctAt100 < bf.GPUAllocPctAt100+2 {
+		t.Errorf("fragmentation %.2f%%, want > 96%% and 2 points over best-fit", fr.GPUAllocPctAt100)
 	}
 	if fr.FragGPUPctAt100 >= bf.FragGPUPctAt100 {
 		t.Errorf("fragmentation policy leaves more fragmentation (%.2f%%) than best-fit (%.2f%%)", fr.FragGPUPctAt100, bf.FragGPUPctAt100)
