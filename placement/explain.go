@@ -60,7 +60,7 @@ func formatReason(counts map[string]int, fragmented bool) string {
 	})
 	var b strings.Builder
 	if fragmented {
-		b.WriteString("fragmented (enough free capacity in total, not on one node): ")
+		b.WriteString("fragmented: enough free in total but split across nodes or GPUs; ")
 	}
 	for i, k := range keys {
 		if i > 0 {

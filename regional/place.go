@@ -390,10 +390,7 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		groupReason := map[string]string{}
 		for _, ct := range unplaced {
 			u := reasons[ct.key]
-			reason := u.Reason
-			if u.Fragmented {
-				reason = "fragmented: " + reason
-			}
+			reason := u.Reason // "fragmented: …" when u.Fragmented
 			groupReason[groupKey(&ct.rec)] = reason
 			if w, ok := s.reasonWrite(ct, reason); ok {
 				ws = append(ws, w)

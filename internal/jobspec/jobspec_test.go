@@ -344,7 +344,7 @@ func TestApplyDefaults(t *testing.T) {
 		DistinctProperties: []*apiaryv1.DistinctProperty{{Label: "rack"}}}}}
 	ApplyDefaults(s)
 	g := s.Tasks[0]
-	if s.Priority != 50 || s.MaxAttempts != 3 || s.Scheduler != "binpack" || g.Count != 1 ||
+	if s.Priority != 50 || s.MaxAttempts != 3 || s.Scheduler != "" || g.Count != 1 ||
 		g.Resources.GetCpuMillis() != 100 || g.Resources.GetMemoryMb() != 64 || g.DistinctProperties[0].MaxPerValue != 1 {
 		t.Fatalf("defaults not applied: %v", s)
 	}
@@ -397,7 +397,7 @@ func TestPayloadHash(t *testing.T) {
 	}
 	// After defaults, omitted and explicit defaults hash alike.
 	a := &apiaryv1.JobSpec{Name: "x", Tasks: []*apiaryv1.TaskGroup{{Name: "a", Command: "e"}}}
-	b := &apiaryv1.JobSpec{Name: "x", Priority: 50, MaxAttempts: 3, Scheduler: "binpack",
+	b := &apiaryv1.JobSpec{Name: "x", Priority: 50, MaxAttempts: 3,
 		Tasks: []*apiaryv1.TaskGroup{{Name: "a", Command: "e", Count: 1, Resources: &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 64}}}}
 	ApplyDefaults(a)
 	ApplyDefaults(b)

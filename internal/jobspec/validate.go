@@ -52,7 +52,6 @@ const (
 	DefaultCount       = 1
 	DefaultCPUMillis   = 100
 	DefaultMemoryMB    = 64
-	DefaultScheduler   = "binpack"
 	// DefaultMaxPerValue is distinct_property.max_per_value when 0.
 	DefaultMaxPerValue = 1
 
@@ -60,7 +59,9 @@ const (
 	maxReported = 100
 )
 
-// Schedulers are the accepted values of JobSpec.scheduler ("" means binpack).
+// Schedulers are the accepted values of JobSpec.scheduler. "" means the
+// region's default policy (its --scheduler, binpack unless set), so
+// ApplyDefaults leaves it empty.
 var Schedulers = []string{"binpack", "spread", "fragmentation"}
 
 // Ops are the accepted constraint and affinity operators.
@@ -512,7 +513,7 @@ func Prepare(spec *apiaryv1.JobSpec) (*apiaryv1.JobSpec, error) {
 }
 
 // ApplyDefaults fills every zero value that has a documented default, in
-// place: priority 50, max_attempts 3, scheduler binpack, and per task group
+// place: priority 50, max_attempts 3, and per task group
 // count 1, cpu_millis 100, memory_mb 64, distinct_property.max_per_value 1.
 // It is idempotent; call it after Validate.
 func ApplyDefaults(spec *apiaryv1.JobSpec) {
@@ -524,9 +525,6 @@ func ApplyDefaults(spec *apiaryv1.JobSpec) {
 	}
 	if spec.MaxAttempts == 0 {
 		spec.MaxAttempts = DefaultMaxAttempts
-	}
-	if spec.Scheduler == "" {
-		spec.Scheduler = DefaultScheduler
 	}
 	for _, g := range spec.Tasks {
 		if g == nil {

@@ -331,7 +331,8 @@ type JobSpec struct {
 	// Dispatches allowed per task, including the first. Default 3, max 100.
 	MaxAttempts int32        `protobuf:"varint,6,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
 	Tasks       []*TaskGroup `protobuf:"bytes,7,rep,name=tasks,proto3" json:"tasks,omitempty"`
-	// Placement scoring policy: "binpack" (default), "spread" or "fragmentation".
+	// Placement scoring policy: "binpack", "spread" or "fragmentation"; empty
+	// means the region's default (its --scheduler, binpack unless set).
 	Scheduler     string `protobuf:"bytes,8,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
