@@ -39,7 +39,7 @@ func (s *adminServer) ListNodes(ctx context.Context, _ *apiaryv1.ListNodesReques
 		if nv.ready() {
 			n.Status = apiaryv1.NodeStatus_NODE_STATUS_READY
 			if u := nv.usage; u != nil && u.Epoch == r.Epoch {
-				n.Allocated = &apiaryv1.Resources{CpuMillis: u.CPUMillis, MemoryMb: u.MemoryMiB, Gpus: u.GPUs}
+				n.Allocated = &apiaryv1.Resources{CpuMillis: u.CPUMillis, MemoryMb: u.MemoryMiB, Gpus: u.GPUs, GpuMilli: u.GPUMilli}
 				n.RunningTasks = u.Tasks
 			}
 		}

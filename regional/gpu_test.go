@@ -2,6 +2,7 @@ package regional_test
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,55 @@ tasks:
 			if !okOut[out] {
 				t.Fatalf("job %s task %d printed %q", id, tk.GetIndex(), out)
 			}
+		}
+	}
+}
+
+// TestGPUSharesExample runs examples/gpu-shares.yaml on one 4-GPU agent:
+// two 650-milli shares, two 320s and a 2-GPU task, placed in one round by
+// the fragmentation policy. The 320s go into the 650s' 350-milli gaps, so
+// the shares use two devices and the 2-GPU task gets the other two, all at
+// once and each on attempt 1.
+func TestGPUSharesExample(t *testing.T) {
+	_, r := cluster(t, devcluster.RegionSpec{Agents: []devcluster.AgentSpec{
+		{ID: "g1", GPUs: 4, GPUModel: "A100", CPUMillis: 8000, MemoryMiB: 8192}}})
+	c := dial(t, r)
+	data, err := os.ReadFile("../examples/gpu-shares.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := submit(t, c, spec(t, string(data)))
+	waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second)
+	milli := map[string]int{} // device -> milli of the shares on it
+	var whole []string
+	for _, tk := range logs(t, c, id) {
+		if tk.GetAttempt() != 1 {
+			t.Fatalf("task %s/%d: attempt %d", tk.GetGroup(), tk.GetIndex(), tk.GetAttempt())
+		}
+		out := strings.TrimSpace(tk.GetAttempts()[0].GetStdoutTail())
+		var m int
+		var dev string
+		if _, err := fmt.Sscanf(out, "share %d of GPU %s", &m, &dev); err == nil {
+			milli[dev] += m
+			continue
+		}
+		if devs, ok := strings.CutPrefix(out, "whole GPUs "); ok {
+			whole = strings.Split(devs, ",")
+			continue
+		}
+		t.Fatalf("task %s/%d printed %q", tk.GetGroup(), tk.GetIndex(), out)
+	}
+	if len(milli) != 2 || len(whole) != 2 {
+		t.Fatalf("shares on devices %v, whole GPUs %v; want the shares on 2 devices (650+320 each) and 2 whole GPUs", milli, whole)
+	}
+	for dev, m := range milli {
+		if m != 970 {
+			t.Errorf("device %s holds %d milli of shares, want 970 (650+320)", dev, m)
+		}
+	}
+	for _, d := range whole {
+		if _, shared := milli[d]; shared {
+			t.Errorf("whole GPU %s also holds shares %v", d, milli)
 		}
 	}
 }

@@ -40,6 +40,9 @@ func (s *scheduler) usedBy(n *cNode) nodeUse {
 		u.CPUMillis += r.CPUMillis
 		u.MemoryMiB += r.MemoryMiB
 		u.GPUs += int32(r.GPUs)
+		if r.GPUs == 0 {
+			u.GPUMilli += int32(r.GPUMilli)
+		}
 		u.Tasks++
 		switch {
 		case r.GPUs == 0 && r.GPUMilli == 0:
@@ -457,6 +460,9 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 		u.CPUMillis += req.CPUMillis
 		u.MemoryMiB += req.MemoryMiB
 		u.GPUs += int32(req.GPUs)
+		if req.GPUs == 0 {
+			u.GPUMilli += int32(req.GPUMilli)
+		}
 		u.Tasks++
 		w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev))
 		w.ops = append(w.ops, clientv3.OpPut(ct.key, mustJSON(&rec)),

@@ -47,7 +47,10 @@ type usageRecord struct {
 	CPUMillis int64 `json:"cpu"`
 	MemoryMiB int64 `json:"mem"`
 	GPUs      int32 `json:"gpus"`
-	Tasks     int32 `json:"tasks"`
+	// GPUMilli is the sum of the node's GPU shares (milli; may exceed
+	// 1000 when shares sit on several GPUs).
+	GPUMilli int32 `json:"gpu_milli,omitempty"`
+	Tasks    int32 `json:"tasks"`
 }
 
 // dedupRecord is /apiary/dedup/<clientID>/<requestID>.

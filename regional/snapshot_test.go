@@ -131,3 +131,21 @@ func TestSnapshotFollowsTaskChanges(t *testing.T) {
 		t.Fatalf("after a rebuild: running tasks %d, want 1", got)
 	}
 }
+
+// TestUsageCountsShares: a node's usage record (what `node list` shows)
+// sums its tasks' GPU shares besides its whole GPUs.
+func TestUsageCountsShares(t *testing.T) {
+	s := benchScheduler(1, 0)
+	n := s.nodes["node-000000"]
+	n.rec.Capacity.Gpus = 3
+	for i, r := range []*apiaryv1.Resources{{Gpus: 1}, {GpuMilli: 470}, {GpuMilli: 650}} {
+		jobID := fmt.Sprintf("gpu-%d", i)
+		s.jobs[jobID] = &cJob{rec: jobRecord{ID: jobID, Spec: &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 1, Resources: r}}}}}
+		key := jobID + "/0"
+		s.setTask(key, &cTask{key: key, rec: taskstate.Task{JobID: jobID, State: apiaryv1.TaskState_TASK_STATE_RUNNING, NodeID: n.id, NodeEpoch: 1}})
+	}
+	u := s.usedBy(n)
+	if u.GPUs != 1 || u.GPUMilli != 1120 || u.Tasks != 3 {
+		t.Fatalf("usage %+v, want 1 whole GPU, 1120 milli of shares, 3 tasks", u.usageRecord)
+	}
+}

@@ -56,6 +56,9 @@ func printNodes(w, errw io.Writer, nodes []*apiaryv1.Node) {
 		gpus := "-"
 		if c := n.GetCapacity().GetGpus(); c > 0 {
 			gpus = fmt.Sprintf("%d/%d", n.GetAllocated().GetGpus(), c)
+			if sh := n.GetAllocated().GetGpuMilli(); sh > 0 {
+				gpus += fmt.Sprintf(" +%.2f shared", float64(sh)/1000)
+			}
 			if m := n.GetGpuModel(); m != "" {
 				gpus += " " + m
 			}

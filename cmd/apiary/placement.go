@@ -60,6 +60,9 @@ num_gpu,gpu_milli,gpu_spec (other columns ignored).`,
 			if arrival < 100 || arrival > 1000 {
 				return withCode(exitInvalid, fmt.Errorf("--arrival %g out of range 100..1000", arrival))
 			}
+			if candidates < -1 {
+				return withCode(exitInvalid, fmt.Errorf("--candidates %d: want -1 (score every feasible node), 0 (the engine default, %d) or a positive count", candidates, placement.DefaultCandidateLimit))
+			}
 			if output != "text" && output != "json" {
 				return withCode(exitInvalid, fmt.Errorf("--output %q: want text or json", output))
 			}
@@ -71,7 +74,7 @@ num_gpu,gpu_milli,gpu_spec (other columns ignored).`,
 			}
 			nf, err := os.Open(nodesPath)
 			if err != nil {
-				return withCode(exitInvalid, err)
+				return withCode(exitInvalid, fmt.Errorf("--nodes: %w", err))
 			}
 			defer nf.Close()
 			nodes, err := sim.ReadNodes(nf)
@@ -80,7 +83,7 @@ num_gpu,gpu_milli,gpu_spec (other columns ignored).`,
 			}
 			tf, err := os.Open(tasksPath)
 			if err != nil {
-				return withCode(exitInvalid, err)
+				return withCode(exitInvalid, fmt.Errorf("--tasks: %w", err))
 			}
 			defer tf.Close()
 			tasks, err := sim.ReadTasks(tf)
@@ -104,10 +107,11 @@ num_gpu,gpu_milli,gpu_spec (other columns ignored).`,
 				return enc.Encode(doc)
 			}
 			fmt.Fprintf(out, "%d nodes, %d trace tasks, seeds %s (n=%d), arrival %g%%\n", len(nodes), len(tasks), seeds, len(sds), arrival)
-			fmt.Fprintf(out, "%-14s %10s %8s %8s %8s %8s %12s\n", "policy", "gpu%@100", "±sd", "cpu%", "mem%", "frag%", "placements/s")
+			fmt.Fprintf(out, "%-14s %10s %8s %13s %8s %8s %8s %12s\n", "policy", "gpu%@100", "±sd", "min-max", "cpu%", "mem%", "frag%", "placements/s")
 			for _, p := range pols {
 				s := res[p]
-				fmt.Fprintf(out, "%-14s %10.2f %8.2f %8.2f %8.2f %8.2f %12.0f\n", p, s.GPUAllocPctAt100, s.GPUAllocStd, s.CPUAllocPctAt100, s.MemAllocPctAt100, s.FragGPUPctAt100, s.PlacementsPerSec)
+				fmt.Fprintf(out, "%-14s %10.2f %8.2f %13s %8.2f %8.2f %8.2f %12.0f\n", p, s.GPUAllocPctAt100, s.GPUAllocStd,
+					fmt.Sprintf("%.2f-%.2f", s.GPUAllocMin, s.GPUAllocMax), s.CPUAllocPctAt100, s.MemAllocPctAt100, s.FragGPUPctAt100, s.PlacementsPerSec)
 			}
 			return nil
 		},
@@ -119,7 +123,7 @@ num_gpu,gpu_milli,gpu_spec (other columns ignored).`,
 	f.StringVar(&seeds, "seeds", "42-51", "seeds: a range 42-51 or a list 42,43")
 	f.Float64Var(&arrival, "arrival", 130, "total GPU request replayed, percent of GPU capacity")
 	f.StringVar(&output, "output", "text", "text or json")
-	f.IntVar(&candidates, "candidates", -1, "feasible nodes scored per task (-1: all, the published method; 0: engine default)")
+	f.IntVar(&candidates, "candidates", -1, "feasible nodes scored per task (-1: all, the published method; 0: the engine default, 64)")
 	f.BoolVar(&allNodes, "all-nodes", false, "also simulate nodes without GPUs (default: GPU nodes only, as published)")
 	f.StringVar(&fragModel, "frag-model", string(placement.FragModelHybrid), "fragmentation measure of the fragmentation policy: hybrid, fgd or fill")
 	return cmd

@@ -135,7 +135,11 @@ func readCSV(r io.Reader, need ...string) ([]csvRow, map[string]int, error) {
 	}
 	col := map[string]int{}
 	for i, h := range header {
-		col[strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))] = i
+		h = strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))
+		if j, dup := col[h]; dup && h != "" {
+			return nil, nil, fmt.Errorf("line 1: column %q appears twice (fields %d and %d)", h, j+1, i+1)
+		}
+		col[h] = i
 	}
 	for _, n := range need {
 		if _, ok := col[n]; !ok {

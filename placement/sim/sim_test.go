@@ -137,6 +137,7 @@ func TestReadErrors(t *testing.T) {
 		{name: "share with many gpus", tasks: "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np1,1,1,2,500,\n", want: "line 2: a GPU share"},
 		{name: "milli over 1000", tasks: "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np1,1,1,0,0,\np2,1,1,1,1500,\n", want: "line 3: gpu_milli 1500 out of range"},
 		{name: "empty", tasks: "", want: "line 1: empty file"},
+		{name: "column twice", tasks: "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,cpu_milli\n", want: `line 1: column "cpu_milli" appears twice (fields 2 and 7)`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -165,10 +166,29 @@ func TestParseFlags(t *testing.T) {
 	if err != nil || len(s) != 10 || s[0] != 42 || s[9] != 51 {
 		t.Fatalf("%v %v", s, err)
 	}
-	if _, err := ParseSeeds("5-1"); err == nil {
-		t.Fatal("reversed range accepted")
+	for in, want := range map[string]string{
+		"5-1":      "start 5 is after end 1",
+		"42-":      "both integers",
+		"0-10000":  "more than 10000 seeds",
+		"42,42":    "seed 42 listed twice",
+		"40-45,44": "seed 44 listed twice",
+		"x":        "want an integer",
+		" , ":      "no seeds",
+	} {
+		if _, err := ParseSeeds(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseSeeds(%q): %v, want an error with %q", in, err, want)
+		}
 	}
-	if _, err := ParsePolicies("binpack,nope"); err == nil {
-		t.Fatal("unknown policy accepted")
+	for in, want := range map[string]string{
+		"binpack,nope":    `unknown policy "nope"`,
+		"":                `unknown policy ""`,
+		"bestfit,bestfit": `policy "bestfit" listed twice`,
+	} {
+		if _, err := ParsePolicies(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParsePolicies(%q): %v, want an error with %q", in, err, want)
+		}
+	}
+	if p, err := ParsePolicies("all"); err != nil || len(p) != len(AllPolicies) {
+		t.Errorf("all: %v %v", p, err)
 	}
 }

@@ -2821,19 +2821,21 @@ func (*ListNodesRequest) Descriptor() ([]byte, []int) {
 }
 
 type Node struct {
-	state            protoimpl.MessageState `protogen:"open.v1"`
-	Id               string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Labels           map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Capacity         *Resources             `protobuf:"bytes,3,opt,name=capacity,proto3" json:"capacity,omitempty"`
-	Allocated        *Resources             `protobuf:"bytes,4,opt,name=allocated,proto3" json:"allocated,omitempty"`
-	Epoch            int64                  `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Status           NodeStatus             `protobuf:"varint,6,opt,name=status,proto3,enum=apiary.v1.NodeStatus" json:"status,omitempty"`
-	Quarantined      bool                   `protobuf:"varint,7,opt,name=quarantined,proto3" json:"quarantined,omitempty"`
-	QuarantineReason string                 `protobuf:"bytes,8,opt,name=quarantine_reason,json=quarantineReason,proto3" json:"quarantine_reason,omitempty"`
-	RunningTasks     int32                  `protobuf:"varint,9,opt,name=running_tasks,json=runningTasks,proto3" json:"running_tasks,omitempty"`
-	GpuModel         string                 `protobuf:"bytes,10,opt,name=gpu_model,json=gpuModel,proto3" json:"gpu_model,omitempty"`
-	MaxTasks         int32                  `protobuf:"varint,11,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`
-	RegisteredTimeMs int64                  `protobuf:"varint,12,opt,name=registered_time_ms,json=registeredTimeMs,proto3" json:"registered_time_ms,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Labels   map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Capacity *Resources             `protobuf:"bytes,3,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	// What the node's running tasks hold; gpu_milli here is the sum of their
+	// GPU shares (it may exceed 999 when shares sit on several GPUs).
+	Allocated        *Resources `protobuf:"bytes,4,opt,name=allocated,proto3" json:"allocated,omitempty"`
+	Epoch            int64      `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Status           NodeStatus `protobuf:"varint,6,opt,name=status,proto3,enum=apiary.v1.NodeStatus" json:"status,omitempty"`
+	Quarantined      bool       `protobuf:"varint,7,opt,name=quarantined,proto3" json:"quarantined,omitempty"`
+	QuarantineReason string     `protobuf:"bytes,8,opt,name=quarantine_reason,json=quarantineReason,proto3" json:"quarantine_reason,omitempty"`
+	RunningTasks     int32      `protobuf:"varint,9,opt,name=running_tasks,json=runningTasks,proto3" json:"running_tasks,omitempty"`
+	GpuModel         string     `protobuf:"bytes,10,opt,name=gpu_model,json=gpuModel,proto3" json:"gpu_model,omitempty"`
+	MaxTasks         int32      `protobuf:"varint,11,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`
+	RegisteredTimeMs int64      `protobuf:"varint,12,opt,name=registered_time_ms,json=registeredTimeMs,proto3" json:"registered_time_ms,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestPlacementSimulate runs `apiary placement simulate` as a user does, on
+// a small trace in the Alibaba CSV format: text and JSON output, and bad
+// flags and files refused with exit 2 and the flag or line named.
+func TestPlacementSimulate(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	nodes := write("nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\n"+
+		"n1,32000,131072,4,T4\nn2,32000,131072,4,T4\nn3,64000,262144,8,V100M16\n")
+	tasks := write("tasks.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"+
+		"p1,4000,8192,1,1000,,LS\np2,2000,4096,1,470,,LS\np3,2000,4096,1,320,,LS\n"+
+		"p4,2000,4096,1,650,,LS\np5,8000,16384,2,1000,,LS\np6,1000,2048,0,0,,BE\n")
+
+	r := runCLI(t, nil, "placement", "simulate", "--nodes", nodes, "--tasks", tasks, "--policy", "bestfit,fragmentation", "--seeds", "1-3")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, "3 nodes, 6 trace tasks, seeds 1-3 (n=3)") ||
+		!strings.Contains(r.stdout, "bestfit ") || !strings.Contains(r.stdout, "fragmentation ") {
+		t.Fatalf("text output:\n%s", r.stdout)
+	}
+
+	r = runCLI(t, nil, "placement", "simulate", "--nodes", nodes, "--tasks", tasks, "--policy", "fragmentation", "--seeds", "7", "--output", "json")
+	if r.code != 0 {
+		t.Fatalf("json: exit %d: %s", r.code, r.stderr)
+	}
+	var doc struct {
+		Policies map[string]map[string]any `json:"policies"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+		t.Fatalf("json output: %v\n%s", err, r.stdout)
+	}
+	fr := doc.Policies["fragmentation"]
+	num := func(k string) float64 { f, _ := fr[k].(float64); return f }
+	if len(doc.Policies) != 1 || num("n") != 1 || num("gpu_alloc_pct_at_100") <= 0 || num("gpu_alloc_pct_at_100") > 100 ||
+		num("placements_per_s") <= 0 {
+		t.Fatalf("json output: %s", r.stdout)
+	}
+	for _, k := range []string{"cpu_alloc_pct_at_100", "frag_gpu_pct_at_100", "gpu_alloc_pct_at_100_min", "gpu_alloc_pct_at_100_max"} {
+		if _, ok := fr[k]; !ok {
+			t.Errorf("json output lacks %q: %s", k, r.stdout)
+		}
+	}
+
+	bad := write("bad.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np1,1,1,0,0,\np2,abc,1,0,0,\n")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--tasks", tasks}, "--nodes and --tasks are required"},
+		{[]string{"--nodes", nodes, "--tasks", bad}, `bad.csv: line 3: cpu_milli "abc" is not an integer`},
+		{[]string{"--nodes", filepath.Join(dir, "none.csv"), "--tasks", tasks}, "--nodes: open"},
+		{[]string{"--nodes", nodes, "--tasks", tasks, "--policy", "bestfitt"}, `unknown policy "bestfitt"`},
+		{[]string{"--nodes", nodes, "--tasks", tasks, "--seeds", "51-42"}, "start 51 is after end 42"},
+		{[]string{"--nodes", nodes, "--tasks", tasks, "--seeds", "1,1"}, "seed 1 listed twice"},
+		{[]string{"--nodes", nodes, "--tasks", tasks, "--candidates", "-7"}, "--candidates -7"},
+		{[]string{"--nodes", nodes, "--tasks", tasks, "--arrival", "50"}, "--arrival 50 out of range"},
+	} {
+		r := runCLI(t, nil, append([]string{"placement", "simulate"}, c.args...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("simulate %v: exit %d, stderr %q; want exit 2 and %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+}
