@@ -4,8 +4,8 @@
 //
 // It is a pure library: a Snapshot of nodes and existing allocations and a
 // batch of Tasks in, a Plan out. It does no I/O, starts no goroutines, and
-// imports only the standard library, gonum's LP solver (for the share
-// prices, shareprice.go) and nothing of Apiary's (not even api/). The only state it keeps between calls is a cache of what it derives
+// imports only the standard library and nothing else of Apiary's (not even
+// api/). The only state it keeps between calls is a cache of what it derives
 // from the node set (label value codes and indexes, the ID map), used only
 // when the caller sets Snapshot.Generation and the node IDs match
 // (table.go); a plan never depends on whether the cache was used.

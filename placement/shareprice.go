@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"slices"
 
-	"gonum.org/v1/gonum/mat"
-	"gonum.org/v1/gonum/optimize/convex/lp"
 )
 
 // This file prices GPU shares for the fragmentation policy: the packing
@@ -51,72 +49,143 @@ type sharePrices struct {
 
 // maxPricedSizes bounds the LP: only the most frequent share sizes get a
 // dual price of their own; rarer ones are priced at val(s). Solving takes
-// ~11 ms for DefaultWorkload's 13 sizes, 45-60 ms for the Alibaba trace's
-// 20 and ~75 ms for 24 sizes drawn uniformly from 20-990 milli (~200 ms
-// for 32, ~2 s for 64).
-const maxPricedSizes = 24
+// ~2 ms for DefaultWorkload's 13 sizes, 1-7 ms for the Alibaba trace's 20,
+// 2-15 ms for 24 or 32 sizes drawn uniformly from 20-990 milli and
+// 25-100 ms for 64 (n=3 each).
+const maxPricedSizes = 32
 
 // maxPricingRounds bounds the constraint generation. Each round adds the
 // pattern the prices overvalue most.
 const maxPricingRounds = 300
 
+// maxPivots bounds the simplex pivots of one pricing, all rounds together.
+const maxPivots = 20000
+
+// maxPacking solves the packing LP max c·y subject to A y ≤ 1, y ≥ 0 (A's
+// rows are patterns: nonnegative, and every column has a positive entry,
+// so the LP is bounded) with the tableau simplex method, starting from the
+// all-slack basis (y = 0 is feasible, so no phase 1). It pivots by Bland's
+// rule (lowest-index entering column with positive reduced cost, ties in
+// the ratio test to the lowest-index basic variable), which cannot cycle
+// on these highly degenerate LPs: gonum's lp.Simplex, tried first, uses
+// the steepest reduced cost with no iteration bound and did not return on
+// some 24-size workloads. At most *budget pivots are made (it is
+// decremented); done is false if the budget ran out first, y then being
+// the current basic solution, which is still feasible.
+func maxPacking(A [][]float64, c []float64, budget *int) (y []float64, done bool) {
+	const eps = 1e-9
+	m, n := len(A), len(c)
+	w := n + m + 1 // structural, slack, right-hand side
+	t := make([]float64, (m+1)*w)
+	row := func(i int) []float64 { return t[i*w : (i+1)*w] }
+	basis := make([]int, m)
+	for i, a := range A {
+		r := row(i)
+		copy(r, a)
+		r[n+i] = 1
+		r[w-1] = 1
+		basis[i] = n + i
+	}
+	obj := row(m) // reduced costs: c_j - c_B B^-1 a_j
+	copy(obj, c)
+	for {
+		enter := -1
+		for j := 0; j < n+m; j++ {
+			if obj[j] > eps {
+				enter = j
+				break
+			}
+		}
+		if enter < 0 {
+			done = true
+			break
+		}
+		if *budget <= 0 {
+			break
+		}
+		*budget--
+		leave := -1
+		var best float64
+		for i := 0; i < m; i++ {
+			a := row(i)[enter]
+			if a <= eps {
+				continue
+			}
+			ratio := row(i)[w-1] / a
+			if leave < 0 || ratio < best-eps || (ratio <= best+eps && basis[i] < basis[leave]) {
+				leave, best = i, ratio
+			}
+		}
+		if leave < 0 {
+			break // unbounded: impossible for a packing LP; keep y
+		}
+		pr := row(leave)
+		pv := pr[enter]
+		for j := range pr {
+			pr[j] /= pv
+		}
+		for i := 0; i <= m; i++ {
+			if i == leave {
+				continue
+			}
+			r := row(i)
+			f := r[enter]
+			if f == 0 {
+				continue
+			}
+			for j := range r {
+				r[j] -= f * pr[j]
+			}
+		}
+		basis[leave] = enter
+	}
+	y = make([]float64, n)
+	for i, b := range basis {
+		if b < n {
+			y[b] = max(0, row(i)[w-1])
+		}
+	}
+	return y, done
+}
+
 // priceShares solves the dual of the fractional bin-packing LP for share
 // sizes (milli, 1-999) with demands (relative counts > 0) by constraint
 // generation: solve over the patterns found so far, find the pattern the
 // prices overvalue most (a knapsack), add it, repeat until none is worth
-// more than one GPU, or for at most rounds rounds. It returns nil if the LP
-// solver fails.
+// more than one GPU. It stops early after rounds rounds or maxPivots
+// simplex pivots in all, with the last prices scaled down to be feasible
+// (every pattern worth at most one GPU), if not optimal.
 func priceShares(sizes []int, demand []float64, rounds int) *sharePrices {
 	n := len(sizes)
 	if n == 0 {
 		return nil
 	}
-	var pats [][]int
+	var pats [][]float64
 	for i, s := range sizes {
-		p := make([]int, n)
-		p[i] = 1000 / s // each size alone, as many as fit
+		p := make([]float64, n)
+		p[i] = float64(1000 / s) // each size alone, as many as fit
 		pats = append(pats, p)
 	}
+	budget := maxPivots
 	var y []float64
 	for round := 0; ; round++ {
-		// max d·y s.t. a_p·y ≤ 1 for every pattern p, y ≥ 0, as the
-		// standard form min -d·y, [A | I] (y, slack) = 1, (y, slack) ≥ 0.
-		m := len(pats)
-		A := mat.NewDense(m, n+m, nil)
-		for r, p := range pats {
-			for i, a := range p {
-				A.Set(r, i, float64(a))
-			}
-			A.Set(r, n+r, 1)
-		}
-		c := make([]float64, n+m)
-		for i, d := range demand {
-			c[i] = -d
-		}
-		b := make([]float64, m)
-		basic := make([]int, m)
-		for r := range b {
-			b[r] = 1
-			basic[r] = n + r
-		}
-		_, x, err := lp.Simplex(c, A, b, 1e-10, basic)
-		if err != nil {
-			return nil
-		}
-		y = x[:n]
+		var done bool
+		y, done = maxPacking(pats, demand, &budget)
 		worth, pat := knapsack(sizes, y, 1000)
 		if worth <= 1+1e-9 {
 			break
 		}
-		if round >= rounds {
-			// Not converged: scaling by the most any pattern is worth makes
-			// the prices feasible (every pattern ≤ 1 GPU), if not optimal.
+		if !done || round >= rounds {
 			for i := range y {
 				y[i] /= worth
 			}
 			break
 		}
-		pats = append(pats, pat)
+		row := make([]float64, n)
+		for i, a := range pat {
+			row[i] = float64(a)
+		}
+		pats = append(pats, row)
 	}
 	p := &sharePrices{}
 	best, _ := knapsackTable(sizes, y, 1000)

@@ -191,3 +191,41 @@ func TestPackingChargeKeepsGapsForTheirPartners(t *testing.T) {
 		t.Errorf("320 share went to %q, want a", got)
 	}
 }
+
+// TestSharePricesDegenerateWorkload: a 24-size workload on which gonum's
+// lp.Simplex (steepest reduced cost, no iteration bound) never returned,
+// found by review. Bland's rule terminates, at the LP optimum.
+func TestSharePricesDegenerateWorkload(t *testing.T) {
+	sizes := []int{100, 120, 140, 160, 180, 190, 210, 220, 230, 260, 270, 290, 300, 320, 360, 400, 410, 420, 430, 440, 450, 460, 470, 490}
+	d := []float64{84, 444, 768, 157, 757, 182, 71, 893, 749, 107, 237, 506, 347, 293, 292, 86, 19, 738, 257, 6, 481, 50, 242, 901}
+	p := priceShares(sizes, d, maxPricingRounds)
+	if p == nil || p.val[1000] > 1+1e-6 {
+		t.Fatalf("prices %v", p)
+	}
+	var worth float64
+	for i, s := range sizes {
+		worth += d[i] * p.price[s]
+	}
+	// The fractional packing needs at least total size / 1000 GPUs, and
+	// the dual's worth is a lower bound on what it needs: both must agree
+	// with the primal LP over every pattern.
+	bins, err := primalBins(sizes[:6], d[:6])
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := priceShares(sizes[:6], d[:6], maxPricingRounds)
+	var w6 float64
+	for i, s := range sizes[:6] {
+		w6 += d[i] * q.price[s]
+	}
+	if math.Abs(w6-bins) > 1e-6*bins {
+		t.Errorf("first 6 sizes: dual worth %v, primal %v", w6, bins)
+	}
+	var total float64
+	for i, s := range sizes {
+		total += d[i] * float64(s) / 1000
+	}
+	if worth < total-1e-6 {
+		t.Errorf("24 sizes: dual worth %v below the size bound %v", worth, total)
+	}
+}
