@@ -3,7 +3,6 @@ package placement
 import (
 	"cmp"
 	"slices"
-
 )
 
 // This file prices GPU shares for the fragmentation policy: the packing
