@@ -40,14 +40,33 @@ type Options struct {
 	FragModel FragModel
 	// ScarcityWeight weighs the GPU-model scarcity charge of the hybrid
 	// fragmentation measure (fgd.go, modelPressure): 0 means the default
-	// DefaultScarcityWeight, negative turns it off. It has no effect when the
-	// workload has no GPU-model constraints, or under FragModelFGD.
+	// DefaultScarcityWeight (so does NaN), negative turns it off; values
+	// above 1e6 count as 1e6. It has no effect when the workload has no
+	// GPU-model constraints, or under FragModelFGD.
 	ScarcityWeight float64
 	// PackingWeight weighs the GPU-share packing charge of the hybrid
-	// fragmentation measure (shareprice.go): 0 means DefaultPackingWeight,
-	// negative turns it off. It has no effect under FragModelFGD or
-	// FragModelFill, or when the workload has no GPU shares.
+	// fragmentation measure (shareprice.go): 0 means DefaultPackingWeight
+	// (so does NaN), negative turns it off; values above 1e6 count as 1e6.
+	// It has no effect under FragModelFGD or FragModelFill, or when the
+	// workload has no GPU shares.
 	PackingWeight float64
+}
+
+// maxChargeWeight caps ScarcityWeight and PackingWeight: far above any
+// useful value, and small enough that a charge stays finite (an infinite
+// one would make every candidate's normalised score NaN).
+const maxChargeWeight = 1e6
+
+// chargeWeight is the weight in effect for an Options charge weight w:
+// def for 0 or NaN, 0 (off) for a negative w, at most maxChargeWeight.
+func chargeWeight(w, def float64) float64 {
+	switch {
+	case w == 0 || math.IsNaN(w):
+		return def
+	case w < 0:
+		return 0
+	}
+	return min(w, maxChargeWeight)
 }
 
 // DefaultPackingWeight is the default Options.PackingWeight. Chosen on
@@ -136,18 +155,11 @@ func NewEngine(opts Options) *Engine {
 	fm := newFragModel(wl)
 	fm.kind = opts.FragModel
 	e := &Engine{opts: opts, w: opts.Weights.withDefaults(), frag: fm}
-	switch {
-	case fm.kind == FragModelFGD || opts.ScarcityWeight < 0:
-	case opts.ScarcityWeight == 0:
-		e.scarcity = DefaultScarcityWeight
-	default:
-		e.scarcity = opts.ScarcityWeight
+	if fm.kind != FragModelFGD {
+		e.scarcity = chargeWeight(opts.ScarcityWeight, DefaultScarcityWeight)
 	}
-	if (fm.kind == "" || fm.kind == FragModelHybrid) && opts.PackingWeight >= 0 {
-		fm.packWeight = opts.PackingWeight
-		if fm.packWeight == 0 {
-			fm.packWeight = DefaultPackingWeight
-		}
+	if fm.kind == "" || fm.kind == FragModelHybrid {
+		fm.packWeight = chargeWeight(opts.PackingWeight, DefaultPackingWeight)
 	}
 	e.fragScorer = fragScorer{m: fm, scarcity: e.scarcity}
 	return e

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -57,7 +58,7 @@ const (
 type WorkloadClass struct {
 	Request   Resources
 	GPUModels []string // allowed GPU models; empty means any
-	Weight    float64  // relative frequency; need not sum to 1
+	Weight    float64  // relative frequency; need not sum to 1; classes whose weight is not a positive finite number are ignored
 }
 
 // DefaultWorkload is the task-size distribution of the Alibaba GPU trace
@@ -155,14 +156,14 @@ func newFragModel(wl []WorkloadClass) *fragModel {
 	var tot float64
 	for _, w := range wl {
 		r := normRequest(w.Request)
-		if (r.GPUs == 0 && r.GPUMilli == 0) || w.Weight <= 0 {
-			continue
+		if (r.GPUs == 0 && r.GPUMilli == 0) || !(w.Weight > 0) || math.IsInf(w.Weight, 1) {
+			continue // no GPUs, or a weight that is not a positive number
 		}
 		tot += w.Weight
 	}
 	for _, w := range wl {
 		r := normRequest(w.Request)
-		if (r.GPUs == 0 && r.GPUMilli == 0) || w.Weight <= 0 {
+		if (r.GPUs == 0 && r.GPUMilli == 0) || !(w.Weight > 0) || math.IsInf(w.Weight, 1) {
 			continue
 		}
 		k := fragClass{cpu: r.CPUMillis, mem: r.MemoryMiB, gpus: r.GPUs, milli: r.GPUMilli, p: w.Weight / tot, anyModel: len(w.GPUModels) == 0}

@@ -192,40 +192,68 @@ func TestPackingChargeKeepsGapsForTheirPartners(t *testing.T) {
 	}
 }
 
-// TestSharePricesDegenerateWorkload: a 24-size workload on which gonum's
-// lp.Simplex (steepest reduced cost, no iteration bound) never returned,
-// found by review. Bland's rule terminates, at the LP optimum.
+// TestSharePricesDegenerateWorkload: 24-size workloads on which gonum's
+// lp.Simplex (steepest reduced cost, no iteration bound) never returned or
+// took seconds, found by review. Bland's rule terminates, at the LP
+// optimum.
 func TestSharePricesDegenerateWorkload(t *testing.T) {
+	small := []int{104, 108, 126, 130, 146, 155, 159, 164, 168, 175, 195, 204, 205, 210, 216, 232, 246, 255, 259, 263, 264, 267, 280, 282}
+	sq := make([]float64, len(small))
+	var total float64
+	for i, s := range small {
+		sq[i] = float64(s * s)
+		total += sq[i] * float64(s) / 1000
+	}
+	// These sizes pack perfectly in the fractional relaxation: the
+	// optimum is the total size.
+	p := priceShares(small, sq, maxPricingRounds)
+	var worth float64
+	for i, s := range small {
+		worth += sq[i] * p.price[s]
+	}
+	if math.Abs(worth-total) > 1e-6*total || p.val[1000] > 1+1e-6 {
+		t.Errorf("sizes 104-282, demand s²: dual worth %v, want the size bound %v; val(1000) %v", worth, total, p.val[1000])
+	}
+
 	sizes := []int{100, 120, 140, 160, 180, 190, 210, 220, 230, 260, 270, 290, 300, 320, 360, 400, 410, 420, 430, 440, 450, 460, 470, 490}
 	d := []float64{84, 444, 768, 157, 757, 182, 71, 893, 749, 107, 237, 506, 347, 293, 292, 86, 19, 738, 257, 6, 481, 50, 242, 901}
-	p := priceShares(sizes, d, maxPricingRounds)
-	if p == nil || p.val[1000] > 1+1e-6 {
-		t.Fatalf("prices %v", p)
+	p2 := priceShares(sizes, d, maxPricingRounds)
+	if p2 == nil || p2.val[1000] > 1+1e-6 {
+		t.Fatalf("prices %v", p2)
 	}
-	var worth float64
+	// The LP optimum (the dual's worth, if the solve converged) is at
+	// least the total size; a solve stopped early and scaled down would
+	// fall below it.
+	var worth2, total2 float64
 	for i, s := range sizes {
-		worth += d[i] * p.price[s]
+		worth2 += d[i] * p2.price[s]
+		total2 += d[i] * float64(s) / 1000
 	}
-	// The fractional packing needs at least total size / 1000 GPUs, and
-	// the dual's worth is a lower bound on what it needs: both must agree
-	// with the primal LP over every pattern.
-	bins, err := primalBins(sizes[:6], d[:6])
-	if err != nil {
-		t.Fatal(err)
+	if worth2 < total2-1e-6 {
+		t.Errorf("sizes 100-490: dual worth %v below the size bound %v", worth2, total2)
 	}
-	q := priceShares(sizes[:6], d[:6], maxPricingRounds)
-	var w6 float64
-	for i, s := range sizes[:6] {
-		w6 += d[i] * q.price[s]
+}
+
+// TestPackingChargeBadWeights: weights outside any sensible range, in the
+// options or the workload, still give a plan (an infinite charge once made
+// every normalised score NaN and Place panic; a NaN workload weight made
+// the LP loop).
+func TestPackingChargeBadWeights(t *testing.T) {
+	n := node("n", 64000, 262144, 2, nil)
+	n.GPUModel, n.GPUFreeMilli = "A100", []int{350, 530}
+	task := Task{ID: "t", Request: Resources{CPUMillis: 1000, MemoryMiB: 1024, GPUMilli: 230}}
+	for _, w := range []float64{math.Inf(1), 1e307, math.NaN(), math.Inf(-1)} {
+		got, _ := placeOne(t, Options{Policy: PolicyFragmentation, PackingWeight: w, ScarcityWeight: w}, &Snapshot{Nodes: []*Node{n}}, task)
+		if got != "n" {
+			t.Errorf("PackingWeight %v: placed on %q, want n", w, got)
+		}
 	}
-	if math.Abs(w6-bins) > 1e-6*bins {
-		t.Errorf("first 6 sizes: dual worth %v, primal %v", w6, bins)
+	wl := []WorkloadClass{
+		{Request: Resources{GPUMilli: 300}, Weight: math.NaN()},
+		{Request: Resources{GPUMilli: 600}, Weight: math.Inf(1)},
+		{Request: Resources{GPUMilli: 470}, Weight: 2},
 	}
-	var total float64
-	for i, s := range sizes {
-		total += d[i] * float64(s) / 1000
-	}
-	if worth < total-1e-6 {
-		t.Errorf("24 sizes: dual worth %v below the size bound %v", worth, total)
+	if got, _ := placeOne(t, Options{Policy: PolicyFragmentation, Workload: wl}, &Snapshot{Nodes: []*Node{n}}, task); got != "n" {
+		t.Errorf("workload with NaN and Inf weights: placed on %q, want n", got)
 	}
 }
