@@ -3,7 +3,6 @@ package regional
 import (
 	"context"
 	"encoding/json"
-	"regexp"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -18,7 +17,7 @@ import (
 	"apiary.dev/apiary/shards"
 )
 
-var idRE = regexp.MustCompile(`^[A-Za-z0-9._:@-]{1,128}$`)
+var idRE = ids.Idempotency
 
 // submitItem is one accepted-for-commit submission waiting in the group
 // commit queue.

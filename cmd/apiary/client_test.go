@@ -383,6 +383,23 @@ func TestCLIRunRetriesWithSameRequestID(t *testing.T) {
 	if r.code != 0 || last.GetClientId() != first.GetClientId() || last.GetRequestId() == first.GetRequestId() {
 		t.Fatalf("second run: exit %d, ids %v", r.code, last)
 	}
+	// --request-id is sent as given (a script's own idempotency key), and
+	// a malformed one is refused before anything is sent.
+	r = runCLI(t, []string{"APIARY_ADDR=" + addr}, "job", "run", "--request-id", "nightly-2026-11-29", writeJob(t, "hello"))
+	f.mu.Lock()
+	last = f.submits[len(f.submits)-1]
+	n := len(f.submits)
+	f.mu.Unlock()
+	if r.code != 0 || last.GetRequestId() != "nightly-2026-11-29" || last.GetClientId() != first.GetClientId() {
+		t.Fatalf("--request-id: exit %d, ids %v", r.code, last)
+	}
+	r = runCLI(t, []string{"APIARY_ADDR=" + addr}, "job", "run", "--request-id", "has space", writeJob(t, "hello"))
+	f.mu.Lock()
+	after := len(f.submits)
+	f.mu.Unlock()
+	if r.code != 2 || !strings.Contains(r.stderr, `--request-id "has space"`) || after != n {
+		t.Fatalf("bad --request-id: exit %d, stderr %q, %d submits sent", r.code, r.stderr, after-n)
+	}
 }
 
 func TestCLIRunWaitExitCodes(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 // apiary job run|status|list|cancel|logs: the client side of JobService.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/cliconn"
+	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/telemetry"
 )
@@ -48,6 +50,7 @@ unavailable (after retrying for --timeout), 130 interrupted while waiting.`,
 
 func newJobRunCmd(o *clientOpts) *cobra.Command {
 	var wait bool
+	var requestID string
 	cmd := &cobra.Command{
 		Use:   "run FILE",
 		Short: "Validate a job file and submit it",
@@ -64,6 +67,9 @@ failed or was cancelled. --timeout then also bounds each reconnection.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.check(); err != nil {
 				return err
+			}
+			if requestID != "" && !ids.Idempotency.MatchString(requestID) {
+				return withCode(exitInvalid, fmt.Errorf("--request-id %q: must be 1 to 128 letters, digits or ._:@-", requestID))
 			}
 			spec, err := loadJobFile(args[0])
 			if err != nil {
@@ -90,7 +96,7 @@ failed or was cancelled. --timeout then also bounds each reconnection.`,
 			req := &apiaryv1.SubmitJobRequest{
 				Spec:        spec,
 				ClientId:    cliconn.ClientID(),
-				RequestId:   cliconn.NewRequestID(),
+				RequestId:   cmp.Or(requestID, cliconn.NewRequestID()),
 				Traceparent: telemetry.Traceparent(sctx),
 			}
 			var resp *apiaryv1.SubmitJobResponse
@@ -137,6 +143,7 @@ failed or was cancelled. --timeout then also bounds each reconnection.`,
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the job ends; exit 0 if it completed, 1 if not")
+	cmd.Flags().StringVar(&requestID, "request-id", "", "idempotency key: running the same file again with the same key (as the same user on the same host) returns the first job instead of submitting another; default a fresh random key")
 	return cmd
 }
 

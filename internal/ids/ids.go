@@ -6,9 +6,14 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"encoding/binary"
+	"regexp"
 	"strings"
 	"time"
 )
+
+// Idempotency is the rule for a submission's client_id and request_id: 1 to
+// 128 letters, digits and ._:@- (checked by the region and by the CLI).
+var Idempotency = regexp.MustCompile(`^[A-Za-z0-9._:@-]{1,128}$`)
 
 var enc = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
 
