@@ -415,6 +415,39 @@ tasks:
 		if n != 1 {
 			t.Fatalf("%d jobs stored for one request id", n)
 		}
+
+		// The CLI's --request-id: the same key and file twice give one job;
+		// the key with another file is refused with exit 2.
+		dir := t.TempDir()
+		f1, f2 := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
+		if err := os.WriteFile(f1, []byte("name: keyed\ntasks:\n  - name: a\n    command: \"true\"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f2, []byte("name: keyed\ntasks:\n  - name: a\n    command: \"false\"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		run := func(f string) (string, string, int) {
+			cmd := exec.Command(testutil.Binary(t), "job", "run", f, "--request-id", "nightly-1", "--addr", r.APIAddrs[0])
+			var stdout, stderr strings.Builder
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			return strings.TrimSpace(stdout.String()), stderr.String(), code
+		}
+		id1, _, code1 := run(f1)
+		id2, msg2, code2 := run(f1)
+		if code1 != 0 || code2 != 0 || id1 == "" || id1 != id2 || !strings.Contains(msg2, "already submitted; same job") {
+			t.Fatalf("same --request-id twice: ids %q/%q, exits %d/%d, stderr %q", id1, id2, code1, code2, msg2)
+		}
+		if _, msg3, code3 := run(f2); code3 != 2 || !strings.Contains(msg3, "request_id") {
+			t.Fatalf("same --request-id, other file: exit %d, stderr %q", code3, msg3)
+		}
 	})
 
 	t.Run("InvalidInputLeavesNoTrace", func(t *testing.T) {
