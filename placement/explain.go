@@ -12,13 +12,16 @@ import (
 // it, and decides whether the failure is fragmentation: the nodes that pass
 // every non-capacity filter have enough free CPU, memory and GPU between
 // them, but no single node has all of it (DESIGN.md, "Placement with
-// reject-and-requeue").
+// reject-and-requeue"); or one node has the CPU, memory and GPU milli but
+// its free GPU is split across devices (shares where whole GPUs are asked
+// for, or no single GPU with room for a share).
 func (s *Session) explain(c *taskCtx) *Unplaced {
 	st := s.st
 	counts := map[string]int{}
 	var cpu, mem int64
 	gpu := 0
 	usable := 0
+	splitGPU := false // a node refused only because its free GPU is split
 	for i := range st.nodes {
 		v := st.view(i)
 		for k, f := range c.filters {
@@ -32,15 +35,18 @@ func (s *Session) explain(c *taskCtx) *Unplaced {
 				cpu += max(v.cpuFree, 0)
 				mem += max(v.memFree, 0)
 				if c.req.GPUs > 0 || c.req.GPUMilli > 0 {
-					gpu += sumFree(v.gpuFree)
+					f := sumFree(v.gpuFree)
+					gpu += f
+					splitGPU = splitGPU || ((r == ReasonGPU || r == ReasonGPUShare) && f >= c.req.GPUs*1000+c.req.GPUMilli &&
+						v.cpuFree >= c.req.CPUMillis && v.memFree >= c.req.MemoryMiB)
 				}
 			}
 			break
 		}
 	}
 	u := &Unplaced{TaskID: c.t.ID, Excluded: counts}
-	u.Fragmented = usable > 1 && cpu >= c.req.CPUMillis && mem >= c.req.MemoryMiB &&
-		gpu >= c.req.GPUs*1000+c.req.GPUMilli
+	u.Fragmented = splitGPU || (usable > 1 && cpu >= c.req.CPUMillis && mem >= c.req.MemoryMiB &&
+		gpu >= c.req.GPUs*1000+c.req.GPUMilli)
 	u.Reason = formatReason(counts, u.Fragmented)
 	return u
 }

@@ -206,6 +206,26 @@ func TestFragmentationReported(t *testing.T) {
 	if !u.Fragmented || u.Excluded[ReasonGPU] != 4 || !strings.HasPrefix(u.Reason, "fragmented") || !strings.Contains(u.Reason, "gpu: 4 nodes") {
 		t.Fatalf("unplaced %+v", u)
 	}
+	// One node whose 4 GPUs each hold a 320 share: 2.72 GPUs free, none
+	// idle. A 1-GPU task is a fragmentation case on that node alone; a
+	// 3-GPU one is not (2.72 < 3).
+	one := node("g", 64000, 256000, 4, nil)
+	one.GPUModel = "A100"
+	one.GPUFreeMilli = []int{680, 680, 680, 680}
+	for _, c := range []struct {
+		gpus int
+		frag bool
+	}{{1, true}, {2, true}, {3, false}} {
+		_, p = placeOne(t, Options{}, &Snapshot{Nodes: []*Node{one}}, Task{ID: "w", Request: Resources{CPUMillis: 1000, MemoryMiB: 1000, GPUs: c.gpus}})
+		if u := p.Unplaced[0]; u.Fragmented != c.frag || strings.HasPrefix(u.Reason, "fragmented") != c.frag || u.Excluded[ReasonGPU] != 1 {
+			t.Errorf("%d GPUs on one node of split GPUs: unplaced %+v, want fragmented=%v", c.gpus, u, c.frag)
+		}
+	}
+	// A 700 share with 680 free on each GPU: split too.
+	_, p = placeOne(t, Options{}, &Snapshot{Nodes: []*Node{one}}, Task{ID: "s", Request: Resources{CPUMillis: 1000, MemoryMiB: 1000, GPUMilli: 700}})
+	if u := p.Unplaced[0]; !u.Fragmented {
+		t.Errorf("700 share on 4x680 free: unplaced %+v, want fragmented", u)
+	}
 	// 10 GPUs needed: not enough in total, so not fragmentation.
 	_, p = placeOne(t, Options{}, &Snapshot{Nodes: ns}, Task{ID: "huge", Request: Resources{GPUs: 10}})
 	if p.Unplaced[0].Fragmented {

@@ -110,7 +110,11 @@ num_gpu,gpu_milli,gpu_spec (other columns ignored).`,
 			fmt.Fprintf(out, "%-14s %10s %8s %13s %8s %8s %8s %12s\n", "policy", "gpu%@100", "±sd", "min-max", "cpu%", "mem%", "frag%", "placements/s")
 			for _, p := range pols {
 				s := res[p]
-				fmt.Fprintf(out, "%-14s %10.2f %8.2f %13s %8.2f %8.2f %8.2f %12.0f\n", p, s.GPUAllocPctAt100, s.GPUAllocStd,
+				sd := "-" // undefined for one seed
+				if s.N > 1 {
+					sd = fmt.Sprintf("%.2f", s.GPUAllocStd)
+				}
+				fmt.Fprintf(out, "%-14s %10.2f %8s %13s %8.2f %8.2f %8.2f %12.0f\n", p, s.GPUAllocPctAt100, sd,
 					fmt.Sprintf("%.2f-%.2f", s.GPUAllocMin, s.GPUAllocMax), s.CPUAllocPctAt100, s.MemAllocPctAt100, s.FragGPUPctAt100, s.PlacementsPerSec)
 			}
 			return nil

@@ -25,6 +25,9 @@ func ParsePolicies(s string) ([]placement.Policy, error) {
 	var out []placement.Policy
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
+		if p == "all" {
+			return nil, fmt.Errorf("policy list %q: all cannot be combined with other policies", s)
+		}
 		if !slices.Contains(AllPolicies, placement.Policy(p)) {
 			return nil, fmt.Errorf("unknown policy %q (want all or a list of random, spread, binpack, bestfit, fragmentation)", p)
 		}

@@ -183,6 +183,7 @@ func TestParseFlags(t *testing.T) {
 		"binpack,nope":    `unknown policy "nope"`,
 		"":                `unknown policy ""`,
 		"bestfit,bestfit": `policy "bestfit" listed twice`,
+		"all,bestfit":     "all cannot be combined",
 	} {
 		if _, err := ParsePolicies(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParsePolicies(%q): %v, want an error with %q", in, err, want)
