@@ -1,6 +1,7 @@
 package regional_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,6 +46,15 @@ func cluster(t *testing.T, rs devcluster.RegionSpec) (*devcluster.Cluster, *devc
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		if t.Failed() {
+			// Where was each process stuck? SIGQUIT makes Go dump every
+			// goroutine's stack into the log before it exits.
+			for _, p := range procs(cl) {
+				if p.Running() {
+					p.DumpStacks(5 * time.Second)
+				}
+			}
+		}
 		cl.Stop()
 		if t.Failed() {
 			dumpLogs(t, cl)
@@ -53,15 +63,29 @@ func cluster(t *testing.T, rs devcluster.RegionSpec) (*devcluster.Cluster, *devc
 	return cl, cl.Regions[0]
 }
 
-func dumpLogs(t *testing.T, cl *devcluster.Cluster) {
+func procs(cl *devcluster.Cluster) []*devcluster.Proc {
+	var ps []*devcluster.Proc
 	for _, r := range cl.Regions {
-		for _, p := range append(append([]*devcluster.Proc{}, r.Coords...), r.Agents...) {
-			b, _ := os.ReadFile(p.LogPath)
-			if len(b) > 4000 {
-				b = b[len(b)-4000:]
+		ps = append(append(ps, r.Coords...), r.Agents...)
+	}
+	return ps
+}
+
+// dumpLogs logs each process's log tail, and in full the goroutine dump a
+// SIGQUIT left in it (up to 256 KiB).
+func dumpLogs(t *testing.T, cl *devcluster.Cluster) {
+	for _, p := range procs(cl) {
+		b, _ := os.ReadFile(p.LogPath)
+		tail := b
+		if i := bytes.Index(b, []byte("SIGQUIT: quit")); i >= 0 {
+			tail = b[max(0, i-4000):]
+			if len(tail) > 256<<10 {
+				tail = tail[:256<<10]
 			}
-			t.Logf("--- %s log tail ---\n%s", p.Name, b)
+		} else if len(b) > 4000 {
+			tail = b[len(b)-4000:]
 		}
+		t.Logf("--- %s log tail ---\n%s", p.Name, tail)
 	}
 }
 

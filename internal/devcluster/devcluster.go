@@ -156,6 +156,20 @@ func (p *Proc) Kill() error {
 	return nil
 }
 
+// DumpStacks sends SIGQUIT, on which a Go process writes every goroutine's
+// stack to stderr (its log) and exits, and waits up to timeout for the
+// exit. For tests that failed: where each process was stuck.
+func (p *Proc) DumpStacks(timeout time.Duration) {
+	_ = p.signal(syscall.SIGCONT)
+	if err := p.signal(syscall.SIGQUIT); err != nil {
+		return
+	}
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+	}
+}
+
 // Pause sends SIGSTOP (slow, not dead); Resume sends SIGCONT.
 func (p *Proc) Pause() error  { return p.signal(syscall.SIGSTOP) }
 func (p *Proc) Resume() error { return p.signal(syscall.SIGCONT) }
