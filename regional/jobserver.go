@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"sort"
@@ -14,6 +15,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -106,10 +108,12 @@ func resultIndex(key string) int32 {
 }
 
 // toProto renders a job; tasks and results are included per flags.
-func (v *jobView) toProto(withTasks, withTails bool) *apiaryv1.Job {
+// defaultPolicy is the region's policy for a spec without scheduler.
+func (v *jobView) toProto(withTasks, withTails bool, defaultPolicy placement.Policy) *apiaryv1.Job {
 	j := &apiaryv1.Job{Id: v.rec.ID, Region: v.rec.Region, Spec: v.rec.Spec, SubmitTimeMs: v.rec.SubmitMs,
 		CancelRequested: v.rec.CancelRequested, ClientId: v.rec.ClientID, RequestId: v.rec.RequestID,
-		Shard: int32(v.rec.Shard), Counts: &apiaryv1.TaskCounts{}}
+		Shard: int32(v.rec.Shard), Counts: &apiaryv1.TaskCounts{},
+		Scheduler: cmp.Or(v.rec.Spec.GetScheduler(), string(defaultPolicy))}
 	var finish int64
 	for i := range v.tasks {
 		t := &v.tasks[i]
@@ -154,7 +158,7 @@ func (s *jobServer) GetJob(ctx context.Context, req *apiaryv1.GetJobRequest) (*a
 	if err != nil {
 		return nil, err
 	}
-	j := v.toProto(true, false)
+	j := v.toProto(true, false, s.c.cfg.SchedulerPolicy)
 	s.c.explainNoNodes(j)
 	return &apiaryv1.GetJobResponse{Job: j}, nil
 }
@@ -234,7 +238,7 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 	}
 	out := &apiaryv1.ListJobsResponse{}
 	for _, v := range views {
-		j := v.toProto(false, false)
+		j := v.toProto(false, false, s.c.cfg.SchedulerPolicy)
 		if req.GetState() != apiaryv1.JobState_JOB_STATE_UNSPECIFIED && j.State != req.GetState() {
 			continue
 		}
@@ -255,7 +259,7 @@ func (s *jobServer) CancelJob(ctx context.Context, req *apiaryv1.CancelJobReques
 		if err != nil {
 			return nil, err
 		}
-		j := v.toProto(false, false)
+		j := v.toProto(false, false, s.c.cfg.SchedulerPolicy)
 		if v.rec.CancelRequested || terminalJob(j.State) {
 			return &apiaryv1.CancelJobResponse{Job: j}, nil
 		}
@@ -292,7 +296,7 @@ func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobS
 			return false, err
 		}
 		rev = v.rev
-		j := v.toProto(true, false)
+		j := v.toProto(true, false, s.c.cfg.SchedulerPolicy)
 		s.c.explainNoNodes(j)
 		if last == nil || !proto.Equal(j, last) {
 			if err := stream.Send(&apiaryv1.WatchJobResponse{Job: j}); err != nil {

@@ -10,7 +10,8 @@ import (
 
 // TestRegionDefaultScheduler: a job without `scheduler` is placed by the
 // region's --scheduler (here spread: its two tasks land on the two idle
-// nodes), and a job's own `scheduler` overrides it (binpack: both on one).
+// nodes), and a job's own `scheduler` overrides it (binpack: both on one);
+// Job.scheduler says which applied.
 func TestRegionDefaultScheduler(t *testing.T) {
 	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents(), ExtraArgs: []string{"--scheduler", "spread"}})
 	c := dial(t, r)
@@ -28,7 +29,14 @@ tasks:
     args: ["-c", "sleep 0.2"]
     resources: {cpu_millis: 100, memory_mb: 64}
 `))
-		waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
+		j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
+		want := "spread"
+		if tc.field == "scheduler: binpack" {
+			want = "binpack"
+		}
+		if j.GetScheduler() != want {
+			t.Errorf("job with %q: Job.scheduler %q, want %q", tc.field, j.GetScheduler(), want)
+		}
 		nodes := map[string]bool{}
 		for _, tk := range logs(t, c, id) {
 			nodes[tk.GetNodeId()] = true

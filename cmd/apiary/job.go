@@ -361,6 +361,12 @@ func printJob(w io.Writer, job *apiaryv1.Job) {
 	fmt.Fprintf(h, "Name:\t%s\n", cell(job.GetSpec().GetName(), 0))
 	fmt.Fprintf(h, "Region:\t%s (shard %d)\n", cell(job.GetRegion(), 0), job.GetShard())
 	fmt.Fprintf(h, "State:\t%s\n", state)
+	if sch := job.GetScheduler(); sch != "" {
+		if job.GetSpec().GetScheduler() == "" {
+			sch += " (the region's default)"
+		}
+		fmt.Fprintf(h, "Scheduler:\t%s\n", sch)
+	}
 	fmt.Fprintf(h, "Tasks:\t%d total: %d complete, %d running, %d assigned, %d pending, %d failed, %d cancelled\n",
 		countTotal(c), c.GetComplete(), c.GetRunning(), c.GetAssigned(), c.GetPending(), c.GetFailed(), c.GetCancelled())
 	fmt.Fprintf(h, "Submitted:\t%s\n", fmtTime(job.GetSubmitTimeMs()))

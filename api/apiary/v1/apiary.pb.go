@@ -1034,7 +1034,10 @@ type Job struct {
 	ClientId        string  `protobuf:"bytes,10,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	RequestId       string  `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Virtual shard that owns the job.
-	Shard         int32 `protobuf:"varint,12,opt,name=shard,proto3" json:"shard,omitempty"`
+	Shard int32 `protobuf:"varint,12,opt,name=shard,proto3" json:"shard,omitempty"`
+	// The placement policy the region applies to the job: spec.scheduler, or
+	// the region's default (its --scheduler) when the spec leaves it empty.
+	Scheduler     string `protobuf:"bytes,13,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1151,6 +1154,13 @@ func (x *Job) GetShard() int32 {
 		return x.Shard
 	}
 	return 0
+}
+
+func (x *Job) GetScheduler() string {
+	if x != nil {
+		return x.Scheduler
+	}
+	return ""
 }
 
 type TaskCounts struct {
@@ -3643,7 +3653,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\aDataset\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\"\x9f\x03\n" +
+	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\"\xbd\x03\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12&\n" +
@@ -3658,7 +3668,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	" \x01(\tR\bclientId\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\v \x01(\tR\trequestId\x12\x14\n" +
-	"\x05shard\x18\f \x01(\x05R\x05shard\"\xae\x01\n" +
+	"\x05shard\x18\f \x01(\x05R\x05shard\x12\x1c\n" +
+	"\tscheduler\x18\r \x01(\tR\tscheduler\"\xae\x01\n" +
 	"\n" +
 	"TaskCounts\x12\x18\n" +
 	"\apending\x18\x01 \x01(\x05R\apending\x12\x1a\n" +
