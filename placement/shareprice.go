@@ -26,8 +26,9 @@ import (
 //	loss(f, s) = val(f) - y_s - val(f-s)    (idle GPU: 1 - y_s - val(1000-s))
 //
 // in GPUs: ≥ 0 by construction (val(f) ≥ y_s + val(f-s)), and 0 exactly
-// when the share is part of a most valuable fill of the gap. Best fit ignores which sizes a gap can still take; on
-// the Alibaba trace it puts a 230-milli share into a 650's 350-milli gap,
+// when the share is part of a most valuable fill of the gap. Best fit
+// ignores which sizes a gap can still take; on the Alibaba trace it puts a
+// 230-milli share into a 650's 350-milli gap,
 // whose natural partner (a 320, priced 1/3) then opens a GPU of its own,
 // instead of next to a 470 (530 left, worth two 230s). The charge prefers
 // placements of zero loss. Using the duals of the mix's LP to steer an
