@@ -61,7 +61,10 @@ type Config struct {
 	Placer placement.Placer
 	// SchedulerPolicy is the region's default scoring policy.
 	SchedulerPolicy placement.Policy
-	Logger          *slog.Logger
+	// Workload is the expected task mix of the fragmentation policy
+	// (placement.Options.Workload); nil means placement.DefaultWorkload.
+	Workload []placement.WorkloadClass
+	Logger   *slog.Logger
 	// Policy is the federation's sovereignty policy, re-checked before a
 	// submission is accepted (nil: a job's jurisdiction must equal the
 	// region's). See global/policy.

@@ -3,6 +3,7 @@ package regional_test
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -68,10 +69,16 @@ tasks:
 // two 650-milli shares, two 320s and a 2-GPU task, placed in one round by
 // the fragmentation policy. The 320s go into the 650s' 350-milli gaps, so
 // the shares use two devices and the 2-GPU task gets the other two, all at
-// once and each on attempt 1.
+// once and each on attempt 1. The region measures its GPU task mix from a
+// file (--gpu-workload) instead of using the Alibaba trace's.
 func TestGPUSharesExample(t *testing.T) {
+	wl, err := filepath.Abs("testdata/gpu-workload.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
 	_, r := cluster(t, devcluster.RegionSpec{Agents: []devcluster.AgentSpec{
-		{ID: "g1", GPUs: 4, GPUModel: "A100", CPUMillis: 8000, MemoryMiB: 8192}}})
+		{ID: "g1", GPUs: 4, GPUModel: "A100", CPUMillis: 8000, MemoryMiB: 8192}},
+		ExtraArgs: []string{"--gpu-workload", wl}})
 	c := dial(t, r)
 	data, err := os.ReadFile("../examples/gpu-shares.yaml")
 	if err != nil {

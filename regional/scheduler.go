@@ -95,7 +95,8 @@ func newScheduler(c *Coordinator, term *shards.Term) *scheduler {
 		// Preemption proposals are not committed by the coordinator (yet),
 		// and the snapshot carries only the existing allocations of the
 		// batch's groups, so the engine does not compute them.
-		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: term.Epoch, DisablePreemption: true})
+		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: term.Epoch, DisablePreemption: true,
+			Workload: c.cfg.Workload})
 	}
 	return &scheduler{c: c, term: term, placer: p, rng: rand.New(rand.NewPCG(uint64(term.Epoch), 7)),
 		jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, tasks: map[string]*cTask{},

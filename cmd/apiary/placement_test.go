@@ -77,3 +77,30 @@ func TestPlacementSimulate(t *testing.T) {
 		}
 	}
 }
+
+// TestRegionGPUWorkloadErrors: `apiary region --gpu-workload` refuses a
+// file it cannot use before starting anything, naming the flag and line.
+func TestRegionGPUWorkloadErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.csv")
+	noGPU := filepath.Join(dir, "nogpu.csv")
+	if err := os.WriteFile(bad, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np1,1,1,1,470,\np2,1,1,1,4700,\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(noGPU, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np1,1000,1024,0,0,\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ file, want string }{
+		{bad, "--gpu-workload: " + bad + ": line 3: gpu_milli 4700 out of range"},
+		{noGPU, "no GPU tasks"},
+		{filepath.Join(dir, "none.csv"), "--gpu-workload: open"},
+	} {
+		r := runCLI(t, nil, "region", "--region", "r1", "--data-dir", filepath.Join(dir, "d"), "--gpu-workload", c.file)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("--gpu-workload %s: exit %d, stderr %q; want exit 2 and %q", filepath.Base(c.file), r.code, r.stderr, c.want)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "d")); err == nil {
+			t.Errorf("--gpu-workload %s: the data dir was created", filepath.Base(c.file))
+		}
+	}
+}

@@ -14,20 +14,42 @@ import (
 
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/placement/sim"
 	"apiary.dev/apiary/regional"
 )
 
 func init() { register(newRegionCmd) }
 
+// readWorkload reads a task list CSV (the Alibaba GPU trace's pod format)
+// and measures its GPU task mix for the fragmentation policy. A malformed
+// row is an error naming its line; a file without GPU tasks is an error.
+func readWorkload(path string) ([]placement.WorkloadClass, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	tasks, err := sim.ReadTasks(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	wl := placement.WorkloadFromTasks(tasks)
+	if len(wl) == 0 {
+		return nil, fmt.Errorf("%s: no GPU tasks (num_gpu > 0) to measure a mix from", path)
+	}
+	return wl, nil
+}
+
 func newRegionCmd() *cobra.Command {
 	var (
-		cfg       regional.Config
-		labels    []string
-		policy    string
-		logFormat string
-		ready     string
-		debugAddr string
-		tel       telemetryFlags
+		cfg          regional.Config
+		labels       []string
+		policy       string
+		workloadPath string
+		logFormat    string
+		ready        string
+		debugAddr    string
+		tel          telemetryFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "region",
@@ -53,9 +75,19 @@ restarted from the same data dirs loses nothing.`,
 			default:
 				return withCode(exitInvalid, fmt.Errorf("--scheduler: must be binpack, spread or fragmentation, got %q", policy))
 			}
+			if workloadPath != "" {
+				wl, err := readWorkload(workloadPath)
+				if err != nil {
+					return withCode(exitInvalid, fmt.Errorf("--gpu-workload: %w", err))
+				}
+				cfg.Workload = wl
+			}
 			cfg.Logger, err = newLogger(logFormat)
 			if err != nil {
 				return withCode(exitInvalid, err)
+			}
+			if workloadPath != "" {
+				cfg.Logger.Info("GPU task mix for the fragmentation policy", "file", workloadPath, "classes", len(cfg.Workload))
 			}
 			if debugAddr != "" {
 				if err := serveDebug(debugAddr); err != nil {
@@ -113,6 +145,7 @@ restarted from the same data dirs loses nothing.`,
 	f.DurationVar(&cfg.SuspectAfter, "suspect-after", 300*time.Millisecond, "take the shards over when the owner's API refuses connections this long (negative: never)")
 	f.DurationVar(&cfg.JobRetention, "job-retention", 24*time.Hour, "keep finished jobs this long, then delete them (negative: forever)")
 	f.StringVar(&policy, "scheduler", "binpack", "default placement policy: binpack, spread or fragmentation")
+	f.StringVar(&workloadPath, "gpu-workload", "", "task list CSV of the expected GPU task mix for the fragmentation policy (columns name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec, as in the Alibaba GPU trace; default: the trace's own mix)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&debugAddr, "debug-addr", "", "serve Go pprof at http://ADDR/debug/pprof/ (empty: off)")
 	f.StringVar(&ready, "ready-file", "", "write the API address to this file once serving")
