@@ -115,6 +115,55 @@ func WorkloadFromTasks(tasks []Task) []WorkloadClass {
 	return out
 }
 
+// WorkloadByGPUShape measures tasks the way DefaultWorkload was made: one
+// class per GPU request shape (whole GPUs or share, and allowed GPU models),
+// weighted by its task count, with the lower median CPU and memory of its
+// tasks. A region's workload file may hold millions of tasks of thousands
+// of CPU and memory sizes; their GPU shapes are few, which keeps the
+// fragmentation measure and the share prices cheap. Tasks without GPUs are
+// skipped.
+func WorkloadByGPUShape(tasks []Task) []WorkloadClass {
+	type key struct {
+		gpus, milli int
+		models      string
+	}
+	type acc struct {
+		models   []string
+		cpu, mem []int64
+	}
+	idx := map[key]*acc{}
+	var order []key
+	for i := range tasks {
+		r := normRequest(tasks[i].Request)
+		if r.GPUs == 0 && r.GPUMilli == 0 {
+			continue
+		}
+		ms := slices.Clone(tasks[i].GPUModels)
+		slices.Sort(ms)
+		k := key{r.GPUs, r.GPUMilli, joinModels(ms)}
+		a := idx[k]
+		if a == nil {
+			a = &acc{models: ms}
+			idx[k] = a
+			order = append(order, k)
+		}
+		a.cpu = append(a.cpu, r.CPUMillis)
+		a.mem = append(a.mem, r.MemoryMiB)
+	}
+	lowerMedian := func(v []int64) int64 {
+		slices.Sort(v)
+		return v[(len(v)-1)/2]
+	}
+	out := make([]WorkloadClass, 0, len(order))
+	for _, k := range order {
+		a := idx[k]
+		out = append(out, WorkloadClass{
+			Request:   Resources{CPUMillis: lowerMedian(a.cpu), MemoryMiB: lowerMedian(a.mem), GPUs: k.gpus, GPUMilli: k.milli},
+			GPUModels: a.models, Weight: float64(len(a.cpu))})
+	}
+	return out
+}
+
 func joinModels(ms []string) string {
 	s := ""
 	for i, m := range ms {

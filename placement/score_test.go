@@ -2,6 +2,7 @@ package placement
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -161,5 +162,30 @@ func TestPow10Frac(t *testing.T) {
 	}
 	if pow10Frac(-0.5) != 1 || pow10Frac(1.5) != 10 {
 		t.Fatalf("pow10Frac does not clamp: %v %v", pow10Frac(-0.5), pow10Frac(1.5))
+	}
+}
+
+// TestWorkloadByGPUShape: one class per GPU request shape and model set,
+// weighted by count, with the lower median CPU and memory; CPU-only tasks
+// are left out. DefaultWorkload was made this way from the Alibaba trace.
+func TestWorkloadByGPUShape(t *testing.T) {
+	tasks := []Task{
+		{Request: Resources{CPUMillis: 4000, MemoryMiB: 100, GPUMilli: 470}},
+		{Request: Resources{CPUMillis: 1000, MemoryMiB: 300, GPUMilli: 470}},
+		{Request: Resources{CPUMillis: 9000, MemoryMiB: 200, GPUMilli: 470}},
+		{Request: Resources{CPUMillis: 2000, MemoryMiB: 400, GPUMilli: 470}},
+		{Request: Resources{CPUMillis: 8000, MemoryMiB: 800, GPUs: 1}, GPUModels: []string{"V100", "A100"}},
+		{Request: Resources{CPUMillis: 6000, MemoryMiB: 600, GPUs: 1}, GPUModels: []string{"A100", "V100"}},
+		{Request: Resources{CPUMillis: 500, MemoryMiB: 64}},
+	}
+	wl := WorkloadByGPUShape(tasks)
+	if len(wl) != 2 {
+		t.Fatalf("%d classes, want 2: %+v", len(wl), wl)
+	}
+	if c := wl[0]; c.Request != (Resources{CPUMillis: 2000, MemoryMiB: 200, GPUMilli: 470}) || c.Weight != 4 || len(c.GPUModels) != 0 {
+		t.Errorf("share class %+v, want 470 milli, lower medians 2000m / 200 MiB, weight 4", c)
+	}
+	if c := wl[1]; c.Request != (Resources{CPUMillis: 6000, MemoryMiB: 600, GPUs: 1}) || c.Weight != 2 || strings.Join(c.GPUModels, ",") != "A100,V100" {
+		t.Errorf("whole-GPU class %+v, want 1 GPU, A100,V100, lower medians 6000m / 600 MiB, weight 2", c)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -393,12 +394,14 @@ func TestCLIRunRetriesWithSameRequestID(t *testing.T) {
 	if r.code != 0 || last.GetRequestId() != "nightly-2026-11-29" || last.GetClientId() != first.GetClientId() {
 		t.Fatalf("--request-id: exit %d, ids %v", r.code, last)
 	}
-	r = runCLI(t, []string{"APIARY_ADDR=" + addr}, "job", "run", "--request-id", "has space", writeJob(t, "hello"))
-	f.mu.Lock()
-	after := len(f.submits)
-	f.mu.Unlock()
-	if r.code != 2 || !strings.Contains(r.stderr, `--request-id "has space"`) || after != n {
-		t.Fatalf("bad --request-id: exit %d, stderr %q, %d submits sent", r.code, r.stderr, after-n)
+	for _, key := range []string{"has space", "", strings.Repeat("k", 129)} {
+		r = runCLI(t, []string{"APIARY_ADDR=" + addr}, "job", "run", "--request-id", key, writeJob(t, "hello"))
+		f.mu.Lock()
+		after := len(f.submits)
+		f.mu.Unlock()
+		if r.code != 2 || !strings.Contains(r.stderr, fmt.Sprintf("--request-id %q", key)) || after != n {
+			t.Fatalf("--request-id %q: exit %d, stderr %q, %d submits sent", key, r.code, r.stderr, after-n)
+		}
 	}
 }
 

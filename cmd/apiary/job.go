@@ -68,7 +68,7 @@ failed or was cancelled. --timeout then also bounds each reconnection.`,
 			if err := o.check(); err != nil {
 				return err
 			}
-			if requestID != "" && !ids.Idempotency.MatchString(requestID) {
+			if cmd.Flags().Changed("request-id") && !ids.Idempotency.MatchString(requestID) {
 				return withCode(exitInvalid, fmt.Errorf("--request-id %q: must be 1 to 128 letters, digits or ._:@-", requestID))
 			}
 			spec, err := loadJobFile(args[0])

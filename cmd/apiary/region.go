@@ -21,8 +21,9 @@ import (
 func init() { register(newRegionCmd) }
 
 // readWorkload reads a task list CSV (the Alibaba GPU trace's pod format)
-// and measures its GPU task mix for the fragmentation policy. A malformed
-// row is an error naming its line; a file without GPU tasks is an error.
+// and measures its GPU task mix for the fragmentation policy, one class per
+// GPU request shape (placement.WorkloadByGPUShape). A malformed row is an
+// error naming its line; a file without GPU tasks is an error.
 func readWorkload(path string) ([]placement.WorkloadClass, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -33,7 +34,7 @@ func readWorkload(path string) ([]placement.WorkloadClass, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	wl := placement.WorkloadFromTasks(tasks)
+	wl := placement.WorkloadByGPUShape(tasks)
 	if len(wl) == 0 {
 		return nil, fmt.Errorf("%s: no GPU tasks (num_gpu > 0) to measure a mix from", path)
 	}
