@@ -98,12 +98,10 @@ func WorkloadFromTasks(tasks []Task) []WorkloadClass {
 	idx := map[key]int{}
 	var out []WorkloadClass
 	for i := range tasks {
-		r := normRequest(tasks[i].Request)
-		if r.GPUs == 0 && r.GPUMilli == 0 {
+		r, ms, ok := gpuShape(&tasks[i])
+		if !ok {
 			continue
 		}
-		ms := slices.Clone(tasks[i].GPUModels)
-		slices.Sort(ms)
 		k := key{r, joinModels(ms)}
 		if j, ok := idx[k]; ok {
 			out[j].Weight++
@@ -134,12 +132,10 @@ func WorkloadByGPUShape(tasks []Task) []WorkloadClass {
 	idx := map[key]*acc{}
 	var order []key
 	for i := range tasks {
-		r := normRequest(tasks[i].Request)
-		if r.GPUs == 0 && r.GPUMilli == 0 {
+		r, ms, ok := gpuShape(&tasks[i])
+		if !ok {
 			continue
 		}
-		ms := slices.Clone(tasks[i].GPUModels)
-		slices.Sort(ms)
 		k := key{r.GPUs, r.GPUMilli, joinModels(ms)}
 		a := idx[k]
 		if a == nil {
@@ -162,6 +158,18 @@ func WorkloadByGPUShape(tasks []Task) []WorkloadClass {
 			GPUModels: a.models, Weight: float64(len(a.cpu))})
 	}
 	return out
+}
+
+// gpuShape is a task's normalised request and its sorted GPU models; ok is
+// false for a task without GPUs.
+func gpuShape(t *Task) (r Resources, models []string, ok bool) {
+	r = normRequest(t.Request)
+	if r.GPUs == 0 && r.GPUMilli == 0 {
+		return r, nil, false
+	}
+	models = slices.Clone(t.GPUModels)
+	slices.Sort(models)
+	return r, models, true
 }
 
 func joinModels(ms []string) string {
