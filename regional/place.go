@@ -37,13 +37,7 @@ func (s *scheduler) usedBy(n *cNode) nodeUse {
 			continue
 		}
 		r := s.request(&ct.rec)
-		u.CPUMillis += r.CPUMillis
-		u.MemoryMiB += r.MemoryMiB
-		u.GPUs += int32(r.GPUs)
-		if r.GPUs == 0 {
-			u.GPUMilli += int32(r.GPUMilli)
-		}
-		u.Tasks++
+		u.add(r)
 		switch {
 		case r.GPUs == 0 && r.GPUMilli == 0:
 		case len(ct.rec.GPUDevices) > 0:
@@ -457,13 +451,7 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 			continue
 		}
 		req := s.request(&ct.rec)
-		u.CPUMillis += req.CPUMillis
-		u.MemoryMiB += req.MemoryMiB
-		u.GPUs += int32(req.GPUs)
-		if req.GPUs == 0 {
-			u.GPUMilli += int32(req.GPUMilli)
-		}
-		u.Tasks++
+		u.add(req)
 		w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev))
 		w.ops = append(w.ops, clientv3.OpPut(ct.key, mustJSON(&rec)),
 			clientv3.OpPut(keyAssign(nodeID, ct.rec.JobID, ct.rec.Index), string(b)))

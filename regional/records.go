@@ -7,6 +7,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/placement"
 )
 
 // jobRecord is /apiary/jobs/<s>/<jobID>. Its state is never stored: it is
@@ -51,6 +52,17 @@ type usageRecord struct {
 	// 1000 when shares sit on several GPUs).
 	GPUMilli int32 `json:"gpu_milli,omitempty"`
 	Tasks    int32 `json:"tasks"`
+}
+
+// add counts one more task holding r.
+func (u *usageRecord) add(r placement.Resources) {
+	u.CPUMillis += r.CPUMillis
+	u.MemoryMiB += r.MemoryMiB
+	u.GPUs += int32(r.GPUs)
+	if r.GPUs == 0 {
+		u.GPUMilli += int32(r.GPUMilli)
+	}
+	u.Tasks++
 }
 
 // dedupRecord is /apiary/dedup/<clientID>/<requestID>.
