@@ -22,6 +22,7 @@ func (s *Session) explain(c *taskCtx) *Unplaced {
 	gpu := 0
 	usable := 0
 	splitGPU := false // a node refused only because its free GPU is split
+	need := c.req.GPUs*1000 + c.req.GPUMilli
 	for i := range st.nodes {
 		v := st.view(i)
 		for k, f := range c.filters {
@@ -37,7 +38,7 @@ func (s *Session) explain(c *taskCtx) *Unplaced {
 				if c.req.GPUs > 0 || c.req.GPUMilli > 0 {
 					f := sumFree(v.gpuFree)
 					gpu += f
-					splitGPU = splitGPU || ((r == ReasonGPU || r == ReasonGPUShare) && f >= c.req.GPUs*1000+c.req.GPUMilli &&
+					splitGPU = splitGPU || ((r == ReasonGPU || r == ReasonGPUShare) && f >= need &&
 						v.cpuFree >= c.req.CPUMillis && v.memFree >= c.req.MemoryMiB)
 				}
 			}
@@ -46,7 +47,7 @@ func (s *Session) explain(c *taskCtx) *Unplaced {
 	}
 	u := &Unplaced{TaskID: c.t.ID, Excluded: counts}
 	u.Fragmented = splitGPU || (usable > 1 && cpu >= c.req.CPUMillis && mem >= c.req.MemoryMiB &&
-		gpu >= c.req.GPUs*1000+c.req.GPUMilli)
+		gpu >= need)
 	u.Reason = formatReason(counts, u.Fragmented)
 	return u
 }

@@ -211,16 +211,21 @@ type fragClass struct {
 func newFragModel(wl []WorkloadClass) *fragModel {
 	m := &fragModel{models: map[string]int{}}
 	var tot float64
-	for _, w := range wl {
+	// A class counts if it asks for GPUs and its weight is a positive
+	// finite number.
+	counts := func(w *WorkloadClass) (Resources, bool) {
 		r := normRequest(w.Request)
-		if (r.GPUs == 0 && r.GPUMilli == 0) || !(w.Weight > 0) || math.IsInf(w.Weight, 1) {
-			continue // no GPUs, or a weight that is not a positive number
-		}
-		tot += w.Weight
+		return r, (r.GPUs > 0 || r.GPUMilli > 0) && w.Weight > 0 && !math.IsInf(w.Weight, 1)
 	}
-	for _, w := range wl {
-		r := normRequest(w.Request)
-		if (r.GPUs == 0 && r.GPUMilli == 0) || !(w.Weight > 0) || math.IsInf(w.Weight, 1) {
+	for i := range wl {
+		if _, ok := counts(&wl[i]); ok {
+			tot += wl[i].Weight
+		}
+	}
+	for i := range wl {
+		w := &wl[i]
+		r, ok := counts(w)
+		if !ok {
 			continue
 		}
 		k := fragClass{cpu: r.CPUMillis, mem: r.MemoryMiB, gpus: r.GPUs, milli: r.GPUMilli, p: w.Weight / tot, anyModel: len(w.GPUModels) == 0}
@@ -507,8 +512,8 @@ func (s fragScorer) score(c *taskCtx, st *state, i int, v *view, gpus []int) flo
 		return 0 // every term below is 0 on a node without GPUs
 	}
 	d := s.m.fragDelta(st, i, v, c.req, gpus)
-	if c.req.GPUMilli > 0 && len(gpus) == 1 {
-		d += s.m.packingCharge(v.gpuFree[gpus[0]], c.req)
+	if len(gpus) == 1 {
+		d += s.m.packingCharge(v.gpuFree[gpus[0]], c.req) // 0 unless a share
 	}
 	if s.m.kind == "" || s.m.kind == FragModelHybrid {
 		// Stranding charge: how much more of the node's free GPU its free

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -72,23 +73,13 @@ num_gpu,gpu_milli,gpu_spec (other columns ignored).`,
 			default:
 				return withCode(exitInvalid, fmt.Errorf("--frag-model %q: want hybrid, fgd or fill", fragModel))
 			}
-			nf, err := os.Open(nodesPath)
+			nodes, err := readTraceFile("--nodes", nodesPath, sim.ReadNodes)
 			if err != nil {
-				return withCode(exitInvalid, fmt.Errorf("--nodes: %w", err))
+				return withCode(exitInvalid, err)
 			}
-			defer nf.Close()
-			nodes, err := sim.ReadNodes(nf)
+			tasks, err := readTraceFile("--tasks", tasksPath, sim.ReadTasks)
 			if err != nil {
-				return withCode(exitInvalid, fmt.Errorf("%s: %w", nodesPath, err))
-			}
-			tf, err := os.Open(tasksPath)
-			if err != nil {
-				return withCode(exitInvalid, fmt.Errorf("--tasks: %w", err))
-			}
-			defer tf.Close()
-			tasks, err := sim.ReadTasks(tf)
-			if err != nil {
-				return withCode(exitInvalid, fmt.Errorf("%s: %w", tasksPath, err))
+				return withCode(exitInvalid, err)
 			}
 			if !allNodes {
 				nodes = sim.GPUNodes(nodes)
@@ -131,4 +122,21 @@ num_gpu,gpu_milli,gpu_spec (other columns ignored).`,
 	f.BoolVar(&allNodes, "all-nodes", false, "also simulate nodes without GPUs (default: GPU nodes only, as published)")
 	f.StringVar(&fragModel, "frag-model", string(placement.FragModelHybrid), "fragmentation measure of the fragmentation policy: hybrid, fgd or fill")
 	return cmd
+}
+
+// readTraceFile opens the file a flag names and parses it with read (one of
+// placement/sim's CSV readers). Errors name the flag, then the file and the
+// line.
+func readTraceFile[T any](flag, path string, read func(io.Reader) (T, error)) (T, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("%s: %w", flag, err)
+	}
+	defer f.Close()
+	v, err := read(f)
+	if err != nil {
+		return v, fmt.Errorf("%s: %s: %w", flag, path, err)
+	}
+	return v, nil
 }

@@ -20,23 +20,19 @@ import (
 
 func init() { register(newRegionCmd) }
 
-// readWorkload reads a task list CSV (the Alibaba GPU trace's pod format)
-// and measures its GPU task mix for the fragmentation policy, one class per
-// GPU request shape (placement.WorkloadByGPUShape). A malformed row is an
-// error naming its line; a file without GPU tasks is an error.
+// readWorkload reads the task list CSV --gpu-workload names (the Alibaba GPU
+// trace's pod format) and measures its GPU task mix for the fragmentation
+// policy, one class per GPU request shape (placement.WorkloadByGPUShape). A
+// malformed row is an error naming its line; a file without GPU tasks is an
+// error.
 func readWorkload(path string) ([]placement.WorkloadClass, error) {
-	f, err := os.Open(path)
+	tasks, err := readTraceFile("--gpu-workload", path, sim.ReadTasks)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	tasks, err := sim.ReadTasks(f)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
 	wl := placement.WorkloadByGPUShape(tasks)
 	if len(wl) == 0 {
-		return nil, fmt.Errorf("%s: no GPU tasks (num_gpu > 0) to measure a mix from", path)
+		return nil, fmt.Errorf("--gpu-workload: %s: no GPU tasks (num_gpu > 0) to measure a mix from", path)
 	}
 	return wl, nil
 }
@@ -76,18 +72,14 @@ restarted from the same data dirs loses nothing.`,
 			default:
 				return withCode(exitInvalid, fmt.Errorf("--scheduler: must be binpack, spread or fragmentation, got %q", policy))
 			}
-			if workloadPath != "" {
-				wl, err := readWorkload(workloadPath)
-				if err != nil {
-					return withCode(exitInvalid, fmt.Errorf("--gpu-workload: %w", err))
-				}
-				cfg.Workload = wl
-			}
 			cfg.Logger, err = newLogger(logFormat)
 			if err != nil {
 				return withCode(exitInvalid, err)
 			}
 			if workloadPath != "" {
+				if cfg.Workload, err = readWorkload(workloadPath); err != nil {
+					return withCode(exitInvalid, err)
+				}
 				cfg.Logger.Info("GPU task mix for the fragmentation policy", "file", workloadPath, "classes", len(cfg.Workload))
 			}
 			if debugAddr != "" {

@@ -65,15 +65,7 @@ func BenchmarkQuality(b *testing.B) {
 					}
 					s = Summarize(runs)
 				}
-				b.ReportMetric(s.GPUAllocPctAt100, "gpu_alloc_%")
-				b.ReportMetric(s.GPUAllocStd, "gpu_alloc_sd")
-				b.ReportMetric(s.GPUAllocMin, "gpu_alloc_min")
-				b.ReportMetric(s.GPUAllocMax, "gpu_alloc_max")
-				b.ReportMetric(s.CPUAllocPctAt100, "cpu_alloc_%")
-				b.ReportMetric(s.MemAllocPctAt100, "mem_alloc_%")
-				b.ReportMetric(s.FragGPUPctAt100, "frag_gpu_%")
-				b.ReportMetric(s.PlacementsPerSec, "placements/s")
-				b.ReportMetric(float64(s.N), "seeds")
+				reportSummary(b, s)
 			})
 		}
 	}
@@ -101,12 +93,21 @@ func BenchmarkPackingWeight(b *testing.B) {
 					}
 					s = Summarize(runs)
 				}
-				b.ReportMetric(s.GPUAllocPctAt100, "gpu_alloc_%")
-				b.ReportMetric(s.GPUAllocStd, "gpu_alloc_sd")
-				b.ReportMetric(s.GPUAllocMin, "gpu_alloc_min")
-				b.ReportMetric(s.GPUAllocMax, "gpu_alloc_max")
-				b.ReportMetric(float64(s.N), "seeds")
+				reportSummary(b, s)
 			})
 		}
 	}
+}
+
+// reportSummary reports a Summary as benchmark metrics.
+func reportSummary(b *testing.B, s Summary) {
+	b.ReportMetric(s.GPUAllocPctAt100, "gpu_alloc_%")
+	b.ReportMetric(s.GPUAllocStd, "gpu_alloc_sd")
+	b.ReportMetric(s.GPUAllocMin, "gpu_alloc_min")
+	b.ReportMetric(s.GPUAllocMax, "gpu_alloc_max")
+	b.ReportMetric(s.CPUAllocPctAt100, "cpu_alloc_%")
+	b.ReportMetric(s.MemAllocPctAt100, "mem_alloc_%")
+	b.ReportMetric(s.FragGPUPctAt100, "frag_gpu_%")
+	b.ReportMetric(s.PlacementsPerSec, "placements/s")
+	b.ReportMetric(float64(s.N), "seeds")
 }
