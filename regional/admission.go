@@ -244,7 +244,7 @@ func (c *Coordinator) admit(spec *apiaryv1.JobSpec) error {
 			if !fits {
 				l := st.cap.Largest
 				return status.Errorf(codes.FailedPrecondition,
-					"tasks[%d].resources: needs cpu %dm, memory %d MiB, %d GPU(s), more than any node of region %s has (largest: cpu %dm, memory %d MiB, %d GPU(s)); it could never be placed",
+					"tasks[%d].resources: needs cpu %dm, memory %d MiB, %d GPU(s), more than any node of region %s has (the most any node has: cpu %dm, memory %d MiB, %d GPU(s), not necessarily on one node); it could never be placed",
 					g, need.CPUMillis, need.MemoryMiB, need.GPUs, c.meta.Region, l.CPUMillis, l.MemoryMiB, l.GPUs)
 			}
 		}
