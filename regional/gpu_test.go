@@ -1,6 +1,7 @@
 package regional_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -116,6 +117,25 @@ func TestGPUSharesExample(t *testing.T) {
 	for _, d := range whole {
 		if _, shared := milli[d]; shared {
 			t.Errorf("whole GPU %s also holds shares %v", d, milli)
+		}
+	}
+
+	// gpu_models that no node has: accepted, with a warning naming the
+	// models the region has (and the case hint); a model it has: none.
+	for _, c2 := range []struct{ models, want string }{
+		{"[a100]", `did you mean "A100"?`},
+		{"[h100, v100]", "models here: A100"},
+		{"[A100]", ""},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := c.jobs.SubmitJob(ctx, &apiaryv1.SubmitJobRequest{Spec: spec(t, "name: m\ntasks: [{name: a, command: 'true', resources: {gpus: 1, gpu_models: "+c2.models+"}}]\n")})
+		cancel()
+		if err != nil {
+			t.Fatalf("gpu_models %s: %v", c2.models, err)
+		}
+		w := strings.Join(resp.GetWarnings(), "\n")
+		if c2.want == "" && w != "" || c2.want != "" && !strings.Contains(w, c2.want) || c2.want != "" && !strings.Contains(w, "tasks[0].resources.gpu_models") {
+			t.Errorf("gpu_models %s: warnings %q, want one containing %q", c2.models, w, c2.want)
 		}
 	}
 }

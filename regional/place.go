@@ -271,8 +271,13 @@ func (s *scheduler) placementTask(ct *cTask, nowMs int64) placement.Task {
 	for _, d := range g.GetDatasets() {
 		pt.Datasets = append(pt.Datasets, placement.Dataset{Name: d.GetName(), SizeBytes: d.GetSizeBytes()})
 	}
-	if jur := j.rec.Spec.GetJurisdiction(); jur != "" {
-		pt.Jurisdictions = []string{jur}
+	switch w := j.rec.Where; {
+	case w != nil && !w.Any:
+		// The policy's set, resolved at admission (never empty: admission
+		// refuses a job the policy allows nowhere).
+		pt.Jurisdictions = append([]string{}, w.Jurisdictions...)
+	case w == nil && j.rec.Spec.GetJurisdiction() != "":
+		pt.Jurisdictions = []string{j.rec.Spec.GetJurisdiction()}
 	}
 	for node, until := range ct.rec.Excluded {
 		if until > nowMs {

@@ -24,6 +24,18 @@ type jobRecord struct {
 	Traceparent     string            `json:"traceparent,omitempty"`
 	TaskCount       int32             `json:"tasks"`
 	CancelRequested bool              `json:"cancel,omitempty"`
+	// Where is the sovereignty decision resolved at admission
+	// (policy.Resolve); the placement filter enforces it. Records written
+	// before it existed have none: their spec's jurisdiction is used.
+	Where *whereRecord `json:"where,omitempty"`
+}
+
+// whereRecord is where a job may run: any jurisdiction, or only those listed
+// (by the policy rule named).
+type whereRecord struct {
+	Rule          string   `json:"rule"`
+	Any           bool     `json:"any,omitempty"`
+	Jurisdictions []string `json:"jurisdictions,omitempty"`
 }
 
 // nodeRecord is /apiary/nodes/<nodeID>.
@@ -65,10 +77,15 @@ func (u *usageRecord) add(r placement.Resources) {
 	u.Tasks++
 }
 
-// dedupRecord is /apiary/dedup/<clientID>/<requestID>.
+// dedupRecord is /apiary/dedup/<clientID>/<requestID>: the job made for the
+// request here, or (JobID empty) the region the request was forwarded to by
+// this, its home region (forward.go).
 type dedupRecord struct {
-	JobID string `json:"job"`
-	Hash  string `json:"hash"`
+	JobID   string `json:"job,omitempty"`
+	Hash    string `json:"hash"`
+	Forward string `json:"forward,omitempty"`
+	// AtMs is when a forward was recorded (Unix ms).
+	AtMs int64 `json:"at_ms,omitempty"`
 }
 
 // metaRecord is /apiary/meta, written once at region creation.

@@ -3,6 +3,7 @@ package regional
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/regional/taskstate"
@@ -55,17 +57,17 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 			return nil, status.Errorf(codes.InvalidArgument, "request_id: must match %s when client_id is set", idRE)
 		}
 	}
-	if j := spec.GetJurisdiction(); j != "" && c.meta.Jurisdiction == "" {
-		// A region that declares no jurisdiction cannot prove where its
-		// nodes are: refuse rather than accept a job it can never place.
-		return nil, status.Errorf(codes.FailedPrecondition, "jurisdiction: job requires %q; region %s declares no jurisdiction (start its coordinators with --jurisdiction)", j, c.meta.Region)
-	}
-	if c.cfg.Policy != nil {
-		if err := c.cfg.Policy.Check(spec.GetJurisdiction(), spec.GetDataClass(), c.meta.Region, c.meta.Jurisdiction); err != nil {
-			return nil, status.Error(codes.FailedPrecondition, err.Error())
+	if req.GetRequestId() != "" {
+		// A repeat is answered from its dedup key before any admission
+		// check: the job it made, or where its home region forwarded it.
+		prior, err := c.lookupRequest(ctx, req.GetClientId(), req.GetRequestId(), jobspec.PayloadHash(spec))
+		if err != nil || prior != nil {
+			return prior, err
 		}
-	} else if j := spec.GetJurisdiction(); j != "" && c.meta.Jurisdiction != "" && j != c.meta.Jurisdiction {
-		return nil, status.Errorf(codes.FailedPrecondition, "jurisdiction: job requires %q; region %s is in jurisdiction %q", j, c.meta.Region, c.meta.Jurisdiction)
+	}
+	where, err := c.resolveWhere(spec)
+	if err != nil {
+		return nil, err
 	}
 	for k, v := range spec.GetRegion().GetSelector() {
 		if c.meta.Labels[k] != v {
@@ -80,7 +82,7 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	shard := shards.Of(id, c.meta.ShardCount)
 	rec = &jobRecord{ID: id, Region: c.meta.Region, Shard: shard, Spec: spec, SubmitMs: now.UnixMilli(),
 		ClientID: req.GetClientId(), RequestID: req.GetRequestId(), Traceparent: jobTraceparent(ctx, req),
-		TaskCount: int32(jobspec.TaskCount(spec))}
+		TaskCount: int32(jobspec.TaskCount(spec)), Where: where}
 	if rec.RequestID != "" {
 		rec.PayloadHash = jobspec.PayloadHash(spec)
 	}
@@ -102,12 +104,40 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 		if !r.deduplicated {
 			c.admitted(r.jobID, spec)
 		}
-		return &apiaryv1.SubmitJobResponse{JobId: r.jobID, Region: c.meta.Region, Deduplicated: r.deduplicated}, nil
+		return &apiaryv1.SubmitJobResponse{JobId: r.jobID, Region: c.meta.Region, Deduplicated: r.deduplicated,
+			Warnings: c.submitWarnings(ctx, spec)}, nil
 	case <-ctx.Done():
 		// The outcome is unknown to the client; a retry with the same
 		// request id finds the job through its dedup key.
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
+}
+
+// resolveWhere applies the sovereignty policy at admission: the job's
+// jurisdiction and data class must be values the policy knows
+// (INVALID_ARGUMENT otherwise), and the policy must allow this region's
+// jurisdiction (FAILED_PRECONDITION otherwise, so a router tries the next
+// region). It returns the decision stored with the job, which the placement
+// filter enforces on every node (policy.Resolve is the one definition the
+// router, this check and placement share).
+func (c *Coordinator) resolveWhere(spec *apiaryv1.JobSpec) (*whereRecord, error) {
+	jur, class := spec.GetJurisdiction(), spec.GetDataClass()
+	if c.cfg.Policy != nil {
+		if err := c.cfg.Policy.CheckValues(jur, class); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+	}
+	d := policy.Resolve(c.cfg.Policy, jur, class)
+	if jur != "" && c.meta.Jurisdiction == "" && !d.Any {
+		// A region that declares no jurisdiction cannot prove where its
+		// nodes are: refuse rather than accept a job it can never place.
+		return nil, status.Errorf(codes.FailedPrecondition, "jurisdiction: job requires one of [%s]; region %s declares no jurisdiction (start its coordinators with --jurisdiction)",
+			strings.Join(d.Allowed, ", "), c.meta.Region)
+	}
+	if !d.Any && !d.Allows(c.meta.Jurisdiction) {
+		return nil, status.Error(codes.FailedPrecondition, d.Refusal(jur, class, c.meta.Region, c.meta.Jurisdiction).Error())
+	}
+	return &whereRecord{Rule: d.Rule, Any: d.Any, Jurisdictions: d.Jurisdictions()}, nil
 }
 
 func (it *submitItem) ops() []clientv3.Op {
@@ -216,11 +246,7 @@ func (c *Coordinator) submitOne(it *submitItem) submitResult {
 	if it.dedupKey() == "" || len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &d) != nil {
 		return submitResult{err: status.Error(codes.Internal, "dedup record unreadable")}
 	}
-	if d.Hash != it.job.PayloadHash {
-		return submitResult{err: status.Errorf(codes.AlreadyExists,
-			"request_id: %q of client %q was already used for job %s with a different payload", it.job.RequestID, it.job.ClientID, d.JobID)}
-	}
-	return submitResult{jobID: d.JobID, deduplicated: true}
+	return c.dedupAnswer(d, it.job.ClientID, it.job.RequestID, it.job.PayloadHash)
 }
 
 // guards are the compares that make a submission's Txn safe to repeat: the

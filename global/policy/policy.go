@@ -317,6 +317,8 @@ func (d Decision) Allows(j string) bool {
 // jurisdictions [eu]`.
 func (d Decision) String() string {
 	switch {
+	case d.Rule == RuleNoPolicy && !d.Any:
+		return fmt.Sprintf("no sovereignty policy is loaded, so the job runs only in its own jurisdiction [%s]", strings.Join(d.Allowed, ", "))
 	case d.Any:
 		return fmt.Sprintf("policy rule %q allows any jurisdiction", d.Rule)
 	case len(d.Allowed) == 0:
@@ -344,8 +346,7 @@ func (p *Policy) Check(jurisdiction, dataClass, regionName, regionJurisdiction s
 	if d.Allows(regionJurisdiction) {
 		return nil
 	}
-	return fmt.Errorf("jurisdiction: job data (jurisdiction %q, data_class %q) may not run in region %s (jurisdiction %q): %s",
-		jurisdiction, dataClass, regionName, regionJurisdiction, d)
+	return d.Refusal(jurisdiction, dataClass, regionName, regionJurisdiction)
 }
 
 func decision(rule string, allow []string) Decision {

@@ -32,29 +32,21 @@ func (e Exclusion) String() string { return fmt.Sprintf("%s: %s: %s", e.Region, 
 // other region with the reason it was excluded. Order: regions named in
 // spec.region.prefer in that order, then regions whose backlog for the job's
 // priority class is below its bound before those at or over it, then most
-// free CPU, then most free memory, then name. pol may be nil: then a job's
-// jurisdiction must equal the region's (the same rule a region applies
-// without a policy).
+// free CPU, then most free memory, then name. Where a job may run is
+// policy.Resolve's answer, the same function the region's admission and
+// placement use; pol may be nil (policy.RuleNoPolicy).
 func Eligible(regions []registry.Region, pol *policy.Policy, spec *apiaryv1.JobSpec) ([]registry.Region, []Exclusion) {
 	var ok []registry.Region
 	var out []Exclusion
-	var decision *policy.Decision
-	if pol != nil {
-		d := pol.Decide(spec.GetJurisdiction(), spec.GetDataClass())
-		decision = &d
-	}
+	decision := policy.Resolve(pol, spec.GetJurisdiction(), spec.GetDataClass())
 	for _, r := range regions {
 		if why := selectorMismatch(r, spec.GetRegion().GetSelector()); why != "" {
 			out = append(out, Exclusion{r.Name, KindSelector, why})
 			continue
 		}
-		if decision != nil && !decision.Allows(r.Jurisdiction) {
+		if !decision.Allows(r.Jurisdiction) {
 			out = append(out, Exclusion{r.Name, KindPolicy, fmt.Sprintf("jurisdiction %q; %s for data (jurisdiction %q, data_class %q)",
 				r.Jurisdiction, decision, spec.GetJurisdiction(), spec.GetDataClass())})
-			continue
-		}
-		if decision == nil && spec.GetJurisdiction() != "" && r.Jurisdiction != "" && r.Jurisdiction != spec.GetJurisdiction() {
-			out = append(out, Exclusion{r.Name, KindPolicy, fmt.Sprintf("region jurisdiction %q, job requires %q", r.Jurisdiction, spec.GetJurisdiction())})
 			continue
 		}
 		if !r.Up {

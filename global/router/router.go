@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -275,12 +276,16 @@ func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) 
 		return nil, err
 	}
 	req = proto.Clone(req).(*apiaryv1.SubmitJobRequest)
+	keyed := (req.GetClientId() != "" || req.GetRequestId() != "") && !req.GetEphemeralRequestId()
 	if req.GetClientId() == "" && req.GetRequestId() == "" {
 		// The router's own retries must be idempotent too.
 		req.ClientId, req.RequestId = "router", ids.NewJobID("req", time.Now())
 	}
 	key := stickyKey(req.GetClientId(), req.GetRequestId())
 	regions := r.cfg.View.Regions()
+	if err := r.checkValues(spec, regions); err != nil {
+		return nil, err
+	}
 	if name, ok := r.stickyRegion(key); ok {
 		for _, reg := range regions {
 			if reg.Name == name {
@@ -288,6 +293,9 @@ func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) 
 			}
 		}
 		return nil, status.Errorf(codes.Unavailable, "request %s was sent to region %s with an unknown outcome and that region is gone from the pool; retry later with the same request id", req.GetRequestId(), name)
+	}
+	if keyed {
+		return r.submitKeyed(ctx, req, spec, regions, key)
 	}
 	eligible, excluded := Eligible(regions, r.cfg.Policy, spec)
 	exhausted := false
@@ -311,6 +319,29 @@ func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) 
 		}
 	}
 	return nil, refusal(spec, regions, excluded, exhausted)
+}
+
+// checkValues refuses, before anything is sent, values no part of the
+// federation knows: a jurisdiction or data class the sovereignty policy does
+// not declare, and a region.prefer name that is no region of the pool (a typo
+// there would silently lose the preference).
+func (r *Router) checkValues(spec *apiaryv1.JobSpec, regions []registry.Region) error {
+	if r.cfg.Policy != nil {
+		if err := r.cfg.Policy.CheckValues(spec.GetJurisdiction(), spec.GetDataClass()); err != nil {
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+	}
+	known := make([]string, 0, len(regions))
+	for _, reg := range regions {
+		known = append(known, reg.Name)
+	}
+	sort.Strings(known)
+	for i, p := range spec.GetRegion().GetPrefer() {
+		if !slices.Contains(known, p) {
+			return status.Errorf(codes.InvalidArgument, "region.prefer[%d]: %q is not a region of the federation (known: %s)", i, p, strings.Join(known, ", "))
+		}
+	}
+	return nil
 }
 
 // submitTo sends a submission to one region.
@@ -556,7 +587,8 @@ func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*
 	return out, nil
 }
 
-// adminServer serves ListRegions from the registry view.
+// adminServer serves ListRegions from the registry view, and ListNodes
+// (admin.go) by asking every region.
 type adminServer struct {
 	apiaryv1.UnimplementedAdminServiceServer
 	r *Router
@@ -565,18 +597,7 @@ type adminServer struct {
 func (s *adminServer) ListRegions(context.Context, *apiaryv1.ListRegionsRequest) (*apiaryv1.ListRegionsResponse, error) {
 	out := &apiaryv1.ListRegionsResponse{}
 	for _, reg := range s.r.cfg.View.Regions() {
-		rs := &apiaryv1.RegionSummary{Name: reg.Name, Jurisdiction: reg.Jurisdiction, Labels: reg.Labels, Up: reg.Up,
-			DownReason: reg.DownReason, NodesReady: int32(reg.Capacity.NodesReady), UpdatedTimeMs: reg.UpdatedMs,
-			Free:        &apiaryv1.Resources{CpuMillis: reg.Capacity.Free.CPUMillis, MemoryMb: reg.Capacity.Free.MemoryMiB, Gpus: int32(reg.Capacity.Free.GPUs)},
-			LargestNode: &apiaryv1.Resources{CpuMillis: reg.Capacity.Largest.CPUMillis, MemoryMb: reg.Capacity.Largest.MemoryMiB, Gpus: int32(reg.Capacity.Largest.GPUs)}}
-		for _, c := range reg.Coordinators {
-			rs.Coordinators = append(rs.Coordinators, &apiaryv1.RegionCoordinator{Id: c.Tags.ID, ApiAddr: c.Tags.APIAddr,
-				MemberStatus: c.Status, Health: c.Tags.Health, Answers: c.Answers})
-		}
-		for _, b := range reg.Backlog {
-			rs.Backlog = append(rs.Backlog, &apiaryv1.PriorityBacklog{Class: b.Class, Pending: b.Pending, Bound: b.Bound})
-		}
-		out.Regions = append(out.Regions, rs)
+		out.Regions = append(out.Regions, reg.Summary())
 	}
 	return out, nil
 }

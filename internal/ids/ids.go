@@ -38,3 +38,15 @@ func RegionOf(jobID string) string {
 	}
 	return jobID[:i]
 }
+
+// Region is the rule for a region name: 1 to 63 lower-case letters, digits
+// and '-', starting and ending with a letter or digit.
+var Region = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// ErrorDomain is the ErrorInfo domain of Apiary's machine-readable errors.
+const ErrorDomain = "apiary.dev"
+
+// ReasonRequestForwarded is the ErrorInfo reason a region gives when an
+// idempotent request it is home to was forwarded to another region; the
+// metadata key "region" names that region.
+const ReasonRequestForwarded = "REQUEST_FORWARDED"

@@ -505,11 +505,24 @@ func TaskCount(spec *apiaryv1.JobSpec) int {
 // are Validate's.
 func Prepare(spec *apiaryv1.JobSpec) (*apiaryv1.JobSpec, error) {
 	c := proto.Clone(spec).(*apiaryv1.JobSpec)
+	Normalize(c)
 	if err := Validate(c); err != nil {
 		return nil, err
 	}
 	ApplyDefaults(c)
 	return c, nil
+}
+
+// Normalize lower-cases the values the sovereignty policy compares
+// (jurisdiction, data_class), in place, so `EU` means `eu` and never silently
+// matches no rule. Prepare calls it before validation; the payload hash of an
+// idempotent submission is taken after it.
+func Normalize(spec *apiaryv1.JobSpec) {
+	if spec == nil {
+		return
+	}
+	spec.Jurisdiction = strings.ToLower(spec.Jurisdiction)
+	spec.DataClass = strings.ToLower(spec.DataClass)
 }
 
 // ApplyDefaults fills every zero value that has a documented default, in

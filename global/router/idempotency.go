@@ -1,0 +1,206 @@
+package router
+
+import (
+	"context"
+	"hash/fnv"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/internal/jobspec"
+)
+
+// Idempotency across regions (docs/architecture.md, "Idempotency across
+// regions"). A submission that carries the client's own (client id, request
+// id) has a home region: of the regions that the job's region selector and
+// the sovereignty policy allow, up or down, the one with the highest
+// rendezvous score for the pair (Thaler and Ravishankar's highest random
+// weight, so a region joining or leaving moves only the keys it gains or
+// held). Every router replica computes the same home from the same pool, and
+// the home region's dedup key is the request's one source of truth:
+//
+//   - home answers: it made the job, or finds it (deduplicated), or tells
+//     where it forwarded the request before, and the router follows;
+//   - home refused to run it itself (FAILED_PRECONDITION, RESOURCE_EXHAUSTED,
+//     after checking its dedup key): the router asks home to record, once,
+//     a forward to the best other eligible region (ForwardRequest), then
+//     submits there; that region's answer, refusal included, is final;
+//   - home does not answer (nothing could be sent): the outcome is unknown,
+//     since home holds or may hold the request; the client is told to retry
+//     later and no job is made anywhere else;
+//   - a call sent with an unknown result: retried in the same region (the
+//     region's dedup key returns the job if the first attempt committed).
+
+// homeRegion returns the candidate with the highest rendezvous score for the
+// request (ties, which need a 64-bit collision, break by name).
+func homeRegion(cands []registry.Region, clientID, requestID string) registry.Region {
+	var best registry.Region
+	var bestScore uint64
+	for i, c := range cands {
+		s := rendezvousScore(clientID, requestID, c.Name)
+		if i == 0 || s > bestScore || (s == bestScore && c.Name < best.Name) {
+			best, bestScore = c, s
+		}
+	}
+	return best
+}
+
+func rendezvousScore(clientID, requestID, region string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(clientID))
+	h.Write([]byte{0})
+	h.Write([]byte(requestID))
+	h.Write([]byte{0})
+	h.Write([]byte(region))
+	// FNV's low bits mix poorly for inputs that differ only at the end:
+	// finish with a 64-bit mixer (splitmix64's).
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// homeCandidates are the regions a keyed request's home is chosen from:
+// those the selector and the policy allow, whether up, down or too small
+// right now, so that the home does not move while a region is down.
+func homeCandidates(eligible []registry.Region, excluded []Exclusion, regions []registry.Region) []registry.Region {
+	out := append([]registry.Region(nil), eligible...)
+	for _, e := range excluded {
+		if e.Kind != KindDown && e.Kind != KindCapacity {
+			continue
+		}
+		for _, reg := range regions {
+			if reg.Name == e.Region {
+				out = append(out, reg)
+			}
+		}
+	}
+	return out
+}
+
+// forwardedTo reads a region's "request forwarded" refusal.
+func forwardedTo(err error) (string, bool) {
+	for _, d := range status.Convert(err).Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == ids.ReasonRequestForwarded && ei.GetDomain() == ids.ErrorDomain {
+			if to := ei.GetMetadata()["region"]; to != "" {
+				return to, true
+			}
+		}
+	}
+	return "", false
+}
+
+// unknownOutcome is the answer when the region that holds or may hold a
+// request cannot be asked.
+func unknownOutcome(region, requestID, why string) error {
+	return status.Errorf(codes.Unavailable,
+		"outcome unknown: region %s holds or may hold request %q (%s) and does not answer; retry later with the same request id: it goes to %s again and never makes a second job (a new request id would make a new job elsewhere)",
+		region, requestID, why, region)
+}
+
+// submitKeyed routes a submission that carries the client's own request id
+// (see the comment at the top of this file).
+func (r *Router) submitKeyed(ctx context.Context, req *apiaryv1.SubmitJobRequest, spec *apiaryv1.JobSpec, regions []registry.Region, key string) (*apiaryv1.SubmitJobResponse, error) {
+	eligible, excluded := Eligible(regions, r.cfg.Policy, spec)
+	cands := homeCandidates(eligible, excluded, regions)
+	if len(cands) == 0 {
+		return nil, refusal(spec, regions, excluded, false)
+	}
+	home := homeRegion(cands, req.GetClientId(), req.GetRequestId())
+	resp, err := r.submitTo(ctx, home, req)
+	if err == nil {
+		return resp, nil
+	}
+	if to, ok := forwardedTo(err); ok {
+		return r.submitForwarded(ctx, req, key, home.Name, to)
+	}
+	switch classify(err, ctx) {
+	case outFinal:
+		return nil, err
+	case outNotSent:
+		return nil, unknownOutcome(home.Name, req.GetRequestId(), "it is the request's home region")
+	case outUnknown:
+		r.setSticky(key, home.Name)
+		r.log.Warn("submission outcome unknown; retrying the same region", "region", home.Name, "request_id", req.GetRequestId(), "err", err)
+		return r.submitSame(ctx, home, req, key)
+	}
+	// Home refused to run the job itself: forward the request, once, to the
+	// best other eligible region.
+	excluded = append(excluded, Exclusion{home.Name, KindRefused, status.Convert(err).Message()})
+	var next *registry.Region
+	for i := range eligible {
+		if eligible[i].Name != home.Name {
+			next = &eligible[i]
+			break
+		}
+	}
+	if next == nil {
+		return nil, refusal(spec, regions, excluded, status.Code(err) == codes.ResourceExhausted)
+	}
+	var fr *apiaryv1.ForwardRequestResponse
+	ferr := r.call(ctx, home, func(ctx context.Context, cc *grpc.ClientConn) error {
+		var err error
+		fr, err = apiaryv1.NewJobServiceClient(cc).ForwardRequest(ctx, &apiaryv1.ForwardRequestRequest{
+			ClientId: req.GetClientId(), RequestId: req.GetRequestId(), PayloadHash: jobspec.PayloadHash(spec), Region: next.Name})
+		return err
+	})
+	if ferr != nil {
+		if classify(ferr, ctx) == outFinal {
+			return nil, ferr
+		}
+		return nil, unknownOutcome(home.Name, req.GetRequestId(), "its home region refused to run it and could not record where it goes: "+status.Convert(ferr).Message())
+	}
+	if fr.GetJobId() != "" {
+		return &apiaryv1.SubmitJobResponse{JobId: fr.GetJobId(), Region: home.Name, Deduplicated: true}, nil
+	}
+	return r.submitForwarded(ctx, req, key, home.Name, fr.GetRegion())
+}
+
+// submitForwarded submits a request where its home region forwarded it. That
+// region's answer is final, a refusal included: the forward is never moved.
+func (r *Router) submitForwarded(ctx context.Context, req *apiaryv1.SubmitJobRequest, key, home, to string) (*apiaryv1.SubmitJobResponse, error) {
+	reg, ok := r.regionByName(to)
+	if !ok {
+		return nil, unknownOutcome(to, req.GetRequestId(), "its home region "+home+" forwarded it there, and that region is not in the pool")
+	}
+	resp, err := r.submitTo(ctx, reg, req)
+	if err == nil {
+		return resp, nil
+	}
+	if again, ok := forwardedTo(err); ok {
+		// Only a home region forwards; two homes mean two routers saw
+		// different pools. Never guess: the client retries later.
+		return nil, status.Errorf(codes.Unavailable, "request %q: region %s forwarded it to %s, which forwards it to %s; the routers' views of the pool differ, retry later",
+			req.GetRequestId(), home, to, again)
+	}
+	switch classify(err, ctx) {
+	case outNotSent:
+		return nil, unknownOutcome(to, req.GetRequestId(), "its home region "+home+" forwarded it there")
+	case outUnknown:
+		r.setSticky(key, to)
+		return r.submitSame(ctx, reg, req, key)
+	}
+	return nil, err
+}
+
+// HomeOf names the home region of an idempotent request among the named
+// candidate regions (the regions its selector and the policy allow), as
+// every router computes it; "" for no candidates.
+func HomeOf(candidates []string, clientID, requestID string) string {
+	regs := make([]registry.Region, len(candidates))
+	for i, n := range candidates {
+		regs[i] = registry.Region{Name: n}
+	}
+	if len(regs) == 0 {
+		return ""
+	}
+	return homeRegion(regs, clientID, requestID).Name
+}

@@ -1,0 +1,152 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/ids"
+)
+
+// Idempotency across regions (docs/architecture.md, "Idempotency across
+// regions"): the router sends an idempotent request (client id, request id)
+// to its home region first. The home region's dedup key is the request's one
+// source of truth: it names the job the home region made for it, or the
+// region the request was forwarded to when the home region could not take it
+// (a forward record, written once by ForwardRequest). A submission that finds
+// a forward record is refused with FAILED_PRECONDITION and an ErrorInfo
+// whose Reason is ids.ReasonRequestForwarded and whose metadata "region"
+// names the region to send it to.
+
+// forwardTTL bounds how long a forward record is kept: the job retention
+// (the dedup window of a job the home region holds itself) plus an hour; no
+// expiry when jobs are kept forever.
+func (c *Coordinator) forwardTTL() time.Duration {
+	if c.cfg.JobRetention <= 0 {
+		return 0
+	}
+	return c.cfg.JobRetention + time.Hour
+}
+
+// lookupRequest reads the dedup key of an idempotent submission before any
+// admission check, so a repeat is answered with its job (or its forward)
+// even when the backlog bound or the region's nodes would refuse a new job.
+// It returns nil, nil when the request is new here.
+func (c *Coordinator) lookupRequest(ctx context.Context, clientID, requestID, hash string) (*apiaryv1.SubmitJobResponse, error) {
+	gctx, cancel := context.WithTimeout(ctx, commitAttemptTimeout)
+	defer cancel()
+	resp, err := c.cli.Get(gctx, keyDedup(clientID, requestID))
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "read dedup key: %v", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	var d dedupRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &d); err != nil {
+		return nil, status.Error(codes.Internal, "dedup record unreadable")
+	}
+	if r := c.dedupAnswer(d, clientID, requestID, hash); r.err != nil {
+		return nil, r.err
+	} else {
+		return &apiaryv1.SubmitJobResponse{JobId: r.jobID, Region: c.meta.Region, Deduplicated: true}, nil
+	}
+}
+
+// dedupAnswer turns an existing dedup record into the answer to a repeat:
+// the same job, ALREADY_EXISTS for another payload, or the forward.
+func (c *Coordinator) dedupAnswer(d dedupRecord, clientID, requestID, hash string) submitResult {
+	if d.Hash != hash {
+		what := "job " + d.JobID
+		if d.JobID == "" {
+			what = "a job forwarded to region " + d.Forward
+		}
+		return submitResult{err: status.Errorf(codes.AlreadyExists,
+			"request_id: %q of client %q was already used for %s with a different payload", requestID, clientID, what)}
+	}
+	if d.JobID == "" && d.Forward != "" {
+		return submitResult{err: forwardedError(c.meta.Region, requestID, d.Forward)}
+	}
+	return submitResult{jobID: d.JobID, deduplicated: true}
+}
+
+// forwardedError is the refusal that sends a router on to the region that
+// holds the request.
+func forwardedError(home, requestID, to string) error {
+	st := status.Newf(codes.FailedPrecondition, "request_id: %q was forwarded by its home region %s to region %s; submit it there", requestID, home, to)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ids.ReasonRequestForwarded, Domain: ids.ErrorDomain,
+		Metadata: map[string]string{"region": to}}); err == nil {
+		return d.Err()
+	}
+	return st.Err()
+}
+
+// forwardRequest records, once, that an idempotent request whose home is
+// this region lives in req.region. Validation happens before any write;
+// the write is one Txn guarded by "no dedup key yet", so of two routers
+// racing, one record wins and both are told which.
+func (c *Coordinator) forwardRequest(ctx context.Context, req *apiaryv1.ForwardRequestRequest) (*apiaryv1.ForwardRequestResponse, error) {
+	switch {
+	case !idRE.MatchString(req.GetClientId()):
+		return nil, status.Errorf(codes.InvalidArgument, "client_id: must match %s", idRE)
+	case !idRE.MatchString(req.GetRequestId()):
+		return nil, status.Errorf(codes.InvalidArgument, "request_id: must match %s", idRE)
+	case req.GetPayloadHash() == "":
+		return nil, status.Error(codes.InvalidArgument, "payload_hash: is required")
+	case !ids.Region.MatchString(req.GetRegion()):
+		return nil, status.Errorf(codes.InvalidArgument, "region: must be a region name matching %s", ids.Region)
+	case req.GetRegion() == c.meta.Region:
+		return nil, status.Errorf(codes.InvalidArgument, "region: a request cannot be forwarded to its home region %s itself", c.meta.Region)
+	}
+	k := keyDedup(req.GetClientId(), req.GetRequestId())
+	rec := dedupRecord{Hash: req.GetPayloadHash(), Forward: req.GetRegion(), AtMs: time.Now().UnixMilli()}
+	var opts []clientv3.OpOption
+	if ttl := c.forwardTTL(); ttl > 0 {
+		lctx, cancel := context.WithTimeout(ctx, commitAttemptTimeout)
+		lease, err := c.cli.Grant(lctx, int64(ttl/time.Second))
+		cancel()
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "grant forward lease: %v", err)
+		}
+		opts = append(opts, clientv3.WithLease(lease.ID))
+	}
+	resp, err := c.txnRetry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			Then(clientv3.OpPut(k, mustJSON(rec), opts...)).Else(clientv3.OpGet(k)).Commit()
+	})
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "write forward record: %v", err)
+	}
+	if resp.Succeeded {
+		c.log.Info("idempotent request forwarded", "client_id", req.GetClientId(), "request_id", req.GetRequestId(), "to", req.GetRegion())
+		return &apiaryv1.ForwardRequestResponse{Region: req.GetRegion()}, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	var d dedupRecord
+	if len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &d) != nil {
+		return nil, status.Error(codes.Internal, "dedup record unreadable")
+	}
+	if d.Hash != req.GetPayloadHash() {
+		return nil, status.Errorf(codes.AlreadyExists, "request_id: %q of client %q was already used with a different payload", req.GetRequestId(), req.GetClientId())
+	}
+	if d.JobID != "" {
+		return &apiaryv1.ForwardRequestResponse{JobId: d.JobID}, nil
+	}
+	return &apiaryv1.ForwardRequestResponse{Region: d.Forward}, nil
+}
+
+// ForwardRequest serves the router's forward (see forwardRequest).
+func (s *jobServer) ForwardRequest(ctx context.Context, req *apiaryv1.ForwardRequestRequest) (*apiaryv1.ForwardRequestResponse, error) {
+	resp, err := s.c.forwardRequest(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
