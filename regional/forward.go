@@ -149,4 +149,3 @@ func (s *jobServer) ForwardRequest(ctx context.Context, req *apiaryv1.ForwardReq
 	}
 	return resp, nil
 }
-

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,6 +25,7 @@ import (
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/telemetry"
+	"apiary.dev/apiary/placement"
 )
 
 func init() { register(newJobCmd) }
@@ -38,7 +40,9 @@ func newJobCmd() *cobra.Command {
 The API address comes from --addr, else $APIARY_ADDR, else 127.0.0.1:7070.
 Exit codes: 0 success (with --wait: the job completed), 1 the job failed or was
 cancelled, 2 invalid input (nothing was submitted) or not found, 3 the API is
-unavailable (after retrying for --timeout), 130 interrupted while waiting.`,
+unavailable (after retrying for --timeout; at once, within about 2 s, when every
+address refuses the connection), 4 --wait-timeout passed before the job ended
+(the job keeps running), 130 interrupted while waiting.`,
 	}
 	o.addFlags(cmd)
 	cmd.AddCommand(newJobRunCmd(o), newJobStatusCmd(o), newJobListCmd(o), newJobCancelCmd(o), newJobLogsCmd(o))
@@ -50,6 +54,7 @@ unavailable (after retrying for --timeout), 130 interrupted while waiting.`,
 
 func newJobRunCmd(o *clientOpts) *cobra.Command {
 	var wait bool
+	var waitTimeout time.Duration
 	var requestID string
 	cmd := &cobra.Command{
 		Use:   "run FILE",
@@ -62,11 +67,22 @@ user) and a fresh request id; it is retried with the same request id while the
 API is unavailable, up to --timeout, so a retry never makes a second job.
 
 With --wait, follows the job until it ends: exit 0 if it completed, 1 if it
-failed or was cancelled. --timeout then also bounds each reconnection.`,
+failed or was cancelled. --timeout then also bounds each reconnection. While
+tasks are pending, it prints to stderr why they wait (the scheduler's reason,
+e.g. "waiting: constraint zone = [mars]: 3 nodes"): when the reason first
+appears or changes, and again at most every 10 s while nothing else changes.
+--wait-timeout DURATION (implies --wait) stops waiting after DURATION with
+exit 4: the job keeps running; follow it with 'apiary job status JOB_ID'.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.check(); err != nil {
 				return err
+			}
+			if waitTimeout < 0 {
+				return withCode(exitInvalid, fmt.Errorf("--wait-timeout must be >= 0 (0: wait until the job ends; got %s)", waitTimeout))
+			}
+			if waitTimeout > 0 {
+				wait = true
 			}
 			if cmd.Flags().Changed("request-id") && !ids.Idempotency.MatchString(requestID) {
 				return withCode(exitInvalid, fmt.Errorf("--request-id %q: must be 1 to 128 letters, digits or ._:@-", requestID))
@@ -98,6 +114,9 @@ failed or was cancelled. --timeout then also bounds each reconnection.`,
 				ClientId:    cliconn.ClientID(),
 				RequestId:   cmp.Or(requestID, cliconn.NewRequestID()),
 				Traceparent: telemetry.Traceparent(sctx),
+				// A generated key only guards this command's own retries;
+				// --request-id is a key that holds across routers and regions.
+				EphemeralRequestId: requestID == "",
 			}
 			var resp *apiaryv1.SubmitJobResponse
 			err = o.call(sctx, func(ctx context.Context) error {
@@ -113,6 +132,9 @@ failed or was cancelled. --timeout then also bounds each reconnection.`,
 			span.SetAttributes(telemetry.AttrJobID.String(resp.GetJobId()), telemetry.AttrRegion.String(resp.GetRegion()))
 			span.End()
 			out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			for _, w := range resp.GetWarnings() {
+				fmt.Fprintf(errw, "warning: %s\n", w)
+			}
 			if !wait {
 				if o.output == "json" {
 					return printJSON(out, resp)
@@ -128,10 +150,11 @@ failed or was cancelled. --timeout then also bounds each reconnection.`,
 			if o.output == "text" {
 				fmt.Fprintf(errw, "submitted %s as %s (region %s); waiting for it to finish\n", spec.GetName(), resp.GetJobId(), resp.GetRegion())
 			}
-			job, err := waitJob(ctx, o, client, addr, resp.GetJobId(), errw)
-			if err != nil {
+			job, err := waitJob(ctx, o, client, addr, resp.GetJobId(), errw, waitTimeout)
+			if job == nil {
 				return err
 			}
+			// On --wait-timeout, job is the last state seen: print it too.
 			if o.output == "json" {
 				if err := printJSON(out, job); err != nil {
 					return err
@@ -139,10 +162,14 @@ failed or was cancelled. --timeout then also bounds each reconnection.`,
 			} else {
 				printJob(out, job)
 			}
+			if err != nil {
+				return err
+			}
 			return jobExit(job)
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the job ends; exit 0 if it completed, 1 if not")
+	cmd.Flags().DurationVar(&waitTimeout, "wait-timeout", 0, "with --wait (implied), stop waiting after this long and exit 4; the job keeps running (0: wait until it ends)")
 	cmd.Flags().StringVar(&requestID, "request-id", "", "idempotency key: running the same file again with the same key (as the same user on the same host) returns the first job instead of submitting another; default a fresh random key")
 	return cmd
 }
@@ -192,23 +219,34 @@ func jobExit(job *apiaryv1.Job) error {
 	return nil
 }
 
+// waitReminder is the shortest interval at which `job run --wait` prints why
+// a job's tasks wait, when the reason changes or nothing else happens.
+const waitReminder = 10 * time.Second
+
+// errWaitTimeout is the cause of the wait ending at --wait-timeout.
+var errWaitTimeout = errors.New("--wait-timeout passed")
+
 // waitJob follows WatchJob until the job is terminal. A broken stream is
 // reopened (the coordinator may have failed over); if the API stays
 // unreachable for --timeout, it gives up with exit 3. A server without
-// WatchJob is polled with GetJob.
-func waitJob(ctx context.Context, o *clientOpts, client apiaryv1.JobServiceClient, addr, id string, progress io.Writer) (*apiaryv1.Job, error) {
-	var last *apiaryv1.Job
-	lastLine := ""
-	report := func(job *apiaryv1.Job) {
-		last = job
-		if o.output != "text" {
-			return
-		}
-		if line := progressLine(job); line != lastLine {
-			fmt.Fprintln(progress, line)
-			lastLine = line
-		}
+// WatchJob is polled with GetJob. With waitTimeout > 0 it stops after that
+// long with exit 4, returning the last state seen (nil if none) with the
+// error. Progress lines go to progress with text output (see waitProgress).
+func waitJob(ctx context.Context, o *clientOpts, client apiaryv1.JobServiceClient, addr, id string, progress io.Writer,
+	waitTimeout time.Duration) (*apiaryv1.Job, error) {
+	started := time.Now()
+	if waitTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, waitTimeout, errWaitTimeout)
+		defer cancel()
 	}
+	p := &waitProgress{start: started}
+	if o.output == "text" {
+		p.w = progress
+		stop := p.remind(ctx)
+		defer stop()
+	}
+	report := func(job *apiaryv1.Job) { p.seen(job, time.Now()) }
 	lastContact := time.Now()
 	contact := func() { lastContact = time.Now() }
 	poll := false // the server has no WatchJob: poll GetJob instead
@@ -247,6 +285,10 @@ func waitJob(ctx context.Context, o *clientOpts, client apiaryv1.JobServiceClien
 			}
 		}
 		if ctx.Err() != nil {
+			last := p.lastJob()
+			if errors.Is(context.Cause(ctx), errWaitTimeout) {
+				return last, waitTimedOut(id, last, waitTimeout)
+			}
 			what := "stopped waiting"
 			if last != nil {
 				what += fmt.Sprintf("; job %s is %s and keeps running", id, strings.ToLower(jobState(last.GetState())))
@@ -300,19 +342,133 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func progressLine(job *apiaryv1.Job) string {
-	c := job.GetCounts()
-	line := fmt.Sprintf("%s: %s  %d/%d complete, %d running, %d pending, %d failed",
-		job.GetId(), jobState(job.GetState()), c.GetComplete(), countTotal(c),
-		c.GetRunning()+c.GetAssigned(), c.GetPending(), c.GetFailed())
-	// Say why pending tasks wait, so a job that cannot be placed does not
-	// just sit there.
-	for _, t := range job.GetTasks() {
-		if t.GetState() == apiaryv1.TaskState_TASK_STATE_PENDING && t.GetUnplacedReason() != "" {
-			return line + "; waiting: " + t.GetUnplacedReason()
+// waitTimedOut is the exit-4 error of --wait-timeout: the job keeps running.
+func waitTimedOut(id string, last *apiaryv1.Job, waitTimeout time.Duration) error {
+	state := "in an unknown state (no answer about it yet)"
+	if last != nil {
+		state = strings.ToLower(jobState(last.GetState()))
+		if r := pendingReason(last); r != "" {
+			state += " (waiting: " + r + ")"
 		}
 	}
+	return withCode(exitWaitTimeout, fmt.Errorf("stopped waiting after --wait-timeout %s: job %s is %s and keeps running; "+
+		"follow it with `apiary job status %s` (or stop it with `apiary job cancel %s`)", waitTimeout, id, state, id, id))
+}
+
+// progressSummary is the state and task counts of a progress line.
+func progressSummary(job *apiaryv1.Job) string {
+	c := job.GetCounts()
+	return fmt.Sprintf("%s: %s  %d/%d complete, %d running, %d pending, %d failed",
+		job.GetId(), jobState(job.GetState()), c.GetComplete(), countTotal(c),
+		c.GetRunning()+c.GetAssigned(), c.GetPending(), c.GetFailed())
+}
+
+// gpuModelHint follows an unplaced reason that names GPU models.
+const gpuModelHint = "gpu_models must equal a node's GPU model exactly, case included: see `apiary node list`"
+
+// pendingReason is why the job's first pending task with a reason waits
+// (the scheduler's unplaced reason), or "".
+func pendingReason(job *apiaryv1.Job) string {
+	for _, t := range job.GetTasks() {
+		if t.GetState() == apiaryv1.TaskState_TASK_STATE_PENDING && t.GetUnplacedReason() != "" {
+			r := t.GetUnplacedReason()
+			if strings.Contains(r, placement.ReasonGPUModel) {
+				r += " (" + gpuModelHint + ")"
+			}
+			return r
+		}
+	}
+	return ""
+}
+
+// progressLine is the summary and, so that a job that cannot be placed does
+// not just sit there, why its pending tasks wait.
+func progressLine(job *apiaryv1.Job) string {
+	line := progressSummary(job)
+	if r := pendingReason(job); r != "" {
+		line += "; waiting: " + r
+	}
 	return line
+}
+
+// waitProgress prints the progress lines of `job run --wait` to w (nil: none,
+// for JSON output): a line whenever the job's state or task counts change;
+// while tasks are pending, the reason they wait when it first appears, a
+// changed reason at most every waitReminder, and the line again (with the
+// time waited) when nothing was printed for waitReminder. Safe for
+// concurrent use (the reminder runs on its own goroutine).
+type waitProgress struct {
+	w     io.Writer
+	start time.Time
+
+	mu       sync.Mutex
+	last     *apiaryv1.Job
+	summary  string    // state and counts last printed
+	reason   string    // reason last printed
+	printed  time.Time // last line
+	reasonAt time.Time // last line with a reason
+}
+
+func (p *waitProgress) lastJob() *apiaryv1.Job {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.last
+}
+
+// seen takes a new state of the job, observed at now.
+func (p *waitProgress) seen(job *apiaryv1.Job, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.last = job
+	if p.w == nil {
+		return
+	}
+	sum, reason := progressSummary(job), pendingReason(job)
+	if sum == p.summary && (reason == "" || reason == p.reason || (!p.reasonAt.IsZero() && now.Sub(p.reasonAt) < waitReminder)) {
+		return
+	}
+	p.print(job, now, "")
+}
+
+// tick repeats the last line when tasks are pending and nothing was printed
+// for waitReminder.
+func (p *waitProgress) tick(now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.w == nil || p.last == nil || terminal(p.last.GetState()) || p.last.GetCounts().GetPending() == 0 ||
+		now.Sub(p.printed) < waitReminder {
+		return
+	}
+	p.print(p.last, now, fmt.Sprintf(" [still waiting after %s]", now.Sub(p.start).Round(time.Second)))
+}
+
+func (p *waitProgress) print(job *apiaryv1.Job, now time.Time, suffix string) {
+	p.summary, p.reason, p.printed = progressSummary(job), pendingReason(job), now
+	if p.reason != "" {
+		p.reasonAt = now
+	}
+	fmt.Fprintln(p.w, progressLine(job)+suffix)
+}
+
+// remind calls tick every second until ctx ends or the returned stop is
+// called.
+func (p *waitProgress) remind(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				p.tick(now)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // ---------------------------------------------------------------------------
@@ -395,6 +551,12 @@ func printJob(w io.Writer, job *apiaryv1.Job) {
 			cell(reason, 80), cell(task.GetError(), 80))
 	}
 	t.Flush()
+	for _, task := range job.GetTasks() {
+		if task.GetState() == apiaryv1.TaskState_TASK_STATE_PENDING && strings.Contains(task.GetUnplacedReason(), placement.ReasonGPUModel) {
+			fmt.Fprintf(w, "\nnote: %s\n", gpuModelHint)
+			break
+		}
+	}
 }
 
 // ---------------------------------------------------------------------------

@@ -312,7 +312,7 @@ func (x Assignment_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Assignment_Kind.Descriptor instead.
 func (Assignment_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31, 0}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35, 0}
 }
 
 // JobSpec is what a user submits. It mirrors the YAML job file
@@ -1520,20 +1520,154 @@ func (x *AttemptResult) GetEndTimeMs() int64 {
 	return 0
 }
 
+type ForwardRequestRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ClientId  string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// jobspec.PayloadHash of the prepared spec: the same ids with another
+	// payload fail with ALREADY_EXISTS.
+	PayloadHash string `protobuf:"bytes,3,opt,name=payload_hash,json=payloadHash,proto3" json:"payload_hash,omitempty"`
+	// The region the request should be forwarded to.
+	Region        string `protobuf:"bytes,4,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardRequestRequest) Reset() {
+	*x = ForwardRequestRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardRequestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardRequestRequest) ProtoMessage() {}
+
+func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardRequestRequest.ProtoReflect.Descriptor instead.
+func (*ForwardRequestRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ForwardRequestRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *ForwardRequestRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ForwardRequestRequest) GetPayloadHash() string {
+	if x != nil {
+		return x.PayloadHash
+	}
+	return ""
+}
+
+func (x *ForwardRequestRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+type ForwardRequestResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set when this (home) region itself holds a job for the request.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Otherwise the region the request is forwarded to: the requested one if
+	// this call wrote the record, or the one an earlier call recorded.
+	Region        string `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardRequestResponse) Reset() {
+	*x = ForwardRequestResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardRequestResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardRequestResponse) ProtoMessage() {}
+
+func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardRequestResponse.ProtoReflect.Descriptor instead.
+func (*ForwardRequestResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ForwardRequestResponse) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *ForwardRequestResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
 type SubmitJobRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Spec      *JobSpec               `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
 	ClientId  string                 `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	RequestId string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// W3C traceparent of the submission, stored with the job.
-	Traceparent   string `protobuf:"bytes,4,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Traceparent string `protobuf:"bytes,4,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// True when the client made request_id up for this one call's own retries
+	// (`apiary job run` without --request-id): the router then picks the
+	// region by load, and an unknown outcome pins the request to that region
+	// in that router only. False (the default): request_id is an idempotency
+	// key that holds across router replicas and regions, through the
+	// request's home region (docs/architecture.md, "Idempotency across
+	// regions").
+	EphemeralRequestId bool `protobuf:"varint,5,opt,name=ephemeral_request_id,json=ephemeralRequestId,proto3" json:"ephemeral_request_id,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1679,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1692,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{13}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SubmitJobRequest) GetSpec() *JobSpec {
@@ -1589,19 +1723,29 @@ func (x *SubmitJobRequest) GetTraceparent() string {
 	return ""
 }
 
+func (x *SubmitJobRequest) GetEphemeralRequestId() bool {
+	if x != nil {
+		return x.EphemeralRequestId
+	}
+	return false
+}
+
 type SubmitJobResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	JobId  string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	Region string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
 	// True when this request id was seen before and the existing job returned.
-	Deduplicated  bool `protobuf:"varint,3,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
+	Deduplicated bool `protobuf:"varint,3,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
+	// Things about the accepted job that may keep it waiting, e.g. a
+	// gpu_models entry that no node of the region has. The job is stored.
+	Warnings      []string `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1757,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1770,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{14}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -1650,6 +1794,13 @@ func (x *SubmitJobResponse) GetDeduplicated() bool {
 	return false
 }
 
+func (x *SubmitJobResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
 type GetJobRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -1659,7 +1810,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1671,7 +1822,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1684,7 +1835,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{15}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -1703,7 +1854,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1866,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1879,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{16}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -1750,7 +1901,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1762,7 +1913,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1775,7 +1926,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{17}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListJobsRequest) GetState() JobState {
@@ -1803,7 +1954,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1815,7 +1966,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1828,7 +1979,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{18}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -1854,7 +2005,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +2017,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +2030,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{19}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -1898,7 +2049,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +2061,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +2074,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{20}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -1942,7 +2093,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +2105,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +2118,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{21}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -1986,7 +2137,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2149,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2162,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{22}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchJobResponse) GetJob() *Job {
@@ -2032,7 +2183,7 @@ type GetJobLogsRequest struct {
 
 func (x *GetJobLogsRequest) Reset() {
 	*x = GetJobLogsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2195,7 @@ func (x *GetJobLogsRequest) String() string {
 func (*GetJobLogsRequest) ProtoMessage() {}
 
 func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2208,7 @@ func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetJobLogsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{23}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetJobLogsRequest) GetJobId() string {
@@ -2083,7 +2234,7 @@ type GetJobLogsResponse struct {
 
 func (x *GetJobLogsResponse) Reset() {
 	*x = GetJobLogsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2246,7 @@ func (x *GetJobLogsResponse) String() string {
 func (*GetJobLogsResponse) ProtoMessage() {}
 
 func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,12 +2259,129 @@ func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetJobLogsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{24}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetJobLogsResponse) GetTasks() []*Task {
 	if x != nil {
 		return x.Tasks
+	}
+	return nil
+}
+
+type GetJobTraceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	JobId string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Only this process's buffer (a coordinator asking its peers).
+	LocalOnly     bool `protobuf:"varint,2,opt,name=local_only,json=localOnly,proto3" json:"local_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJobTraceRequest) Reset() {
+	*x = GetJobTraceRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJobTraceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJobTraceRequest) ProtoMessage() {}
+
+func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJobTraceRequest.ProtoReflect.Descriptor instead.
+func (*GetJobTraceRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *GetJobTraceRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *GetJobTraceRequest) GetLocalOnly() bool {
+	if x != nil {
+		return x.LocalOnly
+	}
+	return false
+}
+
+type GetJobTraceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The spans, one JSON object per line: the span-file format
+	// (telemetry.SpanRecord). May hold a span twice; readers dedupe by span id.
+	SpansJsonl []byte `protobuf:"bytes,1,opt,name=spans_jsonl,json=spansJsonl,proto3" json:"spans_jsonl,omitempty"`
+	// Processes that were asked and did not answer, each "what: why".
+	Unavailable []string `protobuf:"bytes,2,rep,name=unavailable,proto3" json:"unavailable,omitempty"`
+	// Processes that keep no span buffer (tracing off or --trace-buffer 0).
+	NotRecording  []string `protobuf:"bytes,3,rep,name=not_recording,json=notRecording,proto3" json:"not_recording,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJobTraceResponse) Reset() {
+	*x = GetJobTraceResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJobTraceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJobTraceResponse) ProtoMessage() {}
+
+func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJobTraceResponse.ProtoReflect.Descriptor instead.
+func (*GetJobTraceResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *GetJobTraceResponse) GetSpansJsonl() []byte {
+	if x != nil {
+		return x.SpansJsonl
+	}
+	return nil
+}
+
+func (x *GetJobTraceResponse) GetUnavailable() []string {
+	if x != nil {
+		return x.Unavailable
+	}
+	return nil
+}
+
+func (x *GetJobTraceResponse) GetNotRecording() []string {
+	if x != nil {
+		return x.NotRecording
 	}
 	return nil
 }
@@ -2133,7 +2401,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2145,7 +2413,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2158,7 +2426,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{25}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RegisterNodeRequest) GetNodeId() string {
@@ -2208,7 +2476,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +2488,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +2501,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{26}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RegisterNodeResponse) GetNodeEpoch() int64 {
@@ -2274,7 +2542,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2286,7 +2554,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2299,7 +2567,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{27}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HeartbeatRequest) GetNodeId() string {
@@ -2325,7 +2593,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2337,7 +2605,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2350,7 +2618,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{28}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HeartbeatResponse) GetLeaseTtlMs() int64 {
@@ -2370,7 +2638,7 @@ type StreamAssignmentsRequest struct {
 
 func (x *StreamAssignmentsRequest) Reset() {
 	*x = StreamAssignmentsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2382,7 +2650,7 @@ func (x *StreamAssignmentsRequest) String() string {
 func (*StreamAssignmentsRequest) ProtoMessage() {}
 
 func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2395,7 +2663,7 @@ func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsRequest.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{29}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StreamAssignmentsRequest) GetNodeId() string {
@@ -2421,7 +2689,7 @@ type StreamAssignmentsResponse struct {
 
 func (x *StreamAssignmentsResponse) Reset() {
 	*x = StreamAssignmentsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2433,7 +2701,7 @@ func (x *StreamAssignmentsResponse) String() string {
 func (*StreamAssignmentsResponse) ProtoMessage() {}
 
 func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2446,7 +2714,7 @@ func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StreamAssignmentsResponse) GetAssignment() *Assignment {
@@ -2483,7 +2751,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2763,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2776,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Assignment) GetKind() Assignment_Kind {
@@ -2629,7 +2897,7 @@ type ReportTaskStatusRequest struct {
 
 func (x *ReportTaskStatusRequest) Reset() {
 	*x = ReportTaskStatusRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +2909,7 @@ func (x *ReportTaskStatusRequest) String() string {
 func (*ReportTaskStatusRequest) ProtoMessage() {}
 
 func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +2922,7 @@ func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReportTaskStatusRequest) GetNodeId() string {
@@ -2741,6 +3009,104 @@ func (x *ReportTaskStatusRequest) GetEndTimeMs() int64 {
 	return 0
 }
 
+type ExportSpansRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// One JSON object per line, the span-file format (telemetry.SpanRecord).
+	SpansJsonl    []byte `protobuf:"bytes,2,opt,name=spans_jsonl,json=spansJsonl,proto3" json:"spans_jsonl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportSpansRequest) Reset() {
+	*x = ExportSpansRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportSpansRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportSpansRequest) ProtoMessage() {}
+
+func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportSpansRequest.ProtoReflect.Descriptor instead.
+func (*ExportSpansRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ExportSpansRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ExportSpansRequest) GetSpansJsonl() []byte {
+	if x != nil {
+		return x.SpansJsonl
+	}
+	return nil
+}
+
+type ExportSpansResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Spans the coordinator kept (0 when it keeps no buffer).
+	Kept          int32 `protobuf:"varint,1,opt,name=kept,proto3" json:"kept,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportSpansResponse) Reset() {
+	*x = ExportSpansResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportSpansResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportSpansResponse) ProtoMessage() {}
+
+func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportSpansResponse.ProtoReflect.Descriptor instead.
+func (*ExportSpansResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ExportSpansResponse) GetKept() int32 {
+	if x != nil {
+		return x.Kept
+	}
+	return 0
+}
+
 type ReportTaskStatusResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Accepted bool                   `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
@@ -2752,7 +3118,7 @@ type ReportTaskStatusResponse struct {
 
 func (x *ReportTaskStatusResponse) Reset() {
 	*x = ReportTaskStatusResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2764,7 +3130,7 @@ func (x *ReportTaskStatusResponse) String() string {
 func (*ReportTaskStatusResponse) ProtoMessage() {}
 
 func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2777,7 +3143,7 @@ func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReportTaskStatusResponse) GetAccepted() bool {
@@ -2802,7 +3168,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2814,7 +3180,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2827,7 +3193,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
 }
 
 type Node struct {
@@ -2846,13 +3212,15 @@ type Node struct {
 	GpuModel         string     `protobuf:"bytes,10,opt,name=gpu_model,json=gpuModel,proto3" json:"gpu_model,omitempty"`
 	MaxTasks         int32      `protobuf:"varint,11,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`
 	RegisteredTimeMs int64      `protobuf:"varint,12,opt,name=registered_time_ms,json=registeredTimeMs,proto3" json:"registered_time_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Region the node belongs to (set by its coordinator).
+	Region        string `protobuf:"bytes,13,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2864,7 +3232,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2877,7 +3245,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Node) GetId() string {
@@ -2964,16 +3332,26 @@ func (x *Node) GetRegisteredTimeMs() int64 {
 	return 0
 }
 
+func (x *Node) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
 type ListNodesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Nodes         []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Nodes []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Through the global router (which asks every region): the regions that
+	// did not answer, whose nodes are missing.
+	UnavailableRegions []string `protobuf:"bytes,2,rep,name=unavailable_regions,json=unavailableRegions,proto3" json:"unavailable_regions,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2985,7 +3363,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2998,12 +3376,19 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
 	if x != nil {
 		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListNodesResponse) GetUnavailableRegions() []string {
+	if x != nil {
+		return x.UnavailableRegions
 	}
 	return nil
 }
@@ -3016,7 +3401,7 @@ type GetRegionInfoRequest struct {
 
 func (x *GetRegionInfoRequest) Reset() {
 	*x = GetRegionInfoRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3028,7 +3413,7 @@ func (x *GetRegionInfoRequest) String() string {
 func (*GetRegionInfoRequest) ProtoMessage() {}
 
 func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3041,7 +3426,7 @@ func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
 }
 
 type Coordinator struct {
@@ -3057,7 +3442,7 @@ type Coordinator struct {
 
 func (x *Coordinator) Reset() {
 	*x = Coordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3454,7 @@ func (x *Coordinator) String() string {
 func (*Coordinator) ProtoMessage() {}
 
 func (x *Coordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3467,7 @@ func (x *Coordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coordinator.ProtoReflect.Descriptor instead.
 func (*Coordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Coordinator) GetId() string {
@@ -3127,14 +3512,23 @@ type GetRegionInfoResponse struct {
 	// etcd revision this answer was read at; every plan committed later has a
 	// higher fencing token (tools use it to tell dispatches before and after
 	// an event apart).
-	Revision      int64 `protobuf:"varint,9,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision int64 `protobuf:"varint,9,opt,name=revision,proto3" json:"revision,omitempty"`
+	// etcd member name of the region's current raft leader ("" while there is
+	// none); members are named after their coordinator ids.
+	EtcdLeader string `protobuf:"bytes,10,opt,name=etcd_leader,json=etcdLeader,proto3" json:"etcd_leader,omitempty"`
+	// Nodes with a record (ready or down).
+	NodesRegistered int32 `protobuf:"varint,11,opt,name=nodes_registered,json=nodesRegistered,proto3" json:"nodes_registered,omitempty"`
+	// Id of the coordinator that owns (schedules) the shards ("" while none
+	// does, e.g. during a fail-over); also set when its member record has
+	// already lapsed, so it may be missing from coordinators.
+	Scheduler     string `protobuf:"bytes,12,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetRegionInfoResponse) Reset() {
 	*x = GetRegionInfoResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3146,7 +3540,7 @@ func (x *GetRegionInfoResponse) String() string {
 func (*GetRegionInfoResponse) ProtoMessage() {}
 
 func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3159,7 +3553,7 @@ func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetRegionInfoResponse) GetRegion() string {
@@ -3225,6 +3619,27 @@ func (x *GetRegionInfoResponse) GetRevision() int64 {
 	return 0
 }
 
+func (x *GetRegionInfoResponse) GetEtcdLeader() string {
+	if x != nil {
+		return x.EtcdLeader
+	}
+	return ""
+}
+
+func (x *GetRegionInfoResponse) GetNodesRegistered() int32 {
+	if x != nil {
+		return x.NodesRegistered
+	}
+	return 0
+}
+
+func (x *GetRegionInfoResponse) GetScheduler() string {
+	if x != nil {
+		return x.Scheduler
+	}
+	return ""
+}
+
 type ListRegionsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3233,7 +3648,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3660,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3258,7 +3673,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -3278,7 +3693,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3290,7 +3705,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3303,7 +3718,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -3355,7 +3770,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3367,7 +3782,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3380,7 +3795,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -3429,7 +3844,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3441,7 +3856,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3454,7 +3869,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -3543,7 +3958,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3555,7 +3970,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3568,7 +3983,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -3709,17 +4124,28 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"stderrTail\x12\"\n" +
 	"\rstart_time_ms\x18\n" +
 	" \x01(\x03R\vstartTimeMs\x12\x1e\n" +
-	"\vend_time_ms\x18\v \x01(\x03R\tendTimeMs\"\x98\x01\n" +
+	"\vend_time_ms\x18\v \x01(\x03R\tendTimeMs\"\x8e\x01\n" +
+	"\x15ForwardRequestRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12!\n" +
+	"\fpayload_hash\x18\x03 \x01(\tR\vpayloadHash\x12\x16\n" +
+	"\x06region\x18\x04 \x01(\tR\x06region\"G\n" +
+	"\x16ForwardRequestResponse\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\"\xca\x01\n" +
 	"\x10SubmitJobRequest\x12&\n" +
 	"\x04spec\x18\x01 \x01(\v2\x12.apiary.v1.JobSpecR\x04spec\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12 \n" +
-	"\vtraceparent\x18\x04 \x01(\tR\vtraceparent\"f\n" +
+	"\vtraceparent\x18\x04 \x01(\tR\vtraceparent\x120\n" +
+	"\x14ephemeral_request_id\x18\x05 \x01(\bR\x12ephemeralRequestId\"\x82\x01\n" +
 	"\x11SubmitJobResponse\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\"\n" +
-	"\fdeduplicated\x18\x03 \x01(\bR\fdeduplicated\"&\n" +
+	"\fdeduplicated\x18\x03 \x01(\bR\fdeduplicated\x12\x1a\n" +
+	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"&\n" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"2\n" +
 	"\x0eGetJobResponse\x12 \n" +
@@ -3743,7 +4169,16 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\n" +
 	"task_index\x18\x02 \x01(\x05R\ttaskIndex\";\n" +
 	"\x12GetJobLogsResponse\x12%\n" +
-	"\x05tasks\x18\x01 \x03(\v2\x0f.apiary.v1.TaskR\x05tasks\"\x99\x02\n" +
+	"\x05tasks\x18\x01 \x03(\v2\x0f.apiary.v1.TaskR\x05tasks\"J\n" +
+	"\x12GetJobTraceRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1d\n" +
+	"\n" +
+	"local_only\x18\x02 \x01(\bR\tlocalOnly\"}\n" +
+	"\x13GetJobTraceResponse\x12\x1f\n" +
+	"\vspans_jsonl\x18\x01 \x01(\fR\n" +
+	"spansJsonl\x12 \n" +
+	"\vunavailable\x18\x02 \x03(\tR\vunavailable\x12#\n" +
+	"\rnot_recording\x18\x03 \x03(\tR\fnotRecording\"\x99\x02\n" +
 	"\x13RegisterNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12B\n" +
 	"\x06labels\x18\x02 \x03(\v2*.apiary.v1.RegisterNodeRequest.LabelsEntryR\x06labels\x120\n" +
@@ -3821,10 +4256,16 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"stderrTail\x12\"\n" +
 	"\rstart_time_ms\x18\v \x01(\x03R\vstartTimeMs\x12\x1e\n" +
 	"\vend_time_ms\x18\f \x01(\x03R\tendTimeMs\"N\n" +
+	"\x12ExportSpansRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
+	"\vspans_jsonl\x18\x02 \x01(\fR\n" +
+	"spansJsonl\")\n" +
+	"\x13ExportSpansResponse\x12\x12\n" +
+	"\x04kept\x18\x01 \x01(\x05R\x04kept\"N\n" +
 	"\x18ReportTaskStatusResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x12\n" +
-	"\x10ListNodesRequest\"\x8d\x04\n" +
+	"\x10ListNodesRequest\"\xa5\x04\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
 	"\x06labels\x18\x02 \x03(\v2\x1b.apiary.v1.Node.LabelsEntryR\x06labels\x120\n" +
@@ -3838,18 +4279,20 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tgpu_model\x18\n" +
 	" \x01(\tR\bgpuModel\x12\x1b\n" +
 	"\tmax_tasks\x18\v \x01(\x05R\bmaxTasks\x12,\n" +
-	"\x12registered_time_ms\x18\f \x01(\x03R\x10registeredTimeMs\x1a9\n" +
+	"\x12registered_time_ms\x18\f \x01(\x03R\x10registeredTimeMs\x12\x16\n" +
+	"\x06region\x18\r \x01(\tR\x06region\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"k\n" +
 	"\x11ListNodesResponse\x12%\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x0f.apiary.v1.NodeR\x05nodes\"\x16\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x0f.apiary.v1.NodeR\x05nodes\x12/\n" +
+	"\x13unavailable_regions\x18\x02 \x03(\tR\x12unavailableRegions\"\x16\n" +
 	"\x14GetRegionInfoRequest\"y\n" +
 	"\vCoordinator\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12\x1c\n" +
 	"\tscheduler\x18\x03 \x01(\bR\tscheduler\x12!\n" +
-	"\fshards_owned\x18\x04 \x01(\x05R\vshardsOwned\"\xbc\x03\n" +
+	"\fshards_owned\x18\x04 \x01(\x05R\vshardsOwned\"\xa6\x04\n" +
 	"\x15GetRegionInfoResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\"\n" +
 	"\fjurisdiction\x18\x02 \x01(\tR\fjurisdiction\x12D\n" +
@@ -3861,7 +4304,12 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\rpending_tasks\x18\a \x01(\x05R\fpendingTasks\x12\x1f\n" +
 	"\vnodes_ready\x18\b \x01(\x05R\n" +
 	"nodesReady\x12\x1a\n" +
-	"\brevision\x18\t \x01(\x03R\brevision\x1a9\n" +
+	"\brevision\x18\t \x01(\x03R\brevision\x12\x1f\n" +
+	"\vetcd_leader\x18\n" +
+	" \x01(\tR\n" +
+	"etcdLeader\x12)\n" +
+	"\x10nodes_registered\x18\v \x01(\x05R\x0fnodesRegistered\x12\x1c\n" +
+	"\tscheduler\x18\f \x01(\tR\tscheduler\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
@@ -3924,7 +4372,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"NodeStatus\x12\x1b\n" +
 	"\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATUS_READY\x10\x01\x12\x14\n" +
-	"\x10NODE_STATUS_DOWN\x10\x022\xb2\x03\n" +
+	"\x10NODE_STATUS_DOWN\x10\x022\xd7\x04\n" +
 	"\n" +
 	"JobService\x12F\n" +
 	"\tSubmitJob\x12\x1b.apiary.v1.SubmitJobRequest\x1a\x1c.apiary.v1.SubmitJobResponse\x12=\n" +
@@ -3933,12 +4381,15 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tCancelJob\x12\x1b.apiary.v1.CancelJobRequest\x1a\x1c.apiary.v1.CancelJobResponse\x12E\n" +
 	"\bWatchJob\x12\x1a.apiary.v1.WatchJobRequest\x1a\x1b.apiary.v1.WatchJobResponse0\x01\x12I\n" +
 	"\n" +
-	"GetJobLogs\x12\x1c.apiary.v1.GetJobLogsRequest\x1a\x1d.apiary.v1.GetJobLogsResponse2\xe6\x02\n" +
+	"GetJobLogs\x12\x1c.apiary.v1.GetJobLogsRequest\x1a\x1d.apiary.v1.GetJobLogsResponse\x12L\n" +
+	"\vGetJobTrace\x12\x1d.apiary.v1.GetJobTraceRequest\x1a\x1e.apiary.v1.GetJobTraceResponse\x12U\n" +
+	"\x0eForwardRequest\x12 .apiary.v1.ForwardRequestRequest\x1a!.apiary.v1.ForwardRequestResponse2\xb4\x03\n" +
 	"\fAgentService\x12O\n" +
 	"\fRegisterNode\x12\x1e.apiary.v1.RegisterNodeRequest\x1a\x1f.apiary.v1.RegisterNodeResponse\x12F\n" +
 	"\tHeartbeat\x12\x1b.apiary.v1.HeartbeatRequest\x1a\x1c.apiary.v1.HeartbeatResponse\x12`\n" +
 	"\x11StreamAssignments\x12#.apiary.v1.StreamAssignmentsRequest\x1a$.apiary.v1.StreamAssignmentsResponse0\x01\x12[\n" +
-	"\x10ReportTaskStatus\x12\".apiary.v1.ReportTaskStatusRequest\x1a#.apiary.v1.ReportTaskStatusResponse2\xf8\x01\n" +
+	"\x10ReportTaskStatus\x12\".apiary.v1.ReportTaskStatusRequest\x1a#.apiary.v1.ReportTaskStatusResponse\x12L\n" +
+	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\xf8\x01\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.apiary.v1.ListNodesRequest\x1a\x1c.apiary.v1.ListNodesResponse\x12R\n" +
 	"\rGetRegionInfo\x12\x1f.apiary.v1.GetRegionInfoRequest\x1a .apiary.v1.GetRegionInfoResponse\x12L\n" +
@@ -3957,7 +4408,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                     // 0: apiary.v1.JobState
 	(TaskState)(0),                    // 1: apiary.v1.TaskState
@@ -3977,59 +4428,65 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(*TaskCounts)(nil),                // 15: apiary.v1.TaskCounts
 	(*Task)(nil),                      // 16: apiary.v1.Task
 	(*AttemptResult)(nil),             // 17: apiary.v1.AttemptResult
-	(*SubmitJobRequest)(nil),          // 18: apiary.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),         // 19: apiary.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),             // 20: apiary.v1.GetJobRequest
-	(*GetJobResponse)(nil),            // 21: apiary.v1.GetJobResponse
-	(*ListJobsRequest)(nil),           // 22: apiary.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),          // 23: apiary.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),          // 24: apiary.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),         // 25: apiary.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),           // 26: apiary.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),          // 27: apiary.v1.WatchJobResponse
-	(*GetJobLogsRequest)(nil),         // 28: apiary.v1.GetJobLogsRequest
-	(*GetJobLogsResponse)(nil),        // 29: apiary.v1.GetJobLogsResponse
-	(*RegisterNodeRequest)(nil),       // 30: apiary.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),      // 31: apiary.v1.RegisterNodeResponse
-	(*HeartbeatRequest)(nil),          // 32: apiary.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 33: apiary.v1.HeartbeatResponse
-	(*StreamAssignmentsRequest)(nil),  // 34: apiary.v1.StreamAssignmentsRequest
-	(*StreamAssignmentsResponse)(nil), // 35: apiary.v1.StreamAssignmentsResponse
-	(*Assignment)(nil),                // 36: apiary.v1.Assignment
-	(*ReportTaskStatusRequest)(nil),   // 37: apiary.v1.ReportTaskStatusRequest
-	(*ReportTaskStatusResponse)(nil),  // 38: apiary.v1.ReportTaskStatusResponse
-	(*ListNodesRequest)(nil),          // 39: apiary.v1.ListNodesRequest
-	(*Node)(nil),                      // 40: apiary.v1.Node
-	(*ListNodesResponse)(nil),         // 41: apiary.v1.ListNodesResponse
-	(*GetRegionInfoRequest)(nil),      // 42: apiary.v1.GetRegionInfoRequest
-	(*Coordinator)(nil),               // 43: apiary.v1.Coordinator
-	(*GetRegionInfoResponse)(nil),     // 44: apiary.v1.GetRegionInfoResponse
-	(*ListRegionsRequest)(nil),        // 45: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),         // 46: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),           // 47: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),             // 48: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),       // 49: apiary.v1.ListRegionsResponse
-	nil,                               // 50: apiary.v1.RegionSpec.SelectorEntry
-	nil,                               // 51: apiary.v1.TaskGroup.EnvEntry
-	nil,                               // 52: apiary.v1.Spread.TargetsEntry
-	nil,                               // 53: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                               // 54: apiary.v1.Assignment.EnvEntry
-	nil,                               // 55: apiary.v1.Node.LabelsEntry
-	nil,                               // 56: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                               // 57: apiary.v1.RegionSummary.LabelsEntry
+	(*ForwardRequestRequest)(nil),     // 18: apiary.v1.ForwardRequestRequest
+	(*ForwardRequestResponse)(nil),    // 19: apiary.v1.ForwardRequestResponse
+	(*SubmitJobRequest)(nil),          // 20: apiary.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),         // 21: apiary.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),             // 22: apiary.v1.GetJobRequest
+	(*GetJobResponse)(nil),            // 23: apiary.v1.GetJobResponse
+	(*ListJobsRequest)(nil),           // 24: apiary.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),          // 25: apiary.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),          // 26: apiary.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),         // 27: apiary.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),           // 28: apiary.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),          // 29: apiary.v1.WatchJobResponse
+	(*GetJobLogsRequest)(nil),         // 30: apiary.v1.GetJobLogsRequest
+	(*GetJobLogsResponse)(nil),        // 31: apiary.v1.GetJobLogsResponse
+	(*GetJobTraceRequest)(nil),        // 32: apiary.v1.GetJobTraceRequest
+	(*GetJobTraceResponse)(nil),       // 33: apiary.v1.GetJobTraceResponse
+	(*RegisterNodeRequest)(nil),       // 34: apiary.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),      // 35: apiary.v1.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),          // 36: apiary.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 37: apiary.v1.HeartbeatResponse
+	(*StreamAssignmentsRequest)(nil),  // 38: apiary.v1.StreamAssignmentsRequest
+	(*StreamAssignmentsResponse)(nil), // 39: apiary.v1.StreamAssignmentsResponse
+	(*Assignment)(nil),                // 40: apiary.v1.Assignment
+	(*ReportTaskStatusRequest)(nil),   // 41: apiary.v1.ReportTaskStatusRequest
+	(*ExportSpansRequest)(nil),        // 42: apiary.v1.ExportSpansRequest
+	(*ExportSpansResponse)(nil),       // 43: apiary.v1.ExportSpansResponse
+	(*ReportTaskStatusResponse)(nil),  // 44: apiary.v1.ReportTaskStatusResponse
+	(*ListNodesRequest)(nil),          // 45: apiary.v1.ListNodesRequest
+	(*Node)(nil),                      // 46: apiary.v1.Node
+	(*ListNodesResponse)(nil),         // 47: apiary.v1.ListNodesResponse
+	(*GetRegionInfoRequest)(nil),      // 48: apiary.v1.GetRegionInfoRequest
+	(*Coordinator)(nil),               // 49: apiary.v1.Coordinator
+	(*GetRegionInfoResponse)(nil),     // 50: apiary.v1.GetRegionInfoResponse
+	(*ListRegionsRequest)(nil),        // 51: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),         // 52: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),           // 53: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),             // 54: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),       // 55: apiary.v1.ListRegionsResponse
+	nil,                               // 56: apiary.v1.RegionSpec.SelectorEntry
+	nil,                               // 57: apiary.v1.TaskGroup.EnvEntry
+	nil,                               // 58: apiary.v1.Spread.TargetsEntry
+	nil,                               // 59: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                               // 60: apiary.v1.Assignment.EnvEntry
+	nil,                               // 61: apiary.v1.Node.LabelsEntry
+	nil,                               // 62: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                               // 63: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	6,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
 	7,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
-	50, // 2: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	51, // 3: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	56, // 2: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	57, // 3: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
 	8,  // 4: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
 	9,  // 5: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
 	10, // 6: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
 	11, // 7: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
 	12, // 8: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
 	13, // 9: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	52, // 10: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	58, // 10: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
 	5,  // 11: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
 	0,  // 12: apiary.v1.Job.state:type_name -> apiary.v1.JobState
 	15, // 13: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
@@ -4043,54 +4500,60 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	14, // 21: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
 	14, // 22: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
 	16, // 23: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	53, // 24: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	59, // 24: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
 	8,  // 25: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
-	36, // 26: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
+	40, // 26: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
 	4,  // 27: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	54, // 28: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	60, // 28: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
 	8,  // 29: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
 	2,  // 30: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
-	55, // 31: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	61, // 31: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
 	8,  // 32: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
 	8,  // 33: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
 	3,  // 34: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	40, // 35: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	56, // 36: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	43, // 37: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	57, // 38: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	46, // 39: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	46, // 35: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	62, // 36: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	49, // 37: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	63, // 38: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	52, // 39: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
 	8,  // 40: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
 	8,  // 41: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	47, // 42: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	48, // 43: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	18, // 44: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	20, // 45: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	22, // 46: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	24, // 47: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	26, // 48: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	28, // 49: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	30, // 50: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	32, // 51: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	34, // 52: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	37, // 53: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	39, // 54: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	42, // 55: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	45, // 56: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	19, // 57: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	21, // 58: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	23, // 59: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	25, // 60: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	27, // 61: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	29, // 62: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	31, // 63: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	33, // 64: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	35, // 65: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	38, // 66: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	41, // 67: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	44, // 68: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	49, // 69: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	57, // [57:70] is the sub-list for method output_type
-	44, // [44:57] is the sub-list for method input_type
+	53, // 42: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	54, // 43: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	20, // 44: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	22, // 45: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	24, // 46: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	26, // 47: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	28, // 48: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	30, // 49: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	32, // 50: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	18, // 51: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	34, // 52: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	36, // 53: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	38, // 54: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	41, // 55: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	42, // 56: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	45, // 57: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	48, // 58: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	51, // 59: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	21, // 60: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	23, // 61: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	25, // 62: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	27, // 63: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	29, // 64: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	31, // 65: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	33, // 66: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	19, // 67: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	35, // 68: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	37, // 69: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	39, // 70: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	44, // 71: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	43, // 72: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	47, // 73: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	50, // 74: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	55, // 75: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	60, // [60:76] is the sub-list for method output_type
+	44, // [44:60] is the sub-list for method input_type
 	44, // [44:44] is the sub-list for extension type_name
 	44, // [44:44] is the sub-list for extension extendee
 	0,  // [0:44] is the sub-list for field type_name
@@ -4107,7 +4570,7 @@ func file_apiary_v1_apiary_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   53,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

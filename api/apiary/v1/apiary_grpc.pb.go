@@ -26,12 +26,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	JobService_SubmitJob_FullMethodName  = "/apiary.v1.JobService/SubmitJob"
-	JobService_GetJob_FullMethodName     = "/apiary.v1.JobService/GetJob"
-	JobService_ListJobs_FullMethodName   = "/apiary.v1.JobService/ListJobs"
-	JobService_CancelJob_FullMethodName  = "/apiary.v1.JobService/CancelJob"
-	JobService_WatchJob_FullMethodName   = "/apiary.v1.JobService/WatchJob"
-	JobService_GetJobLogs_FullMethodName = "/apiary.v1.JobService/GetJobLogs"
+	JobService_SubmitJob_FullMethodName      = "/apiary.v1.JobService/SubmitJob"
+	JobService_GetJob_FullMethodName         = "/apiary.v1.JobService/GetJob"
+	JobService_ListJobs_FullMethodName       = "/apiary.v1.JobService/ListJobs"
+	JobService_CancelJob_FullMethodName      = "/apiary.v1.JobService/CancelJob"
+	JobService_WatchJob_FullMethodName       = "/apiary.v1.JobService/WatchJob"
+	JobService_GetJobLogs_FullMethodName     = "/apiary.v1.JobService/GetJobLogs"
+	JobService_GetJobTrace_FullMethodName    = "/apiary.v1.JobService/GetJobTrace"
+	JobService_ForwardRequest_FullMethodName = "/apiary.v1.JobService/ForwardRequest"
 )
 
 // JobServiceClient is the client API for JobService service.
@@ -51,6 +53,20 @@ type JobServiceClient interface {
 	WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchJobResponse], error)
 	// GetJobLogs returns each task's kept output tail per attempt.
 	GetJobLogs(ctx context.Context, in *GetJobLogsRequest, opts ...grpc.CallOption) (*GetJobLogsResponse, error)
+	// GetJobTrace returns the spans of the job's trace that the processes'
+	// in-memory span buffers hold (`apiary trace JOB_ID`). A coordinator
+	// answers from its own buffer (which holds its agents' task.run spans)
+	// and asks the region's other coordinators; the router forwards to the
+	// job's region and adds its own job.route span. Unreachable processes are
+	// named in the answer, not an error.
+	GetJobTrace(ctx context.Context, in *GetJobTraceRequest, opts ...grpc.CallOption) (*GetJobTraceResponse, error)
+	// ForwardRequest is called by the router on the home region of an
+	// idempotent request (client_id, request_id) that the home region refused
+	// to run itself: the home region records, once, that the request lives in
+	// `region`, so every later submission of it, through any router, goes
+	// there and never makes a second job (docs/architecture.md, "Idempotency
+	// across regions"). Served by coordinators only.
+	ForwardRequest(ctx context.Context, in *ForwardRequestRequest, opts ...grpc.CallOption) (*ForwardRequestResponse, error)
 }
 
 type jobServiceClient struct {
@@ -130,6 +146,26 @@ func (c *jobServiceClient) GetJobLogs(ctx context.Context, in *GetJobLogsRequest
 	return out, nil
 }
 
+func (c *jobServiceClient) GetJobTrace(ctx context.Context, in *GetJobTraceRequest, opts ...grpc.CallOption) (*GetJobTraceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetJobTraceResponse)
+	err := c.cc.Invoke(ctx, JobService_GetJobTrace_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *jobServiceClient) ForwardRequest(ctx context.Context, in *ForwardRequestRequest, opts ...grpc.CallOption) (*ForwardRequestResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForwardRequestResponse)
+	err := c.cc.Invoke(ctx, JobService_ForwardRequest_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JobServiceServer is the server API for JobService service.
 // All implementations must embed UnimplementedJobServiceServer
 // for forward compatibility.
@@ -147,6 +183,20 @@ type JobServiceServer interface {
 	WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[WatchJobResponse]) error
 	// GetJobLogs returns each task's kept output tail per attempt.
 	GetJobLogs(context.Context, *GetJobLogsRequest) (*GetJobLogsResponse, error)
+	// GetJobTrace returns the spans of the job's trace that the processes'
+	// in-memory span buffers hold (`apiary trace JOB_ID`). A coordinator
+	// answers from its own buffer (which holds its agents' task.run spans)
+	// and asks the region's other coordinators; the router forwards to the
+	// job's region and adds its own job.route span. Unreachable processes are
+	// named in the answer, not an error.
+	GetJobTrace(context.Context, *GetJobTraceRequest) (*GetJobTraceResponse, error)
+	// ForwardRequest is called by the router on the home region of an
+	// idempotent request (client_id, request_id) that the home region refused
+	// to run itself: the home region records, once, that the request lives in
+	// `region`, so every later submission of it, through any router, goes
+	// there and never makes a second job (docs/architecture.md, "Idempotency
+	// across regions"). Served by coordinators only.
+	ForwardRequest(context.Context, *ForwardRequestRequest) (*ForwardRequestResponse, error)
 	mustEmbedUnimplementedJobServiceServer()
 }
 
@@ -174,6 +224,12 @@ func (UnimplementedJobServiceServer) WatchJob(*WatchJobRequest, grpc.ServerStrea
 }
 func (UnimplementedJobServiceServer) GetJobLogs(context.Context, *GetJobLogsRequest) (*GetJobLogsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetJobLogs not implemented")
+}
+func (UnimplementedJobServiceServer) GetJobTrace(context.Context, *GetJobTraceRequest) (*GetJobTraceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetJobTrace not implemented")
+}
+func (UnimplementedJobServiceServer) ForwardRequest(context.Context, *ForwardRequestRequest) (*ForwardRequestResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForwardRequest not implemented")
 }
 func (UnimplementedJobServiceServer) mustEmbedUnimplementedJobServiceServer() {}
 func (UnimplementedJobServiceServer) testEmbeddedByValue()                    {}
@@ -297,6 +353,42 @@ func _JobService_GetJobLogs_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JobService_GetJobTrace_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetJobTraceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JobServiceServer).GetJobTrace(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JobService_GetJobTrace_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JobServiceServer).GetJobTrace(ctx, req.(*GetJobTraceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _JobService_ForwardRequest_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForwardRequestRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JobServiceServer).ForwardRequest(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JobService_ForwardRequest_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JobServiceServer).ForwardRequest(ctx, req.(*ForwardRequestRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JobService_ServiceDesc is the grpc.ServiceDesc for JobService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -324,6 +416,14 @@ var JobService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "GetJobLogs",
 			Handler:    _JobService_GetJobLogs_Handler,
 		},
+		{
+			MethodName: "GetJobTrace",
+			Handler:    _JobService_GetJobTrace_Handler,
+		},
+		{
+			MethodName: "ForwardRequest",
+			Handler:    _JobService_ForwardRequest_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -340,6 +440,7 @@ const (
 	AgentService_Heartbeat_FullMethodName         = "/apiary.v1.AgentService/Heartbeat"
 	AgentService_StreamAssignments_FullMethodName = "/apiary.v1.AgentService/StreamAssignments"
 	AgentService_ReportTaskStatus_FullMethodName  = "/apiary.v1.AgentService/ReportTaskStatus"
+	AgentService_ExportSpans_FullMethodName       = "/apiary.v1.AgentService/ExportSpans"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -358,6 +459,10 @@ type AgentServiceClient interface {
 	// ReportTaskStatus reports on one attempt. A report whose (attempt, node
 	// epoch) is not the task's current one is rejected (accepted=false).
 	ReportTaskStatus(ctx context.Context, in *ReportTaskStatusRequest, opts ...grpc.CallOption) (*ReportTaskStatusResponse, error)
+	// ExportSpans hands the agent's finished spans (task.run) to the
+	// coordinator's in-memory span buffer, from which GetJobTrace serves
+	// them. Best effort: a coordinator without a buffer drops them.
+	ExportSpans(ctx context.Context, in *ExportSpansRequest, opts ...grpc.CallOption) (*ExportSpansResponse, error)
 }
 
 type agentServiceClient struct {
@@ -417,6 +522,16 @@ func (c *agentServiceClient) ReportTaskStatus(ctx context.Context, in *ReportTas
 	return out, nil
 }
 
+func (c *agentServiceClient) ExportSpans(ctx context.Context, in *ExportSpansRequest, opts ...grpc.CallOption) (*ExportSpansResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExportSpansResponse)
+	err := c.cc.Invoke(ctx, AgentService_ExportSpans_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -433,6 +548,10 @@ type AgentServiceServer interface {
 	// ReportTaskStatus reports on one attempt. A report whose (attempt, node
 	// epoch) is not the task's current one is rejected (accepted=false).
 	ReportTaskStatus(context.Context, *ReportTaskStatusRequest) (*ReportTaskStatusResponse, error)
+	// ExportSpans hands the agent's finished spans (task.run) to the
+	// coordinator's in-memory span buffer, from which GetJobTrace serves
+	// them. Best effort: a coordinator without a buffer drops them.
+	ExportSpans(context.Context, *ExportSpansRequest) (*ExportSpansResponse, error)
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -454,6 +573,9 @@ func (UnimplementedAgentServiceServer) StreamAssignments(*StreamAssignmentsReque
 }
 func (UnimplementedAgentServiceServer) ReportTaskStatus(context.Context, *ReportTaskStatusRequest) (*ReportTaskStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportTaskStatus not implemented")
+}
+func (UnimplementedAgentServiceServer) ExportSpans(context.Context, *ExportSpansRequest) (*ExportSpansResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExportSpans not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -541,6 +663,24 @@ func _AgentService_ReportTaskStatus_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentService_ExportSpans_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExportSpansRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).ExportSpans(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_ExportSpans_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).ExportSpans(ctx, req.(*ExportSpansRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -559,6 +699,10 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportTaskStatus",
 			Handler:    _AgentService_ReportTaskStatus_Handler,
+		},
+		{
+			MethodName: "ExportSpans",
+			Handler:    _AgentService_ExportSpans_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
