@@ -285,6 +285,81 @@ func TestFederation(t *testing.T) {
 		}
 	})
 
+	t.Run("every rule of deploy/policy.yaml: allowed jobs complete where the rule allows, forbidden ones are refused before anything is stored", func(t *testing.T) {
+		type allowed struct {
+			name, jur, class string
+			via              apiaryv1.JobServiceClient
+			regions          []string // where the rule lets it run
+		}
+		for _, c := range []allowed{
+			{"eu-data-in-eu", "eu", "personal", f.global, []string{"eu-west"}},
+			{"eu-data-in-eu, upper case", "EU", "Personal", f.global, []string{"eu-west"}},
+			// CH data may run in CH or the EU: eu-west's EU nodes run it
+			// (it used to wait forever: placement wanted node == job
+			// jurisdiction).
+			{"ch-data-in-ch-or-eu", "ch", "", f.global, []string{"eu-west"}},
+			{"ch-data-in-ch-or-eu, direct", "ch", "internal", f.euDirect, []string{"eu-west"}},
+			{"us-personal-in-us", "us", "personal", f.global, []string{"us-east"}},
+			// Other US data may run anywhere, also on eu-west's nodes.
+			{"default for us internal, direct to eu-west", "us", "internal", f.euDirect, []string{"eu-west"}},
+			{"default for us internal", "us", "internal", f.global, []string{"eu-west", "us-east"}},
+			{"default, no jurisdiction", "", "public", f.global, []string{"eu-west", "us-east"}},
+		} {
+			y := fmt.Sprintf("name: rule\njurisdiction: %q\ndata_class: %q\ntasks: [{name: a, command: 'true'}]\n", c.jur, c.class)
+			r := mustSubmit(t, c.via, spec(t, y))
+			if !slices.Contains(c.regions, r.GetRegion()) {
+				t.Errorf("%s: accepted by %s, want one of %v", c.name, r.GetRegion(), c.regions)
+			}
+			waitState(t, f.global, r.GetJobId(), apiaryv1.JobState_JOB_STATE_COMPLETE)
+		}
+		before := f.countJobs(t)
+		for _, c := range []struct {
+			name, jur, class, rule string
+			via                    apiaryv1.JobServiceClient
+		}{
+			{"restricted-nowhere", "eu", "restricted", "restricted-nowhere", f.global},
+			{"restricted-nowhere, no jurisdiction", "", "restricted", "restricted-nowhere", f.global},
+			{"restricted-nowhere, direct", "us", "restricted", "restricted-nowhere", f.usDirect},
+			{"eu-data-in-eu, direct to us-east", "eu", "", "eu-data-in-eu", f.usDirect},
+			{"ch-data-in-ch-or-eu, direct to us-east", "ch", "personal", "ch-data-in-ch-or-eu", f.usDirect},
+			{"us-personal-in-us, direct to eu-west", "us", "personal", "us-personal-in-us", f.euDirect},
+		} {
+			y := fmt.Sprintf("name: rule\njurisdiction: %q\ndata_class: %q\ntasks: [{name: a, command: 'true'}]\n", c.jur, c.class)
+			_, err := submit(c.via, spec(t, y))
+			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), c.rule) {
+				t.Errorf("%s: %v; want FAILED_PRECONDITION naming rule %s", c.name, err, c.rule)
+			}
+		}
+		// Values the policy does not know are refused, listing the known
+		// ones, by the router and by a region alike.
+		for _, c := range []struct {
+			yaml, want string
+			via        apiaryv1.JobServiceClient
+		}{
+			{"jurisdiction: xx\n", `jurisdiction: "xx" is not a jurisdiction of the sovereignty policy (known: ch, eu, us)`, f.global},
+			{"jurisdiction: xx\n", `jurisdiction: "xx" is not a jurisdiction`, f.euDirect},
+			{"jurisdiction: eu\ndata_class: persnal\n", `data_class: "persnal" is not a data class of the sovereignty policy (known: internal, personal, public, restricted)`, f.global},
+			{"data_class: persnal\n", `data_class: "persnal"`, f.usDirect},
+			{"region: {prefer: [us-eats]}\n", `region.prefer[0]: "us-eats" is not a region of the federation (known: eu-west, us-east)`, f.global},
+		} {
+			_, err := submit(c.via, spec(t, "name: typo\n"+c.yaml+"tasks: [{name: a, command: 'true'}]\n"))
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%q: %v; want INVALID_ARGUMENT containing %q", c.yaml, err, c.want)
+			}
+		}
+		dir := t.TempDir()
+		p := filepath.Join(dir, "typo.yaml")
+		if err := os.WriteFile(p, []byte("name: typo\njurisdiction: eu\ndata_class: persnal\ntasks: [{name: a, command: 'true'}]\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, code := f.cli(t, "job", "run", p); code != 2 || !strings.Contains(out, "known: internal, personal, public, restricted") {
+			t.Errorf("job run with data_class typo: exit %d, want 2 listing the known classes:\n%s", code, out)
+		}
+		if after := f.countJobs(t); after != before {
+			t.Errorf("jobs stored: %d before, %d after refused submissions", before, after)
+		}
+	})
+
 	t.Run("get, cancel, logs route by job id; list merges regions", func(t *testing.T) {
 		eu := mustSubmit(t, f.global, spec(t, "name: hello-eu\njurisdiction: eu\ntasks: [{name: a, command: echo, args: [hi-eu]}]\n"))
 		us := mustSubmit(t, f.global, spec(t, "name: hello-us\njurisdiction: us\ntasks: [{name: a, command: echo, args: [hi-us]}]\n"))
@@ -375,81 +450,6 @@ func TestFederation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-		}
-	})
-
-	t.Run("every rule of deploy/policy.yaml: allowed jobs complete where the rule allows, forbidden ones are refused before anything is stored", func(t *testing.T) {
-		type allowed struct {
-			name, jur, class string
-			via              apiaryv1.JobServiceClient
-			regions          []string // where the rule lets it run
-		}
-		for _, c := range []allowed{
-			{"eu-data-in-eu", "eu", "personal", f.global, []string{"eu-west"}},
-			{"eu-data-in-eu, upper case", "EU", "Personal", f.global, []string{"eu-west"}},
-			// CH data may run in CH or the EU: eu-west's EU nodes run it
-			// (it used to wait forever: placement wanted node == job
-			// jurisdiction).
-			{"ch-data-in-ch-or-eu", "ch", "", f.global, []string{"eu-west"}},
-			{"ch-data-in-ch-or-eu, direct", "ch", "internal", f.euDirect, []string{"eu-west"}},
-			{"us-personal-in-us", "us", "personal", f.global, []string{"us-east"}},
-			// Other US data may run anywhere, also on eu-west's nodes.
-			{"default for us internal, direct to eu-west", "us", "internal", f.euDirect, []string{"eu-west"}},
-			{"default for us internal", "us", "internal", f.global, []string{"eu-west", "us-east"}},
-			{"default, no jurisdiction", "", "public", f.global, []string{"eu-west", "us-east"}},
-		} {
-			y := fmt.Sprintf("name: rule\njurisdiction: %q\ndata_class: %q\ntasks: [{name: a, command: 'true'}]\n", c.jur, c.class)
-			r := mustSubmit(t, c.via, spec(t, y))
-			if !slices.Contains(c.regions, r.GetRegion()) {
-				t.Errorf("%s: accepted by %s, want one of %v", c.name, r.GetRegion(), c.regions)
-			}
-			waitState(t, f.global, r.GetJobId(), apiaryv1.JobState_JOB_STATE_COMPLETE)
-		}
-		before := f.countJobs(t)
-		for _, c := range []struct {
-			name, jur, class, rule string
-			via                    apiaryv1.JobServiceClient
-		}{
-			{"restricted-nowhere", "eu", "restricted", "restricted-nowhere", f.global},
-			{"restricted-nowhere, no jurisdiction", "", "restricted", "restricted-nowhere", f.global},
-			{"restricted-nowhere, direct", "us", "restricted", "restricted-nowhere", f.usDirect},
-			{"eu-data-in-eu, direct to us-east", "eu", "", "eu-data-in-eu", f.usDirect},
-			{"ch-data-in-ch-or-eu, direct to us-east", "ch", "personal", "ch-data-in-ch-or-eu", f.usDirect},
-			{"us-personal-in-us, direct to eu-west", "us", "personal", "us-personal-in-us", f.euDirect},
-		} {
-			y := fmt.Sprintf("name: rule\njurisdiction: %q\ndata_class: %q\ntasks: [{name: a, command: 'true'}]\n", c.jur, c.class)
-			_, err := submit(c.via, spec(t, y))
-			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), c.rule) {
-				t.Errorf("%s: %v; want FAILED_PRECONDITION naming rule %s", c.name, err, c.rule)
-			}
-		}
-		// Values the policy does not know are refused, listing the known
-		// ones, by the router and by a region alike.
-		for _, c := range []struct {
-			yaml, want string
-			via        apiaryv1.JobServiceClient
-		}{
-			{"jurisdiction: xx\n", `jurisdiction: "xx" is not a jurisdiction of the sovereignty policy (known: ch, eu, us)`, f.global},
-			{"jurisdiction: xx\n", `jurisdiction: "xx" is not a jurisdiction`, f.euDirect},
-			{"jurisdiction: eu\ndata_class: persnal\n", `data_class: "persnal" is not a data class of the sovereignty policy (known: internal, personal, public, restricted)`, f.global},
-			{"data_class: persnal\n", `data_class: "persnal"`, f.usDirect},
-			{"region: {prefer: [us-eats]}\n", `region.prefer[0]: "us-eats" is not a region of the federation (known: eu-west, us-east)`, f.global},
-		} {
-			_, err := submit(c.via, spec(t, "name: typo\n"+c.yaml+"tasks: [{name: a, command: 'true'}]\n"))
-			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), c.want) {
-				t.Errorf("%q: %v; want INVALID_ARGUMENT containing %q", c.yaml, err, c.want)
-			}
-		}
-		dir := t.TempDir()
-		p := filepath.Join(dir, "typo.yaml")
-		if err := os.WriteFile(p, []byte("name: typo\njurisdiction: eu\ndata_class: persnal\ntasks: [{name: a, command: 'true'}]\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if out, code := f.cli(t, "job", "run", p); code != 2 || !strings.Contains(out, "known: internal, personal, public, restricted") {
-			t.Errorf("job run with data_class typo: exit %d, want 2 listing the known classes:\n%s", code, out)
-		}
-		if after := f.countJobs(t); after != before {
-			t.Errorf("jobs stored: %d before, %d after refused submissions", before, after)
 		}
 	})
 
