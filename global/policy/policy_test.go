@@ -104,3 +104,63 @@ func TestDefaultYAMLIsDeployPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestResolveIsTheOneRule(t *testing.T) {
+	p, err := Parse([]byte(DefaultYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		pol           *Policy
+		jur, class    string
+		any           bool
+		jurisdictions []string
+		rule          string
+	}{
+		{p, "ch", "", false, []string{"ch", "eu"}, "ch-data-in-ch-or-eu"},
+		{p, "us", "internal", true, nil, "default"},
+		{p, "us", "personal", false, []string{"us"}, "us-personal-in-us"},
+		{p, "eu", "restricted", false, []string{}, "restricted-nowhere"},
+		{nil, "us", "", false, []string{"us"}, RuleNoPolicy},
+		{nil, "", "personal", true, nil, RuleNoPolicy},
+	}
+	for _, c := range cases {
+		d := Resolve(c.pol, c.jur, c.class)
+		got := d.Jurisdictions()
+		if d.Any != c.any || d.Rule != c.rule || strings.Join(got, ",") != strings.Join(c.jurisdictions, ",") || (got == nil) != (c.jurisdictions == nil) {
+			t.Errorf("Resolve(%v, %q, %q) = %+v (jurisdictions %#v); want any=%v %v rule %s", c.pol != nil, c.jur, c.class, d, got, c.any, c.jurisdictions, c.rule)
+		}
+	}
+	if s := Resolve(nil, "us", "").String(); !strings.Contains(s, "no sovereignty policy") {
+		t.Errorf("no-policy decision reads %q", s)
+	}
+}
+
+func TestCheckValuesListsKnownValues(t *testing.T) {
+	p, err := Parse([]byte(DefaultYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ok := range [][2]string{{"", ""}, {"eu", "personal"}, {"ch", ""}, {"", "restricted"}} {
+		if err := p.CheckValues(ok[0], ok[1]); err != nil {
+			t.Errorf("CheckValues(%q, %q) = %v", ok[0], ok[1], err)
+		}
+	}
+	for _, c := range []struct{ jur, class, want string }{
+		{"EU", "", `jurisdiction: "EU" is not a jurisdiction of the sovereignty policy (known: ch, eu, us)`},
+		{"eu", "persnal", `data_class: "persnal" is not a data class of the sovereignty policy (known: internal, personal, public, restricted)`},
+		{"xx", "yy", `jurisdiction: "xx"`},
+	} {
+		err := p.CheckValues(c.jur, c.class)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("CheckValues(%q, %q) = %v; want %q", c.jur, c.class, err, c.want)
+		}
+	}
+	open, err := Parse([]byte("version: 1\njurisdictions: {eu: {}}\ndefault: {allow: ['*']}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := open.CheckValues("eu", "anything"); err != nil {
+		t.Errorf("a policy without data_classes refused a class: %v", err)
+	}
+}

@@ -471,3 +471,30 @@ func TestPrepare(t *testing.T) {
 		t.Fatalf("spec without tasks: %v", err)
 	}
 }
+
+func TestPrepareNormalizesPolicyValues(t *testing.T) {
+	s, err := Parse([]byte("name: job\njurisdiction: EU\ndata_class: Personal\ntasks: [{name: a, command: 'true'}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Prepare(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.GetJurisdiction() != "eu" || p.GetDataClass() != "personal" {
+		t.Fatalf("prepared jurisdiction %q data_class %q; want eu, personal", p.GetJurisdiction(), p.GetDataClass())
+	}
+	if s.GetJurisdiction() != "EU" {
+		t.Fatal("Prepare changed its input")
+	}
+	// The payload hash of an idempotent submission is taken after
+	// Prepare, so `EU` and `eu` are the same payload.
+	s2, _ := Parse([]byte("name: job\njurisdiction: eu\ndata_class: personal\ntasks: [{name: a, command: 'true'}]\n"))
+	p2, err := Prepare(s2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if PayloadHash(p) != PayloadHash(p2) {
+		t.Fatal("EU and eu hash differently")
+	}
+}
