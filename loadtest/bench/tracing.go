@@ -24,7 +24,8 @@ import (
 // region starts each job's trace at accept (an otelgrpc server span for
 // SubmitJob and its job.accept child).
 const (
-	// TracingOff starts the region with no tracing variables (no-op provider).
+	// TracingOff starts the region with OTEL_SDK_DISABLED=true: no exporter,
+	// no in-memory span buffer, no span shipping (no-op provider).
 	TracingOff = "off"
 	// TracingFile sets APIARY_TRACE_FILE=<dir>/spans.jsonl (JSON-lines file
 	// exporter, batched).
@@ -53,6 +54,9 @@ func startTraceSink(mode, dir string) (*traceSink, error) {
 	switch mode {
 	case "", TracingOff:
 		t.mode = TracingOff
+		// Coordinators and routers buffer spans by default (GetJobTrace):
+		// "off" means none of it.
+		t.env = []string{"OTEL_SDK_DISABLED=true"}
 	case TracingFile:
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
