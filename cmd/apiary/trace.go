@@ -1,58 +1,87 @@
 package main
 
-// apiary trace JOB_ID: a job's lifecycle from a span file, as an indented
-// timeline in the terminal.
+// apiary trace JOB_ID: a job's lifecycle, read from the processes' span
+// buffers over the API (or from a span file), as an indented timeline in
+// the terminal.
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/otel/attribute"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/telemetry"
 )
 
 func init() { register(newTraceCmd) }
 
+// Spans still in flight: how long after an attempt ends its task.run span
+// may still be on its way (an agent ships every telemetry.ShipInterval; a
+// span file is written every telemetry.FileBatchInterval), and how often
+// apiary trace looks again meanwhile.
+const (
+	bufferInFlight = telemetry.ShipInterval + 2*time.Second
+	fileInFlight   = telemetry.FileBatchInterval + time.Second
+	inFlightPoll   = 200 * time.Millisecond
+)
+
 func newTraceCmd() *cobra.Command {
 	var (
 		file  string
 		color string
+		o     clientOpts
 	)
 	cmd := &cobra.Command{
 		Use:   "trace JOB_ID",
 		Short: "Draw a job's lifecycle (its trace) as a timeline",
 		Long: `Draw a job's lifecycle as an indented timeline: every span of the job's trace
-(submit, accept, each placement, dispatch, run, retry, complete or fail), its
+(route, accept, each placement, dispatch, run, retry, complete or fail), its
 start offset from the first span and its duration, the node and attempt, and
 errors in red, so it is plain where the time went and why a task was retried.
 
-Spans are read from a JSON-lines span file: --file, else $APIARY_TRACE_FILE
-(apiary dev sets it and writes every process's spans to <data-dir>/traces.jsonl).
-Processes write it with --trace-file. Spans are exported in batches, so the
-last ones may take a few seconds to appear.`,
-		Example: `  apiary trace eu-west-01HX... --file /tmp/apiary-dev/traces.jsonl`,
-		Args:    cobra.ExactArgs(1),
+By default the spans come over the API (--addr, else $APIARY_ADDR: a global
+router or any coordinator of the job's region) from the span buffers that
+every coordinator and router keeps in memory (--trace-buffer, on by default;
+agents send their task.run spans to their coordinators every second). The
+router adds only its own job.route span: another router replica's is not
+shown.
+
+With --file, or $APIARY_TRACE_FILE when --addr is not given, the spans come
+from a JSON-lines span file that the processes write (--trace-file or
+$APIARY_TRACE_FILE; apiary dev writes <data-dir>/traces.jsonl); it also
+holds the client's job.submit span if apiary job run wrote to it too.
+
+Spans still in flight: an agent sends a task.run span about a second after
+the attempt ends, and a span file is written every 5 s. When a dispatched
+attempt has ended but its task.run span has not arrived yet, apiary trace
+waits for it (at most 3 s after the attempt ended over the API, 6 s after
+the newest span with a file) and then says which are still missing. A
+running attempt's task.run span appears when it ends.
+
+-o json prints the spans of the job's traces as JSON lines (the span-file
+format) instead of the timeline. A job with no spans exits 2.`,
+		Example: `  apiary trace eu-west-01HX... --addr 127.0.0.1:7070
+  apiary trace eu-west-01HX... --file /tmp/apiary-dev/traces.jsonl`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if file == "" {
-				file = os.Getenv(telemetry.EnvTraceFile)
-			}
-			if file == "" {
-				return withCode(exitInvalid, errors.New("no span file: give --file or set $"+telemetry.EnvTraceFile))
-			}
-			spans, err := telemetry.ReadSpanFile(file)
-			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
-					return withCode(exitInvalid, fmt.Errorf("span file %s does not exist", file))
-				}
-				return withCode(exitInvalid, err)
+			if err := o.check(); err != nil {
+				return err
 			}
 			useColor := false
 			switch color {
@@ -66,19 +95,310 @@ last ones may take a few seconds to appear.`,
 			default:
 				return withCode(exitInvalid, fmt.Errorf("--color: must be auto, always or never, got %q", color))
 			}
-			n, err := renderTrace(cmd.OutOrStdout(), spans, args[0], useColor)
+			job := args[0]
+			if !cmd.Flags().Changed("file") && !cmd.Flags().Changed("addr") {
+				file = os.Getenv(telemetry.EnvTraceFile)
+			}
+			ctx, stop := signalContext(cmd)
+			defer stop()
+			var src traceSource
+			if file != "" {
+				src = &fileSource{path: file}
+			} else {
+				cc, addr, err := o.conn(cmd)
+				if err != nil {
+					return err
+				}
+				defer cc.Close()
+				src = &apiSource{o: &o, addr: addr, jobs: apiaryv1.NewJobServiceClient(cc)}
+			}
+			spans, pending, err := fetchSettled(ctx, src, job)
 			if err != nil {
 				return err
 			}
-			if n == 0 {
-				return withCode(exitInvalid, fmt.Errorf("no spans of job %s in %s (is tracing on? spans are flushed every few seconds)", args[0], file))
+			w := cmd.OutOrStdout()
+			if o.output == "json" {
+				for _, s := range jobSpans(spans, job) {
+					if err := printSpanJSON(w, s); err != nil {
+						return err
+					}
+				}
+			} else if _, err := renderTrace(w, spans, job, useColor); err != nil {
+				return err
+			}
+			if len(spans) == 0 || !hasJobSpan(spans, job) {
+				return withCode(exitInvalid, src.noSpans(job))
+			}
+			for _, n := range src.notes() {
+				fmt.Fprintln(cmd.ErrOrStderr(), "note:", n)
+			}
+			for _, p := range pending {
+				fmt.Fprintln(cmd.ErrOrStderr(), "note:", p)
 			}
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&file, "file", "f", "", "span file (JSON lines; default $"+telemetry.EnvTraceFile+")")
+	o.addFlags(cmd)
+	cmd.Flags().StringVarP(&file, "file", "f", "", "read a span file (JSON lines) instead of the API (default $"+telemetry.EnvTraceFile+" when --addr is not given)")
 	cmd.Flags().StringVar(&color, "color", "auto", "color errors red: auto, always or never")
 	return cmd
+}
+
+// traceSource is where apiary trace reads spans: the API or a span file.
+type traceSource interface {
+	// spans returns the spans (at least those of the job's traces) and,
+	// when the source can tell, the progress of the job's attempts.
+	spans(ctx context.Context, job string) ([]telemetry.SpanRecord, *jobProgress, error)
+	// inFlight is how long after endedAt spans may still be on their way.
+	inFlight() time.Duration
+	// missingWhy says why a task.run span may be missing.
+	missingWhy() string
+	noSpans(job string) error
+	notes() []string
+}
+
+// jobProgress is what the job itself says about its attempts (API only).
+type jobProgress struct {
+	running map[string]string    // "task/attempt" → node, attempts not ended
+	ended   map[string]time.Time // "task/attempt" → when the attempt ended
+}
+
+type fileSource struct{ path string }
+
+func (f *fileSource) spans(context.Context, string) ([]telemetry.SpanRecord, *jobProgress, error) {
+	spans, err := telemetry.ReadSpanFile(f.path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, withCode(exitInvalid, fmt.Errorf("span file %s does not exist: processes write it when started with "+
+				"--trace-file %s or $%s=%s; or leave out --file (and $%s) to read the processes' span buffers over the API with --addr",
+				f.path, f.path, telemetry.EnvTraceFile, f.path, telemetry.EnvTraceFile))
+		}
+		return nil, nil, withCode(exitInvalid, err)
+	}
+	return spans, nil, nil
+}
+
+func (f *fileSource) inFlight() time.Duration { return fileInFlight }
+
+func (f *fileSource) noSpans(job string) error {
+	return fmt.Errorf("no spans of job %s in %s: every process whose spans you want must write to it (--trace-file %s or $%s), "+
+		"and spans reach it in batches every %s; or leave out --file (and $%s) to read the processes' span buffers over the API with --addr",
+		job, f.path, f.path, telemetry.EnvTraceFile, telemetry.FileBatchInterval, telemetry.EnvTraceFile)
+}
+
+func (f *fileSource) notes() []string { return nil }
+
+func (f *fileSource) missingWhy() string {
+	return fmt.Sprintf("processes append spans to the file every %s, and only those started with --trace-file %s (or $%s) do; "+
+		"a killed agent's last spans are lost; run apiary trace again to look once more", telemetry.FileBatchInterval, f.path, telemetry.EnvTraceFile)
+}
+
+type apiSource struct {
+	o    *clientOpts
+	addr string
+	jobs apiaryv1.JobServiceClient
+	last *apiaryv1.GetJobTraceResponse
+}
+
+func (a *apiSource) spans(ctx context.Context, job string) ([]telemetry.SpanRecord, *jobProgress, error) {
+	var resp *apiaryv1.GetJobTraceResponse
+	err := a.o.call(ctx, func(ctx context.Context) error {
+		var err error
+		resp, err = a.jobs.GetJobTrace(ctx, &apiaryv1.GetJobTraceRequest{JobId: job}, grpc.MaxCallRecvMsgSize(cliconn.MaxRecvBytes))
+		return err
+	})
+	if err != nil {
+		if status.Code(err) == codes.Unimplemented {
+			return nil, nil, withCode(exitInvalid, fmt.Errorf("the server at %s does not serve traces (GetJobTrace: %s); "+
+				"read a span file with --file instead", a.addr, status.Convert(err).Message()))
+		}
+		return nil, nil, rpcError(err, a.addr, "")
+	}
+	a.last = resp
+	spans, err := telemetry.ReadSpans(bytes.NewReader(resp.GetSpansJsonl()))
+	if err != nil {
+		return nil, nil, withCode(exitUnavailable, fmt.Errorf("reading the spans from %s: %w", a.addr, err))
+	}
+	// The job's attempts, to tell a running attempt from a span in flight.
+	var jr *apiaryv1.GetJobResponse
+	if err := a.o.call(ctx, func(ctx context.Context) error {
+		var err error
+		jr, err = a.jobs.GetJob(ctx, &apiaryv1.GetJobRequest{JobId: job}, grpc.MaxCallRecvMsgSize(cliconn.MaxRecvBytes))
+		return err
+	}); err != nil {
+		if status.Code(err) == codes.NotFound && len(spans) == 0 {
+			return nil, nil, rpcError(err, a.addr, "job "+job)
+		}
+		return spans, nil, nil
+	}
+	p := &jobProgress{running: map[string]string{}, ended: map[string]time.Time{}}
+	for _, t := range jr.GetJob().GetTasks() {
+		switch t.GetState() {
+		case apiaryv1.TaskState_TASK_STATE_ASSIGNED, apiaryv1.TaskState_TASK_STATE_RUNNING:
+			p.running[attemptKey(strconv.Itoa(int(t.GetIndex())), strconv.Itoa(int(t.GetAttempt())))] = t.GetNodeId()
+		}
+		for _, r := range t.GetAttempts() {
+			if r.GetEndTimeMs() > 0 {
+				p.ended[attemptKey(strconv.Itoa(int(t.GetIndex())), strconv.Itoa(int(r.GetAttempt())))] = time.UnixMilli(r.GetEndTimeMs())
+			}
+		}
+	}
+	return spans, p, nil
+}
+
+func (a *apiSource) inFlight() time.Duration { return bufferInFlight }
+
+func (a *apiSource) missingWhy() string {
+	return fmt.Sprintf("agents send their spans to a coordinator every %s; a killed agent's last spans, and those in the buffer "+
+		"of a coordinator that restarted since, are lost; run apiary trace again to look once more", telemetry.ShipInterval)
+}
+
+func (a *apiSource) noSpans(job string) error {
+	msg := fmt.Sprintf("no spans of job %s in the span buffers reached through %s. Each coordinator and router keeps its last "+
+		"--trace-buffer spans (default %d, at most %s) in memory: a process that restarted since has lost them, and a process "+
+		"started with --trace-buffer 0 or OTEL_SDK_DISABLED=true keeps none. A span file written with --trace-file can be read with --file",
+		job, a.addr, telemetry.DefaultBufferSpans, telemetry.DefaultBufferAge)
+	if n := a.notes(); len(n) > 0 {
+		msg += " (" + strings.Join(n, "; ") + ")"
+	}
+	return errors.New(msg)
+}
+
+func (a *apiSource) notes() []string {
+	if a.last == nil {
+		return nil
+	}
+	var out []string
+	for _, u := range a.last.GetUnavailable() {
+		out = append(out, "not answering, its spans are missing: "+u)
+	}
+	if nr := a.last.GetNotRecording(); len(nr) > 0 {
+		out = append(out, "keeping no span buffer: "+strings.Join(nr, ", "))
+	}
+	return out
+}
+
+func attemptKey(task, attempt string) string { return task + "/" + attempt }
+
+// fetchSettled reads the job's spans and, while a dispatched attempt that
+// has ended lacks its task.run span and that span may still be in flight,
+// reads again. It returns the spans and a note per attempt whose run span
+// is missing.
+func fetchSettled(ctx context.Context, src traceSource, job string) ([]telemetry.SpanRecord, []string, error) {
+	limit := time.Now().Add(src.inFlight()) // whatever the clocks of the span ends say
+	for {
+		spans, prog, err := src.spans(ctx, job)
+		if err != nil {
+			return nil, nil, err
+		}
+		missing, newest := missingRuns(spans, job)
+		var notes []string
+		var waitUntil time.Time
+		for _, m := range missing {
+			key := attemptKey(m.task, m.attempt)
+			if prog != nil {
+				if node, ok := prog.running[key]; ok {
+					notes = append(notes, fmt.Sprintf("task %s attempt %s is still running on %s: its task.run span is sent when it ends", m.task, m.attempt, node))
+					continue
+				}
+			}
+			until := newest.Add(src.inFlight())
+			if prog != nil {
+				if ended, ok := prog.ended[key]; ok {
+					until = ended.Add(src.inFlight())
+				}
+			}
+			if until.After(waitUntil) {
+				waitUntil = until
+			}
+			notes = append(notes, fmt.Sprintf("task %s attempt %s (node %s) was dispatched but no task.run span has arrived: %s",
+				m.task, m.attempt, m.node, src.missingWhy()))
+		}
+		if waitUntil.After(limit) {
+			waitUntil = limit
+		}
+		if waitUntil.IsZero() || !time.Now().Before(waitUntil) {
+			return spans, notes, nil
+		}
+		select {
+		case <-ctx.Done():
+			return spans, notes, nil
+		case <-time.After(min(inFlightPoll, time.Until(waitUntil))):
+		}
+	}
+}
+
+type missingRun struct{ task, attempt, node string }
+
+// missingRuns lists the job's task.dispatch spans with no task.run span of
+// the same task and attempt, and returns the newest span end.
+func missingRuns(spans []telemetry.SpanRecord, job string) ([]missingRun, time.Time) {
+	runs := map[string]bool{}
+	var newest time.Time
+	for i := range spans {
+		s := &spans[i]
+		if s.End.After(newest) {
+			newest = s.End
+		}
+		if s.Name == telemetry.SpanRun && s.Attr(telemetry.AttrJobID) == job {
+			runs[attemptKey(s.Attr(telemetry.AttrTaskIndex), s.Attr(telemetry.AttrAttempt))] = true
+		}
+	}
+	var out []missingRun
+	seen := map[string]bool{}
+	for i := range spans {
+		s := &spans[i]
+		if s.Name != telemetry.SpanDispatch || s.Attr(telemetry.AttrJobID) != job {
+			continue
+		}
+		k := attemptKey(s.Attr(telemetry.AttrTaskIndex), s.Attr(telemetry.AttrAttempt))
+		if !runs[k] && !seen[k] {
+			seen[k] = true
+			out = append(out, missingRun{s.Attr(telemetry.AttrTaskIndex), s.Attr(telemetry.AttrAttempt), s.Attr(telemetry.AttrNodeID)})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].task != out[j].task {
+			return out[i].task < out[j].task
+		}
+		return out[i].attempt < out[j].attempt
+	})
+	return out, newest
+}
+
+// jobSpans returns the spans of every trace that holds a span of job.
+func jobSpans(all []telemetry.SpanRecord, job string) []telemetry.SpanRecord {
+	traces := map[string]bool{}
+	for i := range all {
+		if all[i].Attr(telemetry.AttrJobID) == job {
+			traces[all[i].TraceID] = true
+		}
+	}
+	var out []telemetry.SpanRecord
+	for _, s := range all {
+		if traces[s.TraceID] {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func hasJobSpan(spans []telemetry.SpanRecord, job string) bool {
+	for i := range spans {
+		if spans[i].Attr(telemetry.AttrJobID) == job {
+			return true
+		}
+	}
+	return false
+}
+
+func printSpanJSON(w io.Writer, s telemetry.SpanRecord) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
 }
 
 const (

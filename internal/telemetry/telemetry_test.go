@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -24,6 +23,8 @@ import (
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+
+	"apiary.dev/apiary/internal/testutil"
 )
 
 func memProvider() (*tracetest.InMemoryExporter, trace.TracerProvider) {
@@ -236,10 +237,7 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 func TestOTLPGRPCExport(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := testutil.Listen(t)
 	srv := grpc.NewServer()
 	rcv := &traceReceiver{}
 	collectortrace.RegisterTraceServiceServer(srv, rcv)
@@ -302,7 +300,7 @@ func TestMetricsServerParses(t *testing.T) {
 	rm.PendingTasks.WithLabelValues(ShardLabel(7)).Set(4)
 	rm.ToDispatch.Observe(0.2)
 	am.Attempts.WithLabelValues("exited").Inc()
-	srv, err := Serve("127.0.0.1:0", reg, true)
+	srv, err := Serve(testutil.FreeAddr(t), reg, true)
 	if err != nil {
 		t.Fatal(err)
 	}

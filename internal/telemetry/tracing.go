@@ -7,8 +7,9 @@
 // trace and span ids on log lines.
 //
 // Tracing is off unless configured: Setup returns a no-op provider when
-// neither an OTEL_* exporter variable nor a span file is set, so the
-// instrumented paths cost one interface call per span.
+// no OTEL_* exporter variable, span file, span buffer or span shipping is
+// set, so the instrumented paths cost one interface call per span. The
+// server roles keep a span buffer by default (spanstore.go).
 package telemetry
 
 import (
@@ -21,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -107,6 +109,15 @@ type Options struct {
 	// Sync exports each span as it ends (tests, short-lived CLI runs)
 	// instead of batching.
 	Sync bool
+	// Buffer, if > 0, keeps the process's last Buffer finished spans in
+	// memory (Provider.Store; about BufferSpanBytes each), for GetJobTrace.
+	Buffer int
+	// BufferAge is the longest a buffered span is kept (0: DefaultBufferAge).
+	BufferAge time.Duration
+	// Ship, if set, receives the process's finished spans in batches, every
+	// ShipInterval, as JSON lines (the span-file format): an agent sends
+	// them to its coordinator's buffer. An error drops the batch.
+	Ship func(ctx context.Context, spansJSONL []byte) error
 	// Getenv reads the environment (tests); default os.Getenv.
 	Getenv func(string) string
 }
@@ -115,7 +126,9 @@ type Options struct {
 type Provider struct {
 	trace.TracerProvider
 	// Enabled is false for the no-op provider.
-	Enabled  bool
+	Enabled bool
+	// Store is the in-memory span buffer (nil unless Options.Buffer > 0).
+	Store    *SpanStore
 	shutdown func(context.Context) error
 }
 
@@ -153,7 +166,8 @@ var Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceCont
 // or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, or OTEL_TRACES_EXPORTER names
 // otlp; OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL picks grpc or http/protobuf
 // (the default, as the specification says). The span file is on when
-// opts.File or $APIARY_TRACE_FILE is set. With neither, the provider is a
+// opts.File or $APIARY_TRACE_FILE is set, the buffer when opts.Buffer > 0,
+// shipping when opts.Ship is set. With none of them, the provider is a
 // no-op. OTEL_SDK_DISABLED=true turns everything off.
 func Setup(ctx context.Context, opts Options) (*Provider, error) {
 	getenv := opts.Getenv
@@ -189,7 +203,7 @@ func Setup(ctx context.Context, opts Options) (*Provider, error) {
 		}
 		exporters = append(exporters, e)
 	}
-	if len(exporters) == 0 {
+	if len(exporters) == 0 && opts.Buffer <= 0 && opts.Ship == nil {
 		return Noop(), nil
 	}
 	var popts []sdktrace.TracerProviderOption
@@ -200,9 +214,21 @@ func Setup(ctx context.Context, opts Options) (*Provider, error) {
 			popts = append(popts, sdktrace.WithBatcher(e))
 		}
 	}
+	var store *SpanStore
+	if opts.Buffer > 0 {
+		store = NewSpanStore(opts.Buffer, opts.BufferAge)
+		popts = append(popts, sdktrace.WithSpanProcessor(store))
+	}
+	if opts.Ship != nil {
+		if opts.Sync {
+			popts = append(popts, sdktrace.WithSyncer(shipExporter{opts.Ship}))
+		} else {
+			popts = append(popts, sdktrace.WithBatcher(shipExporter{opts.Ship}, sdktrace.WithBatchTimeout(ShipInterval)))
+		}
+	}
 	p := NewProvider(opts.ServiceName, opts.InstanceID, opts.SampleRatio, getenv("OTEL_TRACES_SAMPLER") != "", popts...)
 	otel.SetTracerProvider(p)
-	prov := &Provider{TracerProvider: p, Enabled: true, shutdown: p.Shutdown}
+	prov := &Provider{TracerProvider: p, Enabled: true, Store: store, shutdown: p.Shutdown}
 	global.Store(prov)
 	return prov, nil
 }
