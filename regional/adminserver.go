@@ -5,16 +5,21 @@ import (
 	"encoding/json"
 	"sort"
 
+	"github.com/hashicorp/serf/serf"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/global/registry"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
 
 // adminServer serves AdminService: node and region views for operators.
+// ListNodes lists the region's nodes, GetRegionInfo describes the region
+// (members, scheduler, etcd leader, counts), and ListRegions answers from
+// the coordinator's own view (see there).
 type adminServer struct {
 	apiaryv1.UnimplementedAdminServiceServer
 	c *Coordinator
@@ -35,7 +40,8 @@ func (s *adminServer) ListNodes(ctx context.Context, _ *apiaryv1.ListNodesReques
 		}
 		n := &apiaryv1.Node{Id: id, Labels: r.Labels, Capacity: r.Capacity, Epoch: r.Epoch, GpuModel: r.GPUModel,
 			MaxTasks: r.MaxTasks, RegisteredTimeMs: r.RegisteredMs, Quarantined: r.Quarantined,
-			QuarantineReason: r.QuarantineBy, Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{}}
+			QuarantineReason: r.QuarantineBy, Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{},
+			Region: s.c.meta.Region}
 		if nv.ready() {
 			n.Status = apiaryv1.NodeStatus_NODE_STATUS_READY
 			if u := nv.usage; u != nil && u.Epoch == r.Epoch {
@@ -59,7 +65,14 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 	if err != nil && err != shards.ErrNoOwner {
 		return nil, status.Errorf(codes.Unavailable, "region info: %v", err)
 	}
-	out.SchedulerEpoch = owner.Epoch
+	out.SchedulerEpoch, out.Scheduler = owner.Epoch, owner.Value
+	if e := c.etcd; e != nil && e.Server != nil {
+		if lead := e.Server.Leader(); lead != 0 {
+			if m := e.Server.Cluster().Member(lead); m != nil {
+				out.EtcdLeader = m.Name
+			}
+		}
+	}
 	resp, err := c.cli.Txn(cctx).Then(clientv3.OpGet(prefMembers, clientv3.WithPrefix()),
 		clientv3.OpGet(prefTasks, clientv3.WithPrefix()), clientv3.OpGet(prefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
@@ -84,9 +97,59 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 		}
 	}
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
-		if _, kind, ok := nodeKeyKind(string(kv.Key)); ok && kind == "alive" {
+		switch _, kind, ok := nodeKeyKind(string(kv.Key)); {
+		case ok && kind == "alive":
 			out.NodesReady++
+		case ok && kind == "record":
+			out.NodesRegistered++
 		}
+	}
+	return out, nil
+}
+
+// ListRegions answers from this coordinator's view, so that `apiary region
+// list` works against a coordinator too. In a WAN pool (--wan-bind or
+// --wan-join) it lists every region whose coordinators are in the pool, as
+// the router does, except that a coordinator does not probe the others'
+// APIs: an alive member counts as answering. Outside a pool it lists its own
+// region: itself and the coordinators that hold an etcd session (member
+// records). Errors: UNAVAILABLE when etcd cannot be read (outside a pool).
+func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRequest) (*apiaryv1.ListRegionsResponse, error) {
+	c := s.c
+	c.wan.mu.Lock()
+	sf := c.wan.serf
+	c.wan.mu.Unlock()
+	var members []serf.Member
+	if sf != nil {
+		members = sf.Members()
+	} else {
+		own, err := c.wanTags()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "list regions: %v", err)
+		}
+		members = append(members, serf.Member{Name: c.cfg.ID, Tags: own, Status: serf.StatusAlive})
+		cctx, cancel := etcdCtx(ctx)
+		defer cancel()
+		resp, err := c.cli.Get(cctx, prefMembers, clientv3.WithPrefix())
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "list regions: read the region's members: %v", err)
+		}
+		for _, kv := range resp.Kvs {
+			var m memberRecord
+			if json.Unmarshal(kv.Value, &m) != nil || m.ID == c.cfg.ID {
+				continue
+			}
+			tags, err := registry.CoordinatorTags{Region: c.meta.Region, ID: m.ID, Jurisdiction: c.meta.Jurisdiction,
+				Labels: c.meta.Labels, APIAddr: m.APIAddr}.Encode()
+			if err != nil {
+				continue
+			}
+			members = append(members, serf.Member{Name: m.ID, Tags: tags, Status: serf.StatusAlive})
+		}
+	}
+	out := &apiaryv1.ListRegionsResponse{}
+	for _, reg := range registry.BuildRegions(members, func(string) bool { return true }) {
+		out.Regions = append(out.Regions, reg.Summary())
 	}
 	return out, nil
 }

@@ -163,11 +163,18 @@ func rpcError(err error, addr, what string) error {
 		return withCode(exitInvalid, fmt.Errorf("not allowed: %s", msg))
 	case codes.Canceled:
 		return withCode(exitInterrupted, errors.New("interrupted"))
+	case codes.Unimplemented:
+		return withCode(exitInvalid, fmt.Errorf("the server at %s does not serve this command (%s); a global router serves job, "+
+			"region list and node list, a region's coordinators serve job, node list, region list and region status", addr, msg))
 	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
 		var re *cliconn.RetryError
 		detail := msg
 		if errors.As(err, &re) {
 			detail = re.Error()
+		}
+		if re != nil && re.Refused {
+			return withCode(exitUnavailable, fmt.Errorf("the apiary API at %s is unavailable: nothing answers there (%s); "+
+				"nothing was sent. Is the address right? It comes from --addr or $%s", addr, detail, cliconn.EnvAddr))
 		}
 		state := map[codes.Code]string{codes.Unavailable: "is unavailable", codes.DeadlineExceeded: "did not answer in time",
 			codes.ResourceExhausted: "is overloaded"}[st.Code()]

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -78,25 +77,17 @@ func runCLI(t *testing.T, env []string, args ...string) cliResult {
 	return r
 }
 
-// closedAddr returns a loopback address nobody listens on.
+// closedAddr returns a loopback address nobody listens on (a port reserved
+// for this test binary that nothing binds).
 func closedAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
+	return testutil.FreeAddr(t)
 }
 
 // countingListener accepts and counts TCP connections (proof of dialing).
 func countingListener(t *testing.T) (string, *atomic.Int32) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testutil.Listen(t)
 	var n atomic.Int32
 	go func() {
 		for {
@@ -325,10 +316,7 @@ func (f *fakeAPI) ListNodes(context.Context, *apiaryv1.ListNodesRequest) (*apiar
 func startFake(t *testing.T) (*fakeAPI, string) {
 	t.Helper()
 	f := &fakeAPI{jobs: map[string]*apiaryv1.Job{}}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testutil.Listen(t)
 	s := grpc.NewServer()
 	apiaryv1.RegisterJobServiceServer(s, f)
 	apiaryv1.RegisterAdminServiceServer(s, f)
@@ -523,4 +511,42 @@ func TestPrintJobTable(t *testing.T) {
 		}
 	}
 	t.Logf("\n%s", out)
+}
+
+// A wrong address (connection refused on every address, nothing ever
+// answered) fails within 3 s with the default --timeout of 30 s.
+func TestCLIRefusedFailsFast(t *testing.T) {
+	for _, args := range [][]string{
+		{"job", "run", "../../examples/hello.yaml", "--addr", closedAddr(t) + "," + closedAddr(t)},
+		{"job", "status", "eu-west-1", "--addr", closedAddr(t)},
+		{"node", "list", "--addr", closedAddr(t)},
+		{"region", "list", "--addr", closedAddr(t)},
+		{"region", "status", "--addr", closedAddr(t)},
+	} {
+		r := runCLI(t, nil, args...)
+		if r.code != exitUnavailable {
+			t.Errorf("%v: exit %d, want %d; stderr:\n%s", args, r.code, exitUnavailable, r.stderr)
+		}
+		if r.took >= 3*time.Second {
+			t.Errorf("%v: took %v, want < 3s", args, r.took)
+		}
+		if !strings.Contains(r.stderr, "nothing answers there") || !strings.Contains(r.stderr, "connection refused") {
+			t.Errorf("%v: stderr does not say nothing answers:\n%s", args, r.stderr)
+		}
+		t.Logf("%v: exit %d in %v: %s", args, r.code, r.took.Round(time.Millisecond), strings.TrimSpace(r.stderr))
+	}
+}
+
+// A server that answers UNAVAILABLE (a coordinator electing a leader) is
+// still retried for --timeout, not given up on after RefusedBudget.
+func TestCLIServerUnavailableRetriedForTimeout(t *testing.T) {
+	f, addr := startFake(t)
+	f.failSubmits = 1000
+	r := runCLI(t, nil, "job", "run", writeJob(t, "hello"), "--addr", addr, "--timeout", "4s")
+	if r.code != exitUnavailable || r.took < 4*time.Second {
+		t.Fatalf("exit %d after %v, want 3 after --timeout 4s; stderr:\n%s", r.code, r.took, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "electing a leader") {
+		t.Fatalf("stderr:\n%s", r.stderr)
+	}
 }

@@ -40,7 +40,7 @@ func newJobCmd() *cobra.Command {
 The API address comes from --addr, else $APIARY_ADDR, else 127.0.0.1:7070.
 Exit codes: 0 success (with --wait: the job completed), 1 the job failed or was
 cancelled, 2 invalid input (nothing was submitted) or not found, 3 the API is
-unavailable (after retrying for --timeout; at once, within about 2 s, when every
+unavailable (after retrying for --timeout; within about 1.5 s when every
 address refuses the connection), 4 --wait-timeout passed before the job ended
 (the job keeps running), 130 interrupted while waiting.`,
 	}
@@ -69,7 +69,7 @@ API is unavailable, up to --timeout, so a retry never makes a second job.
 With --wait, follows the job until it ends: exit 0 if it completed, 1 if it
 failed or was cancelled. --timeout then also bounds each reconnection. While
 tasks are pending, it prints to stderr why they wait (the scheduler's reason,
-e.g. "waiting: constraint zone = [mars]: 3 nodes"): when the reason first
+e.g. "waiting: constraint zone = mars: 3 nodes"): when the reason first
 appears or changes, and again at most every 10 s while nothing else changes.
 --wait-timeout DURATION (implies --wait) stops waiting after DURATION with
 exit 4: the job keeps running; follow it with 'apiary job status JOB_ID'.`,

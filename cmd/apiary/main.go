@@ -15,6 +15,9 @@ const (
 	exitJobFailed   = 1
 	exitInvalid     = 2
 	exitUnavailable = 3
+	// exitWaitTimeout: `job run --wait` stopped at --wait-timeout; the job
+	// keeps running.
+	exitWaitTimeout = 4
 )
 
 // exitError carries a process exit code through cobra.

@@ -1,6 +1,7 @@
 package main
 
-// apiary node list: the client side of AdminService.ListNodes.
+// apiary node list: the client side of AdminService.ListNodes (a region's
+// coordinators, or the global router, which asks every region).
 
 import (
 	"context"
@@ -19,13 +20,19 @@ func newNodeCmd() *cobra.Command {
 	o := &clientOpts{}
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Inspect the nodes of a region",
+		Short: "Inspect the nodes of a region, or of every region through the router",
 	}
 	o.addFlags(cmd)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "list",
-		Short: "List nodes with status, capacity, allocation and quarantine",
-		Args:  cobra.NoArgs,
+		Short: "List nodes with region, status, capacity, allocation and quarantine",
+		Long: `List nodes with their region, status, capacity, allocation and quarantine.
+
+Against a region's coordinators: that region's nodes. Against the global
+router: every region's nodes (the router asks each region); regions that did
+not answer are named on stderr and their nodes are missing. A node whose lease
+lapsed shows DOWN and stays listed.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
 				func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.ListNodesResponse, error) {
@@ -33,6 +40,9 @@ func newNodeCmd() *cobra.Command {
 				})
 			if err != nil {
 				return err
+			}
+			if u := resp.GetUnavailableRegions(); len(u) > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: these regions did not answer, their nodes are missing: %s\n", strings.Join(u, ", "))
 			}
 			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) { printNodes(w, cmd.ErrOrStderr(), resp.GetNodes()) })
 		},
@@ -43,7 +53,7 @@ func newNodeCmd() *cobra.Command {
 // printNodes writes a table of nodes to w; "no nodes" to errw when there are none.
 func printNodes(w, errw io.Writer, nodes []*apiaryv1.Node) {
 	t := newTable(w)
-	fmt.Fprintln(t, "ID\tSTATUS\tEPOCH\tCPU (m)\tMEMORY (MiB)\tGPUS\tTASKS\tQUARANTINE\tLABELS")
+	fmt.Fprintln(t, "REGION\tID\tSTATUS\tEPOCH\tCPU (m)\tMEMORY (MiB)\tGPUS\tTASKS\tQUARANTINE\tLABELS")
 	for _, n := range nodes {
 		st := strings.TrimPrefix(n.GetStatus().String(), "NODE_STATUS_")
 		q := "-"
@@ -67,7 +77,7 @@ func printNodes(w, errw io.Writer, nodes []*apiaryv1.Node) {
 		if m := n.GetMaxTasks(); m > 0 {
 			tasks += fmt.Sprintf("/%d", m)
 		}
-		fmt.Fprintf(t, "%s\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\t%s\n", n.GetId(), st, n.GetEpoch(),
+		fmt.Fprintf(t, "%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\t%s\n", cell(n.GetRegion(), 0), n.GetId(), st, n.GetEpoch(),
 			n.GetAllocated().GetCpuMillis(), n.GetCapacity().GetCpuMillis(),
 			n.GetAllocated().GetMemoryMb(), n.GetCapacity().GetMemoryMb(),
 			gpus, tasks, q, cell(fmtLabels(n.GetLabels()), 80))

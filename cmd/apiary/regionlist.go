@@ -1,19 +1,26 @@
 package main
 
 // The federation side of `apiary region`: the coordinator's WAN, policy and
-// admission flags, and `apiary region list` (AdminService.ListRegions on the
-// global router).
+// admission flags, `apiary region list` (AdminService.ListRegions, on the
+// global router or a coordinator) and `apiary region status`
+// (AdminService.GetRegionInfo on a region's coordinators).
 
 import (
 	"context"
 	"fmt"
 	"io"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/global/policy"
+	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/regional"
 )
 
@@ -54,18 +61,23 @@ func regionFederationHook(cmd *cobra.Command, cfg *regional.Config) {
 		cfg.Backlog = b
 		return nil
 	}
-	cmd.AddCommand(newRegionListCmd())
+	cmd.AddCommand(newRegionListCmd(), newRegionStatusCmd())
 }
 
 func newRegionListCmd() *cobra.Command {
 	o := &clientOpts{}
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List the federation's regions (ask the global router)",
+		Short: "List the federation's regions (ask the global router, or a coordinator)",
 		Long: `List every region the global router knows from the serf WAN pool: its
 jurisdiction, labels, coordinators, health (up while one coordinator is alive
 and answers), free capacity, largest node, and each priority class's pending
-backlog against the region's bound. --addr must be a global router.`,
+backlog against the region's bound.
+
+Against a coordinator, the answer is that coordinator's view: every region of
+its WAN pool if it is in one (an alive coordinator counts as answering: a
+coordinator does not probe the others' APIs as the router does), else its own
+region only. 'apiary region status' shows which coordinator schedules.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
@@ -100,7 +112,9 @@ func printRegions(w, errw io.Writer, regions []*apiaryv1.RegionSummary) {
 				} else {
 					s += ",no answer"
 				}
-				s += "," + c.GetHealth()
+				if h := c.GetHealth(); h != "" {
+					s += "," + h
+				}
 			}
 			coords = append(coords, s+")")
 		}
@@ -125,4 +139,148 @@ func printRegions(w, errw io.Writer, regions []*apiaryv1.RegionSummary) {
 	if len(regions) == 0 {
 		fmt.Fprintln(errw, "no regions in the WAN pool yet")
 	}
+}
+
+func newRegionStatusCmd() *cobra.Command {
+	o := &clientOpts{}
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show a region's coordinators, which one schedules, the etcd leader and node counts (ask its coordinators)",
+		Long: `Show the region whose coordinators --addr names: name, jurisdiction and
+labels; each live coordinator (one holding an etcd session) with its API
+address and whether that API answers a health check now (within 1 s); the
+scheduler, the one coordinator that owns all shards and places tasks, with
+its fencing epoch; the etcd raft leader (often another member); ready and
+registered nodes; pending tasks.
+
+After the scheduler dies, another member takes over about a second later
+when the dead one's API refuses connections (--suspect-after), else when its
+owner lease (--owner-lease-ttl) ends; until then the scheduler shows as
+"none" or as the dead member, whose API shows "no answer". Give every
+coordinator's address (--addr a,b,c) so that the answer does not depend on
+one member. A global router does not serve this: against one, it exits 2
+and names each region's coordinator addresses.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var code codes.Code
+			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
+				func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.GetRegionInfoResponse, error) {
+					r, err := c.GetRegionInfo(ctx, &apiaryv1.GetRegionInfoRequest{})
+					code = status.Code(err)
+					return r, err
+				})
+			if err != nil && code == codes.Unimplemented {
+				return routerHint(cmd, o)
+			}
+			if err != nil {
+				return err
+			}
+			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
+				ctx, stop := signalContext(cmd)
+				defer stop()
+				printRegionStatus(w, resp, probeCoordinators(ctx, resp.GetCoordinators()))
+			})
+		},
+	}
+	o.addFlags(cmd)
+	return cmd
+}
+
+// routerHint is region status's answer when --addr is a global router
+// (GetRegionInfo unimplemented): exit 2, naming each region's coordinators.
+func routerHint(cmd *cobra.Command, o *clientOpts) error {
+	addr := cliconn.ResolveAddr(o.addr, cmd.Flag("addr").Changed)
+	var hints []string
+	resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
+		func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.ListRegionsResponse, error) {
+			return c.ListRegions(ctx, &apiaryv1.ListRegionsRequest{})
+		})
+	if err == nil {
+		for _, r := range resp.GetRegions() {
+			var addrs []string
+			for _, c := range r.GetCoordinators() {
+				addrs = append(addrs, c.GetApiAddr())
+			}
+			hints = append(hints, fmt.Sprintf("\n  apiary region status --addr %s   # %s", strings.Join(addrs, ","), r.GetName()))
+		}
+	}
+	return withCode(exitInvalid, fmt.Errorf("%s is a global router; region status asks a region's coordinators: "+
+		"give their API addresses (apiary region list shows them)%s", addr, strings.Join(hints, "")))
+}
+
+// probeTimeout bounds region status's health check of each coordinator.
+const probeTimeout = time.Second
+
+// probeCoordinators asks each coordinator's API for its gRPC health, all at
+// once, each within probeTimeout: "answers", or "no answer" and why, by id.
+func probeCoordinators(ctx context.Context, coords []*apiaryv1.Coordinator) map[string]string {
+	out := make(map[string]string, len(coords))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, c := range coords {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := "answers"
+			cc, err := cliconn.Dial(c.GetApiAddr())
+			if err == nil {
+				pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+				_, err = healthpb.NewHealthClient(cc).Check(pctx, &healthpb.HealthCheckRequest{})
+				cancel()
+				cc.Close()
+			}
+			if err != nil {
+				res = "no answer"
+				if cliconn.NotConnected(err) {
+					res += " (connection refused)"
+				} else if status.Code(err) == codes.DeadlineExceeded {
+					res += fmt.Sprintf(" (none within %s)", probeTimeout)
+				}
+			}
+			mu.Lock()
+			out[c.GetId()] = res
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// printRegionStatus writes GetRegionInfo as a header and a table of the
+// coordinators; api holds each one's probe result by id.
+func printRegionStatus(w io.Writer, r *apiaryv1.GetRegionInfoResponse, api map[string]string) {
+	h := newTable(w)
+	fmt.Fprintf(h, "Region:\t%s\n", r.GetRegion())
+	fmt.Fprintf(h, "Jurisdiction:\t%s\n", cell(r.GetJurisdiction(), 0))
+	fmt.Fprintf(h, "Labels:\t%s\n", cell(fmtLabels(r.GetLabels()), 0))
+	sched := "none (no coordinator owns the shards: an election is under way)"
+	if id := r.GetScheduler(); id != "" {
+		sched = fmt.Sprintf("%s (owns all %d shards, fencing epoch %d)", id, r.GetShardCount(), r.GetSchedulerEpoch())
+		live := false
+		for _, c := range r.GetCoordinators() {
+			live = live || c.GetId() == id
+		}
+		if !live {
+			sched += "; its member record has lapsed: it is probably dead, and a new scheduler is elected when its owner lease ends"
+		}
+	}
+	fmt.Fprintf(h, "Scheduler:\t%s\n", sched)
+	fmt.Fprintf(h, "etcd leader:\t%s\n", cell(r.GetEtcdLeader(), 0))
+	fmt.Fprintf(h, "Nodes:\t%d ready, %d registered\n", r.GetNodesReady(), r.GetNodesRegistered())
+	fmt.Fprintf(h, "Pending tasks:\t%d\n", r.GetPendingTasks())
+	h.Flush()
+	fmt.Fprintln(w)
+	t := newTable(w)
+	fmt.Fprintln(t, "COORDINATOR\tAPI ADDRESS\tAPI\tROLE")
+	for _, c := range r.GetCoordinators() {
+		var roles []string
+		if c.GetScheduler() {
+			roles = append(roles, fmt.Sprintf("scheduler (%d shards)", c.GetShardsOwned()))
+		}
+		if c.GetId() == r.GetEtcdLeader() {
+			roles = append(roles, "etcd leader")
+		}
+		fmt.Fprintf(t, "%s\t%s\t%s\t%s\n", c.GetId(), cell(c.GetApiAddr(), 0), cell(api[c.GetId()], 0), cell(strings.Join(roles, ", "), 0))
+	}
+	t.Flush()
 }

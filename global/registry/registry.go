@@ -239,8 +239,18 @@ func (r *Registry) Regions() []Region {
 		last[k] = v
 	}
 	r.mu.Unlock()
+	return BuildRegions(r.serf.Members(), func(apiAddr string) bool {
+		return !last[apiAddr].IsZero() && now.Sub(last[apiAddr]) <= AnswerWithin
+	})
+}
+
+// BuildRegions groups a WAN pool's coordinator members (other members are
+// skipped) into regions, sorted by name, and decides whether each is up.
+// answers tells whether the coordinator at an API address answered its last
+// health probe; it is asked only about alive members.
+func BuildRegions(members []serf.Member, answers func(apiAddr string) bool) []Region {
 	by := map[string]*Region{}
-	for _, m := range r.serf.Members() {
+	for _, m := range members {
 		t, ok := DecodeCoordinatorTags(m.Tags)
 		if !ok {
 			continue
@@ -251,7 +261,7 @@ func (r *Registry) Regions() []Region {
 			by[t.Region] = reg
 		}
 		c := Coordinator{Name: m.Name, Status: m.Status.String(), Tags: t}
-		c.Answers = m.Status == serf.StatusAlive && !last[t.APIAddr].IsZero() && now.Sub(last[t.APIAddr]) <= AnswerWithin
+		c.Answers = m.Status == serf.StatusAlive && answers(t.APIAddr)
 		reg.Coordinators = append(reg.Coordinators, c)
 		// The freshest alive coordinator's tags describe the region.
 		if m.Status == serf.StatusAlive && t.UpdatedMs >= reg.UpdatedMs {

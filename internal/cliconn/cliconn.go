@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
@@ -59,7 +61,8 @@ func ResolveAddr(flag string, flagSet bool) string {
 // connects, and a refused connection fails that RPC with UNAVAILABLE.
 //
 // When tracing is on (telemetry.Setup found OTEL_* or a span file), job
-// calls carry the caller's trace context (otelgrpc).
+// calls carry the caller's trace context (otelgrpc). A unary call that
+// reached no server fails with an error that NotConnected recognises.
 //
 // addr may be a comma-separated list of host:port (the coordinators of a
 // region): calls are balanced round robin over the ones that answer, so a
@@ -74,6 +77,7 @@ func Dial(addr string) (*grpc.ClientConn, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvBytes)),
 		grpc.WithResolvers(staticBuilder{}),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		grpc.WithChainUnaryInterceptor(markNotConnected),
 	}
 	if h := telemetry.GRPCClientHandler(nil); h != nil {
 		opts = append(opts, grpc.WithStatsHandler(h))
@@ -155,6 +159,47 @@ func Retryable(err error) bool {
 	return false
 }
 
+// NotConnected reports whether a unary call made on a connection from Dial
+// failed with UNAVAILABLE without reaching any server: no connection to any
+// of the addresses could be opened (refused, unknown host, unreachable
+// network), or what answered closed the connection before speaking HTTP/2
+// (not an apiary API). Such a call was not sent. The test is whether the
+// call got a transport (grpc.Peer), not the message's text: an UNAVAILABLE
+// that a server sent, even one relaying "connection refused" from a region
+// behind it, or a coordinator electing a leader, is not NotConnected; nor is
+// RESOURCE_EXHAUSTED (overloaded).
+func NotConnected(err error) bool {
+	var nc *notConnectedError
+	return errors.As(err, &nc)
+}
+
+// notConnectedError marks an UNAVAILABLE call that got no transport. It
+// keeps the gRPC status and message of the error it wraps.
+type notConnectedError struct{ err error }
+
+func (e *notConnectedError) Error() string              { return e.err.Error() }
+func (e *notConnectedError) Unwrap() error              { return e.err }
+func (e *notConnectedError) GRPCStatus() *status.Status { return status.Convert(e.err) }
+
+// markNotConnected is the unary interceptor that marks calls that reached no
+// server (see NotConnected).
+func markNotConnected(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	var p peer.Peer
+	err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Peer(&p))...)
+	if err != nil && p.Addr == nil && status.Code(err) == codes.Unavailable {
+		return &notConnectedError{err: err}
+	}
+	return err
+}
+
+// RefusedBudget is how long Retry keeps retrying calls that reach no server
+// (NotConnected) while no server has answered any call yet: a wrong address
+// fails after about this long instead of after the whole deadline. Once a
+// server has answered, the whole deadline applies (a coordinator restarting
+// or handing over leadership may refuse connections for a while).
+const RefusedBudget = 1500 * time.Millisecond
+
 // Backoff is the retry schedule: exponential from Initial to Max, each wait
 // drawn with full jitter from [wait/2, wait].
 type Backoff struct {
@@ -177,9 +222,18 @@ func (b Backoff) Wait(n int) time.Duration {
 type RetryError struct {
 	Attempts int
 	Last     error
+	// Refused: no server answered any attempt (every one was NotConnected)
+	// and Retry gave up after RefusedBudget, before the deadline.
+	Refused bool
+	// Took is the time from the first attempt to giving up.
+	Took time.Duration
 }
 
 func (e *RetryError) Error() string {
+	if e.Refused {
+		return fmt.Sprintf("no server answered %d attempts in %s: %v", e.Attempts, e.Took.Round(100*time.Millisecond),
+			status.Convert(e.Last).Message())
+	}
 	return fmt.Sprintf("gave up after %d attempts: %v", e.Attempts, status.Convert(e.Last).Message())
 }
 
@@ -193,9 +247,13 @@ func (e *RetryError) GRPCStatus() *status.Status { return status.Convert(e.Last)
 // Retryable, or ctx ends. Each call gets ctx, bounded to perCall when perCall
 // is positive. When ctx ends while retrying, Retry returns a *RetryError
 // holding the last call's error (whose code is that of the failure, e.g.
-// UNAVAILABLE, not the deadline).
+// UNAVAILABLE, not the deadline). While no call has reached a server
+// (NotConnected: every address refused), it gives up after RefusedBudget
+// with a *RetryError whose Refused is set.
 func Retry(ctx context.Context, perCall time.Duration, fn func(ctx context.Context) error) error {
 	var last error
+	start := time.Now()
+	answered := false // some call reached a server
 	for n := 0; ; n++ {
 		cctx, cancel := ctx, context.CancelFunc(func() {})
 		if perCall > 0 {
@@ -212,16 +270,22 @@ func Retry(ctx context.Context, perCall time.Duration, fn func(ctx context.Conte
 		if !Retryable(err) && !perCallTimeout {
 			if last != nil && ctx.Err() != nil {
 				// The deadline cut a retry short: report why we were retrying.
-				return &RetryError{Attempts: n + 1, Last: last}
+				return &RetryError{Attempts: n + 1, Last: last, Took: time.Since(start)}
 			}
 			return err
 		}
 		last = err
-		t := time.NewTimer(DefaultBackoff.Wait(n))
+		wait := DefaultBackoff.Wait(n)
+		if !NotConnected(err) {
+			answered = true
+		} else if !answered && time.Since(start)+wait > RefusedBudget {
+			return &RetryError{Attempts: n + 1, Last: last, Refused: true, Took: time.Since(start)}
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return &RetryError{Attempts: n + 1, Last: last}
+			return &RetryError{Attempts: n + 1, Last: last, Took: time.Since(start)}
 		case <-t.C:
 		}
 	}
