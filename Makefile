@@ -5,11 +5,17 @@ PKGS    ?= ./...
 # Tests run with the race detector off by default (2-core CI budget); `make race` runs it.
 TESTFLAGS ?= -count=1 -timeout 9m
 
-.PHONY: all build test race proto proto-check lint demo bench clean
+.PHONY: all deps build test race proto proto-check lint demo bench clean
 
 all: build
 
-build:
+# Fetches every module that go.mod requires, the test-only ones (gonum,
+# rapid) too, so that after `make build` or `make demo`, `make test` downloads
+# nothing. Quick when the module cache has them already.
+deps:
+	$(GO) mod download
+
+build: deps
 	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/apiary
 
 test: build

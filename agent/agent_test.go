@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/testutil"
 )
 
 // fakeCoord is a test double of a regional coordinator's AgentService: a
@@ -53,10 +53,7 @@ type fakeStream struct {
 
 func startFake(t *testing.T) *fakeCoord {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := testutil.Listen(t)
 	f := &fakeCoord{addr: lis.Addr().String(), valid: map[int64]bool{}, streams: map[int]*fakeStream{}}
 	srv := grpc.NewServer()
 	apiaryv1.RegisterAgentServiceServer(srv, f)
@@ -171,10 +168,7 @@ type hangable struct {
 }
 
 func (h *hangable) serve(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := testutil.Listen(t)
 	h.addr = lis.Addr().String()
 	srv := grpc.NewServer()
 	apiaryv1.RegisterAgentServiceServer(srv, h)
@@ -639,12 +633,7 @@ func TestAgentRejectedReportKillsAttempt(t *testing.T) {
 
 func TestAgentRetriesReportsAndFailsOver(t *testing.T) {
 	// The first address refuses connections: the agent moves to the second.
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := lis.Addr().String()
-	lis.Close()
+	dead := testutil.FreeAddr(t) // reserved, and nobody binds it
 	f := startFake(t)
 	f.failReports = 3
 	ta := startAgent(t, []string{dead, f.addr}, nil)

@@ -52,7 +52,8 @@ type Config struct {
 	Labels map[string]string
 	// Capacity is what the node offers. A zero CPUMillis defaults to
 	// runtime.NumCPU()*1000; a zero MemoryMB to MemTotal from /proc/meminfo
-	// (in MiB); GPUs defaults to 0.
+	// (in MiB); GPUs defaults to 0 (see HostCapacity). Agents sharing a
+	// host should each be given a share, or they overlap.
 	Capacity Resources
 	// GPUModel is the GPU model name, matched against Resources.gpu_models.
 	GPUModel string
@@ -117,15 +118,17 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		c.NodeID = h
 	}
-	if c.Capacity.CPUMillis == 0 {
-		c.Capacity.CPUMillis = int64(runtime.NumCPU()) * 1000
-	}
-	if c.Capacity.MemoryMB == 0 {
-		mb, err := detectMemoryMiB()
-		if err != nil {
+	if c.Capacity.CPUMillis == 0 || c.Capacity.MemoryMB == 0 {
+		host, err := HostCapacity()
+		if err != nil && c.Capacity.MemoryMB == 0 {
 			return c, fmt.Errorf("capacity: memory not given and not detected: %w", err)
 		}
-		c.Capacity.MemoryMB = mb
+		if c.Capacity.CPUMillis == 0 {
+			c.Capacity.CPUMillis = host.CPUMillis
+		}
+		if c.Capacity.MemoryMB == 0 {
+			c.Capacity.MemoryMB = host.MemoryMB
+		}
 	}
 	if c.Capacity.CPUMillis < 0 || c.Capacity.MemoryMB < 0 || c.Capacity.GPUs < 0 {
 		return c, errors.New("capacity: cpu, memory and gpus must be >= 0")
@@ -189,6 +192,19 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c.TracerProvider = telemetry.OrNoop(c.TracerProvider)
 	return c, nil
+}
+
+// HostCapacity is the whole host, the capacity an agent offers by default:
+// CPUMillis is runtime.NumCPU()*1000 and MemoryMB is MemTotal from
+// /proc/meminfo in MiB (GPUs 0). Several agents on one host each offer the
+// whole host unless they are given shares; `apiary dev` gives each of its
+// agents an equal share of this. The error is from reading /proc/meminfo
+// (CPUMillis is set even then).
+func HostCapacity() (Resources, error) {
+	r := Resources{CPUMillis: int64(runtime.NumCPU()) * 1000}
+	mb, err := detectMemoryMiB()
+	r.MemoryMB = mb
+	return r, err
 }
 
 // detectMemoryMiB reads MemTotal from /proc/meminfo, in MiB.

@@ -29,6 +29,9 @@ cat "$work/dev.log"
 global=$(sed -n 's/.*"global_addr": "\([^"]*\)".*/\1/p' "$ready")
 eu=$(sed -n '/"eu-west"/{n;s/.*"addr": "\([^"]*\)".*/\1/p}' "$ready")
 us=$(sed -n '/"us-east"/{n;s/.*"addr": "\([^"]*\)".*/\1/p}' "$ready")
+# Each dev agent's share of this host; the replay scales pods to it.
+agent_cpu=$(sed -n 's/.*"agent_cpu_millis": \([0-9]*\).*/\1/p' "$ready")
+agent_mem=$(sed -n 's/.*"agent_memory_mb": \([0-9]*\).*/\1/p' "$ready")
 export APIARY_ADDR=$global
 echo
 echo "== regions, as the global router at $global sees them (serf WAN pool)"
@@ -71,7 +74,8 @@ echo "== jobs in every region (ListJobs fans out through the router)"
 echo
 echo "== replay: first 300 pods of $TRACE through the global router"
 if [ -f "$TRACE" ]; then
-  "$BIN" demo-replay --trace "$TRACE" --n 300 --span 45s --wait-limit 80s || fail=$((fail+1))
+  "$BIN" demo-replay --trace "$TRACE" --n 300 --span 45s --wait-limit 80s \
+    --agent-cpu-millis "$agent_cpu" --agent-memory-mb "$agent_mem" || fail=$((fail+1))
   echo
   "$BIN" region list
 else

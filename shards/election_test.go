@@ -3,8 +3,6 @@ package shards
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net"
 	"net/url"
 	"testing"
 	"time"
@@ -12,17 +10,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"apiary.dev/apiary/internal/testutil"
 )
 
 // freeURL returns http://127.0.0.1:<a free port>.
 func freeURL(t *testing.T) url.URL {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	u, _ := url.Parse(fmt.Sprintf("http://%s", l.Addr()))
+	u, _ := url.Parse("http://" + testutil.FreeAddr(t))
 	return *u
 }
 

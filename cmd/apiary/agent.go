@@ -73,6 +73,7 @@ running tasks; the region re-runs them elsewhere.`,
 			if cmd.Flags().Changed("tail-bytes") && tailBytes == 0 {
 				tailBytes = -1 // explicitly no tail; 0 means the default in agent.Config
 			}
+			tel.shipTo = addr // task.run spans go to the coordinators' span buffers (apiary trace)
 			tp, stopTracing, err := tel.setup("apiary-agent", nodeID)
 			if err != nil {
 				return withCode(exitInvalid, err)
@@ -104,8 +105,8 @@ running tasks; the region re-runs them elsewhere.`,
 	f.StringVar(&addr, "addr", defaultAddr, "comma-separated coordinator gRPC addresses (env APIARY_ADDR)")
 	f.StringVar(&nodeID, "node-id", "", "node id (default: host name)")
 	f.StringArrayVar(&labels, "label", nil, "node label k=v (repeatable)")
-	f.Int64Var(&cpuMillis, "cpu-millis", 0, "CPU capacity in millicores (default: number of CPUs x 1000)")
-	f.Int64Var(&memoryMB, "memory-mb", 0, "memory capacity in MiB (default: MemTotal from /proc/meminfo)")
+	f.Int64Var(&cpuMillis, "cpu-millis", 0, "CPU capacity in millicores (default: number of CPUs x 1000, the whole host; give agents that share a host a share each)")
+	f.Int64Var(&memoryMB, "memory-mb", 0, "memory capacity in MiB (default: MemTotal from /proc/meminfo, the whole host; give agents that share a host a share each)")
 	f.Int32Var(&gpus, "gpus", 0, "number of GPUs")
 	f.StringVar(&gpuModel, "gpu-model", "", "GPU model name")
 	f.IntVar(&maxTasks, "max-tasks", 0, "max concurrent tasks (0: limited by resources only)")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"apiary.dev/apiary/agent"
 	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/telemetry"
@@ -27,6 +28,9 @@ func init() { register(newDevCmd) }
 type devReady struct {
 	GlobalAddr string          `json:"global_addr"`
 	Regions    []devReadyEntry `json:"regions"`
+	// AgentCPUMillis and AgentMemoryMB are the capacity each agent offers.
+	AgentCPUMillis int64 `json:"agent_cpu_millis"`
+	AgentMemoryMB  int64 `json:"agent_memory_mb"`
 }
 
 type devReadyEntry struct {
@@ -54,8 +58,12 @@ region's coordinators (embedded etcd) and agents are real subprocesses of this
 binary on loopback ports, with data under --data-dir (a temp dir by default,
 removed on exit). The coordinators and the router form a serf WAN pool; the
 router applies the sovereignty policy (--policy, default: the built-in copy of
-deploy/policy.yaml). Point clients at the router's address (printed, and
-global_addr in --ready-file). Ctrl-C or SIGTERM stops everything.`,
+deploy/policy.yaml). Every process listens on 127.0.0.1 on a port from
+20000-31999, below Linux's ephemeral port range. The agents share this host:
+each offers an equal share of its CPUs and memory (1/N of each with N agents
+in all) unless --agent-cpu-millis or --agent-memory-mb set it. Point clients
+at the router's address (printed, and global_addr in --ready-file). Ctrl-C or
+SIGTERM stops everything.`,
 		Example: `  apiary dev --ready-file /tmp/apiary.json
   apiary dev --regions eu-west:eu --agents-per-region 4 --coordinators-per-region 3`,
 		Args: cobra.NoArgs,
@@ -68,6 +76,21 @@ global_addr in --ready-file). Ctrl-C or SIGTERM stops everything.`,
 			}
 			if len(regions) == 0 {
 				return withCode(exitInvalid, fmt.Errorf("--regions: at least one region is required"))
+			}
+			if agentCPU < 0 || agentMemory < 0 {
+				return withCode(exitInvalid, fmt.Errorf("--agent-cpu-millis and --agent-memory-mb: must be >= 0 (0: an equal share of this host), got %d and %d", agentCPU, agentMemory))
+			}
+			if n := int64(agents * len(regions)); n > 0 && (agentCPU == 0 || agentMemory == 0) {
+				host, err := agent.HostCapacity()
+				if err != nil && agentMemory == 0 {
+					return withCode(exitInvalid, fmt.Errorf("--agent-memory-mb: not given and this host's memory not detected: %w", err))
+				}
+				if agentCPU == 0 {
+					agentCPU = max(host.CPUMillis/n, 1)
+				}
+				if agentMemory == 0 {
+					agentMemory = max(host.MemoryMB/n, 1)
+				}
 			}
 			bin, err := os.Executable()
 			if err != nil {
@@ -134,15 +157,22 @@ global_addr in --ready-file). Ctrl-C or SIGTERM stops everything.`,
 				return withCode(exitUnavailable, err)
 			}
 			defer cl.Stop()
-			ready := devReady{GlobalAddr: cl.GlobalAddr}
+			ready := devReady{GlobalAddr: cl.GlobalAddr, AgentCPUMillis: agentCPU, AgentMemoryMB: agentMemory}
 			fmt.Fprintf(os.Stderr, "global router  api %s  wan %s  policy %s  log %s\n", cl.GlobalAddr, cl.GlobalWAN, policyPath, cl.Global.LogPath)
 			for _, r := range cl.Regions {
 				ready.Regions = append(ready.Regions, devReadyEntry{Name: r.Spec.Name, Addr: r.Addr()})
 				fmt.Fprintf(os.Stderr, "region %-10s jurisdiction %-4s api %s  agents %d  logs %s/%s-*.log\n",
 					r.Spec.Name, r.Spec.Jurisdiction, r.Addr(), len(r.Agents), dataDir, r.Spec.Name)
 			}
+			if n := agents * len(regions); n > 0 {
+				fmt.Fprintf(os.Stderr, "each of the %d agents offers %d millicores and %d MiB (--agent-cpu-millis, --agent-memory-mb; default: 1/%d of this host)\n",
+					n, agentCPU, agentMemory, n)
+			}
 			if readyFile != "" {
 				b, _ := json.MarshalIndent(ready, "", "  ")
+				if err := os.MkdirAll(filepath.Dir(readyFile), 0o755); err != nil {
+					return err
+				}
 				if err := writeFileAtomic(readyFile, append(b, '\n')); err != nil {
 					return err
 				}
@@ -160,8 +190,8 @@ global_addr in --ready-file). Ctrl-C or SIGTERM stops everything.`,
 	f.IntVar(&coords, "coordinators-per-region", 1, "coordinators (etcd members) per region: 1, 3 or 5")
 	f.StringVar(&dataDir, "data-dir", "", "data directory (default: a temp dir removed on exit)")
 	f.StringVar(&readyFile, "ready-file", "", `write {"global_addr", "regions":[{"name","addr"}]} here once every part answers`)
-	f.Int64Var(&agentCPU, "agent-cpu-millis", 4000, "CPU capacity of each dev agent (millicores)")
-	f.Int64Var(&agentMemory, "agent-memory-mb", 8192, "memory capacity of each dev agent (MiB)")
+	f.Int64Var(&agentCPU, "agent-cpu-millis", 0, "CPU capacity of each dev agent in millicores (0: this host's CPUs x 1000 / the number of agents)")
+	f.Int64Var(&agentMemory, "agent-memory-mb", 0, "memory capacity of each dev agent in MiB (0: this host's MemTotal / the number of agents)")
 	f.StringVar(&policyPath, "policy", "", "sovereignty policy file for the router and coordinators (default: built-in copy of deploy/policy.yaml)")
 	f.StringVar(&maxPending, "max-pending", "", "backlog bound per priority class of every region (see apiary region --max-pending)")
 	return cmd

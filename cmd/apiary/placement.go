@@ -44,7 +44,9 @@ at that point, and placements per second.
 
 CSV columns are those of the Alibaba GPU trace (cluster-trace-gpu-v2023):
 nodes sn,cpu_milli,memory_mib,gpu,model; tasks name,cpu_milli,memory_mib,
-num_gpu,gpu_milli,gpu_spec (other columns ignored).`,
+num_gpu,gpu_milli and, optionally, gpu_spec (allowed GPU models; absent in the
+trace's multigpu and gpushare lists). Other columns are ignored and may be
+absent. A file without a required column exits 2, naming the file and column.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if nodesPath == "" || tasksPath == "" {
@@ -113,7 +115,7 @@ num_gpu,gpu_milli,gpu_spec (other columns ignored).`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&nodesPath, "nodes", "", "node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
-	f.StringVar(&tasksPath, "tasks", "", "task list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...)")
+	f.StringVar(&tasksPath, "tasks", "", "task list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec],...)")
 	f.StringVar(&policies, "policy", "all", "policies: all, or a comma list of random,spread,binpack,bestfit,fragmentation")
 	f.StringVar(&seeds, "seeds", "42-51", "seeds: a range 42-51 or a list 42,43")
 	f.Float64Var(&arrival, "arrival", 130, "total GPU request replayed, percent of GPU capacity")

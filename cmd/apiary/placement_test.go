@@ -104,3 +104,67 @@ func TestRegionGPUWorkloadErrors(t *testing.T) {
 		}
 	}
 }
+
+// sharedTrace returns ../shared/traces/alibaba-gpu-v2023/NAME relative to the
+// repository root; a missing file fails the test (as in placement/sim).
+func sharedTrace(t *testing.T, name string) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			break
+		}
+		if filepath.Dir(dir) == dir {
+			t.Fatal("repository root (go.mod) not found")
+		}
+		dir = filepath.Dir(dir)
+	}
+	p := filepath.Join(dir, "..", "shared", "traces", "alibaba-gpu-v2023", name)
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("trace missing: %v", err)
+	}
+	return p
+}
+
+// TestPlacementSimulateMultiGPU50: `apiary placement simulate` runs on a task
+// list shaped like the trace's published openb_pod_list_multigpu50.csv and
+// multigpu20.csv, whose header is name,cpu_milli,memory_mib,num_gpu,gpu_milli
+// (no gpu_spec, qos or times); the shared directory holds the default list,
+// so the test cuts it to those columns. A list without a required column
+// exits 2 naming the file and the column.
+func TestPlacementSimulateMultiGPU50(t *testing.T) {
+	nodes := sharedTrace(t, "openb_node_list_all_node.csv")
+	b, err := os.ReadFile(sharedTrace(t, "openb_pod_list_default.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cut := func(name string, cols int) string {
+		var sb strings.Builder
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			f := strings.Split(line, ",")
+			sb.WriteString(strings.Join(f[:cols], ",") + "\n")
+		}
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(sb.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if !strings.HasPrefix(string(b), "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,") {
+		t.Fatalf("default list's header changed: %.80q", b)
+	}
+	multi := cut("openb_pod_list_multigpu50.csv", 5)
+	r := runCLI(t, nil, "placement", "simulate", "--nodes", nodes, "--tasks", multi, "--policy", "bestfit", "--seeds", "42", "--candidates", "0")
+	if r.code != 0 || !strings.Contains(r.stdout, "1213 nodes, 8152 trace tasks") || !strings.Contains(r.stdout, "bestfit ") {
+		t.Fatalf("simulate on the multigpu50 columns: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	noMilli := cut("no-gpu-milli.csv", 4)
+	r = runCLI(t, nil, "placement", "simulate", "--nodes", nodes, "--tasks", noMilli)
+	if want := "--tasks: " + noMilli + `: line 1: missing column "gpu_milli"`; r.code != 2 || !strings.Contains(r.stderr, want) {
+		t.Fatalf("simulate without gpu_milli: exit %d, stderr %q; want exit 2 and %q", r.code, r.stderr, want)
+	}
+}

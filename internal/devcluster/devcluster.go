@@ -1,6 +1,7 @@
 // Package devcluster starts Apiary regions (coordinators and agents) as real
-// subprocesses of the apiary binary on loopback, with free ports and data dirs
-// under one directory, and lets a caller kill, pause, resume and restart any
+// subprocesses of the apiary binary on loopback, with free ports below the
+// ephemeral port range (package ports: 20000-31999) and data dirs under one
+// directory, and lets a caller kill, pause, resume and restart any
 // of them. `apiary dev`, the integration tests and the load-test harness use
 // it. It owns process lifecycle only: it must not touch etcd or job state.
 package devcluster
@@ -9,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +23,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/cliconn"
+	"apiary.dev/apiary/internal/devcluster/ports"
 )
 
 // AgentSpec describes one agent process.
@@ -217,34 +218,20 @@ type Cluster struct {
 	globalRdy  string
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback port that was free a moment ago, below the
+// ephemeral port range and reserved against every other picker until this
+// process exits (see package ports).
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ps, err := ports.Pick(1)
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ps[0], nil
 }
 
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	out := make([]int, n)
-	for i := range out {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	return out, nil
-}
+// freePorts returns n distinct ports for the processes Start launches; see
+// FreePort.
+func freePorts(n int) ([]int, error) { return ports.Pick(n) }
 
 // Start launches every region's coordinators (all members of a region at
 // once, as etcd needs a quorum to start), waits until each serves, then

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"path/filepath"
 	"sort"
@@ -37,12 +36,7 @@ import (
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return testutil.FreeAddr(t)
 }
 
 func TestJobLifecycleTrace(t *testing.T) {
@@ -54,7 +48,7 @@ func TestJobLifecycleTrace(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	c, err := regional.New(regional.Config{ID: "c1", Region: "eu-west", Jurisdiction: "eu", ShardCount: 16,
-		APIAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", TracerProvider: regionTP, Logger: quiet,
+		APIAddr: freePort(t), MetricsAddr: freePort(t), TracerProvider: regionTP, Logger: quiet,
 		Etcd: regional.EtcdConfig{DataDir: filepath.Join(dir, "etcd"), ClientURL: "http://" + freePort(t), PeerURL: "http://" + freePort(t)}})
 	if err != nil {
 		t.Fatal(err)

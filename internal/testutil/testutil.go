@@ -1,11 +1,22 @@
 // Package testutil holds helpers shared by integration tests: building the
-// apiary binary once per test binary, and waiting on conditions. It is
-// imported only from _test.go files.
+// apiary binary once per test binary, picking loopback ports, and waiting on
+// conditions. It is imported only from _test.go files.
+//
+// Ports. Tests never bind port 0 and never pick from Linux's ephemeral port
+// range (net.ipv4.ip_local_port_range, 32768-60999 by default): a port
+// picked there and released may be taken by an outgoing connection before
+// the process told to bind it does ("address already in use"). FreePort,
+// FreeAddr and Listen hand out ports from 20000-31999 (package
+// internal/devcluster/ports, which internal/devcluster uses too), skip ports
+// in use over TCP or UDP, and reserve each port with a lock file under
+// $TMPDIR/apiary-ports/ until the test binary exits, so test binaries that
+// go test runs in parallel, and `apiary dev`, never get the same port.
 package testutil
 
 import (
 	"bufio"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +24,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"apiary.dev/apiary/internal/devcluster/ports"
 )
 
 var (
@@ -48,6 +61,36 @@ func Cleanup() {
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
+}
+
+// FreePort returns a loopback port in 20000-31999 that was free a moment
+// ago and is reserved for this test binary (see the package doc); for a
+// process or server that is told its port before it binds it.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ps, err := ports.Pick(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps[0]
+}
+
+// FreeAddr is FreePort as "127.0.0.1:PORT".
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	return fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+}
+
+// Listen returns a TCP listener on 127.0.0.1 at a port in 20000-31999,
+// closed when the test ends (closing it earlier is fine).
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
+	l, err := ports.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // Eventually polls cond every 25 ms until it returns nil or timeout passes,

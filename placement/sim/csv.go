@@ -66,16 +66,20 @@ func ReadNodes(r io.Reader) ([]*placement.Node, error) {
 }
 
 // ReadTasks parses a task list with the columns of the Alibaba GPU trace
-// (openb_pod_list_*.csv): name, cpu_milli, memory_mib, num_gpu, gpu_milli,
-// gpu_spec; other columns are ignored. num_gpu 1 with gpu_milli below 1000
-// is a share of one GPU; otherwise gpu_milli must be 1000 and the task takes
-// num_gpu whole GPUs. gpu_spec is an optional "|"-separated list of allowed
-// GPU models.
+// (openb_pod_list_*.csv): name, cpu_milli, memory_mib, num_gpu and gpu_milli
+// are required, gpu_spec is optional, other columns (qos, pod_phase, the
+// times) are ignored and may be absent, as in the trace's multigpu and
+// gpushare lists. num_gpu 1 with gpu_milli below 1000 is a share of one GPU;
+// otherwise gpu_milli must be 1000 and the task takes num_gpu whole GPUs.
+// gpu_spec, when present and not empty, is a "|"-separated list of allowed
+// GPU models; without it a task accepts any model. A file without a
+// required column is an error naming the column.
 func ReadTasks(r io.Reader) ([]placement.Task, error) {
-	rows, col, err := readCSV(r, "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+	rows, col, err := readCSV(r, "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 	if err != nil {
 		return nil, err
 	}
+	specCol, hasSpec := col["gpu_spec"]
 	out := make([]placement.Task, 0, len(rows))
 	for _, row := range rows {
 		f := row.fields
@@ -105,7 +109,11 @@ func ReadTasks(r io.Reader) ([]placement.Task, error) {
 			req.GPUs = int(ng)
 		}
 		var models []string
-		if spec := strings.TrimSpace(f[col["gpu_spec"]]); spec != "" {
+		spec := ""
+		if hasSpec {
+			spec = strings.TrimSpace(f[specCol])
+		}
+		if spec != "" {
 			for _, m := range strings.Split(spec, "|") {
 				if m = strings.TrimSpace(m); m != "" {
 					models = append(models, m)
@@ -141,10 +149,19 @@ func readCSV(r io.Reader, need ...string) ([]csvRow, map[string]int, error) {
 		}
 		col[h] = i
 	}
+	var missing []string
 	for _, n := range need {
 		if _, ok := col[n]; !ok {
-			return nil, nil, fmt.Errorf("line 1: missing column %q (header %q)", n, strings.Join(header, ","))
+			missing = append(missing, strconv.Quote(n))
 		}
+	}
+	if len(missing) > 0 {
+		plural := ""
+		if len(missing) > 1 {
+			plural = "s"
+		}
+		return nil, nil, fmt.Errorf("line 1: missing column%s %s (required: %s; header %q)",
+			plural, strings.Join(missing, ", "), strings.Join(need, ","), strings.Join(header, ","))
 	}
 	var rows []csvRow
 	for {
