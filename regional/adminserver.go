@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -139,7 +139,7 @@ func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRe
 			if json.Unmarshal(kv.Value, &m) != nil || m.ID == c.cfg.ID {
 				continue
 			}
-			tags, err := registry.CoordinatorTags{Region: c.meta.Region, ID: m.ID, Jurisdiction: c.meta.Jurisdiction,
+			tags, err := federation.CoordinatorTags{Region: c.meta.Region, ID: m.ID, Jurisdiction: c.meta.Jurisdiction,
 				Labels: c.meta.Labels, APIAddr: m.APIAddr}.Encode()
 			if err != nil {
 				continue
@@ -148,7 +148,7 @@ func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRe
 		}
 	}
 	out := &apiaryv1.ListRegionsResponse{}
-	for _, reg := range registry.BuildRegions(members, func(string) bool { return true }) {
+	for _, reg := range federation.BuildRegions(members, func(string) bool { return true }) {
 		out.Regions = append(out.Regions, reg.Summary())
 	}
 	return out, nil

@@ -16,23 +16,25 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/priority"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
 // Admission at the door: before a submission writes anything, the region
-// checks (1) the sovereignty policy (policy.go in global/policy), (2) that
+// checks (1) the sovereignty policy (internal/sovereignty), (2) that
 // every task fits on at least one of its registered nodes, and (3) that the
 // pending backlog of the job's priority class is below its bound. (2) and (3)
 // use a summary that capacityLoop refreshes from etcd every
 // CapacityRefresh; the same summary is published in the WAN tags.
 
 // CapacityRefresh is how often the coordinator re-reads node capacity (and,
-// when a backlog bound is set, the pending backlog) from etcd.
-const CapacityRefresh = time.Second
+// with a backlog bound, the backlog): the WAN summary's refresh
+// (federation.SummaryRefresh).
+const CapacityRefresh = federation.SummaryRefresh
 
-// BacklogBounds maps a priority class (registry.ClassBatch, ClassStandard,
+// BacklogBounds maps a priority class (priority.Batch, ClassStandard,
 // ClassUrgent) to the most PENDING tasks the region keeps before it refuses
 // new jobs of that class with RESOURCE_EXHAUSTED. 0 or absent: unbounded.
 type BacklogBounds map[string]int64
@@ -49,7 +51,7 @@ func ParseBacklogBounds(s string) (BacklogBounds, error) {
 		if n < 0 {
 			return nil, fmt.Errorf("max-pending: must be >= 0, got %d", n)
 		}
-		for _, c := range registry.Classes {
+		for _, c := range priority.Classes {
 			out[c] = n
 		}
 		return out, nil
@@ -61,11 +63,11 @@ func ParseBacklogBounds(s string) (BacklogBounds, error) {
 			return nil, fmt.Errorf("max-pending: %q must be N or class=N with N >= 0", part)
 		}
 		known := false
-		for _, c := range registry.Classes {
+		for _, c := range priority.Classes {
 			known = known || c == k
 		}
 		if !known {
-			return nil, fmt.Errorf("max-pending: class %q must be one of %s", k, strings.Join(registry.Classes, ", "))
+			return nil, fmt.Errorf("max-pending: class %q must be one of %s", k, strings.Join(priority.Classes, ", "))
 		}
 		out[k] = n
 	}
@@ -87,8 +89,8 @@ type capacityState struct {
 	mu        sync.Mutex
 	readOK    bool
 	readAt    time.Time
-	cap       registry.Capacity
-	sizes     []registry.Res // distinct capacities of registered nodes
+	cap       federation.Capacity
+	sizes     []federation.Res // distinct capacities of registered nodes
 	nodesSeen int
 	pending   map[string]int64 // by class, from the last read (-1 unknown)
 	// extra holds the jobs this coordinator accepted that the last read
@@ -132,9 +134,9 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		st.mu.Unlock()
 		return
 	}
-	var sum registry.Capacity
-	seen := map[registry.Res]bool{}
-	var sizes []registry.Res
+	var sum federation.Capacity
+	seen := map[federation.Res]bool{}
+	var sizes []federation.Res
 	nodesSeen := 0
 	for _, nv := range decodeNodes(resp.Responses[0].GetResponseRange().Kvs) {
 		r := nv.rec
@@ -142,7 +144,7 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 			continue
 		}
 		nodesSeen++
-		size := registry.Res{CPUMillis: r.Capacity.GetCpuMillis(), MemoryMiB: r.Capacity.GetMemoryMb(), GPUs: int64(r.Capacity.GetGpus())}
+		size := federation.Res{CPUMillis: r.Capacity.GetCpuMillis(), MemoryMiB: r.Capacity.GetMemoryMb(), GPUs: int64(r.Capacity.GetGpus())}
 		if !seen[size] {
 			seen[size] = true
 			sizes = append(sizes, size)
@@ -179,7 +181,7 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 			var t taskstate.Task
 			if json.Unmarshal(kv.Value, &t) == nil && t.State == apiaryv1.TaskState_TASK_STATE_PENDING {
-				pending[registry.ClassOf(prio[t.JobID])]++
+				pending[priority.Of(prio[t.JobID])]++
 			}
 		}
 	}
@@ -198,20 +200,20 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 }
 
 // capacitySnapshot returns the summary for the WAN tags.
-func (c *Coordinator) capacitySnapshot() (health string, cp registry.Capacity, backlog []registry.Backlog) {
+func (c *Coordinator) capacitySnapshot() (health string, cp federation.Capacity, backlog []federation.Backlog) {
 	st := &c.capState
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	switch {
 	case !st.readOK:
-		health = registry.HealthEtcdDown
+		health = federation.HealthEtcdDown
 	case st.cap.NodesReady == 0:
-		health = registry.HealthNoNodes
+		health = federation.HealthNoNodes
 	default:
-		health = registry.HealthOK
+		health = federation.HealthOK
 	}
-	for _, class := range registry.Classes {
-		b := registry.Backlog{Class: class, Pending: -1, Bound: c.cfg.Backlog[class]}
+	for _, class := range priority.Classes {
+		b := federation.Backlog{Class: class, Pending: -1, Bound: c.cfg.Backlog[class]}
 		if st.pending != nil {
 			b.Pending = st.pending[class] + st.extraBy(class)
 		}
@@ -230,7 +232,7 @@ func (c *Coordinator) admit(spec *apiaryv1.JobSpec) error {
 	if st.readOK && st.nodesSeen > 0 {
 		for g, grp := range spec.GetTasks() {
 			r := grp.GetResources()
-			need := registry.Res{CPUMillis: r.GetCpuMillis(), MemoryMiB: r.GetMemoryMb(), GPUs: int64(r.GetGpus())}
+			need := federation.Res{CPUMillis: r.GetCpuMillis(), MemoryMiB: r.GetMemoryMb(), GPUs: int64(r.GetGpus())}
 			if r.GetGpuMilli() > 0 && need.GPUs == 0 {
 				need.GPUs = 1
 			}
@@ -249,7 +251,7 @@ func (c *Coordinator) admit(spec *apiaryv1.JobSpec) error {
 			}
 		}
 	}
-	class := registry.ClassOf(spec.GetPriority())
+	class := priority.Of(spec.GetPriority())
 	if bound := c.cfg.Backlog[class]; bound > 0 {
 		pending := st.extraBy(class)
 		if st.pending != nil {
@@ -280,7 +282,7 @@ func (c *Coordinator) admitted(jobID string, spec *apiaryv1.JobSpec) {
 	if _, seen := st.lastSeen[jobID]; seen {
 		return
 	}
-	st.extra[jobID] = localJob{class: registry.ClassOf(spec.GetPriority()), tasks: int64(jobspec.TaskCount(spec))}
+	st.extra[jobID] = localJob{class: priority.Of(spec.GetPriority()), tasks: int64(jobspec.TaskCount(spec))}
 }
 
 // capacityLoop refreshes the summary every CapacityRefresh and publishes it

@@ -24,7 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/policy"
+	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/shards"
@@ -67,8 +67,8 @@ type Config struct {
 	Logger   *slog.Logger
 	// Policy is the federation's sovereignty policy, re-checked before a
 	// submission is accepted (nil: a job's jurisdiction must equal the
-	// region's). See global/policy.
-	Policy *policy.Policy
+	// region's). See internal/sovereignty.
+	Policy *sovereignty.Policy
 	// Backlog bounds pending tasks per priority class (admission.go).
 	Backlog BacklogBounds
 	// WAN makes the coordinator a member of the federation's serf WAN pool

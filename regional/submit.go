@@ -12,9 +12,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -118,7 +118,7 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 // (INVALID_ARGUMENT otherwise), and the policy must allow this region's
 // jurisdiction (FAILED_PRECONDITION otherwise, so a router tries the next
 // region). It returns the decision stored with the job, which the placement
-// filter enforces on every node (policy.Resolve is the one definition the
+// filter enforces on every node (sovereignty.Resolve is the one definition the
 // router, this check and placement share).
 func (c *Coordinator) resolveWhere(spec *apiaryv1.JobSpec) (*whereRecord, error) {
 	jur, class := spec.GetJurisdiction(), spec.GetDataClass()
@@ -127,7 +127,7 @@ func (c *Coordinator) resolveWhere(spec *apiaryv1.JobSpec) (*whereRecord, error)
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
 	}
-	d := policy.Resolve(c.cfg.Policy, jur, class)
+	d := sovereignty.Resolve(c.cfg.Policy, jur, class)
 	if jur != "" && c.meta.Jurisdiction == "" && !d.Any {
 		// A region that declares no jurisdiction cannot prove where its
 		// nodes are: refuse rather than accept a job it can never place.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/hashicorp/serf/serf"
 
-	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/internal/federation"
 )
 
 // WANConfig makes the coordinator a member of the federation's serf WAN pool,
@@ -55,7 +55,7 @@ func (c *Coordinator) startWAN(ctx context.Context) error {
 		return err
 	}
 	// The member name has no '/': memberlist reads "name/addr" on reconnect.
-	sc, err := registry.NewSerfConfig(registry.MemberConfig{Name: c.meta.Region + "." + c.cfg.ID, Bind: bind,
+	sc, err := federation.NewSerfConfig(federation.MemberConfig{Name: c.meta.Region + "." + c.cfg.ID, Bind: bind,
 		Advertise: c.cfg.WAN.Advertise, Tags: tags, Logger: c.log.With("component", "wan")})
 	if err != nil {
 		return err
@@ -67,7 +67,7 @@ func (c *Coordinator) startWAN(ctx context.Context) error {
 	c.wan.serf = s
 	c.wan.lastTags = tags
 	c.wan.lastPub = time.Now()
-	go registry.JoinLoop(ctx, s, c.cfg.WAN.Join, c.log)
+	go federation.JoinLoop(ctx, s, c.cfg.WAN.Join, c.log)
 	m := s.LocalMember()
 	c.log.Info("joined WAN pool", "wan_addr", fmt.Sprintf("%s:%d", m.Addr, m.Port), "join", c.cfg.WAN.Join)
 	return nil
@@ -84,7 +84,7 @@ func (c *Coordinator) WANAddr() string {
 
 func (c *Coordinator) wanTags() (map[string]string, error) {
 	health, cp, backlog := c.capacitySnapshot()
-	return registry.CoordinatorTags{Region: c.meta.Region, ID: c.cfg.ID, Jurisdiction: c.meta.Jurisdiction,
+	return federation.CoordinatorTags{Region: c.meta.Region, ID: c.cfg.ID, Jurisdiction: c.meta.Jurisdiction,
 		Labels: c.meta.Labels, APIAddr: c.Addr(), Health: health, Capacity: cp, Backlog: backlog,
 		UpdatedMs: time.Now().UnixMilli()}.Encode()
 }
@@ -98,7 +98,7 @@ func (c *Coordinator) publishWAN() {
 		return
 	}
 	c.metrics.SerfMembers.Reset()
-	for state, n := range registry.MemberCounts(c.wan.serf) {
+	for state, n := range federation.MemberCounts(c.wan.serf) {
 		c.metrics.SerfMembers.WithLabelValues("wan", state).Set(float64(n))
 	}
 	tags, err := c.wanTags()
@@ -107,9 +107,9 @@ func (c *Coordinator) publishWAN() {
 		return
 	}
 	old := maps.Clone(c.wan.lastTags)
-	delete(old, registry.TagUpdated)
+	delete(old, federation.TagUpdated)
 	cmp := maps.Clone(tags)
-	delete(cmp, registry.TagUpdated)
+	delete(cmp, federation.TagUpdated)
 	if maps.Equal(old, cmp) && time.Since(c.wan.lastPub) < tagRepublish {
 		return
 	}

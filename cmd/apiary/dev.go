@@ -16,8 +16,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"apiary.dev/apiary/agent"
-	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/regional"
 )
@@ -111,10 +111,10 @@ SIGTERM stops everything.`,
 			}
 			if policyPath == "" {
 				policyPath = filepath.Join(dataDir, "policy.yaml")
-				if err := os.WriteFile(policyPath, []byte(policy.DefaultYAML), 0o644); err != nil {
+				if err := os.WriteFile(policyPath, []byte(sovereignty.DefaultYAML), 0o644); err != nil {
 					return err
 				}
-			} else if _, err := policy.Load(policyPath); err != nil {
+			} else if _, err := sovereignty.Load(policyPath); err != nil {
 				return withCode(exitInvalid, fmt.Errorf("--policy: %w", err))
 			} else if policyPath, err = filepath.Abs(policyPath); err != nil {
 				return err

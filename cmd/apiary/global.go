@@ -15,9 +15,10 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/global/registry"
 	"apiary.dev/apiary/global/router"
+	"apiary.dev/apiary/internal/federation"
+	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 )
 
@@ -47,9 +48,9 @@ run; they keep no state.`,
 			if err != nil {
 				return withCode(exitInvalid, err)
 			}
-			var pol *policy.Policy
+			var pol *sovereignty.Policy
 			if policyPath != "" {
-				if pol, err = policy.Load(policyPath); err != nil {
+				if pol, err = sovereignty.Load(policyPath); err != nil {
 					return withCode(exitInvalid, fmt.Errorf("--policy: %w", err))
 				}
 			} else {
@@ -81,7 +82,7 @@ run; they keep no state.`,
 			go func() {
 				for range time.Tick(2 * time.Second) {
 					serfMembers.Reset()
-					for state, n := range registry.MemberCounts(reg.Serf()) {
+					for state, n := range federation.MemberCounts(reg.Serf()) {
 						serfMembers.WithLabelValues("wan", state).Set(float64(n))
 					}
 				}

@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/cliconn"
+	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/regional"
 )
 
@@ -48,7 +48,7 @@ func regionFederationHook(cmd *cobra.Command, cfg *regional.Config) {
 		}
 		cfg.WAN.Join = wanJoin
 		if policyPath != "" {
-			p, err := policy.Load(policyPath)
+			p, err := sovereignty.Load(policyPath)
 			if err != nil {
 				return withCode(exitInvalid, fmt.Errorf("--policy: %w", err))
 			}

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/internal/testutil"
 )
@@ -73,7 +73,7 @@ func TestTraceGolden(t *testing.T) {
 func TestTraceOverAPIHandRun(t *testing.T) {
 	dir := t.TempDir()
 	pol := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(pol, []byte(policy.DefaultYAML), 0o644); err != nil {
+	if err := os.WriteFile(pol, []byte(sovereignty.DefaultYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	agents := []devcluster.AgentSpec{

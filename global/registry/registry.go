@@ -1,7 +1,7 @@
 // Package registry is the global router's live view of the regions: a serf
 // WAN pool that every regional coordinator joins with tags (region,
 // jurisdiction, labels, gRPC address, health, capacity summary, backlog; see
-// tags.go), plus a gRPC health probe of every alive coordinator.
+// internal/federation), plus a gRPC health probe of every alive coordinator.
 //
 // A region is up while at least one of its coordinators is alive in the pool,
 // does not report its etcd as unavailable, and answered the router's last
@@ -9,8 +9,10 @@
 // answered for AnswerWithin is not counted). The registry keeps no durable
 // state: a restarted router rebuilds it from the pool within a second or two.
 //
-// The package also holds the pieces coordinators share with the router: the
-// tag codec and the tuned serf configuration.
+// What coordinators share with the router (the tag schema, the tuned serf
+// configuration, the region view built from members) is internal/federation;
+// this package is the router's own: its WAN member, the health probes and the
+// pooled connections to coordinators. It must not import regional/.
 package registry
 
 import (
@@ -18,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"sync"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/telemetry"
 )
 
@@ -52,40 +54,6 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Coordinator is one coordinator as the router sees it.
-type Coordinator struct {
-	Name   string // serf member name
-	Status string // serf member status: alive, failed, left, leaving
-	Tags   CoordinatorTags
-	// Answers: the last health probe succeeded within AnswerWithin.
-	Answers bool
-}
-
-// Region aggregates the coordinators of one region.
-type Region struct {
-	Name         string
-	Jurisdiction string
-	Labels       map[string]string
-	Coordinators []Coordinator
-	Capacity     Capacity
-	Backlog      []Backlog
-	UpdatedMs    int64
-	Up           bool
-	// DownReason says why the region is down (empty when up).
-	DownReason string
-}
-
-// Addrs returns the API addresses of the coordinators that answer, first.
-func (r Region) Addrs() []string {
-	var out []string
-	for _, c := range r.Coordinators {
-		if c.Status == "alive" && c.Answers {
-			out = append(out, c.Tags.APIAddr)
-		}
-	}
-	return out
-}
-
 // Registry is the live region view.
 type Registry struct {
 	cfg  Config
@@ -108,8 +76,8 @@ func New(cfg Config) (*Registry, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	sc, err := NewSerfConfig(MemberConfig{Name: cfg.Name, Bind: cfg.Bind, Advertise: cfg.Advertise,
-		Tags: map[string]string{TagRole: RoleGlobal}, Logger: cfg.Logger})
+	sc, err := federation.NewSerfConfig(federation.MemberConfig{Name: cfg.Name, Bind: cfg.Bind, Advertise: cfg.Advertise,
+		Tags: map[string]string{federation.TagRole: federation.RoleGlobal}, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +88,7 @@ func New(cfg Config) (*Registry, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Registry{cfg: cfg, log: cfg.Logger, serf: s, conns: map[string]*grpc.ClientConn{},
 		last: map[string]time.Time{}, cancel: cancel, done: make(chan struct{})}
-	go JoinLoop(ctx, s, cfg.Join, r.log)
+	go federation.JoinLoop(ctx, s, cfg.Join, r.log)
 	go r.probeLoop(ctx)
 	return r, nil
 }
@@ -194,7 +162,7 @@ func (r *Registry) probeLoop(ctx context.Context) {
 func (r *Registry) probeOnce(ctx context.Context) {
 	alive := map[string]bool{}
 	for _, m := range r.serf.Members() {
-		if t, ok := DecodeCoordinatorTags(m.Tags); ok && m.Status == serf.StatusAlive {
+		if t, ok := federation.DecodeCoordinatorTags(m.Tags); ok && m.Status == serf.StatusAlive {
 			alive[t.APIAddr] = true
 		}
 	}
@@ -231,7 +199,7 @@ func (r *Registry) probeOnce(ctx context.Context) {
 }
 
 // Regions returns the current view, sorted by name.
-func (r *Registry) Regions() []Region {
+func (r *Registry) Regions() []federation.Region {
 	now := time.Now()
 	r.mu.Lock()
 	last := make(map[string]time.Time, len(r.last))
@@ -239,87 +207,17 @@ func (r *Registry) Regions() []Region {
 		last[k] = v
 	}
 	r.mu.Unlock()
-	return BuildRegions(r.serf.Members(), func(apiAddr string) bool {
+	return federation.BuildRegions(r.serf.Members(), func(apiAddr string) bool {
 		return !last[apiAddr].IsZero() && now.Sub(last[apiAddr]) <= AnswerWithin
 	})
 }
 
-// BuildRegions groups a WAN pool's coordinator members (other members are
-// skipped) into regions, sorted by name, and decides whether each is up.
-// answers tells whether the coordinator at an API address answered its last
-// health probe; it is asked only about alive members.
-func BuildRegions(members []serf.Member, answers func(apiAddr string) bool) []Region {
-	by := map[string]*Region{}
-	for _, m := range members {
-		t, ok := DecodeCoordinatorTags(m.Tags)
-		if !ok {
-			continue
-		}
-		reg := by[t.Region]
-		if reg == nil {
-			reg = &Region{Name: t.Region}
-			by[t.Region] = reg
-		}
-		c := Coordinator{Name: m.Name, Status: m.Status.String(), Tags: t}
-		c.Answers = m.Status == serf.StatusAlive && answers(t.APIAddr)
-		reg.Coordinators = append(reg.Coordinators, c)
-		// The freshest alive coordinator's tags describe the region.
-		if m.Status == serf.StatusAlive && t.UpdatedMs >= reg.UpdatedMs {
-			reg.Jurisdiction, reg.Labels, reg.Capacity, reg.Backlog, reg.UpdatedMs = t.Jurisdiction, t.Labels, t.Capacity, t.Backlog, t.UpdatedMs
-		} else if reg.UpdatedMs == 0 && reg.Labels == nil {
-			reg.Jurisdiction, reg.Labels = t.Jurisdiction, t.Labels
-		}
-	}
-	out := make([]Region, 0, len(by))
-	for _, reg := range by {
-		sort.Slice(reg.Coordinators, func(a, b int) bool { return reg.Coordinators[a].Tags.ID < reg.Coordinators[b].Tags.ID })
-		reg.Up, reg.DownReason = false, ""
-		alive, answering, etcdDown := 0, 0, 0
-		for _, c := range reg.Coordinators {
-			if c.Status != "alive" {
-				continue
-			}
-			alive++
-			if c.Tags.Health == HealthEtcdDown {
-				etcdDown++
-				continue
-			}
-			if c.Answers {
-				answering++
-			}
-		}
-		switch {
-		case alive == 0:
-			reg.DownReason = fmt.Sprintf("no coordinator alive in the WAN pool (%d known, all failed or left)", len(reg.Coordinators))
-		case answering == 0 && etcdDown == alive:
-			reg.DownReason = "every alive coordinator reports its etcd unavailable"
-		case answering == 0:
-			reg.DownReason = fmt.Sprintf("%d coordinator(s) alive in the pool but none answers its gRPC health check", alive)
-		default:
-			reg.Up = true
-		}
-		out = append(out, *reg)
-	}
-	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
-	return out
-}
-
 // Region returns one region by name.
-func (r *Registry) Region(name string) (Region, bool) {
+func (r *Registry) Region(name string) (federation.Region, bool) {
 	for _, reg := range r.Regions() {
 		if reg.Name == name {
 			return reg, true
 		}
 	}
-	return Region{}, false
-}
-
-// MemberCounts counts a serf pool's members by state (alive, leaving, left,
-// failed), for the apiary_serf_members gauge.
-func MemberCounts(s *serf.Serf) map[string]int {
-	out := map[string]int{}
-	for _, m := range s.Members() {
-		out[m.Status.String()]++
-	}
-	return out
+	return federation.Region{}, false
 }

@@ -20,14 +20,14 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/internal/testutil"
-	"apiary.dev/apiary/regional"
 )
 
 func TestMain(m *testing.M) {
@@ -53,7 +53,7 @@ func startFed(t *testing.T) *fed {
 	t.Helper()
 	dir := t.TempDir()
 	pol := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(pol, []byte(policy.DefaultYAML), 0o644); err != nil {
+	if err := os.WriteFile(pol, []byte(sovereignty.DefaultYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	agent := func(id string) []devcluster.AgentSpec {
@@ -399,12 +399,12 @@ func TestFederation(t *testing.T) {
 	t.Run("backlog bound: 51st job refused by the region, router places it elsewhere", func(t *testing.T) {
 		stuck := spec(t, "name: stuck\ntasks: [{name: a, command: 'true', constraints: [{label: never, op: exists}]}]\n")
 		// Jobs accepted since the region's last read count as pending until
-		// the next read (at most CapacityRefresh): let earlier ones settle.
+		// the next read (at most federation.SummaryRefresh): let earlier ones settle.
 		t0 := time.Now().UnixMilli()
 		testutil.Eventually(t, 10*time.Second, "us-east backlog settled at 0", func() error {
 			r := f.region(t, "us-east")
 			for _, b := range r.GetBacklog() {
-				if b.GetClass() == "standard" && b.GetPending() == 0 && r.GetUpdatedTimeMs() > t0+int64(regional.CapacityRefresh/time.Millisecond) {
+				if b.GetClass() == "standard" && b.GetPending() == 0 && r.GetUpdatedTimeMs() > t0+int64(federation.SummaryRefresh/time.Millisecond) {
 					return nil
 				}
 			}

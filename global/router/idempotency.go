@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 )
@@ -38,8 +38,8 @@ import (
 
 // homeRegion returns the candidate with the highest rendezvous score for the
 // request (ties, which need a 64-bit collision, break by name).
-func homeRegion(cands []registry.Region, clientID, requestID string) registry.Region {
-	var best registry.Region
+func homeRegion(cands []federation.Region, clientID, requestID string) federation.Region {
+	var best federation.Region
 	var bestScore uint64
 	for i, c := range cands {
 		s := rendezvousScore(clientID, requestID, c.Name)
@@ -71,8 +71,8 @@ func rendezvousScore(clientID, requestID, region string) uint64 {
 // homeCandidates are the regions a keyed request's home is chosen from:
 // those the selector and the policy allow, whether up, down or too small
 // right now, so that the home does not move while a region is down.
-func homeCandidates(eligible []registry.Region, excluded []Exclusion, regions []registry.Region) []registry.Region {
-	out := append([]registry.Region(nil), eligible...)
+func homeCandidates(eligible []federation.Region, excluded []Exclusion, regions []federation.Region) []federation.Region {
+	out := append([]federation.Region(nil), eligible...)
 	for _, e := range excluded {
 		if e.Kind != KindDown && e.Kind != KindCapacity {
 			continue
@@ -108,7 +108,7 @@ func unknownOutcome(region, requestID, why string) error {
 
 // submitKeyed routes a submission that carries the client's own request id
 // (see the comment at the top of this file).
-func (r *Router) submitKeyed(ctx context.Context, req *apiaryv1.SubmitJobRequest, spec *apiaryv1.JobSpec, regions []registry.Region, key string) (*apiaryv1.SubmitJobResponse, error) {
+func (r *Router) submitKeyed(ctx context.Context, req *apiaryv1.SubmitJobRequest, spec *apiaryv1.JobSpec, regions []federation.Region, key string) (*apiaryv1.SubmitJobResponse, error) {
 	eligible, excluded := Eligible(regions, r.cfg.Policy, spec)
 	cands := homeCandidates(eligible, excluded, regions)
 	if len(cands) == 0 {
@@ -135,7 +135,7 @@ func (r *Router) submitKeyed(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	// Home refused to run the job itself: forward the request, once, to the
 	// best other eligible region.
 	excluded = append(excluded, Exclusion{home.Name, KindRefused, status.Convert(err).Message()})
-	var next *registry.Region
+	var next *federation.Region
 	for i := range eligible {
 		if eligible[i].Name != home.Name {
 			next = &eligible[i]
@@ -195,9 +195,9 @@ func (r *Router) submitForwarded(ctx context.Context, req *apiaryv1.SubmitJobReq
 // candidate regions (the regions its selector and the policy allow), as
 // every router computes it; "" for no candidates.
 func HomeOf(candidates []string, clientID, requestID string) string {
-	regs := make([]registry.Region, len(candidates))
+	regs := make([]federation.Region, len(candidates))
 	for i, n := range candidates {
-		regs[i] = registry.Region{Name: n}
+		regs[i] = federation.Region{Name: n}
 	}
 	if len(regs) == 0 {
 		return ""

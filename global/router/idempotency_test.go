@@ -16,11 +16,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/policy"
 	"apiary.dev/apiary/global/router"
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/testutil"
 )
 
@@ -31,7 +31,7 @@ import (
 func TestIdempotencyAcrossRouters(t *testing.T) {
 	dir := t.TempDir()
 	pol := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(pol, []byte(policy.DefaultYAML), 0o644); err != nil {
+	if err := os.WriteFile(pol, []byte(sovereignty.DefaultYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	opts := devcluster.Options{Binary: testutil.Binary(t), Dir: dir, Global: &devcluster.GlobalSpec{PolicyFile: pol},

@@ -6,8 +6,9 @@ import (
 	"strings"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/policy"
-	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/internal/federation"
+	"apiary.dev/apiary/internal/priority"
+	"apiary.dev/apiary/internal/sovereignty"
 )
 
 // Exclusion kinds: why a region cannot take a job.
@@ -33,12 +34,12 @@ func (e Exclusion) String() string { return fmt.Sprintf("%s: %s: %s", e.Region, 
 // spec.region.prefer in that order, then regions whose backlog for the job's
 // priority class is below its bound before those at or over it, then most
 // free CPU, then most free memory, then name. Where a job may run is
-// policy.Resolve's answer, the same function the region's admission and
-// placement use; pol may be nil (policy.RuleNoPolicy).
-func Eligible(regions []registry.Region, pol *policy.Policy, spec *apiaryv1.JobSpec) ([]registry.Region, []Exclusion) {
-	var ok []registry.Region
+// sovereignty.Resolve's answer, the same function the region's admission and
+// placement use; pol may be nil (sovereignty.RuleNoPolicy).
+func Eligible(regions []federation.Region, pol *sovereignty.Policy, spec *apiaryv1.JobSpec) ([]federation.Region, []Exclusion) {
+	var ok []federation.Region
 	var out []Exclusion
-	decision := policy.Resolve(pol, spec.GetJurisdiction(), spec.GetDataClass())
+	decision := sovereignty.Resolve(pol, spec.GetJurisdiction(), spec.GetDataClass())
 	for _, r := range regions {
 		if why := selectorMismatch(r, spec.GetRegion().GetSelector()); why != "" {
 			out = append(out, Exclusion{r.Name, KindSelector, why})
@@ -65,14 +66,14 @@ func Eligible(regions []registry.Region, pol *policy.Policy, spec *apiaryv1.JobS
 			prefer[p] = i
 		}
 	}
-	rank := func(r registry.Region) int {
+	rank := func(r federation.Region) int {
 		if i, ok := prefer[r.Name]; ok {
 			return i
 		}
 		return len(prefer)
 	}
-	class := registry.ClassOf(spec.GetPriority())
-	full := func(r registry.Region) bool {
+	class := priority.Of(spec.GetPriority())
+	full := func(r federation.Region) bool {
 		for _, b := range r.Backlog {
 			if b.Class == class && b.Bound > 0 && b.Pending >= b.Bound {
 				return true
@@ -99,7 +100,7 @@ func Eligible(regions []registry.Region, pol *policy.Policy, spec *apiaryv1.JobS
 	return ok, out
 }
 
-func selectorMismatch(r registry.Region, sel map[string]string) string {
+func selectorMismatch(r federation.Region, sel map[string]string) string {
 	keys := make([]string, 0, len(sel))
 	for k := range sel {
 		keys = append(keys, k)
@@ -122,7 +123,7 @@ func selectorMismatch(r registry.Region, sel map[string]string) string {
 
 // tooLarge uses the largest node published in the region's tags; regions
 // with no registered node yet are not excluded (the region re-checks).
-func tooLarge(r registry.Region, spec *apiaryv1.JobSpec) string {
+func tooLarge(r federation.Region, spec *apiaryv1.JobSpec) string {
 	l := r.Capacity.Largest
 	if l.CPUMillis == 0 && l.MemoryMiB == 0 {
 		return ""

@@ -4,22 +4,23 @@ import (
 	"testing"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/policy"
-	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/internal/federation"
+	"apiary.dev/apiary/internal/priority"
+	"apiary.dev/apiary/internal/sovereignty"
 )
 
 func TestEligibleOrderAndExclusions(t *testing.T) {
-	pol, err := policy.Parse([]byte(policy.DefaultYAML))
+	pol, err := sovereignty.Parse([]byte(sovereignty.DefaultYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := func(name, jur string, up bool, freeCPU int64, pending int64) registry.Region {
-		return registry.Region{Name: name, Jurisdiction: jur, Up: up, DownReason: "test",
+	reg := func(name, jur string, up bool, freeCPU int64, pending int64) federation.Region {
+		return federation.Region{Name: name, Jurisdiction: jur, Up: up, DownReason: "test",
 			Labels:   map[string]string{"tier": "standard"},
-			Capacity: registry.Capacity{Free: registry.Res{CPUMillis: freeCPU}, Largest: registry.Res{CPUMillis: 4000, MemoryMiB: 8192}},
-			Backlog:  []registry.Backlog{{Class: registry.ClassStandard, Pending: pending, Bound: 10}}}
+			Capacity: federation.Capacity{Free: federation.Res{CPUMillis: freeCPU}, Largest: federation.Res{CPUMillis: 4000, MemoryMiB: 8192}},
+			Backlog:  []federation.Backlog{{Class: priority.Standard, Pending: pending, Bound: 10}}}
 	}
-	regions := []registry.Region{reg("eu-a", "eu", true, 100, 0), reg("eu-b", "eu", true, 900, 10), reg("eu-c", "eu", true, 500, 0),
+	regions := []federation.Region{reg("eu-a", "eu", true, 100, 0), reg("eu-b", "eu", true, 900, 10), reg("eu-c", "eu", true, 500, 0),
 		reg("us-a", "us", true, 5000, 0), reg("eu-down", "eu", false, 9000, 0)}
 	ok, ex := Eligible(regions, pol, &apiaryv1.JobSpec{Name: "j", Priority: 50, Jurisdiction: "eu",
 		Tasks: []*apiaryv1.TaskGroup{{Resources: &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 64}}}})
@@ -54,15 +55,15 @@ func TestEligibleOrderAndExclusions(t *testing.T) {
 }
 
 func TestTagsRoundTripAndLimit(t *testing.T) {
-	in := registry.CoordinatorTags{Region: "eu-west", ID: "c1", Jurisdiction: "eu", Labels: map[string]string{"tier": "standard"},
-		APIAddr: "127.0.0.1:1", Health: registry.HealthOK, UpdatedMs: 42,
-		Capacity: registry.Capacity{Free: registry.Res{CPUMillis: 1, MemoryMiB: 2, GPUs: 3}, Largest: registry.Res{CPUMillis: 4, MemoryMiB: 5, GPUs: 6}, NodesReady: 7},
-		Backlog:  []registry.Backlog{{Class: registry.ClassStandard, Pending: 5, Bound: 50}}}
+	in := federation.CoordinatorTags{Region: "eu-west", ID: "c1", Jurisdiction: "eu", Labels: map[string]string{"tier": "standard"},
+		APIAddr: "127.0.0.1:1", Health: federation.HealthOK, UpdatedMs: 42,
+		Capacity: federation.Capacity{Free: federation.Res{CPUMillis: 1, MemoryMiB: 2, GPUs: 3}, Largest: federation.Res{CPUMillis: 4, MemoryMiB: 5, GPUs: 6}, NodesReady: 7},
+		Backlog:  []federation.Backlog{{Class: priority.Standard, Pending: 5, Bound: 50}}}
 	m, err := in.Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, ok := registry.DecodeCoordinatorTags(m)
+	out, ok := federation.DecodeCoordinatorTags(m)
 	if !ok || out.Capacity != in.Capacity || out.Labels["tier"] != "standard" || out.Backlog[1].Pending != 5 || out.Backlog[0].Pending != -1 {
 		t.Fatalf("round trip: %+v", out)
 	}

@@ -48,16 +48,16 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/global/policy"
-	"apiary.dev/apiary/global/registry"
+	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 )
 
 // View is what the router needs of the region registry.
 type View interface {
-	Regions() []registry.Region
+	Regions() []federation.Region
 	Conn(addr string) (*grpc.ClientConn, error)
 	MarkFailed(addr string)
 }
@@ -67,7 +67,7 @@ type Config struct {
 	View View
 	// Policy is the sovereignty policy (nil: a job's jurisdiction must equal
 	// the region's).
-	Policy *policy.Policy
+	Policy *sovereignty.Policy
 	Logger *slog.Logger
 	// AttemptTimeout bounds one forwarded call (default 5 s).
 	AttemptTimeout time.Duration
@@ -183,7 +183,7 @@ var errNoCoordinator = status.Error(codes.Unavailable, "no coordinator answering
 
 // call runs fn against the region's answering coordinators until one takes
 // the call: it moves on to the next coordinator only when nothing was sent.
-func (r *Router) call(ctx context.Context, region registry.Region, fn func(ctx context.Context, cc *grpc.ClientConn) error) error {
+func (r *Router) call(ctx context.Context, region federation.Region, fn func(ctx context.Context, cc *grpc.ClientConn) error) error {
 	addrs := region.Addrs()
 	if len(addrs) == 0 {
 		return errNoCoordinator
@@ -325,7 +325,7 @@ func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) 
 // federation knows: a jurisdiction or data class the sovereignty policy does
 // not declare, and a region.prefer name that is no region of the pool (a typo
 // there would silently lose the preference).
-func (r *Router) checkValues(spec *apiaryv1.JobSpec, regions []registry.Region) error {
+func (r *Router) checkValues(spec *apiaryv1.JobSpec, regions []federation.Region) error {
 	if r.cfg.Policy != nil {
 		if err := r.cfg.Policy.CheckValues(spec.GetJurisdiction(), spec.GetDataClass()); err != nil {
 			return status.Error(codes.InvalidArgument, err.Error())
@@ -345,7 +345,7 @@ func (r *Router) checkValues(spec *apiaryv1.JobSpec, regions []registry.Region) 
 }
 
 // submitTo sends a submission to one region.
-func (r *Router) submitTo(ctx context.Context, reg registry.Region, req *apiaryv1.SubmitJobRequest) (*apiaryv1.SubmitJobResponse, error) {
+func (r *Router) submitTo(ctx context.Context, reg federation.Region, req *apiaryv1.SubmitJobRequest) (*apiaryv1.SubmitJobResponse, error) {
 	var resp *apiaryv1.SubmitJobResponse
 	err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
 		var err error
@@ -357,7 +357,7 @@ func (r *Router) submitTo(ctx context.Context, reg registry.Region, req *apiaryv
 
 // submitSame retries a submission in one region (same request id) until it
 // has an answer or ctx ends.
-func (r *Router) submitSame(ctx context.Context, reg registry.Region, req *apiaryv1.SubmitJobRequest, key string) (*apiaryv1.SubmitJobResponse, error) {
+func (r *Router) submitSame(ctx context.Context, reg federation.Region, req *apiaryv1.SubmitJobRequest, key string) (*apiaryv1.SubmitJobResponse, error) {
 	var last error
 	for n := 0; ; n++ {
 		if cur, ok := r.regionByName(reg.Name); ok {
@@ -382,17 +382,17 @@ func (r *Router) submitSame(ctx context.Context, reg registry.Region, req *apiar
 	}
 }
 
-func (r *Router) regionByName(name string) (registry.Region, bool) {
+func (r *Router) regionByName(name string) (federation.Region, bool) {
 	for _, reg := range r.cfg.View.Regions() {
 		if reg.Name == name {
 			return reg, true
 		}
 	}
-	return registry.Region{}, false
+	return federation.Region{}, false
 }
 
 // refusal builds the structured error for a job no region took.
-func refusal(spec *apiaryv1.JobSpec, regions []registry.Region, ex []Exclusion, exhausted bool) error {
+func refusal(spec *apiaryv1.JobSpec, regions []federation.Region, ex []Exclusion, exhausted bool) error {
 	sort.SliceStable(ex, func(a, b int) bool { return ex[a].Region < ex[b].Region })
 	if len(regions) == 0 {
 		return status.Error(codes.Unavailable, "no region is known to the router yet (is it joined to the WAN pool?)")
@@ -437,20 +437,20 @@ func refusal(spec *apiaryv1.JobSpec, regions []registry.Region, ex []Exclusion, 
 }
 
 // regionOf routes by the region prefix of a job id.
-func (r *Router) regionOf(jobID string) (registry.Region, error) {
+func (r *Router) regionOf(jobID string) (federation.Region, error) {
 	if jobID == "" {
-		return registry.Region{}, status.Error(codes.InvalidArgument, "job_id: is required")
+		return federation.Region{}, status.Error(codes.InvalidArgument, "job_id: is required")
 	}
 	name := ids.RegionOf(jobID)
 	if name == "" {
-		return registry.Region{}, status.Errorf(codes.InvalidArgument, "job_id: %q is not an apiary job id (<region>-<20 chars>)", jobID)
+		return federation.Region{}, status.Errorf(codes.InvalidArgument, "job_id: %q is not an apiary job id (<region>-<20 chars>)", jobID)
 	}
 	reg, ok := r.regionByName(name)
 	if !ok {
-		return registry.Region{}, status.Errorf(codes.NotFound, "job %s not found: region %s is not in the WAN pool", jobID, name)
+		return federation.Region{}, status.Errorf(codes.NotFound, "job %s not found: region %s is not in the WAN pool", jobID, name)
 	}
 	if !reg.Up {
-		return registry.Region{}, status.Errorf(codes.Unavailable, "region %s of job %s is down: %s", name, jobID, reg.DownReason)
+		return federation.Region{}, status.Errorf(codes.Unavailable, "region %s of job %s is down: %s", name, jobID, reg.DownReason)
 	}
 	return reg, nil
 }

@@ -1,10 +1,13 @@
-package registry
+package federation
 
 import (
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
+
+	"apiary.dev/apiary/internal/priority"
 )
 
 // Serf tags a regional coordinator publishes in the WAN pool. The encoding is
@@ -38,26 +41,11 @@ const (
 	MaxTagBytes = 512
 )
 
-// Priority classes for admission bounds, by job priority (0..100).
-const (
-	ClassBatch    = "batch"    // 0..39
-	ClassStandard = "standard" // 40..79
-	ClassUrgent   = "urgent"   // 80..100
-)
-
-// Classes lists the priority classes in order.
-var Classes = []string{ClassBatch, ClassStandard, ClassUrgent}
-
-// ClassOf maps a job priority to its class.
-func ClassOf(priority int32) string {
-	switch {
-	case priority >= 80:
-		return ClassUrgent
-	case priority >= 40:
-		return ClassStandard
-	}
-	return ClassBatch
-}
+// SummaryRefresh is how often a coordinator re-reads its region's capacity
+// and backlog summary and republishes its tags when they changed (and at
+// least every 5 s): the published summary is at most this old plus serf's
+// gossip delay.
+const SummaryRefresh = time.Second
 
 // Res is a resource vector: cpu in millicores, memory in MiB, whole GPUs.
 type Res struct {
@@ -97,14 +85,14 @@ type Backlog struct {
 	Bound   int64
 }
 
-// encodeBacklog: "pending/bound" per class in Classes order, comma separated.
+// encodeBacklog: "pending/bound" per class in priority.Classes order, comma separated.
 func encodeBacklog(b []Backlog) string {
 	by := map[string]Backlog{}
 	for _, x := range b {
 		by[x.Class] = x
 	}
-	parts := make([]string, len(Classes))
-	for i, c := range Classes {
+	parts := make([]string, len(priority.Classes))
+	for i, c := range priority.Classes {
 		x, ok := by[c]
 		if !ok {
 			x.Pending = -1
@@ -116,10 +104,10 @@ func encodeBacklog(b []Backlog) string {
 
 func decodeBacklog(s string) []Backlog {
 	parts := strings.Split(s, ",")
-	if len(parts) != len(Classes) {
+	if len(parts) != len(priority.Classes) {
 		return nil
 	}
-	out := make([]Backlog, len(Classes))
+	out := make([]Backlog, len(priority.Classes))
 	for i, p := range parts {
 		a, b, _ := strings.Cut(p, "/")
 		pend, err1 := strconv.ParseInt(a, 10, 64)
@@ -127,7 +115,7 @@ func decodeBacklog(s string) []Backlog {
 		if err1 != nil || err2 != nil {
 			return nil
 		}
-		out[i] = Backlog{Class: Classes[i], Pending: pend, Bound: bound}
+		out[i] = Backlog{Class: priority.Classes[i], Pending: pend, Bound: bound}
 	}
 	return out
 }
@@ -160,8 +148,9 @@ func (t CoordinatorTags) Encode() (map[string]string, error) {
 		TagUpdated: strconv.FormatInt(t.UpdatedMs, 10),
 	}
 	if n := TagBytes(m); n > MaxTagBytes {
-		return nil, fmt.Errorf("label: region tags take %d bytes encoded, more than serf's limit of %d; shorten the region labels (%d bytes)",
-			n, MaxTagBytes, len(m[TagLabels]))
+		return nil, fmt.Errorf("label: region tags take %d bytes encoded, more than serf's limit of %d; shorten the region labels (%d bytes; the region name, coordinator id, jurisdiction and API address take %d, the capacity and backlog summary %d)",
+			n, MaxTagBytes, len(m[TagLabels]), len(t.Region)+len(t.ID)+len(t.Jurisdiction)+len(t.APIAddr),
+			len(m[TagCapacity])+len(m[TagBacklog])+len(m[TagUpdated]))
 	}
 	return m, nil
 }

@@ -1,4 +1,4 @@
-package policy
+package sovereignty
 
 import (
 	"os"
@@ -98,7 +98,7 @@ func TestDefaultYAMLIsDeployPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	if strings.TrimSpace(string(b)) != strings.TrimSpace(DefaultYAML) {
-		t.Fatal("global/policy/default.go DefaultYAML differs from deploy/policy.yaml; copy the file over")
+		t.Fatal("internal/sovereignty/default.go DefaultYAML differs from deploy/policy.yaml; copy the file over")
 	}
 	if _, err := Parse([]byte(DefaultYAML)); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package registry
+package federation
 
 import apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 

@@ -1,4 +1,4 @@
-// Package policy is Apiary's sovereignty policy: which jurisdictions a job may
+// Package sovereignty is Apiary's sovereignty policy: which jurisdictions a job may
 // run in, given the jurisdiction its data belongs to and its data class.
 //
 // The policy is a strict YAML file (an unknown field, a duplicate key or a
@@ -14,7 +14,7 @@
 // no rule matches, `default.allow` decides. `"*"` in an allow list means any
 // jurisdiction. A region is allowed for a job when its jurisdiction is in that
 // set. The package is pure: no I/O beyond reading the file.
-package policy
+package sovereignty
 
 import (
 	"bytes"

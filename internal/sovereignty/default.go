@@ -1,4 +1,4 @@
-package policy
+package sovereignty
 
 // DefaultYAML is the policy `apiary dev` uses when --policy is not given; it
 // is a copy of deploy/policy.yaml (a test keeps them equal).

@@ -1,4 +1,4 @@
-package telemetry_test
+package main
 
 // End to end in one process: a coordinator (embedded etcd) and an agent
 // share an in-memory span exporter; a job whose task fails once with a

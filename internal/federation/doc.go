@@ -1,0 +1,13 @@
+// Package federation is the vocabulary the two tiers share about the serf WAN
+// pool: the tag schema a regional coordinator publishes (region,
+// jurisdiction, labels, API address, health, capacity and backlog summary,
+// within serf's 512-byte budget), the tuned serf member configuration and
+// join loop both tiers use, and the region view built from the pool's
+// members (BuildRegions, Region.Summary), which the router's registry and a
+// coordinator's `region list` both serve.
+//
+// It is owned by neither tier: it must not import global/ or regional/
+// (docs/architecture.md, "Layering"), and it holds no live state; the
+// router's probing view is global/registry, the coordinator's member is
+// regional/wan.go.
+package federation
