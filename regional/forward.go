@@ -3,6 +3,9 @@ package regional
 import (
 	"context"
 	"encoding/json"
+	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -11,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/ids"
 )
 
@@ -97,12 +101,18 @@ func (c *Coordinator) forwardRequest(ctx context.Context, req *apiaryv1.ForwardR
 		return nil, status.Errorf(codes.InvalidArgument, "client_id: must match %s", idRE)
 	case !idRE.MatchString(req.GetRequestId()):
 		return nil, status.Errorf(codes.InvalidArgument, "request_id: must match %s", idRE)
-	case req.GetPayloadHash() == "":
-		return nil, status.Error(codes.InvalidArgument, "payload_hash: is required")
+	case !payloadHashRE.MatchString(req.GetPayloadHash()):
+		return nil, status.Error(codes.InvalidArgument, "payload_hash: must be the 64 lower-case hex digits of jobspec.PayloadHash")
 	case !ids.Region.MatchString(req.GetRegion()):
 		return nil, status.Errorf(codes.InvalidArgument, "region: must be a region name matching %s", ids.Region)
 	case req.GetRegion() == c.meta.Region:
 		return nil, status.Errorf(codes.InvalidArgument, "region: a request cannot be forwarded to its home region %s itself", c.meta.Region)
+	}
+	if known := c.wanRegions(); !slices.Contains(known, req.GetRegion()) {
+		// A forward is written once and kept for the dedup window: never
+		// to a region this coordinator's WAN pool does not know.
+		return nil, status.Errorf(codes.InvalidArgument, "region: %q is not a region of this coordinator's WAN pool (known: %s)",
+			req.GetRegion(), strings.Join(known, ", "))
 	}
 	k := keyDedup(req.GetClientId(), req.GetRequestId())
 	rec := dedupRecord{Hash: req.GetPayloadHash(), Forward: req.GetRegion(), AtMs: time.Now().UnixMilli()}
@@ -139,6 +149,55 @@ func (c *Coordinator) forwardRequest(ctx context.Context, req *apiaryv1.ForwardR
 		return &apiaryv1.ForwardRequestResponse{JobId: d.JobID}, nil
 	}
 	return &apiaryv1.ForwardRequestResponse{Region: d.Forward}, nil
+}
+
+// payloadHashRE is the shape of jobspec.PayloadHash (hex SHA-256).
+var payloadHashRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// wanRegions lists the regions this coordinator's WAN member knows (alive,
+// failed or left), sorted; empty outside a pool.
+func (c *Coordinator) wanRegions() []string {
+	c.wan.mu.Lock()
+	sf := c.wan.serf
+	c.wan.mu.Unlock()
+	if sf == nil {
+		return nil
+	}
+	var out []string
+	for _, reg := range federation.BuildRegions(sf.Members(), func(string) bool { return false }) {
+		out = append(out, reg.Name)
+	}
+	return out
+}
+
+// lookupOnly answers the router's LookupRequest: the dedup record of a
+// request, read-only.
+func (c *Coordinator) lookupOnly(ctx context.Context, req *apiaryv1.LookupRequestRequest) (*apiaryv1.LookupRequestResponse, error) {
+	if !idRE.MatchString(req.GetClientId()) {
+		return nil, status.Errorf(codes.InvalidArgument, "client_id: must match %s", idRE)
+	}
+	if !idRE.MatchString(req.GetRequestId()) {
+		return nil, status.Errorf(codes.InvalidArgument, "request_id: must match %s", idRE)
+	}
+	gctx, cancel := context.WithTimeout(ctx, commitAttemptTimeout)
+	defer cancel()
+	resp, err := c.cli.Get(gctx, keyDedup(req.GetClientId(), req.GetRequestId()))
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "read dedup key: %v", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return &apiaryv1.LookupRequestResponse{}, nil
+	}
+	var d dedupRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &d); err != nil {
+		return nil, status.Error(codes.Internal, "dedup record unreadable")
+	}
+	return &apiaryv1.LookupRequestResponse{Found: true, JobId: d.JobID, ForwardedTo: d.Forward, PayloadHash: d.Hash}, nil
+}
+
+// LookupRequest serves the router's lookup (see lookupOnly).
+func (s *jobServer) LookupRequest(ctx context.Context, req *apiaryv1.LookupRequestRequest) (*apiaryv1.LookupRequestResponse, error) {
+	return s.c.lookupOnly(ctx, req)
 }
 
 // ForwardRequest serves the router's forward (see forwardRequest).

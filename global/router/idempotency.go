@@ -2,7 +2,10 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"hash/fnv"
+	"sort"
+	"sync"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -109,12 +112,22 @@ func unknownOutcome(region, requestID, why string) error {
 // submitKeyed routes a submission that carries the client's own request id
 // (see the comment at the top of this file).
 func (r *Router) submitKeyed(ctx context.Context, req *apiaryv1.SubmitJobRequest, spec *apiaryv1.JobSpec, regions []federation.Region, key string) (*apiaryv1.SubmitJobResponse, error) {
+	regions = r.withPeerView(ctx, regions)
 	eligible, excluded := Eligible(regions, r.cfg.Policy, spec)
 	cands := homeCandidates(eligible, excluded, regions)
 	if len(cands) == 0 {
 		return nil, refusal(spec, regions, excluded, false)
 	}
 	home := homeRegion(cands, req.GetClientId(), req.GetRequestId())
+	if !home.Up {
+		return nil, unknownOutcome(home.Name, req.GetRequestId(), "it is the request's home region; "+home.DownReason)
+	}
+	// Before home may create a job, no other region may hold the request:
+	// one that was its home when the pool looked different (a region joined
+	// or left, another payload or policy gave other candidates).
+	if resp, err, done := r.lookupElsewhere(ctx, req, spec, key, home, regions); done {
+		return resp, err
+	}
 	resp, err := r.submitTo(ctx, home, req)
 	if err == nil {
 		return resp, nil
@@ -162,6 +175,96 @@ func (r *Router) submitKeyed(ctx context.Context, req *apiaryv1.SubmitJobRequest
 		return &apiaryv1.SubmitJobResponse{JobId: fr.GetJobId(), Region: home.Name, Deduplicated: true}, nil
 	}
 	return r.submitForwarded(ctx, req, key, home.Name, fr.GetRegion())
+}
+
+// lookupElsewhere asks every other region that is up whether it holds the
+// request (LookupRequest, in parallel, one AttemptTimeout each). done is
+// true when one does: then resp/err is the answer (its job, ALREADY_EXISTS
+// for another payload, or the submission followed to where it was
+// forwarded). Regions that are down or do not answer are skipped: they can
+// hold the request only if its home moved while they held it, the residual
+// case docs/architecture.md names.
+func (r *Router) lookupElsewhere(ctx context.Context, req *apiaryv1.SubmitJobRequest, spec *apiaryv1.JobSpec, key string, home federation.Region, regions []federation.Region) (*apiaryv1.SubmitJobResponse, error, bool) {
+	type hit struct {
+		region string
+		resp   *apiaryv1.LookupRequestResponse
+	}
+	var mu sync.Mutex
+	var hits []hit
+	var wg sync.WaitGroup
+	for _, reg := range regions {
+		if reg.Name == home.Name || !reg.Up {
+			continue
+		}
+		wg.Add(1)
+		go func(reg federation.Region) {
+			defer wg.Done()
+			err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+				lr, err := apiaryv1.NewJobServiceClient(cc).LookupRequest(ctx, &apiaryv1.LookupRequestRequest{ClientId: req.GetClientId(), RequestId: req.GetRequestId()})
+				if err == nil && lr.GetFound() {
+					mu.Lock()
+					hits = append(hits, hit{reg.Name, lr})
+					mu.Unlock()
+				}
+				return err
+			})
+			if err != nil {
+				r.log.Warn("idempotency lookup skipped a region", "region", reg.Name, "request_id", req.GetRequestId(), "err", err)
+			}
+		}(reg)
+	}
+	wg.Wait()
+	if len(hits) == 0 {
+		return nil, nil, false
+	}
+	sort.Slice(hits, func(a, b int) bool { return hits[a].region < hits[b].region })
+	h := hits[0]
+	if h.resp.GetPayloadHash() != jobspec.PayloadHash(spec) {
+		return nil, status.Errorf(codes.AlreadyExists, "request_id: %q of client %q was already used in region %s with a different payload",
+			req.GetRequestId(), req.GetClientId(), h.region), true
+	}
+	if h.resp.GetJobId() != "" {
+		return &apiaryv1.SubmitJobResponse{JobId: h.resp.GetJobId(), Region: h.region, Deduplicated: true}, nil, true
+	}
+	resp, err := r.submitForwarded(ctx, req, key, h.region, h.resp.GetForwardedTo())
+	return resp, err, true
+}
+
+// withPeerView adds to the router's own view the regions that an answering
+// coordinator's WAN member knows and this router does not (as down): a
+// router started after a region failed or left never hears of it through
+// serf, but the coordinators that saw it keep it for an hour (serf's
+// reconnect and tombstone timeouts), and a request's home must be computed
+// over the same regions by every router.
+func (r *Router) withPeerView(ctx context.Context, regions []federation.Region) []federation.Region {
+	known := map[string]bool{}
+	for _, reg := range regions {
+		known[reg.Name] = true
+	}
+	for _, reg := range regions {
+		if !reg.Up {
+			continue
+		}
+		var lr *apiaryv1.ListRegionsResponse
+		err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+			var err error
+			lr, err = apiaryv1.NewAdminServiceClient(cc).ListRegions(ctx, &apiaryv1.ListRegionsRequest{})
+			return err
+		})
+		if err != nil {
+			continue
+		}
+		for _, rs := range lr.GetRegions() {
+			if known[rs.GetName()] {
+				continue
+			}
+			known[rs.GetName()] = true
+			regions = append(regions, federation.Region{Name: rs.GetName(), Jurisdiction: rs.GetJurisdiction(), Labels: rs.GetLabels(),
+				DownReason: fmt.Sprintf("not in this router's view of the WAN pool; region %s's coordinators know it", reg.Name)})
+		}
+		return regions // one answering coordinator's view is enough
+	}
+	return regions
 }
 
 // submitForwarded submits a request where its home region forwarded it. That

@@ -166,9 +166,16 @@ func TestIdempotencyAcrossRouters(t *testing.T) {
 			if got := jobsIn(r1, name) + jobsIn(r2, name); got != 2 {
 				t.Fatalf("job %s listed %d times through two routers, want 1 each", name, got/2)
 			}
-			// Another payload under the same key is an error, not a job.
+			// Another payload under the same key is an error, not a job,
+			// also when the other payload has another home (an EU-only
+			// payload's only candidate is eu-west): the router looks the
+			// key up in every other region before home may create it.
 			if _, err := submitVia(r2, k, small(name+"-other")); status.Code(err) != codes.AlreadyExists {
 				t.Fatalf("other payload, same key: %v; want ALREADY_EXISTS", err)
+			}
+			euOnly := "name: " + name + "\njurisdiction: eu\ntasks: [{name: a, command: 'true'}]\n"
+			if _, err := submitVia(r1, k, euOnly); status.Code(err) != codes.AlreadyExists {
+				t.Fatalf("same key, payload whose home is eu-west (first job in %s): %v; want ALREADY_EXISTS", home, err)
 			}
 		}
 	})
@@ -230,6 +237,27 @@ func TestIdempotencyAcrossRouters(t *testing.T) {
 		}
 		if got := jobsIn(euDirect, "killed"); got != 0 {
 			t.Fatalf("eu-west made %d jobs for a request whose home is down", got)
+		}
+		// A router started after the kill never sees us-east through serf;
+		// it learns it from eu-west's coordinators and answers the same.
+		g3, g3addr, err := cl.AddRouter(ctx, "global-3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g3.Stop(10 * time.Second)
+		r3 := jobClient(g3addr)
+		testutil.Eventually(t, 30*time.Second, "third router routes", func() error {
+			_, err := submitVia(r3, k, small("killed"))
+			if status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "outcome unknown: region us-east holds or may hold request") {
+				return nil
+			}
+			if err == nil {
+				t.Fatalf("a router started after us-east died made a job for a key whose home is us-east")
+			}
+			return err
+		})
+		if got := jobsIn(euDirect, "killed"); got != 0 {
+			t.Fatalf("eu-west made %d jobs through the late router", got)
 		}
 		// The CLI says so and exits 3 (unavailable).
 		f := filepath.Join(t.TempDir(), "job.yaml")

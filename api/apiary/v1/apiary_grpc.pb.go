@@ -34,6 +34,7 @@ const (
 	JobService_GetJobLogs_FullMethodName     = "/apiary.v1.JobService/GetJobLogs"
 	JobService_GetJobTrace_FullMethodName    = "/apiary.v1.JobService/GetJobTrace"
 	JobService_ForwardRequest_FullMethodName = "/apiary.v1.JobService/ForwardRequest"
+	JobService_LookupRequest_FullMethodName  = "/apiary.v1.JobService/LookupRequest"
 )
 
 // JobServiceClient is the client API for JobService service.
@@ -67,6 +68,12 @@ type JobServiceClient interface {
 	// there and never makes a second job (docs/architecture.md, "Idempotency
 	// across regions"). Served by coordinators only.
 	ForwardRequest(ctx context.Context, in *ForwardRequestRequest, opts ...grpc.CallOption) (*ForwardRequestResponse, error)
+	// LookupRequest is called by the router on every other region it can
+	// reach before the home region creates a job for a new idempotent request:
+	// does this region hold (client_id, request_id), as a job or a forward?
+	// A region that holds it answers even when its admission would refuse a
+	// new job. Served by coordinators only; read-only.
+	LookupRequest(ctx context.Context, in *LookupRequestRequest, opts ...grpc.CallOption) (*LookupRequestResponse, error)
 }
 
 type jobServiceClient struct {
@@ -166,6 +173,16 @@ func (c *jobServiceClient) ForwardRequest(ctx context.Context, in *ForwardReques
 	return out, nil
 }
 
+func (c *jobServiceClient) LookupRequest(ctx context.Context, in *LookupRequestRequest, opts ...grpc.CallOption) (*LookupRequestResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LookupRequestResponse)
+	err := c.cc.Invoke(ctx, JobService_LookupRequest_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JobServiceServer is the server API for JobService service.
 // All implementations must embed UnimplementedJobServiceServer
 // for forward compatibility.
@@ -197,6 +214,12 @@ type JobServiceServer interface {
 	// there and never makes a second job (docs/architecture.md, "Idempotency
 	// across regions"). Served by coordinators only.
 	ForwardRequest(context.Context, *ForwardRequestRequest) (*ForwardRequestResponse, error)
+	// LookupRequest is called by the router on every other region it can
+	// reach before the home region creates a job for a new idempotent request:
+	// does this region hold (client_id, request_id), as a job or a forward?
+	// A region that holds it answers even when its admission would refuse a
+	// new job. Served by coordinators only; read-only.
+	LookupRequest(context.Context, *LookupRequestRequest) (*LookupRequestResponse, error)
 	mustEmbedUnimplementedJobServiceServer()
 }
 
@@ -230,6 +253,9 @@ func (UnimplementedJobServiceServer) GetJobTrace(context.Context, *GetJobTraceRe
 }
 func (UnimplementedJobServiceServer) ForwardRequest(context.Context, *ForwardRequestRequest) (*ForwardRequestResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ForwardRequest not implemented")
+}
+func (UnimplementedJobServiceServer) LookupRequest(context.Context, *LookupRequestRequest) (*LookupRequestResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LookupRequest not implemented")
 }
 func (UnimplementedJobServiceServer) mustEmbedUnimplementedJobServiceServer() {}
 func (UnimplementedJobServiceServer) testEmbeddedByValue()                    {}
@@ -389,6 +415,24 @@ func _JobService_ForwardRequest_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JobService_LookupRequest_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LookupRequestRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JobServiceServer).LookupRequest(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JobService_LookupRequest_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JobServiceServer).LookupRequest(ctx, req.(*LookupRequestRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JobService_ServiceDesc is the grpc.ServiceDesc for JobService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -423,6 +467,10 @@ var JobService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ForwardRequest",
 			Handler:    _JobService_ForwardRequest_Handler,
+		},
+		{
+			MethodName: "LookupRequest",
+			Handler:    _JobService_LookupRequest_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
