@@ -39,11 +39,10 @@
 //
 // # Use
 //
-// In-process (e.g. `apiary dev`, tests):
-//
-//	a, err := agent.New(agent.Config{CoordinatorAddrs: []string{"127.0.0.1:7070"}, DataDir: dir})
-//	if err != nil { ... }
-//	err = a.Run(ctx) // returns nil after ctx is cancelled and every process group is killed
+// In-process (e.g. `apiary dev`, tests): New, then Run until ctx ends (Run
+// runs Parts, the agent's long-running parts, through internal/lifecycle); see
+// the package Example (example_test.go, compiled with the tests) and
+// ExampleLedger for local admission.
 //
 // As a subprocess: `apiary agent --addr 127.0.0.1:7070 --data-dir DIR`.
 package agent

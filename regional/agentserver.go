@@ -2,12 +2,9 @@ package regional
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"math/rand/v2"
+	"errors"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -18,8 +15,6 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/telemetry"
-	"apiary.dev/apiary/regional/taskstate"
-	"apiary.dev/apiary/shards"
 )
 
 // agentServer serves AgentService on every coordinator. Registration and
@@ -223,13 +218,6 @@ func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, 
 	}
 }
 
-// reportItem is one report waiting for group commit.
-type reportItem struct {
-	req  *apiaryv1.ReportTaskStatusRequest
-	done chan *apiaryv1.ReportTaskStatusResponse
-	err  error
-}
-
 func (s *agentServer) ReportTaskStatus(ctx context.Context, req *apiaryv1.ReportTaskStatusRequest) (*apiaryv1.ReportTaskStatusResponse, error) {
 	if req.GetKind() == apiaryv1.ReportKind_REPORT_KIND_UNSPECIFIED {
 		return nil, status.Error(codes.InvalidArgument, "kind: is required")
@@ -250,7 +238,7 @@ func (s *agentServer) ReportTaskStatus(ctx context.Context, req *apiaryv1.Report
 	select {
 	case r := <-it.done:
 		if it.err != nil {
-			return nil, it.err
+			return nil, reportStatus(it.err)
 		}
 		return r, nil
 	case <-ctx.Done():
@@ -258,291 +246,12 @@ func (s *agentServer) ReportTaskStatus(ctx context.Context, req *apiaryv1.Report
 	}
 }
 
-// specCache keeps immutable job specs (a spec never changes after submit).
-type specCache struct {
-	mu sync.Mutex
-	m  map[string]*jobRecord
-}
-
-func (sc *specCache) get(id string) *jobRecord {
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	return sc.m[id]
-}
-
-func (sc *specCache) put(r *jobRecord) {
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	if sc.m == nil || len(sc.m) > 50000 {
-		sc.m = map[string]*jobRecord{}
+// reportStatus is the gRPC status of a report that did not commit: ABORTED
+// when its task or node kept changing (the agent retries), UNAVAILABLE when
+// etcd failed.
+func reportStatus(err error) error {
+	if errors.Is(err, errReportContended) {
+		return status.Error(codes.Aborted, err.Error())
 	}
-	sc.m[r.ID] = r
-}
-
-// policyOf is the retry policy of a job.
-func policyOf(spec *apiaryv1.JobSpec, group int32) taskstate.Policy {
-	p := taskstate.Policy{MaxAttempts: spec.GetMaxAttempts()}
-	if g := spec.GetTasks(); int(group) < len(g) {
-		p.RetryableCodes = g[group].GetRetryableExitCodes()
-	}
-	if p.MaxAttempts <= 0 {
-		p.MaxAttempts = 3
-	}
-	return p
-}
-
-// reportState is one task's state inside a report batch.
-type reportState struct {
-	shard     int
-	taskKey   string
-	task      taskstate.Task
-	modRev    int64
-	job       *jobRecord
-	alive     int64 // node's current epoch (0: gone)
-	token     int64 // fencing token of the current assignment
-	changed   bool
-	results   []*apiaryv1.AttemptResult
-	release   bool
-	nodeID    string
-	nodeEpoch int64
-}
-
-var reportRNG = struct {
-	sync.Mutex
-	r *rand.Rand
-}{r: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
-
-// flushReports commits a batch of reports: one read Txn for every task, job
-// and node alive key involved, the state machine in memory, then one write
-// Txn whose compares pin each task's ModRevision and each node's epoch. If
-// the write Txn fails (a concurrent change), every report is redone alone.
-func (c *Coordinator) flushReports(batch []*reportItem) {
-	// Split by bytes so that no Txn outgrows etcd's request limit.
-	for len(batch) > 0 {
-		n, size := 0, 0
-		for n < len(batch) && (n == 0 || size+reportBytes(batch[n]) <= maxReportBatchBytes) {
-			size += reportBytes(batch[n])
-			n++
-		}
-		c.flushReportChunk(batch[:n])
-		batch = batch[n:]
-	}
-}
-
-func (c *Coordinator) flushReportChunk(batch []*reportItem) {
-	if len(batch) > 1 {
-		if ok, err := c.commitReports(batch, false); ok && err == nil {
-			return
-		}
-	}
-	for _, it := range batch {
-		var ok bool
-		var err error
-		for try := 0; try < 5 && !ok; try++ {
-			ok, err = c.commitReports([]*reportItem{it}, true)
-		}
-		if !ok {
-			if err == nil {
-				err = status.Error(codes.Aborted, "report: too many concurrent changes; retry")
-			}
-			it.err = err
-			it.done <- nil
-		}
-	}
-}
-
-// commitReports commits a batch and answers every item, returning true. It
-// returns false with nothing answered when the write Txn's compares failed,
-// or when etcd failed and answer is false (the caller then retries the items
-// one by one; with answer true the error is returned to the agents).
-func (c *Coordinator) commitReports(batch []*reportItem, answer bool) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), commitAttempts*commitAttemptTimeout)
-	defer cancel()
-	start := time.Now()
-	fail := func(err error) (bool, error) {
-		c.log.Warn("report commit failed", "reports", len(batch), "err", err)
-		if !answer {
-			return false, err
-		}
-		for _, it := range batch {
-			it.err = status.Errorf(codes.Unavailable, "report: %v", err)
-			it.done <- nil
-		}
-		return true, nil
-	}
-	states := map[string]*reportState{}
-	var order []string
-	var reads []clientv3.Op
-	nodes := map[string]bool{}
-	for _, it := range batch {
-		shard := shards.Of(it.req.GetJobId(), c.meta.ShardCount)
-		k := keyTask(shard, it.req.GetJobId(), it.req.GetTaskIndex())
-		if states[k] == nil {
-			states[k] = &reportState{shard: shard, taskKey: k}
-			order = append(order, k)
-			reads = append(reads, clientv3.OpGet(k))
-			if c.specs.get(it.req.GetJobId()) == nil {
-				reads = append(reads, clientv3.OpGet(keyJob(shard, it.req.GetJobId())))
-			}
-			reads = append(reads, clientv3.OpGet(keyAssign(it.req.GetNodeId(), it.req.GetJobId(), it.req.GetTaskIndex())))
-		}
-		if !nodes[it.req.GetNodeId()] {
-			nodes[it.req.GetNodeId()] = true
-			reads = append(reads, clientv3.OpGet(keyNodeAlive(it.req.GetNodeId())))
-		}
-	}
-	resp, err := c.txnRetry(ctx, func(actx context.Context) (*clientv3.TxnResponse, error) {
-		return c.cli.Txn(actx).Then(reads...).Commit()
-	})
-	if err != nil {
-		return fail(err)
-	}
-	alive := map[string]int64{}
-	tokens := map[string]int64{}
-	for _, r := range resp.Responses {
-		for _, kv := range r.GetResponseRange().Kvs {
-			key := string(kv.Key)
-			switch {
-			case len(key) > len(prefTasks) && key[:len(prefTasks)] == prefTasks:
-				st := states[key]
-				if err := json.Unmarshal(kv.Value, &st.task); err != nil {
-					return fail(fmt.Errorf("decode task: %w", err))
-				}
-				st.modRev = kv.ModRevision
-			case len(key) > len(prefJobs) && key[:len(prefJobs)] == prefJobs:
-				var jr jobRecord
-				if err := json.Unmarshal(kv.Value, &jr); err != nil {
-					return fail(fmt.Errorf("decode job: %w", err))
-				}
-				c.specs.put(&jr)
-			case len(key) > len(prefAssign) && key[:len(prefAssign)] == prefAssign:
-				tokens[key] = kv.CreateRevision
-			default:
-				if id, kind, ok := nodeKeyKind(key); ok && kind == "alive" {
-					alive[id] = kv.CreateRevision
-				}
-			}
-		}
-	}
-	answers := make([]*apiaryv1.ReportTaskStatusResponse, len(batch))
-	outcomes := make([]string, len(batch))
-	nowMs := time.Now().UnixMilli()
-	for i, it := range batch {
-		r := it.req
-		st := states[keyTask(shards.Of(r.GetJobId(), c.meta.ShardCount), r.GetJobId(), r.GetTaskIndex())]
-		if st.modRev == 0 {
-			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: fmt.Sprintf("task %s/%d not found", r.GetJobId(), r.GetTaskIndex())}
-			continue
-		}
-		if st.job == nil {
-			st.job = c.specs.get(r.GetJobId())
-		}
-		if st.job == nil {
-			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: "job record not found"}
-			continue
-		}
-		reportRNG.Lock()
-		res := taskstate.ApplyReport(st.task, policyOf(st.job.Spec, st.task.Group), taskstate.Report{
-			Kind: r.GetKind(), NodeID: r.GetNodeId(), NodeEpoch: r.GetNodeEpoch(), Attempt: r.GetAttempt(),
-			ExitCode: r.GetExitCode(), Error: r.GetError(), StartMs: r.GetStartTimeMs(), EndMs: r.GetEndTimeMs(),
-		}, alive[r.GetNodeId()], nowMs, reportRNG.r)
-		reportRNG.Unlock()
-		if res.Rejected != "" {
-			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: res.Rejected}
-			continue
-		}
-		token := tokens[keyAssign(r.GetNodeId(), r.GetJobId(), r.GetTaskIndex())]
-		if res.Task.FencingToken == 0 && taskstate.Active(res.Task.State) {
-			res.Task.FencingToken = token
-		}
-		if st.nodeID == "" {
-			st.nodeID, st.nodeEpoch = r.GetNodeId(), r.GetNodeEpoch()
-		}
-		if res.Outcome != "" {
-			st.results = append(st.results, &apiaryv1.AttemptResult{Attempt: r.GetAttempt(), NodeId: r.GetNodeId(),
-				NodeEpoch: r.GetNodeEpoch(), FencingToken: token, Outcome: res.Outcome, ExitCode: r.GetExitCode(),
-				Error: firstNonEmpty(r.GetError(), res.Task.Error), StdoutTail: r.GetStdoutTail(), StderrTail: r.GetStderrTail(),
-				StartTimeMs: firstNonZero(r.GetStartTimeMs(), st.task.StartedMs), EndTimeMs: firstNonZero(r.GetEndTimeMs(), nowMs)})
-		}
-		st.task, st.changed = res.Task, true
-		st.release = st.release || res.Released
-		outcomes[i] = res.Outcome
-		answers[i] = &apiaryv1.ReportTaskStatusResponse{Accepted: true}
-	}
-	var cmps []clientv3.Cmp
-	var ops []clientv3.Op
-	cmpNodes := map[string]bool{}
-	for _, k := range order {
-		st := states[k]
-		if !st.changed {
-			continue
-		}
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", st.modRev))
-		if !cmpNodes[st.nodeID] {
-			cmpNodes[st.nodeID] = true
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keyNodeAlive(st.nodeID)), "=", st.nodeEpoch))
-		}
-		ops = append(ops, clientv3.OpPut(k, mustJSON(&st.task)))
-		for _, res := range st.results {
-			ops = append(ops, clientv3.OpPut(keyResult(st.shard, st.task.JobID, st.task.Index, res.Attempt), mustJSON(res)))
-		}
-		if st.release {
-			ops = append(ops, clientv3.OpDelete(keyAssign(st.nodeID, st.task.JobID, st.task.Index)))
-		}
-	}
-	if len(ops) > 0 {
-		wresp, err := c.txnRetry(ctx, func(actx context.Context) (*clientv3.TxnResponse, error) {
-			return c.cli.Txn(actx).If(cmps...).Then(ops...).Commit()
-		})
-		if err != nil {
-			return fail(err)
-		}
-		if !wresp.Succeeded {
-			return false, nil
-		}
-	}
-	for i, it := range batch {
-		r := it.req
-		c.observeReport(r, answers[i], states[keyTask(shards.Of(r.GetJobId(), c.meta.ShardCount), r.GetJobId(), r.GetTaskIndex())], outcomes[i], start)
-		it.done <- answers[i]
-	}
-	return true, nil
-}
-
-func firstNonEmpty(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
-func firstNonZero(a, b int64) int64 {
-	if a != 0 {
-		return a
-	}
-	return b
-}
-
-// maxTailBytes caps each output tail a coordinator stores per attempt.
-const maxTailBytes = 64 << 10
-
-// maxReportBatchBytes caps the output carried by one report Txn.
-const maxReportBatchBytes = 4 << 20
-
-// capTail keeps the last maxTailBytes of s, starting at a rune boundary.
-func capTail(s string) string {
-	if len(s) <= maxTailBytes {
-		return s
-	}
-	s = s[len(s)-maxTailBytes:]
-	for i := 0; i < len(s) && i < 4; i++ {
-		if utf8.RuneStart(s[i]) {
-			return s[i:]
-		}
-	}
-	return s
-}
-
-func reportBytes(it *reportItem) int {
-	return len(it.req.GetStdoutTail()) + len(it.req.GetStderrTail()) + len(it.req.GetError()) + 256
+	return status.Error(codes.Unavailable, err.Error())
 }

@@ -13,19 +13,20 @@
 //     shard count are fixed then (coordinator.go).
 //   - The gRPC services, served by every coordinator, whether it owns the
 //     shards or not:
-//     JobService (jobserver.go, submit.go), AgentService (agentserver.go) and
-//     AdminService (adminserver.go).
+//     JobService (jobserver.go, submit.go), AgentService (agentserver.go,
+//     reports.go) and AdminService (adminserver.go).
 //   - Submission: validation (through internal/jobspec), idempotency by
 //     (client_id, request_id) with a payload hash, and group commit of
 //     submissions in one etcd Txn (batch.go).
 //   - Node registration and liveness. Registration creates a node epoch: the
 //     CreateRevision of /apiary/nodes/<id>/alive, held under a lease that the
 //     agent renews by heartbeat.
-//   - The shard owner's scheduling loop (scheduler.go, place.go). This is a
-//     watch cache of jobs, tasks and nodes, and rounds of reclaim (node loss)
-//     → cancel → place → usage sync. Every write the owner makes goes through
-//     scheduler.fencedTxn, which compares the owner's epoch (the
-//     CreateRevision of its election key, package shards). Plans also compare
+//   - The shard owner's scheduling loop (scheduler.go, place.go; its pieces
+//     are listed in scheduler.go). This is a watch cache of jobs, tasks and
+//     nodes (ownercache.go), and rounds of reclaim (node loss) → cancel →
+//     place → usage sync. Every write the owner makes goes through its
+//     committer's fencedTxn (committer.go), which compares the owner's epoch
+//     (the CreateRevision of its election key, package shards). Plans also compare
 //     each node's alive epoch and usage ModRevision and each task's
 //     ModRevision; a conflict is re-read and requeued.
 //   - Reports. They are group-committed: one read Txn, then
@@ -34,6 +35,12 @@
 //     commit a report.
 //   - Takeover on suspicion (suspicion.go). A follower revokes the lease of an
 //     owner whose API port refuses connections for SuspectAfter.
+//   - Its lifecycle (coordinator.go, Coordinator.Parts): every long-running
+//     part (etcd, metrics, group commit, API, the member, capacity,
+//     suspicion and owner loops, the WAN member) is a dskit service in one
+//     ordered list that internal/lifecycle starts in order and stops in
+//     reverse; a part that fails stops the process. No part runs on a
+//     start-up context.
 //
 // # What it must not touch
 //

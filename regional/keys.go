@@ -68,9 +68,19 @@ func keyNodeUsage(nodeID string) string  { return prefNodes + nodeID + suffixUsa
 func keyMember(coordID string) string    { return prefMembers + coordID }
 func keyDedup(client, req string) string { return prefDedup + client + "/" + req }
 
-// nodeKeyKind splits a key under /apiary/nodes/ into node id and kind
-// ("record", "alive", "usage").
-func nodeKeyKind(key string) (nodeID, kind string, ok bool) {
+// nodeKind names which of a node's keys a key under /apiary/nodes/<id> is.
+type nodeKind string
+
+// The kinds of node keys (see the layout above).
+const (
+	nodeRecordKey nodeKind = "record" // /apiary/nodes/<id>
+	nodeAliveKey  nodeKind = "alive"  // /apiary/nodes/<id>/alive
+	nodeUsageKey  nodeKind = "usage"  // /apiary/nodes/<id>/usage
+)
+
+// nodeKeyKind splits a key under /apiary/nodes/ into node id and kind; ok is
+// false for any other key.
+func nodeKeyKind(key string) (nodeID string, kind nodeKind, ok bool) {
 	rest, found := strings.CutPrefix(key, prefNodes)
 	if !found || rest == "" {
 		return "", "", false
@@ -78,14 +88,21 @@ func nodeKeyKind(key string) (nodeID, kind string, ok bool) {
 	id, sub, hasSub := strings.Cut(rest, "/")
 	switch {
 	case !hasSub:
-		return id, "record", true
-	case sub == "alive":
-		return id, "alive", true
-	case sub == "usage":
-		return id, "usage", true
+		return id, nodeRecordKey, true
+	case "/"+sub == suffixAlive:
+		return id, nodeAliveKey, true
+	case "/"+sub == suffixUsage:
+		return id, nodeUsageKey, true
 	}
 	return "", "", false
 }
+
+// Key predicates: which part of the keyspace a key (from a range read or a
+// watch) belongs to.
+func isJobKey(key string) bool    { return strings.HasPrefix(key, prefJobs) }
+func isTaskKey(key string) bool   { return strings.HasPrefix(key, prefTasks) }
+func isAssignKey(key string) bool { return strings.HasPrefix(key, prefAssign) }
+func isNodeKey(key string) bool   { return strings.HasPrefix(key, prefNodes) }
 
 // parseTaskKey splits /apiary/tasks/<s>/<jobID>/<index>.
 func parseTaskKey(key string) (shard int, jobID string, index int32, ok bool) {

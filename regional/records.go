@@ -2,6 +2,7 @@ package regional
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -116,18 +117,63 @@ func mustJSON(v any) string {
 
 // nodeView is a node's keys under /apiary/nodes/<id> decoded: the record,
 // the alive key's CreateRevision (its current epoch; 0 when the lease is
-// gone) and the usage record.
+// gone), and the usage record with its ModRevision (the placement CAS
+// version; 0 when there is none). It is the one decoding of node keys: the
+// owner's cache (cNode) and every range read (decodeNodes) fold keys in with
+// apply.
 type nodeView struct {
-	rec   *nodeRecord
-	alive int64
-	usage *usageRecord
+	rec      *nodeRecord
+	alive    int64
+	usage    *usageRecord
+	usageRev int64
 }
 
-// ready reports whether the node's lease is alive for its recorded epoch.
+// ready reports whether the node may take placements: its lease is alive and
+// its record is of the same epoch.
 func (n *nodeView) ready() bool { return n.rec != nil && n.alive != 0 && n.alive == n.rec.Epoch }
 
+// apply folds one of the node's keys (of the given kind) into the view, or
+// its deletion. A usage value older than the one held is ignored. A record or
+// usage value that does not decode leaves the view as it was and returns the
+// decoding error (naming the key).
+func (n *nodeView) apply(kind nodeKind, kv *mvccpb.KeyValue, deleted bool) error {
+	switch kind {
+	case nodeRecordKey:
+		if deleted {
+			n.rec = nil
+			return nil
+		}
+		var r nodeRecord
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			return fmt.Errorf("node record %s: %w", kv.Key, err)
+		}
+		n.rec = &r
+	case nodeAliveKey:
+		if deleted {
+			n.alive = 0
+		} else {
+			n.alive = kv.CreateRevision
+		}
+	case nodeUsageKey:
+		if deleted {
+			n.usage, n.usageRev = nil, 0
+			return nil
+		}
+		if kv.ModRevision <= n.usageRev {
+			return nil
+		}
+		var u usageRecord
+		if err := json.Unmarshal(kv.Value, &u); err != nil {
+			return fmt.Errorf("node usage %s: %w", kv.Key, err)
+		}
+		n.usage, n.usageRev = &u, kv.ModRevision
+	}
+	return nil
+}
+
 // decodeNodes groups a range read of /apiary/nodes/ by node id. Records and
-// usage that do not decode are skipped.
+// usage that do not decode are skipped (the node then has no record or no
+// usage).
 func decodeNodes(kvs []*mvccpb.KeyValue) map[string]*nodeView {
 	out := map[string]*nodeView{}
 	for _, kv := range kvs {
@@ -140,20 +186,7 @@ func decodeNodes(kvs []*mvccpb.KeyValue) map[string]*nodeView {
 			n = &nodeView{}
 			out[id] = n
 		}
-		switch kind {
-		case "record":
-			var r nodeRecord
-			if json.Unmarshal(kv.Value, &r) == nil {
-				n.rec = &r
-			}
-		case "alive":
-			n.alive = kv.CreateRevision
-		case "usage":
-			var u usageRecord
-			if json.Unmarshal(kv.Value, &u) == nil {
-				n.usage = &u
-			}
-		}
+		_ = n.apply(kind, kv, false)
 	}
 	return out
 }

@@ -17,7 +17,7 @@ const maxRetentionDeletes = 200
 // dedup key go in one fenced Txn per sweep, so a job is never half-deleted.
 // etcd's periodic compaction then reclaims the space.
 func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
-	keep := s.c.cfg.JobRetention
+	keep := s.d.retention
 	if keep <= 0 {
 		return nil
 	}
@@ -25,18 +25,19 @@ func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
 	var cmps []clientv3.Cmp
 	var ops []clientv3.Op
 	var victims []string
-	for jobID, j := range s.jobs {
+	c := s.cache
+	for jobID, j := range c.jobs {
 		if len(victims) >= maxRetentionDeletes {
 			break
 		}
-		keys := s.jobTasks[jobID]
+		keys := c.jobTasks[jobID]
 		if len(keys) == 0 {
 			continue
 		}
 		var finished int64
 		terminal := true
 		for k := range keys {
-			t := s.tasks[k].rec
+			t := c.tasks[k].rec
 			if !taskstate.Terminal(t.State) {
 				terminal = false
 				break
@@ -61,7 +62,7 @@ func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
 	if len(victims) == 0 {
 		return nil
 	}
-	resp, err := s.fencedTxn(ctx, cmps, ops)
+	resp, err := s.d.commit.fencedTxn(ctx, cmps, ops)
 	if err != nil {
 		return err
 	}
@@ -69,12 +70,8 @@ func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
 		return nil // a job changed (e.g. cancel); the next sweep re-evaluates
 	}
 	for _, id := range victims {
-		for k := range s.jobTasks[id] {
-			s.setTask(k, nil)
-		}
-		delete(s.jobTasks, id)
-		delete(s.jobs, id)
+		c.removeJob(id)
 	}
-	s.c.log.Info("deleted jobs past retention", "jobs", len(victims), "retention", keep)
+	s.d.log.Info("deleted jobs past retention", "jobs", len(victims), "retention", keep)
 	return nil
 }

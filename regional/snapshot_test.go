@@ -11,26 +11,23 @@ import (
 // benchScheduler fills a scheduler's caches (no etcd) with nodes ready
 // nodes and perNode running tasks on each, in jobs of 100 tasks.
 func benchScheduler(nodes, perNode int) *scheduler {
-	c := &Coordinator{}
-	c.meta.Jurisdiction = "eu"
-	s := &scheduler{c: c, jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{},
-		tasks: map[string]*cTask{}, nodes: map[string]*cNode{}, pending: map[string]bool{},
-		byNode: map[string]map[string]bool{}, nodeUse: map[string]nodeUse{}, useDirty: map[string]bool{}}
+	s := newOwnerLoop(ownerDeps{jurisdiction: "eu"}, nil)
+	c := s.cache
 	spec := &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 100,
 		Resources: &apiaryv1.Resources{CpuMillis: 500, MemoryMb: 512}}}}
 	k := 0
 	for i := 0; i < nodes; i++ {
 		id := fmt.Sprintf("node-%06d", i)
-		s.nodes[id] = &cNode{id: id, alive: 1, rec: &nodeRecord{ID: id, Epoch: 1,
+		c.nodes[id] = &cNode{id: id, nodeView: nodeView{alive: 1, rec: &nodeRecord{ID: id, Epoch: 1,
 			Labels:   map[string]string{"zone": fmt.Sprintf("z%d", i%16)},
-			Capacity: &apiaryv1.Resources{CpuMillis: 64000, MemoryMb: 262144}}}
+			Capacity: &apiaryv1.Resources{CpuMillis: 64000, MemoryMb: 262144}}}}
 		for j := 0; j < perNode; j++ {
 			jobID := fmt.Sprintf("job-%d", k/100)
-			if s.jobs[jobID] == nil {
-				s.jobs[jobID] = &cJob{rec: jobRecord{ID: jobID, Spec: spec}}
+			if c.jobs[jobID] == nil {
+				c.jobs[jobID] = &cJob{rec: jobRecord{ID: jobID, Spec: spec}}
 			}
 			key := fmt.Sprintf("%s/%d", jobID, k%100)
-			s.setTask(key, &cTask{key: key, rec: taskstate.Task{JobID: jobID, Index: int32(k % 100),
+			c.setTask(key, &cTask{key: key, rec: taskstate.Task{JobID: jobID, Index: int32(k % 100),
 				State: apiaryv1.TaskState_TASK_STATE_RUNNING, NodeID: id, NodeEpoch: 1}})
 			k++
 		}
@@ -51,28 +48,28 @@ func BenchmarkRoundSnapshot(b *testing.B) {
 		name := fmt.Sprintf("nodes=%d/tasks=%d", n, n*10)
 		b.Run(name+"/rebuild", func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
-				s.nodesGen++
-				s.snapshot()
+				s.cache.nodesGen++
+				s.snap.build()
 			}
 		})
 		b.Run(name+"/round", func(b *testing.B) {
-			s.snapshot()
+			s.snap.build()
 			keys := make([]string, 0, 10)
-			for key := range s.jobTasks["job-0"] {
+			for key := range s.cache.jobTasks["job-0"] {
 				keys = append(keys, key)
 			}
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				for _, key := range keys[:10] {
-					s.setTask(key, s.tasks[key])
+					s.cache.setTask(key, s.cache.tasks[key])
 				}
-				s.snapshot()
+				s.snap.build()
 			}
 		})
 		b.Run(name+"/existing", func(b *testing.B) {
-			batch := []*cTask{s.tasks["job-0/0"]}
+			batch := []*cTask{s.cache.tasks["job-0/0"]}
 			for i := 0; i < b.N; i++ {
-				if got := len(s.existing(batch)); got != 100 {
+				if got := len(s.snap.existing(batch)); got != 100 {
 					b.Fatalf("existing: %d allocations, want 100", got)
 				}
 			}
@@ -110,7 +107,7 @@ func TestGPULayout(t *testing.T) {
 func TestSnapshotFollowsTaskChanges(t *testing.T) {
 	s := benchScheduler(3, 2)
 	running := func() int {
-		for _, pn := range s.snapshot().Nodes {
+		for _, pn := range s.snap.build().Nodes {
 			if pn.ID == "node-000000" {
 				return pn.RunningTasks
 			}
@@ -121,12 +118,12 @@ func TestSnapshotFollowsTaskChanges(t *testing.T) {
 	if got := running(); got != 2 {
 		t.Fatalf("running tasks %d, want 2", got)
 	}
-	s.setTask("job-0/0", nil) // a task on node-000000 ends
-	s.nodeUsage(s.nodes["node-000000"])
+	s.cache.setTask("job-0/0", nil) // a task on node-000000 ends
+	s.snap.usage(s.cache.nodes["node-000000"])
 	if got := running(); got != 1 {
 		t.Fatalf("after a task ended and the usage was read elsewhere: running tasks %d, want 1", got)
 	}
-	s.nodesGen++ // a node change rebuilds the list
+	s.cache.nodesGen++ // a node change rebuilds the list
 	if got := running(); got != 1 {
 		t.Fatalf("after a rebuild: running tasks %d, want 1", got)
 	}
@@ -136,15 +133,15 @@ func TestSnapshotFollowsTaskChanges(t *testing.T) {
 // sums its tasks' GPU shares besides its whole GPUs.
 func TestUsageCountsShares(t *testing.T) {
 	s := benchScheduler(1, 0)
-	n := s.nodes["node-000000"]
+	n := s.cache.nodes["node-000000"]
 	n.rec.Capacity.Gpus = 3
 	for i, r := range []*apiaryv1.Resources{{Gpus: 1}, {GpuMilli: 470}, {GpuMilli: 650}} {
 		jobID := fmt.Sprintf("gpu-%d", i)
-		s.jobs[jobID] = &cJob{rec: jobRecord{ID: jobID, Spec: &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 1, Resources: r}}}}}
+		s.cache.jobs[jobID] = &cJob{rec: jobRecord{ID: jobID, Spec: &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 1, Resources: r}}}}}
 		key := jobID + "/0"
-		s.setTask(key, &cTask{key: key, rec: taskstate.Task{JobID: jobID, State: apiaryv1.TaskState_TASK_STATE_RUNNING, NodeID: n.id, NodeEpoch: 1}})
+		s.cache.setTask(key, &cTask{key: key, rec: taskstate.Task{JobID: jobID, State: apiaryv1.TaskState_TASK_STATE_RUNNING, NodeID: n.id, NodeEpoch: 1}})
 	}
-	u := s.usedBy(n)
+	u := s.snap.usedBy(n)
 	if u.GPUs != 1 || u.GPUMilli != 1120 || u.Tasks != 3 {
 		t.Fatalf("usage %+v, want 1 whole GPU, 1120 milli of shares, 3 tasks", u.usageRecord)
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
@@ -108,7 +109,7 @@ type placedChunk struct {
 // observePlacements records the placements of one pass: metrics, and one
 // task.place span per task (committed on a node, or conflicting and requeued).
 func (s *scheduler) observePlacements(chunks []*placedChunk, byKey map[string]*cTask, planned time.Time, conflicts int) {
-	m := s.c.metrics
+	m := s.d.metrics
 	if conflicts > 0 {
 		m.PlanConflicts.Add(float64(conflicts))
 	}
@@ -124,25 +125,25 @@ func (s *scheduler) observePlacements(chunks []*placedChunk, byKey map[string]*c
 			if ct == nil {
 				continue
 			}
-			j := s.jobs[ct.rec.JobID]
+			j := s.cache.jobs[ct.rec.JobID]
 			attempt := ct.rec.Attempt + 1
 			if ch.committed && attempt == 1 && j != nil {
 				m.ToDispatch.Observe(float64(now.UnixMilli()-j.rec.SubmitMs) / 1000)
 			}
-			if !s.c.tracing || j == nil {
+			if !s.d.tracing || j == nil {
 				continue
 			}
 			opts := []trace.SpanStartOption{trace.WithTimestamp(planned), trace.WithAttributes(
 				telemetry.AttrJobID.String(ct.rec.JobID), telemetry.AttrTaskIndex.Int(int(ct.rec.Index)),
-				telemetry.AttrAttempt.Int(int(attempt)), telemetry.AttrRegion.String(s.c.meta.Region),
+				telemetry.AttrAttempt.Int(int(attempt)), telemetry.AttrRegion.String(s.d.region),
 				telemetry.AttrNodeID.String(p.NodeID), telemetry.AttrShard.Int(ct.shard),
 				telemetry.AttrEpoch.Int64(s.term.Epoch), telemetry.AttrScore.Float64(p.Score),
 				telemetry.AttrConflict.Bool(!ch.committed), telemetry.AttrRequeued.Bool(!ch.committed),
-				telemetry.AttrCoord.String(s.c.cfg.ID))}
+				telemetry.AttrCoord.String(s.d.coordID))}
 			if l, ok := telemetry.AttemptLink(j.rec.Traceparent, ct.rec.JobID, ct.rec.Index, ct.rec.Attempt, "replaces"); ok {
 				opts = append(opts, trace.WithLinks(l))
 			}
-			_, span := telemetry.StartFromTraceparent(context.Background(), s.c.tracer, j.rec.Traceparent, telemetry.SpanPlace, opts...)
+			_, span := telemetry.StartFromTraceparent(context.Background(), s.d.tracer, j.rec.Traceparent, telemetry.SpanPlace, opts...)
 			if !ch.committed {
 				span.AddEvent("plan conflict: requeued", trace.WithTimestamp(now))
 			}
@@ -153,22 +154,22 @@ func (s *scheduler) observePlacements(chunks []*placedChunk, byKey map[string]*c
 
 // observeReclaim records one reclaimed attempt of a lost node epoch.
 func (s *scheduler) observeReclaim(ct *cTask, newRec *taskstate.Task, nodeID string, start time.Time) {
-	s.c.metrics.Reclaims.Inc()
-	s.c.metrics.TaskOutcomes.WithLabelValues(taskstate.OutcomeLost).Inc()
-	j := s.jobs[ct.rec.JobID]
-	if !s.c.tracing || j == nil {
+	s.d.metrics.Reclaims.Inc()
+	s.d.metrics.TaskOutcomes.WithLabelValues(taskstate.OutcomeLost).Inc()
+	j := s.cache.jobs[ct.rec.JobID]
+	if !s.d.tracing || j == nil {
 		return
 	}
 	opts := []trace.SpanStartOption{trace.WithTimestamp(start), trace.WithAttributes(
 		telemetry.AttrJobID.String(ct.rec.JobID), telemetry.AttrTaskIndex.Int(int(ct.rec.Index)),
-		telemetry.AttrAttempt.Int(int(ct.rec.Attempt)), telemetry.AttrRegion.String(s.c.meta.Region),
+		telemetry.AttrAttempt.Int(int(ct.rec.Attempt)), telemetry.AttrRegion.String(s.d.region),
 		telemetry.AttrNodeID.String(nodeID), telemetry.AttrNodeEpoch.Int64(ct.rec.NodeEpoch),
 		telemetry.AttrShard.Int(ct.shard), telemetry.AttrEpoch.Int64(s.term.Epoch),
-		telemetry.AttrOutcome.String(newRec.State.String()), telemetry.AttrCoord.String(s.c.cfg.ID))}
+		telemetry.AttrOutcome.String(newRec.State.String()), telemetry.AttrCoord.String(s.d.coordID))}
 	if l, ok := telemetry.AttemptLink(j.rec.Traceparent, ct.rec.JobID, ct.rec.Index, ct.rec.Attempt, "reclaims"); ok {
 		opts = append(opts, trace.WithLinks(l))
 	}
-	_, span := telemetry.StartFromTraceparent(context.Background(), s.c.tracer, j.rec.Traceparent, telemetry.SpanReclaim, opts...)
+	_, span := telemetry.StartFromTraceparent(context.Background(), s.d.tracer, j.rec.Traceparent, telemetry.SpanReclaim, opts...)
 	telemetry.RecordError(span, fmt.Errorf("node %s epoch %d lost", nodeID, ct.rec.NodeEpoch))
 	span.End()
 }
@@ -180,10 +181,11 @@ func (s *scheduler) updateGauges(now time.Time) {
 		return
 	}
 	s.gaugesAt = now
-	m := s.c.metrics
+	m := s.d.metrics
+	c := s.cache
 	perShard := map[int]int{}
-	for key := range s.pending {
-		if ct := s.tasks[key]; ct != nil {
+	for key := range c.pending {
+		if ct := c.tasks[key]; ct != nil {
 			perShard[ct.shard]++
 		}
 	}
@@ -192,7 +194,7 @@ func (s *scheduler) updateGauges(now time.Time) {
 		m.PendingTasks.WithLabelValues(telemetry.ShardLabel(sh)).Set(float64(n))
 	}
 	states := map[apiaryv1.TaskState]int{}
-	for _, ct := range s.tasks {
+	for _, ct := range c.tasks {
 		states[ct.rec.State]++
 	}
 	m.Tasks.Reset()
@@ -200,8 +202,8 @@ func (s *scheduler) updateGauges(now time.Time) {
 		m.Tasks.WithLabelValues(taskStateLabel(st)).Set(float64(n))
 	}
 	ready, lost := 0, 0
-	for _, n := range s.nodes {
-		if readyNode(n) {
+	for _, n := range c.nodes {
+		if n.ready() {
 			ready++
 		} else if n.rec != nil {
 			lost++
@@ -209,6 +211,28 @@ func (s *scheduler) updateGauges(now time.Time) {
 	}
 	m.Nodes.WithLabelValues("ready").Set(float64(ready))
 	m.Nodes.WithLabelValues("lost").Set(float64(lost))
+}
+
+// skippedCounter is apiary_owner_skipped_records_total on reg: records the
+// owner loop left out, by what (task, job, node: the value did not decode;
+// assign, marshal: a planned task could not be written). Registered once per
+// registry; later owner terms reuse it.
+func skippedCounter(reg prometheus.Registerer) *prometheus.CounterVec {
+	cv := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apiary_owner_skipped_records_total",
+		Help: "Records the shard owner left out, by what (task, job, node: undecodable; assign, marshal: a planned task not written)."},
+		[]string{"what"})
+	if reg == nil {
+		return cv
+	}
+	if err := reg.Register(cv); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+				return existing
+			}
+		}
+	}
+	return cv
 }
 
 func taskStateLabel(s apiaryv1.TaskState) string {

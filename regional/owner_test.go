@@ -1,0 +1,307 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/protobuf/proto"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/telemetry"
+	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// Unit tests of the owner loop's rounds against fakeStore (no etcd, no
+// processes): the round's decisions, the writes it commits, and what it does
+// when a commit fails.
+
+// ownerHarness is an owner loop over a fakeStore, with its own metrics.
+type ownerHarness struct {
+	t       *testing.T
+	store   *fakeStore
+	s       *scheduler
+	metrics *telemetry.RegionMetrics
+	skipped *prometheus.CounterVec
+}
+
+func newOwnerHarness(t *testing.T) *ownerHarness {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	h := &ownerHarness{t: t, store: newFakeStore(), metrics: telemetry.NewRegionMetrics(reg), skipped: skippedCounter(reg)}
+	h.s = newOwnerLoop(ownerDeps{region: "eu-west", jurisdiction: "eu", coordID: "c1",
+		placer:    placement.New(placement.Options{Policy: placement.PolicyBinpack, Seed: 1, DisablePreemption: true}),
+		retention: -1, commit: h.store, log: slog.New(slog.DiscardHandler), metrics: h.metrics, skipped: h.skipped}, nil)
+	return h
+}
+
+// addNode registers a ready node (alive key, record of its epoch, empty
+// usage) and returns its epoch.
+func (h *ownerHarness) addNode(id string, cpuMillis, memMiB int64) int64 {
+	epoch := h.store.put(keyNodeAlive(id), id)
+	h.store.put(keyNode(id), mustJSON(nodeRecord{ID: id, Epoch: epoch,
+		Capacity: &apiaryv1.Resources{CpuMillis: cpuMillis, MemoryMb: memMiB}}))
+	h.store.put(keyNodeUsage(id), mustJSON(usageRecord{}))
+	return epoch
+}
+
+// addJob stores a job of one group of len(tasks) tasks of cpuMillis each
+// (shard 0), with the tasks as given (their JobID and Index are set here).
+func (h *ownerHarness) addJob(id string, cpuMillis int64, cancel bool, tasks ...taskstate.Task) {
+	spec := &apiaryv1.JobSpec{Name: id, Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: int32(len(tasks)),
+		Command: "true", Resources: &apiaryv1.Resources{CpuMillis: cpuMillis, MemoryMb: 64}}}}
+	h.store.put(keyJob(0, id), mustJSON(jobRecord{ID: id, Region: "eu-west", Spec: spec, SubmitMs: 1,
+		TaskCount: int32(len(tasks)), CancelRequested: cancel}))
+	for i, t := range tasks {
+		t.JobID, t.Index = id, int32(i)
+		h.store.put(keyTask(0, id, int32(i)), mustJSON(&t))
+	}
+}
+
+// load fills the loop's cache from the store, as run's range read does.
+func (h *ownerHarness) load() {
+	for _, kv := range h.store.all() {
+		h.s.cache.apply(kv, false)
+	}
+}
+
+// watchDelete tells the cache that key was deleted, as the watch would.
+func (h *ownerHarness) watchDelete(key string) {
+	h.store.del(key)
+	h.s.cache.apply(&mvccpb.KeyValue{Key: []byte(key), ModRevision: h.store.rev}, true)
+}
+
+func (h *ownerHarness) round() error {
+	_, err := h.s.round(context.Background())
+	return err
+}
+
+func (h *ownerHarness) task(jobID string, index int32) taskstate.Task {
+	h.t.Helper()
+	kv := h.store.get(keyTask(0, jobID, index))
+	if kv == nil {
+		h.t.Fatalf("task %s/%d: not stored", jobID, index)
+	}
+	var t taskstate.Task
+	if err := json.Unmarshal(kv.Value, &t); err != nil {
+		h.t.Fatal(err)
+	}
+	return t
+}
+
+func (h *ownerHarness) assignment(nodeID, jobID string, index int32) (*apiaryv1.Assignment, *mvccpb.KeyValue) {
+	h.t.Helper()
+	kv := h.store.get(keyAssign(nodeID, jobID, index))
+	if kv == nil {
+		return nil, nil
+	}
+	var a apiaryv1.Assignment
+	if err := proto.Unmarshal(kv.Value, &a); err != nil {
+		h.t.Fatal(err)
+	}
+	return &a, kv
+}
+
+func pending() taskstate.Task {
+	return taskstate.Task{State: apiaryv1.TaskState_TASK_STATE_PENDING}
+}
+
+// TestOwnerRoundCommitsPlan: a round places the pending tasks and commits
+// the plan: each task ASSIGNED to the node's epoch, its RUN assignment, and
+// the node's usage, in fenced writes.
+func TestOwnerRoundCommitsPlan(t *testing.T) {
+	h := newOwnerHarness(t)
+	epoch := h.addNode("n1", 4000, 8192)
+	h.addJob("j1", 1000, false, pending(), pending())
+	h.load()
+	if err := h.round(); err != nil {
+		t.Fatalf("round: %v", err)
+	}
+	for i := int32(0); i < 2; i++ {
+		tk := h.task("j1", i)
+		if tk.State != apiaryv1.TaskState_TASK_STATE_ASSIGNED || tk.NodeID != "n1" || tk.NodeEpoch != epoch || tk.Attempt != 1 {
+			t.Fatalf("task %d after the round: %+v, want ASSIGNED to n1 epoch %d, attempt 1", i, tk, epoch)
+		}
+		a, _ := h.assignment("n1", "j1", i)
+		if a == nil || a.GetKind() != apiaryv1.Assignment_KIND_RUN || a.GetNodeEpoch() != epoch || a.GetRegion() != "eu-west" || a.GetCommand() != "true" {
+			t.Fatalf("assignment of task %d: %v, want RUN of `true` for epoch %d in eu-west", i, a, epoch)
+		}
+	}
+	var u usageRecord
+	if err := json.Unmarshal(h.store.get(keyNodeUsage("n1")).Value, &u); err != nil {
+		t.Fatal(err)
+	}
+	if u.Tasks != 2 || u.CPUMillis != 2000 || u.Epoch != epoch {
+		t.Fatalf("usage after the plan: %+v, want 2 tasks, 2000 cpu millis, epoch %d", u, epoch)
+	}
+	if got := counterValue(h.metrics.Placements); got != 2 {
+		t.Fatalf("placements counted: %v, want 2", got)
+	}
+	if len(h.s.cache.pending) != 0 {
+		t.Fatalf("cache still holds %d pending tasks", len(h.s.cache.pending))
+	}
+}
+
+// TestOwnerFencedCommitEndsLoop: a commit whose fence fails ends the round
+// with an error that is errFenced (the coordinator logs lost ownership); an
+// error of unknown outcome (a timeout) ends it with an error that is not, and
+// is logged as a failure. Nothing is written either way.
+func TestOwnerFencedCommitEndsLoop(t *testing.T) {
+	h := newOwnerHarness(t)
+	h.addNode("n1", 4000, 8192)
+	h.addJob("j1", 1000, false, pending())
+	h.load()
+	rev := h.store.rev
+
+	h.store.fenced = true
+	err := h.round()
+	if !errors.Is(err, errFenced) {
+		t.Fatalf("round with the fence gone: err %v, want errFenced", err)
+	}
+	if msg := ownerEndMessage(err); msg != "lost shard ownership" {
+		t.Fatalf("fenced end logged as %q", msg)
+	}
+
+	h.store.fenced = false
+	h.store.err = fmt.Errorf("commit: %w", context.DeadlineExceeded)
+	err = h.round()
+	if err == nil || errors.Is(err, errFenced) {
+		t.Fatalf("round with an etcd timeout: err %v, want an error that is not errFenced", err)
+	}
+	if msg := ownerEndMessage(err); msg == "lost shard ownership" {
+		t.Fatalf("an etcd timeout is logged as %q", msg)
+	}
+	if h.store.rev != rev || h.task("j1", 0).State != apiaryv1.TaskState_TASK_STATE_PENDING {
+		t.Fatalf("a failed commit wrote: revision %d -> %d, task %s", rev, h.store.rev, h.task("j1", 0).State)
+	}
+}
+
+// TestOwnerUsageConflictRequeues: when the node's usage changed since the
+// cache read it (another owner's plan), the plan's compare on its
+// ModRevision fails: the tasks stay PENDING and are counted as requeued, the
+// cache re-reads the usage, and the next round commits.
+func TestOwnerUsageConflictRequeues(t *testing.T) {
+	h := newOwnerHarness(t)
+	epoch := h.addNode("n1", 4000, 8192)
+	h.addJob("j1", 1000, false, pending())
+	h.load()
+	newRev := h.store.put(keyNodeUsage("n1"), mustJSON(usageRecord{Epoch: epoch}))
+
+	if err := h.round(); err != nil {
+		t.Fatalf("round: %v", err)
+	}
+	if tk := h.task("j1", 0); tk.State != apiaryv1.TaskState_TASK_STATE_PENDING {
+		t.Fatalf("task after a conflicting plan: %s, want PENDING", tk.State)
+	}
+	if a, _ := h.assignment("n1", "j1", 0); a != nil {
+		t.Fatalf("a conflicting plan wrote an assignment: %v", a)
+	}
+	if c, r := counterValue(h.metrics.PlanConflicts), counterValue(h.metrics.Requeues); c != 1 || r != 1 {
+		t.Fatalf("conflicts %v, requeues %v; want 1 and 1", c, r)
+	}
+	if got := h.s.cache.nodes["n1"].usageRev; got != newRev {
+		t.Fatalf("cached usage revision %d after the conflict, want the re-read %d", got, newRev)
+	}
+
+	if err := h.round(); err != nil {
+		t.Fatalf("second round: %v", err)
+	}
+	if tk := h.task("j1", 0); tk.State != apiaryv1.TaskState_TASK_STATE_ASSIGNED {
+		t.Fatalf("task after the next round: %s, want ASSIGNED", tk.State)
+	}
+}
+
+// TestOwnerReclaimsLostNodeTask: the running task of a node whose lease is
+// gone returns to PENDING, with a "lost" result for its attempt and its
+// assignment deleted.
+func TestOwnerReclaimsLostNodeTask(t *testing.T) {
+	h := newOwnerHarness(t)
+	epoch := h.addNode("n1", 4000, 8192)
+	h.addJob("j1", 1000, false, taskstate.Task{State: apiaryv1.TaskState_TASK_STATE_RUNNING, Attempt: 1, Used: 1,
+		NodeID: "n1", NodeEpoch: epoch})
+	h.store.put(keyAssign("n1", "j1", 0), "run")
+	h.load()
+	h.watchDelete(keyNodeAlive("n1")) // the lease expired
+
+	if err := h.round(); err != nil {
+		t.Fatalf("round: %v", err)
+	}
+	tk := h.task("j1", 0)
+	if tk.State != apiaryv1.TaskState_TASK_STATE_PENDING || tk.NodeFailures != 1 {
+		t.Fatalf("task after its node was lost: %+v, want PENDING with 1 node failure", tk)
+	}
+	kv := h.store.get(keyResult(0, "j1", 0, 1))
+	if kv == nil {
+		t.Fatal("no result recorded for the lost attempt")
+	}
+	var res apiaryv1.AttemptResult
+	if err := json.Unmarshal(kv.Value, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.GetOutcome() != taskstate.OutcomeLost || res.GetNodeId() != "n1" {
+		t.Fatalf("result of the lost attempt: %v, want outcome lost on n1", &res)
+	}
+	if h.store.get(keyAssign("n1", "j1", 0)) != nil {
+		t.Fatal("the lost attempt's assignment is still stored")
+	}
+	if got := counterValue(h.metrics.Reclaims); got != 1 {
+		t.Fatalf("reclaims counted: %v, want 1", got)
+	}
+}
+
+// TestOwnerCancelsJob: a job's cancel flag cancels its pending task at once
+// and turns its running task's assignment into a CANCEL for the agent (the
+// assignment key's CreateRevision, the fencing token, kept).
+func TestOwnerCancelsJob(t *testing.T) {
+	h := newOwnerHarness(t)
+	epoch := h.addNode("n1", 4000, 8192)
+	h.addJob("j1", 1000, true, taskstate.Task{State: apiaryv1.TaskState_TASK_STATE_RUNNING, Attempt: 1, Used: 1,
+		NodeID: "n1", NodeEpoch: epoch}, pending())
+	token := h.store.put(keyAssign("n1", "j1", 0), "run")
+	h.load()
+
+	if err := h.round(); err != nil {
+		t.Fatalf("round: %v", err)
+	}
+	if tk := h.task("j1", 1); tk.State != apiaryv1.TaskState_TASK_STATE_CANCELLED {
+		t.Fatalf("pending task of a cancelled job: %s, want CANCELLED", tk.State)
+	}
+	if tk := h.task("j1", 0); tk.State != apiaryv1.TaskState_TASK_STATE_RUNNING || !tk.CancelRequested {
+		t.Fatalf("running task of a cancelled job: %+v, want RUNNING with cancel requested", tk)
+	}
+	a, kv := h.assignment("n1", "j1", 0)
+	if a == nil || a.GetKind() != apiaryv1.Assignment_KIND_CANCEL || kv.CreateRevision != token {
+		t.Fatalf("assignment after cancel: %v (create revision %d), want a CANCEL keeping %d", a, kv.CreateRevision, token)
+	}
+}
+
+// TestOwnerCountsUndecodableRecords: a task record that does not decode is
+// left out of the cache and counted (it used to be dropped without a word).
+func TestOwnerCountsUndecodableRecords(t *testing.T) {
+	h := newOwnerHarness(t)
+	h.addJob("j1", 1000, false, pending())
+	h.store.put(keyTask(0, "j1", 1), "{not json")
+	h.load()
+	if _, ok := h.s.cache.tasks[keyTask(0, "j1", 1)]; ok {
+		t.Fatal("an undecodable task is in the cache")
+	}
+	if got := counterValue(h.skipped.WithLabelValues("task")); got != 1 {
+		t.Fatalf("skipped task records counted: %v, want 1", got)
+	}
+}
+
+// counterValue reads a counter's value.
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}

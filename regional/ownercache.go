@@ -1,0 +1,278 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// ownerCache is the shard owner's view of jobs, tasks and nodes: filled by
+// one range read (load) and kept by watches (applyWatch) and by the owner's
+// own committed writes (setTask, in a write's after). It holds no state of
+// its own: everything in it can be rebuilt from etcd.
+type ownerCache struct {
+	jobs     map[string]*cJob
+	jobTasks map[string]map[string]bool // job id -> task keys
+	tasks    map[string]*cTask          // task key -> task
+	nodes    map[string]*cNode
+	pending  map[string]bool            // task keys in PENDING
+	byNode   map[string]map[string]bool // node id -> active task keys
+	// dirtyCancel holds the jobs whose cancel flag was seen set: the next
+	// round's cancels pass handles them.
+	dirtyCancel map[string]bool
+	// nodesGen counts node record and liveness changes (Snapshot.Generation).
+	nodesGen uint64
+	// useDirty holds the nodes where a task changed since their usage was
+	// last computed (nodeSnapshot.usage).
+	useDirty map[string]bool
+
+	// specs receives every job record seen (shared with report commit);
+	// nil in tests.
+	specs *specCache
+	// leftPending is called with a task key that left PENDING or the cache
+	// (the reason gate forgets it); nil for none.
+	leftPending func(key string)
+	// skipped is called with a record that does not decode (it is left
+	// out of the cache); nil for none.
+	skipped func(what, key string, err error)
+}
+
+type cJob struct {
+	rec    jobRecord
+	modRev int64
+}
+
+type cTask struct {
+	key    string
+	shard  int
+	rec    taskstate.Task
+	modRev int64
+}
+
+// cNode is a node's keys as the owner holds them (the shared decoding,
+// nodeView, keyed by its id).
+type cNode struct {
+	id string
+	nodeView
+}
+
+func newOwnerCache(specs *specCache) *ownerCache {
+	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, tasks: map[string]*cTask{},
+		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{},
+		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, specs: specs}
+}
+
+// load reads jobs, tasks and nodes at one revision and returns it (the
+// watches start after it).
+func (c *ownerCache) load(ctx context.Context, kv clientv3.KV) (int64, error) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := kv.Txn(cctx).Then(clientv3.OpGet(prefJobs, clientv3.WithPrefix()),
+		clientv3.OpGet(prefTasks, clientv3.WithPrefix()), clientv3.OpGet(prefNodes, clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("load: %w", err)
+	}
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			c.apply(kv, false)
+		}
+	}
+	return resp.Header.Revision, nil
+}
+
+// applyWatch applies one watch response; a closed or failed watch is an
+// error (the owner loop ends and campaigns again).
+func (c *ownerCache) applyWatch(wr clientv3.WatchResponse, ok bool) error {
+	if !ok {
+		return errors.New("watch closed")
+	}
+	if err := wr.Err(); err != nil {
+		return fmt.Errorf("watch: %w", err)
+	}
+	for _, ev := range wr.Events {
+		c.apply(ev.Kv, ev.Type == clientv3.EventTypeDelete)
+	}
+	return nil
+}
+
+// apply folds one key's new value (or deletion) into the cache; older
+// revisions than the cached one are ignored (own writes are applied at
+// commit time and seen again from the watch). A value that does not decode
+// is left out and reported to skipped.
+func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
+	key := string(kv.Key)
+	switch {
+	case isTaskKey(key):
+		shard, _, _, ok := parseTaskKey(key)
+		if !ok {
+			return
+		}
+		old := c.tasks[key]
+		if old != nil && kv.ModRevision <= old.modRev {
+			return
+		}
+		if deleted {
+			c.setTask(key, nil)
+			return
+		}
+		var t taskstate.Task
+		if err := json.Unmarshal(kv.Value, &t); err != nil {
+			c.skip("task", key, err)
+			return
+		}
+		c.setTask(key, &cTask{key: key, shard: shard, rec: t, modRev: kv.ModRevision})
+	case isJobKey(key):
+		_, jobID, ok := parseJobKey(key)
+		if !ok {
+			return
+		}
+		if deleted {
+			delete(c.jobs, jobID)
+			return
+		}
+		if old := c.jobs[jobID]; old != nil && kv.ModRevision <= old.modRev {
+			return
+		}
+		var j jobRecord
+		if err := json.Unmarshal(kv.Value, &j); err != nil {
+			c.skip("job", key, err)
+			return
+		}
+		c.jobs[jobID] = &cJob{rec: j, modRev: kv.ModRevision}
+		if c.specs != nil {
+			c.specs.put(&j)
+		}
+		if j.CancelRequested {
+			c.dirtyCancel[jobID] = true
+		}
+	case isNodeKey(key):
+		id, kind, ok := nodeKeyKind(key)
+		if !ok {
+			return
+		}
+		if kind != nodeUsageKey {
+			// Node set, labels or capacity may change: the placement
+			// engine must rebuild its per-snapshot indexes.
+			c.nodesGen++
+		}
+		n := c.nodes[id]
+		if n == nil {
+			n = &cNode{id: id}
+			c.nodes[id] = n
+		}
+		if err := n.apply(kind, kv, deleted); err != nil {
+			c.skip("node", key, err)
+		}
+	}
+}
+
+func (c *ownerCache) skip(what, key string, err error) {
+	if c.skipped != nil {
+		c.skipped(what, key, err)
+	}
+}
+
+// setTask replaces a cached task (nil removes it) and keeps the indexes in
+// step.
+func (c *ownerCache) setTask(key string, t *cTask) {
+	if t != nil && t.rec.NodeID != "" {
+		c.useDirty[t.rec.NodeID] = true
+	}
+	if old := c.tasks[key]; old != nil {
+		if old.rec.NodeID != "" {
+			c.useDirty[old.rec.NodeID] = true
+		}
+		delete(c.pending, key)
+		if m := c.byNode[old.rec.NodeID]; m != nil {
+			delete(m, key)
+		}
+		if t == nil {
+			c.forget(key)
+			delete(c.tasks, key)
+			if m := c.jobTasks[old.rec.JobID]; m != nil {
+				delete(m, key)
+			}
+			return
+		}
+	}
+	if t == nil {
+		return
+	}
+	c.tasks[key] = t
+	m := c.jobTasks[t.rec.JobID]
+	if m == nil {
+		m = map[string]bool{}
+		c.jobTasks[t.rec.JobID] = m
+	}
+	m[key] = true
+	if t.rec.State != apiaryv1.TaskState_TASK_STATE_PENDING {
+		c.forget(key)
+	}
+	switch {
+	case t.rec.State == apiaryv1.TaskState_TASK_STATE_PENDING:
+		c.pending[key] = true
+	case taskstate.Active(t.rec.State):
+		bn := c.byNode[t.rec.NodeID]
+		if bn == nil {
+			bn = map[string]bool{}
+			c.byNode[t.rec.NodeID] = bn
+		}
+		bn[key] = true
+	}
+}
+
+func (c *ownerCache) forget(key string) {
+	if c.leftPending != nil {
+		c.leftPending(key)
+	}
+}
+
+// removeJob drops a deleted job and its tasks.
+func (c *ownerCache) removeJob(id string) {
+	for k := range c.jobTasks[id] {
+		c.setTask(k, nil)
+	}
+	delete(c.jobTasks, id)
+	delete(c.jobs, id)
+}
+
+// group is the task group of a task (nil when its job is not cached).
+func (c *ownerCache) group(t *taskstate.Task) *apiaryv1.TaskGroup {
+	j := c.jobs[t.JobID]
+	if j == nil || int(t.Group) >= len(j.rec.Spec.GetTasks()) {
+		return nil
+	}
+	return j.rec.Spec.GetTasks()[t.Group]
+}
+
+// request is what one task of t's group asks for.
+func (c *ownerCache) request(t *taskstate.Task) placement.Resources {
+	r := c.group(t).GetResources()
+	return placement.Resources{CPUMillis: r.GetCpuMillis(), MemoryMiB: r.GetMemoryMb(), GPUs: int(r.GetGpus()), GPUMilli: int(r.GetGpuMilli())}
+}
+
+// jobPolicy is the retry policy of a task and its job record (nil, with the
+// default policy, when the job is not cached).
+func (c *ownerCache) jobPolicy(t *taskstate.Task) (taskstate.Policy, *jobRecord) {
+	j := c.jobs[t.JobID]
+	if j == nil {
+		return policyOf(nil, t.Group), nil
+	}
+	return policyOf(j.rec.Spec, t.Group), &j.rec
+}
+
+func (j *cJob) priority() int32 {
+	if j == nil {
+		return 0
+	}
+	return j.rec.Spec.GetPriority()
+}

@@ -1,0 +1,78 @@
+package regional
+
+import (
+	"strconv"
+
+	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// Conversion of the owner's records (protobuf specs, JSON records) into the
+// placement engine's types. Nothing here reads etcd or decides.
+
+// placementNode converts a ready node for the engine (without its usage,
+// which setUsage fills). A node without a "jurisdiction" label gets the
+// region's (jurisdiction, when not empty).
+func placementNode(n *cNode, jurisdiction string) *placement.Node {
+	labels := n.rec.Labels
+	if _, ok := labels["jurisdiction"]; !ok && jurisdiction != "" {
+		labels = make(map[string]string, len(n.rec.Labels)+1)
+		for k, v := range n.rec.Labels {
+			labels[k] = v
+		}
+		labels["jurisdiction"] = jurisdiction
+	}
+	return &placement.Node{ID: n.id, Labels: labels,
+		Capacity: placement.Resources{CPUMillis: n.rec.Capacity.GetCpuMillis(), MemoryMiB: n.rec.Capacity.GetMemoryMb(), GPUs: int(n.rec.Capacity.GetGpus())},
+		GPUModel: n.rec.GPUModel, MaxTasks: int(n.rec.MaxTasks), Quarantined: n.rec.Quarantined}
+}
+
+// groupKey names a task's group for the engine: "<jobID>/<group index>".
+func groupKey(t *taskstate.Task) string { return t.JobID + "/" + strconv.Itoa(int(t.Group)) }
+
+// placementTask converts a cached task (of a cached job) for the engine;
+// nowMs decides which of its node exclusions still hold.
+func placementTask(c *ownerCache, ct *cTask, nowMs int64) placement.Task {
+	j := c.jobs[ct.rec.JobID]
+	g := c.group(&ct.rec)
+	pt := placement.Task{ID: ct.key, GroupKey: groupKey(&ct.rec), Priority: int(j.priority()),
+		Request: c.request(&ct.rec), GPUModels: g.GetResources().GetGpuModels(),
+		DistinctHosts: g.GetDistinctHosts(), FailedOn: ct.rec.FailedOn,
+		Policy: placement.Policy(j.rec.Spec.GetScheduler())}
+	for _, cn := range g.GetConstraints() {
+		pt.Constraints = append(pt.Constraints, placement.Constraint{Label: cn.GetLabel(), Op: cn.GetOp(), Values: cn.GetValues()})
+	}
+	for _, a := range g.GetAffinities() {
+		pt.Affinities = append(pt.Affinities, placement.Affinity{Label: a.GetLabel(), Op: a.GetOp(), Values: a.GetValues(), Weight: int(a.GetWeight())})
+	}
+	for _, sp := range g.GetSpreads() {
+		targets := map[string]int{}
+		for k, v := range sp.GetTargets() {
+			targets[k] = int(v)
+		}
+		pt.Spreads = append(pt.Spreads, placement.Spread{Label: sp.GetLabel(), Targets: targets, Weight: int(sp.GetWeight())})
+	}
+	for _, dp := range g.GetDistinctProperties() {
+		pt.DistinctProperties = append(pt.DistinctProperties, placement.DistinctProperty{Label: dp.GetLabel(), MaxPerValue: int(dp.GetMaxPerValue())})
+	}
+	for _, d := range g.GetDatasets() {
+		pt.Datasets = append(pt.Datasets, placement.Dataset{Name: d.GetName(), SizeBytes: d.GetSizeBytes()})
+	}
+	switch w := j.rec.Where; {
+	case w != nil && !w.Any:
+		// The policy's set, resolved at admission (never empty: admission
+		// refuses a job the policy allows nowhere).
+		pt.Jurisdictions = append([]string{}, w.Jurisdictions...)
+	case w == nil && j.rec.Spec.GetJurisdiction() != "":
+		pt.Jurisdictions = []string{j.rec.Spec.GetJurisdiction()}
+	}
+	for node, until := range ct.rec.Excluded {
+		if until > nowMs {
+			if pt.ExcludedNodes == nil {
+				pt.ExcludedNodes = map[string]bool{}
+			}
+			pt.ExcludedNodes[node] = true
+		}
+	}
+	return pt
+}

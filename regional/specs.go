@@ -1,0 +1,47 @@
+package regional
+
+import (
+	"sync"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// specCache keeps immutable job specs (a spec never changes after submit),
+// filled by the owner's cache and by report commit. It is bounded: past
+// 50000 jobs it starts over.
+type specCache struct {
+	mu sync.Mutex
+	m  map[string]*jobRecord
+}
+
+// get returns the job record of id, or nil when it is not cached.
+func (sc *specCache) get(id string) *jobRecord {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.m[id]
+}
+
+func (sc *specCache) put(r *jobRecord) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.m == nil || len(sc.m) > 50000 {
+		sc.m = map[string]*jobRecord{}
+	}
+	sc.m[r.ID] = r
+}
+
+// policyOf is the retry policy of a task of group in a job of spec: the
+// job's max_attempts (jobspec.DefaultMaxAttempts when unset or spec is nil)
+// and the group's retryable exit codes.
+func policyOf(spec *apiaryv1.JobSpec, group int32) taskstate.Policy {
+	p := taskstate.Policy{MaxAttempts: spec.GetMaxAttempts()}
+	if g := spec.GetTasks(); int(group) < len(g) {
+		p.RetryableCodes = g[group].GetRetryableExitCodes()
+	}
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = jobspec.DefaultMaxAttempts
+	}
+	return p
+}
