@@ -3,6 +3,7 @@ package regional
 import (
 	"context"
 	"errors"
+	"maps"
 	"regexp"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/telemetry"
+	"apiary.dev/apiary/placement"
 )
 
 // agentServer serves AgentService on every coordinator. Registration and
@@ -52,6 +54,12 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	for k, v := range req.GetLabels() {
 		if !labelKeyRE.MatchString(k) {
 			return nil, status.Errorf(codes.InvalidArgument, "labels: key %q must match %s", k, labelKeyRE)
+		}
+		if strings.EqualFold(k, placement.JurisdictionLabel) && k != placement.JurisdictionLabel {
+			// Sovereignty reads exactly this key: a node that spelled it
+			// otherwise would silently carry its region's jurisdiction.
+			return nil, status.Errorf(codes.InvalidArgument, "labels: key %q: the jurisdiction label is spelled %q (lower case); the sovereignty filter reads only that key",
+				k, placement.JurisdictionLabel)
 		}
 		if len(v) > 256 || !utf8.ValidString(v) || strings.ContainsAny(v, "\x00\n") {
 			return nil, status.Errorf(codes.InvalidArgument, "labels[%s]: value must be valid UTF-8 of at most 256 bytes without NUL or newline", k)
@@ -99,7 +107,13 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 			_, _ = c.cli.Revoke(cctx, clientv3.LeaseID(kvs[0].Lease))
 		}
 	}
-	rec := nodeRecord{ID: req.GetNodeId(), Labels: req.GetLabels(), Capacity: cp, GPUModel: req.GetGpuModel(),
+	labels := req.GetLabels()
+	if j, ok := labels[placement.JurisdictionLabel]; ok && j != strings.ToLower(j) {
+		// Jurisdictions are lower case (job specs are normalised alike).
+		labels = maps.Clone(labels)
+		labels[placement.JurisdictionLabel] = strings.ToLower(j)
+	}
+	rec := nodeRecord{ID: req.GetNodeId(), Labels: labels, Capacity: cp, GPUModel: req.GetGpuModel(),
 		MaxTasks: req.GetMaxTasks(), Epoch: epoch, LeaseID: int64(lease.ID), RegisteredMs: time.Now().UnixMilli()}
 	usage := keyNodeUsage(req.GetNodeId())
 	_, err = c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(alive), "=", epoch)).

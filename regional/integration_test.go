@@ -207,6 +207,16 @@ func TestOneMemberRegion(t *testing.T) {
 	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents()})
 	c := dial(t, r)
 
+	t.Run("JurisdictionLabelSpelledOtherwiseIsRefused", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := c.agent.RegisterNode(ctx, &apiaryv1.RegisterNodeRequest{NodeId: "claims-us", Labels: map[string]string{"Jurisdiction": "us"},
+			Capacity: &apiaryv1.Resources{CpuMillis: 1000, MemoryMb: 1024}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `the jurisdiction label is spelled "jurisdiction"`) {
+			t.Fatalf("RegisterNode with label Jurisdiction=us: %v; want INVALID_ARGUMENT naming the key", err)
+		}
+	})
+
 	t.Run("TwentyTasksCompleteWithLogs", func(t *testing.T) {
 		id := submit(t, c, spec(t, `
 name: fanout
