@@ -16,9 +16,11 @@ import (
 	"time"
 
 	"github.com/grafana/dskit/backoff"
+	"github.com/grafana/dskit/services"
 	"go.opentelemetry.io/otel/trace"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/lifecycle"
 	"apiary.dev/apiary/internal/telemetry"
 )
 
@@ -122,31 +124,63 @@ func (a *Agent) Used() (Resources, int) { return a.ledger.Used() }
 // them) and registers again. On cancellation it kills every running process
 // group, waits for them to end, and returns nil; their tasks are reclaimed by
 // the coordinator when the lease lapses. Run returns an error only if
-// DataDir/work cannot be created, a coordinator address is unusable, a
-// coordinator refuses the registration as invalid (INVALID_ARGUMENT: bad node
-// id or capacity), or Run was already called.
+// DataDir/work cannot be created, the metrics address cannot be served, a
+// coordinator address is unusable, a coordinator refuses the registration as
+// invalid (INVALID_ARGUMENT: bad node id or capacity), or Run was already
+// called. It runs Parts with internal/lifecycle.
 func (a *Agent) Run(ctx context.Context) error {
-	if !a.running.CompareAndSwap(false, true) {
-		return errors.New("agent: Run called twice")
-	}
-	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, "work"), 0o755); err != nil {
-		return fmt.Errorf("data dir: %w", err)
-	}
-	killOrphans(a.cfg.DataDir, a.log)
-	go a.janitor(ctx)
-	if a.cfg.MetricsAddr != "" {
-		srv, err := telemetry.Serve(a.cfg.MetricsAddr, a.cfg.Registry, true)
-		if err != nil {
-			return err
+	return lifecycle.Run(ctx, a.log, 0, a.Parts()...)
+}
+
+// Parts returns the agent's long-running parts in start order; they stop in
+// reverse (internal/lifecycle):
+//
+//   - data-dir: creates DataDir/work and kills orphans of a previous run.
+//   - metrics: /metrics over HTTP (with MetricsAddr).
+//   - janitor: removes finished attempts' work dirs (WorkRetention).
+//   - sessions: the coordinator connections, then register and serve one
+//     node epoch after another (heartbeats and the assignment stream); on
+//     stop it kills the running process groups and waits for them. A refused
+//     registration fails the part.
+//
+// An agent runs once: Parts fails to start if Run or Parts ran before.
+func (a *Agent) Parts() []lifecycle.Part {
+	parts := []lifecycle.Part{lifecycle.Idle("data-dir", func(context.Context) error {
+		if !a.running.CompareAndSwap(false, true) {
+			return errors.New("agent: Run called twice")
 		}
-		a.log.Info("serving metrics", "addr", srv.Addr())
-		defer srv.Close()
+		if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, "work"), 0o755); err != nil {
+			return fmt.Errorf("data dir: %w", err)
+		}
+		killOrphans(a.cfg.DataDir, a.log)
+		return nil
+	}, nil)}
+	if a.cfg.MetricsAddr != "" {
+		var srv *telemetry.Server
+		parts = append(parts, lifecycle.Idle("metrics", func(context.Context) (err error) {
+			if srv, err = telemetry.Serve(a.cfg.MetricsAddr, a.cfg.Registry, true); err == nil {
+				a.log.Info("serving metrics", "addr", srv.Addr())
+			}
+			return err
+		}, func() error { return srv.Close() }))
 	}
-	coords, err := newCoordinators(a.cfg.CoordinatorAddrs, a.cfg.MinBackoff, a.cfg.MaxBackoff, a.cfg.DialOptions)
-	if err != nil {
-		return err
-	}
-	defer coords.close()
+	var coords *coordinators
+	return append(parts,
+		lifecycle.Loop("janitor", a.janitor),
+		lifecycle.New("sessions", services.NewBasicService(func(context.Context) (err error) {
+			coords, err = newCoordinators(a.cfg.CoordinatorAddrs, a.cfg.MinBackoff, a.cfg.MaxBackoff, a.cfg.DialOptions)
+			return err
+		}, func(ctx context.Context) error {
+			return a.sessions(ctx, coords)
+		}, func(error) error {
+			coords.close()
+			return nil
+		})))
+}
+
+// sessions registers the node and serves one epoch after another until ctx
+// ends (nil) or a coordinator refuses the registration (its error).
+func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 	rep := &reporter{coords: coords, rpcTimeout: a.cfg.RPCTimeout, backoff: a.backoff, log: a.log}
 	a.log.Info("agent starting", "coordinators", a.cfg.CoordinatorAddrs, "data_dir", a.cfg.DataDir,
 		"cpu_millis", a.cfg.Capacity.CPUMillis, "memory_mb", a.cfg.Capacity.MemoryMB,

@@ -11,8 +11,10 @@ import (
 	"os"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -24,6 +26,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/lifecycle"
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
@@ -156,11 +159,12 @@ type Coordinator struct {
 	metrics    *telemetry.RegionMetrics
 	metricsSrv *telemetry.Server
 
-	mu      sync.Mutex
-	owning  bool
-	stopped chan struct{}
-	done    chan struct{}
-	closeMu sync.Once
+	mu     sync.Mutex
+	owning bool
+	crash  atomic.Bool // Kill: stop as a crash would (no leave, no resign)
+	group  *lifecycle.Group
+	done   chan struct{}
+	doneMu sync.Once
 }
 
 // New validates cfg. Start brings the coordinator up.
@@ -168,11 +172,14 @@ func New(cfg Config) (*Coordinator, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Coordinator{cfg: cfg, log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
+	c := &Coordinator{cfg: cfg, log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
 		tracer: telemetry.Tracer(telemetry.OrNoop(cfg.TracerProvider)), tracing: telemetry.IsEnabled(cfg.TracerProvider),
 		metrics:  telemetry.NewRegionMetrics(cfg.Registry),
 		capState: capacityState{extra: map[string]localJob{}},
-		stopped:  make(chan struct{}), done: make(chan struct{})}, nil
+		done:     make(chan struct{})}
+	c.submits = newGroupCommit(2, 256, c.flushSubmits)
+	c.reports = newGroupCommit(2, 512, c.flushReports)
+	return c, nil
 }
 
 // Addr is the gRPC API address (valid after Start).
@@ -192,9 +199,100 @@ func (c *Coordinator) MetricsAddr() string {
 // Etcd is the embedded member (valid after Start).
 func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
 
-// Start starts etcd, initialises or checks the region meta, starts the gRPC
-// API and the ownership loop. It returns once the API serves.
+// Parts returns the coordinator's long-running parts in start order; they
+// stop in reverse (internal/lifecycle). This list is the one place that
+// orders them:
+//
+//   - etcd: the embedded member, its client and the region meta; a member
+//     that stops serving (error, removed, hard stop) fails the process.
+//   - metrics: /metrics and /debug/pprof/ over HTTP (with MetricsAddr).
+//   - group-commit: the submission and report batch workers; they stop
+//     after the API that feeds them, flushing what is queued.
+//   - api: the gRPC listener and server; a Serve error fails the process.
+//   - members: /apiary/members/<id> under a session lease.
+//   - capacity: the capacity and backlog summary (first read on start).
+//   - suspicion: takeover when the owner's API refuses connections.
+//   - owner: campaign for the shards, schedule while owning them.
+//   - wan: the serf WAN member (with WAN enabled); it joins in the
+//     background for as long as the process runs, and leaves the pool first
+//     on stop.
+//
+// A Coordinator runs once: call Parts once, or use Start and Stop.
+func (c *Coordinator) Parts() []lifecycle.Part {
+	parts := []lifecycle.Part{
+		lifecycle.New("etcd", services.NewBasicService(c.startEtcdPart, c.runEtcdPart, c.stopEtcdPart)),
+	}
+	if c.cfg.MetricsAddr != "" {
+		parts = append(parts, lifecycle.Idle("metrics", c.startMetrics, c.stopMetrics))
+	}
+	parts = append(parts,
+		lifecycle.New("group-commit", services.NewBasicService(nil, c.runGroupCommit, nil)),
+		lifecycle.New("api", services.NewBasicService(c.listenAPI, c.serveAPI, nil)),
+		lifecycle.Loop("members", c.memberLoop),
+		lifecycle.New("capacity", services.NewBasicService(func(ctx context.Context) error {
+			c.refreshCapacity(ctx)
+			return nil
+		}, func(ctx context.Context) error { c.capacityLoop(ctx); return nil }, nil)),
+		lifecycle.Loop("suspicion", c.suspicionLoop),
+		lifecycle.Loop("owner", c.run),
+	)
+	if c.cfg.WAN.enabled() {
+		parts = append(parts, lifecycle.New("wan", services.NewBasicService(c.startWAN, c.runWAN, c.stopWANPart)))
+	}
+	return parts
+}
+
+// Start runs Parts in order and returns once the API serves and every loop
+// runs. ctx bounds the start-up only (the parts run until Stop). On failure
+// it stops every part that started and returns an error naming the part.
+// Use Failed to learn of a part that fails later.
 func (c *Coordinator) Start(ctx context.Context) error {
+	c.group = lifecycle.NewGroup(c.log, c.Parts()...)
+	if err := c.group.Start(ctx); err != nil {
+		c.doneMu.Do(func() { close(c.done) })
+		return err
+	}
+	c.logStarted()
+	return nil
+}
+
+// logStarted logs the coordinator's addresses (after its parts run).
+func (c *Coordinator) logStarted() {
+	c.log.Info("coordinator started", "api", c.Addr(), "etcd_client", c.cfg.Etcd.ClientURL, "shards", c.meta.ShardCount)
+}
+
+// Ready is a last part for Parts' list: it logs "coordinator started" and
+// calls then (e.g. to write a ready file; nil: nothing), failing the start
+// if then fails.
+func (c *Coordinator) Ready(then func() error) lifecycle.Part {
+	return lifecycle.Idle("ready", func(context.Context) error {
+		c.logStarted()
+		if then == nil {
+			return nil
+		}
+		return then()
+	}, nil)
+}
+
+// Failed is closed when a part fails after Start (see Err); nil before Start.
+func (c *Coordinator) Failed() <-chan struct{} {
+	if c.group == nil {
+		return nil
+	}
+	return c.group.Failed()
+}
+
+// Err names the part that failed after Start and why, or is nil.
+func (c *Coordinator) Err() error {
+	if c.group == nil {
+		return nil
+	}
+	return c.group.Err()
+}
+
+// startEtcdPart starts the member, makes its client and initialises or
+// checks the region meta. It cleans up itself on failure.
+func (c *Coordinator) startEtcdPart(ctx context.Context) error {
 	e, err := startEtcd(ctx, c.cfg.Etcd)
 	if err != nil {
 		return err
@@ -205,20 +303,54 @@ func (c *Coordinator) Start(ctx context.Context) error {
 		c.closeEtcd()
 		return err
 	}
-	c.lis, err = net.Listen("tcp", c.cfg.APIAddr)
+	return nil
+}
+
+// runEtcdPart fails when the member stops serving on its own.
+func (c *Coordinator) runEtcdPart(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-c.etcd.Err():
+		return fmt.Errorf("etcd member %s: %w", c.cfg.Etcd.Name, err)
+	case <-c.etcd.Server.StopNotify():
+		return fmt.Errorf("etcd member %s stopped serving", c.cfg.Etcd.Name)
+	}
+}
+
+func (c *Coordinator) stopEtcdPart(error) error {
+	if c.crash.Load() {
+		c.etcd.Server.HardStop()
+	}
+	c.closeEtcd()
+	return nil
+}
+
+func (c *Coordinator) startMetrics(context.Context) error {
+	var err error
+	c.metricsSrv, err = telemetry.Serve(c.cfg.MetricsAddr, c.cfg.Registry, true)
+	return err
+}
+
+func (c *Coordinator) stopMetrics() error { return c.metricsSrv.Close() }
+
+// runGroupCommit runs the submission and report workers until ctx ends,
+// then lets them flush what is queued.
+func (c *Coordinator) runGroupCommit(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { c.submits.run(ctx) })
+	wg.Go(func() { c.reports.run(ctx) })
+	wg.Wait()
+	return nil
+}
+
+// listenAPI opens the gRPC listener and registers the services.
+func (c *Coordinator) listenAPI(context.Context) error {
+	lis, err := net.Listen("tcp", c.cfg.APIAddr)
 	if err != nil {
-		c.closeEtcd()
 		return fmt.Errorf("listen %s: %w", c.cfg.APIAddr, err)
 	}
-	if c.cfg.MetricsAddr != "" {
-		if c.metricsSrv, err = telemetry.Serve(c.cfg.MetricsAddr, c.cfg.Registry, true); err != nil {
-			c.lis.Close()
-			c.closeEtcd()
-			return err
-		}
-	}
-	c.submits = newGroupCommit(2, 256, c.flushSubmits)
-	c.reports = newGroupCommit(2, 512, c.flushReports)
+	c.lis = lis
 	sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
 	if h := telemetry.GRPCServerHandler(c.cfg.TracerProvider); h != nil {
 		sopts = append(sopts, grpc.StatsHandler(h))
@@ -229,15 +361,32 @@ func (c *Coordinator) Start(ctx context.Context) error {
 	apiaryv1.RegisterJobServiceServer(c.grpc, &jobServer{c: c})
 	apiaryv1.RegisterAgentServiceServer(c.grpc, &agentServer{c: c})
 	apiaryv1.RegisterAdminServiceServer(c.grpc, &adminServer{c: c})
-	go func() { _ = c.grpc.Serve(c.lis) }()
-	c.refreshCapacity(ctx)
-	if err := c.startWAN(ctx); err != nil {
-		c.grpc.Stop()
-		c.closeEtcd()
-		return err
+	return nil
+}
+
+// serveAPI serves until ctx ends (then stops gracefully, within 500 ms) or
+// Serve fails.
+func (c *Coordinator) serveAPI(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- c.grpc.Serve(c.lis) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve %s: %w (the gRPC server stopped)", c.lis.Addr(), err)
+	case <-ctx.Done():
 	}
-	go c.run()
-	c.log.Info("coordinator started", "api", c.Addr(), "etcd_client", c.cfg.Etcd.ClientURL, "shards", c.meta.ShardCount)
+	if c.crash.Load() {
+		c.grpc.Stop()
+	} else {
+		stopped := make(chan struct{})
+		go func() { c.grpc.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(500 * time.Millisecond):
+			c.grpc.Stop()
+			<-stopped
+		}
+	}
+	<-errc
 	return nil
 }
 
@@ -289,15 +438,9 @@ func (c *Coordinator) initMeta(ctx context.Context) error {
 	}
 }
 
-// run registers the coordinator as a member and loops: campaign for the
-// shards, schedule while owning them, campaign again when the term ends.
-func (c *Coordinator) run() {
-	defer close(c.done)
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { <-c.stopped; cancel() }()
-	go c.memberLoop(ctx)
-	go c.suspicionLoop(ctx)
-	go c.capacityLoop(ctx)
+// run loops until ctx ends: campaign for the shards, schedule while owning
+// them, campaign again when the term ends (the "owner" part).
+func (c *Coordinator) run(ctx context.Context) {
 	el := shards.NewElector(c.cli, prefOwner, c.cfg.ID, int(c.cfg.OwnerLeaseTTL.Seconds()+0.5))
 	for ctx.Err() == nil {
 		term, err := el.Campaign(ctx)
@@ -321,12 +464,14 @@ func (c *Coordinator) run() {
 		c.metrics.Tasks.Reset()
 		c.metrics.Nodes.Reset()
 		if ctx.Err() != nil {
-			rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
-			_ = term.Resign(rctx)
-			rcancel()
+			if !c.crash.Load() {
+				rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
+				_ = term.Resign(rctx)
+				rcancel()
+			}
 			return
 		}
-		c.log.Warn("lost shard ownership", "epoch", term.Epoch, "err", err)
+		c.log.Warn(ownerEndMessage(err), "epoch", term.Epoch, "err", err)
 		rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
 		_ = term.Resign(rctx)
 		rcancel()
@@ -370,54 +515,39 @@ func (c *Coordinator) memberLoop(ctx context.Context) {
 	}
 }
 
-// Stop shuts the coordinator down gracefully: resigns ownership, stops the
-// API and closes etcd (which hands raft leadership over).
+// Stop shuts the coordinator down gracefully, its parts in reverse order
+// (see Parts): leaves the WAN pool, resigns ownership, stops the API, flushes
+// the group-commit queues and closes etcd (which hands raft leadership
+// over). It waits for every loop, and does nothing before Start or after a
+// failed Start (which stopped what it started).
 func (c *Coordinator) Stop() {
-	c.closeMu.Do(func() {
-		c.stopWAN(true)
-		close(c.stopped)
-		select {
-		case <-c.done:
-		case <-time.After(5 * time.Second):
-		}
-		if c.grpc != nil {
-			stopped := make(chan struct{})
-			go func() { c.grpc.GracefulStop(); close(stopped) }()
-			select {
-			case <-stopped:
-			case <-time.After(500 * time.Millisecond):
-				c.grpc.Stop()
-			}
-		}
-		if c.submits != nil {
-			c.submits.close()
-			c.reports.close()
-		}
-		_ = c.metricsSrv.Close()
-		c.closeEtcd()
-	})
+	if c.group == nil {
+		return
+	}
+	if err := c.group.Stop(); err != nil {
+		c.log.Warn("coordinator stopped with errors", "err", err)
+	}
+	c.doneMu.Do(func() { close(c.done) })
 }
 
-// Kill stops the coordinator abruptly, as a crash would (tests): no resign,
-// no graceful etcd hand-over.
+// Kill stops the coordinator abruptly, as a crash would (tests): no leave,
+// no resign, no graceful API stop, etcd stopped hard.
 func (c *Coordinator) Kill() {
-	c.closeMu.Do(func() {
-		c.stopWAN(false)
-		c.grpc.Stop()
-		c.etcd.Server.HardStop()
-		close(c.stopped)
-		c.etcd.Close()
-		_ = c.metricsSrv.Close()
-	})
+	c.crash.Store(true)
+	c.Stop()
 }
 
+// closeEtcd closes the client (its lease keep-alive loops) and the member.
 func (c *Coordinator) closeEtcd() {
+	if c.cli != nil {
+		_ = c.cli.Close()
+	}
 	if c.etcd != nil {
 		c.etcd.Close()
 	}
 }
 
-// Done is closed when the coordinator's loops have ended.
+// Done is closed when Stop has stopped every part (or Start failed).
 func (c *Coordinator) Done() <-chan struct{} { return c.done }
 
 // etcdCtx bounds every etcd call (MEASURED.md trap 4).

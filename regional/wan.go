@@ -40,9 +40,9 @@ type wanMember struct {
 // timestamp changes), so the router can tell a stale summary.
 const tagRepublish = 5 * time.Second
 
-// startWAN creates the serf member with the region's tags and joins the
-// pool in the background.
-func (c *Coordinator) startWAN(ctx context.Context) error {
+// startWAN creates the serf member with the region's tags (the start of the
+// "wan" part; runWAN joins the pool).
+func (c *Coordinator) startWAN(context.Context) error {
 	if !c.cfg.WAN.enabled() {
 		return nil
 	}
@@ -64,21 +64,49 @@ func (c *Coordinator) startWAN(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("wan-bind: start serf on %s: %w", bind, err)
 	}
+	c.wan.mu.Lock()
 	c.wan.serf = s
 	c.wan.lastTags = tags
 	c.wan.lastPub = time.Now()
-	go federation.JoinLoop(ctx, s, c.cfg.WAN.Join, c.log)
+	c.wan.mu.Unlock()
 	m := s.LocalMember()
-	c.log.Info("joined WAN pool", "wan_addr", fmt.Sprintf("%s:%d", m.Addr, m.Port), "join", c.cfg.WAN.Join)
+	c.log.Info("WAN member started", "wan_addr", fmt.Sprintf("%s:%d", m.Addr, m.Port), "join", c.cfg.WAN.Join)
+	return nil
+}
+
+// runWAN joins the pool through cfg.WAN.Join, retrying every second for as
+// long as the coordinator runs (ctx is the part's context, not a start-up
+// one: a router started an hour later is still joined), then waits. A serf
+// member that shuts down on its own fails the part.
+func (c *Coordinator) runWAN(ctx context.Context) error {
+	s := c.wan.serf
+	federation.JoinLoop(ctx, s, c.cfg.WAN.Join, c.log)
+	if ctx.Err() == nil && len(c.cfg.WAN.Join) > 0 {
+		c.log.Info("joined WAN pool", "join", c.cfg.WAN.Join)
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-s.ShutdownCh():
+		return fmt.Errorf("serf member %s shut down", s.LocalMember().Name)
+	}
+}
+
+// stopWANPart leaves the pool (just shuts serf down after Kill).
+func (c *Coordinator) stopWANPart(error) error {
+	c.stopWAN(!c.crash.Load())
 	return nil
 }
 
 // WANAddr is the serf address of the coordinator's WAN member, or "".
 func (c *Coordinator) WANAddr() string {
-	if c.wan.serf == nil {
+	c.wan.mu.Lock()
+	s := c.wan.serf
+	c.wan.mu.Unlock()
+	if s == nil {
 		return ""
 	}
-	m := c.wan.serf.LocalMember()
+	m := s.LocalMember()
 	return fmt.Sprintf("%s:%d", m.Addr, m.Port)
 }
 
@@ -125,6 +153,7 @@ func (c *Coordinator) publishWAN() {
 func (c *Coordinator) stopWAN(leave bool) {
 	c.wan.mu.Lock()
 	s := c.wan.serf
+	c.wan.serf = nil // publishWAN (the capacity part stops later) skips it
 	c.wan.mu.Unlock()
 	if s == nil {
 		return

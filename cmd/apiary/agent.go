@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"apiary.dev/apiary/agent"
+	"apiary.dev/apiary/internal/lifecycle"
 	"apiary.dev/apiary/internal/telemetry"
 )
 
@@ -98,7 +99,9 @@ running tasks; the region re-runs them elsewhere.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return a.Run(ctx)
+			// The agent's parts (agent.Agent.Parts: data-dir, metrics,
+			// janitor, sessions), started in order, stopped in reverse.
+			return lifecycle.Run(ctx, logger, 0, a.Parts()...)
 		},
 	}
 	f := cmd.Flags()

@@ -18,6 +18,7 @@ import (
 	"apiary.dev/apiary/global/registry"
 	"apiary.dev/apiary/global/router"
 	"apiary.dev/apiary/internal/federation"
+	"apiary.dev/apiary/internal/lifecycle"
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 )
@@ -64,12 +65,11 @@ run; they keep no state.`,
 				host, _ := os.Hostname()
 				name = fmt.Sprintf("global.%s.%s", host, lis.Addr()) // no '/': memberlist reads "name/addr"
 			}
-			reg, err := registry.New(registry.Config{Name: name, Bind: wanBind, Advertise: wanAdvertise, Join: wanJoin, Logger: log.With("component", "wan")})
+			defer lis.Close()
+			reg, err := registry.Open(registry.Config{Name: name, Bind: wanBind, Advertise: wanAdvertise, Join: wanJoin, Logger: log.With("component", "wan")})
 			if err != nil {
-				lis.Close()
 				return withCode(exitInvalid, err)
 			}
-			defer reg.Close()
 			tp, stopTracing, err := tel.setup("apiary-global", name)
 			if err != nil {
 				return withCode(exitInvalid, err)
@@ -79,21 +79,6 @@ run; they keep no state.`,
 			serfMembers := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "apiary_serf_members",
 				Help: "serf pool members by pool (wan) and state (alive, leaving, left, failed)."}, []string{"pool", "state"})
 			metrics.MustRegister(serfMembers)
-			go func() {
-				for range time.Tick(2 * time.Second) {
-					serfMembers.Reset()
-					for state, n := range federation.MemberCounts(reg.Serf()) {
-						serfMembers.WithLabelValues("wan", state).Set(float64(n))
-					}
-				}
-			}()
-			if tel.metricsAddr != "" {
-				ms, err := telemetry.Serve(tel.metricsAddr, metrics, true)
-				if err != nil {
-					return withCode(exitInvalid, err)
-				}
-				defer ms.Close()
-			}
 			rt, err := router.New(router.Config{View: reg, Policy: pol, Logger: log, Tracer: tp, Metrics: metrics})
 			if err != nil {
 				return err
@@ -106,26 +91,54 @@ run; they keep no state.`,
 			hs := health.NewServer()
 			healthpb.RegisterHealthServer(srv, hs)
 			rt.Register(srv)
-			go func() { _ = srv.Serve(lis) }()
-			log.Info("global router serving", "api", lis.Addr().String(), "wan", reg.WANAddr(), "join", wanJoin, "policy", policyPath)
-			if ready != "" {
-				b := fmt.Sprintf("{\"api\": %q, \"wan\": %q}\n", lis.Addr().String(), reg.WANAddr())
-				if err := writeFileAtomic(ready, []byte(b)); err != nil {
-					srv.Stop()
-					return err
-				}
+
+			// The router's parts, started in this order and stopped in
+			// reverse (internal/lifecycle); a part that fails stops the
+			// process with exit 3.
+			parts := []lifecycle.Part{
+				// The WAN member: joins (retried for as long as the router
+				// runs), probes coordinators, leaves the pool on stop.
+				lifecycle.New("registry", reg.Service()),
+				lifecycle.Loop("serf-metrics", func(ctx context.Context) {
+					t := time.NewTicker(2 * time.Second)
+					defer t.Stop()
+					for {
+						serfMembers.Reset()
+						for state, n := range federation.MemberCounts(reg.Serf()) {
+							serfMembers.WithLabelValues("wan", state).Set(float64(n))
+						}
+						select {
+						case <-ctx.Done():
+							return
+						case <-t.C:
+						}
+					}
+				}),
 			}
+			if tel.metricsAddr != "" {
+				var ms *telemetry.Server
+				parts = append(parts, lifecycle.Idle("metrics", func(context.Context) (err error) {
+					ms, err = telemetry.Serve(tel.metricsAddr, metrics, true)
+					return err
+				}, func() error { return ms.Close() }))
+			}
+			parts = append(parts,
+				lifecycle.GRPC("api", srv, lis, 2*time.Second),
+				lifecycle.Idle("ready", func(context.Context) error {
+					log.Info("global router serving", "api", lis.Addr().String(), "wan", reg.WANAddr(), "join", wanJoin, "policy", policyPath)
+					if ready == "" {
+						return nil
+					}
+					b := fmt.Sprintf("{\"api\": %q, \"wan\": %q}\n", lis.Addr().String(), reg.WANAddr())
+					return writeFileAtomic(ready, []byte(b))
+				}, nil),
+			)
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			<-ctx.Done()
-			log.Info("stopping global router")
-			done := make(chan struct{})
-			go func() { srv.GracefulStop(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(2 * time.Second):
-				srv.Stop()
+			if err := lifecycle.Run(ctx, log, 0, parts...); err != nil {
+				return withCode(exitUnavailable, err)
 			}
+			log.Info("global router stopped")
 			return nil
 		},
 	}

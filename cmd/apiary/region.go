@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"apiary.dev/apiary/internal/lifecycle"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/placement/sim"
@@ -19,6 +20,10 @@ import (
 )
 
 func init() { register(newRegionCmd) }
+
+// regionStartTimeout bounds a coordinator's start-up (etcd waits for a
+// quorum of --initial-cluster); it does not bound the running parts.
+const regionStartTimeout = 60 * time.Second
 
 // readWorkload reads the task list CSV --gpu-workload names (the Alibaba GPU
 // trace's pod format) and measures its GPU task mix for the fragmentation
@@ -102,20 +107,20 @@ restarted from the same data dirs loses nothing.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-			defer cancel()
-			if err := c.Start(sctx); err != nil {
+			// The coordinator's parts, started in this order and stopped in
+			// reverse (regional.Coordinator.Parts), then the ready file. The
+			// 60 s bound covers the start-up only (etcd waits for a quorum);
+			// a part that fails later stops the process with exit 3.
+			parts := append(c.Parts(), c.Ready(func() error {
+				if ready == "" {
+					return nil
+				}
+				return os.WriteFile(ready, []byte(c.Addr()+"\n"), 0o644)
+			}))
+			if err := lifecycle.Run(ctx, cfg.Logger, regionStartTimeout, parts...); err != nil {
 				return withCode(exitUnavailable, err)
 			}
-			if ready != "" {
-				if err := os.WriteFile(ready, []byte(c.Addr()+"\n"), 0o644); err != nil {
-					c.Stop()
-					return err
-				}
-			}
-			<-ctx.Done()
-			cfg.Logger.Info("stopping coordinator")
-			c.Stop()
+			cfg.Logger.Info("coordinator stopped")
 			return nil
 		},
 	}

@@ -13,6 +13,12 @@
 // configuration, the region view built from members) is internal/federation;
 // this package is the router's own: its WAN member, the health probes and the
 // pooled connections to coordinators. It must not import regional/.
+//
+// Lifecycle: Open validates the configuration; Service is the registry as a
+// dskit service (start: create the serf member; run: join the pool, retrying
+// for as long as it runs, and probe; stop: leave and close connections),
+// which `apiary global` runs in its ordered list of parts. New and Close do
+// the same for callers without a list.
 package registry
 
 import (
@@ -23,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/grafana/dskit/services"
 	"github.com/hashicorp/serf/serf"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -58,18 +65,19 @@ type Config struct {
 type Registry struct {
 	cfg  Config
 	log  *slog.Logger
-	serf *serf.Serf
+	sc   *serf.Config
+	serf *serf.Serf // set by the service's start
+	svc  *services.BasicService
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn // by API address
 	last  map[string]time.Time        // last successful probe, by API address
-
-	cancel context.CancelFunc
-	done   chan struct{}
 }
 
-// New creates the router's serf member and starts joining and probing.
-func New(cfg Config) (*Registry, error) {
+// Open validates cfg and returns a registry whose member is not created
+// yet: run Service (WANAddr, Serf and Regions are valid once it runs).
+// Errors name the Config field.
+func Open(cfg Config) (*Registry, error) {
 	if cfg.Name == "" {
 		return nil, errors.New("name: the router's member name must be set")
 	}
@@ -81,16 +89,68 @@ func New(cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := serf.Create(sc)
-	if err != nil {
-		return nil, fmt.Errorf("wan-bind: start serf on %s: %w", cfg.Bind, err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &Registry{cfg: cfg, log: cfg.Logger, serf: s, conns: map[string]*grpc.ClientConn{},
-		last: map[string]time.Time{}, cancel: cancel, done: make(chan struct{})}
-	go federation.JoinLoop(ctx, s, cfg.Join, r.log)
-	go r.probeLoop(ctx)
+	r := &Registry{cfg: cfg, log: cfg.Logger, sc: sc, conns: map[string]*grpc.ClientConn{}, last: map[string]time.Time{}}
+	r.svc = services.NewBasicService(r.start, r.run, r.stop)
 	return r, nil
+}
+
+// New opens the registry and starts its service: the member is created,
+// joining and probing run until Close.
+func New(cfg Config) (*Registry, error) {
+	r, err := Open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := services.StartAndAwaitRunning(context.Background(), r.svc); err != nil {
+		if fc := r.svc.FailureCase(); fc != nil {
+			err = fc
+		}
+		return nil, err
+	}
+	return r, nil
+}
+
+// Service is the registry's lifecycle (see the package comment). It fails
+// if the serf member shuts down on its own.
+func (r *Registry) Service() services.Service { return r.svc }
+
+func (r *Registry) start(context.Context) error {
+	s, err := serf.Create(r.sc)
+	if err != nil {
+		return fmt.Errorf("wan-bind: start serf on %s: %w", r.cfg.Bind, err)
+	}
+	r.serf = s
+	return nil
+}
+
+// run joins (retrying every second while it runs: ctx is the service's own
+// context, never a start-up one) and probes until ctx ends.
+func (r *Registry) run(ctx context.Context) error {
+	lctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { federation.JoinLoop(lctx, r.serf, r.cfg.Join, r.log) })
+	wg.Go(func() { r.probeLoop(lctx) })
+	var err error
+	select {
+	case <-ctx.Done():
+	case <-r.serf.ShutdownCh():
+		err = fmt.Errorf("serf member %s shut down", r.cfg.Name)
+	}
+	cancel()
+	wg.Wait()
+	return err
+}
+
+func (r *Registry) stop(error) error {
+	_ = r.serf.Leave()
+	_ = r.serf.Shutdown()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for a, c := range r.conns {
+		c.Close()
+		delete(r.conns, a)
+	}
+	return nil
 }
 
 // WANAddr is the serf address others can join (host:port).
@@ -102,18 +162,9 @@ func (r *Registry) WANAddr() string {
 // Serf exposes the member (tests: RemoveFailedNode).
 func (r *Registry) Serf() *serf.Serf { return r.serf }
 
-// Close leaves the pool and closes every connection.
+// Close stops the service: leaves the pool and closes every connection.
 func (r *Registry) Close() {
-	r.cancel()
-	<-r.done
-	_ = r.serf.Leave()
-	_ = r.serf.Shutdown()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for a, c := range r.conns {
-		c.Close()
-		delete(r.conns, a)
-	}
+	_ = services.StopAndAwaitTerminated(context.Background(), r.svc)
 }
 
 // Conn returns a (cached) client connection to a coordinator's API.
@@ -146,7 +197,6 @@ func (r *Registry) MarkFailed(addr string) {
 }
 
 func (r *Registry) probeLoop(ctx context.Context) {
-	defer close(r.done)
 	t := time.NewTicker(ProbeEvery)
 	defer t.Stop()
 	for {
