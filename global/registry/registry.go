@@ -35,6 +35,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/telemetry"
 )
@@ -175,7 +176,10 @@ func (r *Registry) Conn(addr string) (*grpc.ClientConn, error) {
 		return c, nil
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
+		// The router decides "nothing was sent" from connection state
+		// (cliconn.NotConnected), not from error texts.
+		cliconn.NotConnectedInterceptor()}
 	// Forwarded SubmitJob/CancelJob carry the router's trace context.
 	if h := telemetry.GRPCClientHandler(nil); h != nil {
 		opts = append(opts, grpc.WithStatsHandler(h))

@@ -1,7 +1,12 @@
 package router
 
 import (
+	"context"
+	"fmt"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/federation"
@@ -74,5 +79,25 @@ func TestTagsRoundTripAndLimit(t *testing.T) {
 	in.Labels = big
 	if _, err := in.Encode(); err == nil {
 		t.Fatal("tags over 512 bytes accepted")
+	}
+}
+
+// TestClassifyByTypeNotText: a region's answer that relays another hop's
+// "connection refused" was sent (its outcome is unknown, or it is the
+// region's refusal); only errors typed as not sent move a submission on.
+func TestClassifyByTypeNotText(t *testing.T) {
+	ctx := context.Background()
+	relayed := status.Error(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp 10.0.0.9:7070: connect: connection refused\"")
+	if got := classify(relayed, ctx); got != outUnknown {
+		t.Errorf("UNAVAILABLE with a relayed 'connection refused' text: %v, want outUnknown", got)
+	}
+	if got := classify(errNoCoordinator, ctx); got != outNotSent {
+		t.Errorf("errNoCoordinator: %v, want outNotSent", got)
+	}
+	if got := classify(&notSentError{status.Error(codes.Unavailable, "error while dialing x")}, ctx); got != outNotSent {
+		t.Errorf("notSentError: %v, want outNotSent", got)
+	}
+	if got := classify(fmt.Errorf("wrapped: %w", errNoCoordinator), ctx); got != outNotSent {
+		t.Errorf("wrapped errNoCoordinator: %v, want outNotSent", got)
 	}
 }

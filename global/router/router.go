@@ -48,6 +48,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
@@ -157,7 +158,7 @@ func classify(err error, ctx context.Context) outcome {
 	case codes.FailedPrecondition, codes.ResourceExhausted, codes.OutOfRange:
 		return outRefused
 	case codes.Unavailable:
-		if notSent(st.Message()) {
+		if notSent(err) {
 			return outNotSent
 		}
 	case codes.Canceled:
@@ -168,16 +169,23 @@ func classify(err error, ctx context.Context) outcome {
 	return outUnknown
 }
 
-// notSent recognises gRPC's errors for a call that never left the client: the
-// connection could not be established.
-func notSent(msg string) bool {
-	m := strings.ToLower(msg)
-	// "error reading server preface": the connection died before HTTP/2 was
-	// set up, so no request went out.
-	return strings.Contains(m, "error while dialing") || strings.Contains(m, "connection refused") ||
-		strings.Contains(m, "no such host") || strings.Contains(m, "no coordinator answering") ||
-		strings.Contains(m, "error reading server preface")
+// notSent recognises a forwarded call that never left the router, by type,
+// never by message text (a region may relay another hop's "connection
+// refused" in an answer, and that call did reach it): no connection to the
+// coordinator could be opened (cliconn.NotConnected, from the connection's
+// state), the region has no coordinator answering, or the connection could
+// not be made at all.
+func notSent(err error) bool {
+	var ns *notSentError
+	return cliconn.NotConnected(err) || errors.Is(err, errNoCoordinator) || errors.As(err, &ns)
 }
+
+// notSentError marks an error of a call that was never sent.
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string              { return e.err.Error() }
+func (e *notSentError) Unwrap() error              { return e.err }
+func (e *notSentError) GRPCStatus() *status.Status { return status.Convert(e.err) }
 
 var errNoCoordinator = status.Error(codes.Unavailable, "no coordinator answering")
 
@@ -192,7 +200,7 @@ func (r *Router) call(ctx context.Context, region federation.Region, fn func(ctx
 	for _, a := range addrs {
 		cc, err := r.cfg.View.Conn(a)
 		if err != nil {
-			last = status.Errorf(codes.Unavailable, "error while dialing %s: %v", a, err)
+			last = &notSentError{status.Errorf(codes.Unavailable, "error while dialing %s: %v", a, err)}
 			continue
 		}
 		actx, cancel := context.WithTimeout(ctx, r.cfg.AttemptTimeout)
@@ -522,7 +530,9 @@ func (r *Router) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobServ
 				return nil
 			}
 			if err != nil {
-				if !sent && classify(err, ctx) == outNotSent {
+				// A watch is a read: before anything was relayed, any
+				// UNAVAILABLE may try the next coordinator.
+				if !sent && status.Code(err) == codes.Unavailable {
 					r.cfg.View.MarkFailed(a)
 					last = err
 					break

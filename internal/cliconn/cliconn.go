@@ -77,7 +77,7 @@ func Dial(addr string) (*grpc.ClientConn, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvBytes)),
 		grpc.WithResolvers(staticBuilder{}),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
-		grpc.WithChainUnaryInterceptor(markNotConnected),
+		NotConnectedInterceptor(),
 	}
 	if h := telemetry.GRPCClientHandler(nil); h != nil {
 		opts = append(opts, grpc.WithStatsHandler(h))
@@ -180,6 +180,14 @@ type notConnectedError struct{ err error }
 func (e *notConnectedError) Error() string              { return e.err.Error() }
 func (e *notConnectedError) Unwrap() error              { return e.err }
 func (e *notConnectedError) GRPCStatus() *status.Status { return status.Convert(e.err) }
+
+// NotConnectedInterceptor is the dial option that makes NotConnected work
+// on a connection not made by Dial (the router's pooled connections to
+// coordinators use it to tell "nothing was sent" from "the outcome is
+// unknown" without reading error texts).
+func NotConnectedInterceptor() grpc.DialOption {
+	return grpc.WithChainUnaryInterceptor(markNotConnected)
+}
 
 // markNotConnected is the unary interceptor that marks calls that reached no
 // server (see NotConnected).
