@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -105,6 +107,14 @@ SIGTERM stops everything.`,
 			}
 			if _, err := regional.ParseBacklogBounds(maxPending); err != nil {
 				return withCode(exitInvalid, fmt.Errorf("--%w", err))
+			}
+			if readyFile != "" {
+				// A ready file left by an earlier run would point a script
+				// that waits for it at addresses nothing serves any more.
+				if err := os.Remove(readyFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return fmt.Errorf("--ready-file: %w", err)
+				}
+				defer os.Remove(readyFile)
 			}
 			if err := os.MkdirAll(dataDir, 0o755); err != nil {
 				return err

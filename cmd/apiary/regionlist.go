@@ -205,7 +205,7 @@ func routerHint(cmd *cobra.Command, o *clientOpts) error {
 		}
 	}
 	return withCode(exitInvalid, fmt.Errorf("%s is a global router; region status asks a region's coordinators: "+
-		"give their API addresses (apiary region list shows them)%s", addr, strings.Join(hints, "")))
+		"give their API addresses (apiary region list -o json shows them)%s", addr, strings.Join(hints, "")))
 }
 
 // probeTimeout bounds region status's health check of each coordinator.

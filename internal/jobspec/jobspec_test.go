@@ -498,3 +498,17 @@ func TestPrepareNormalizesPolicyValues(t *testing.T) {
 		t.Fatal("EU and eu hash differently")
 	}
 }
+
+func TestGPUModelsWithoutGPUsRefused(t *testing.T) {
+	s, err := Parse([]byte("name: job\ntasks: [{name: a, command: 'true', resources: {gpu_models: [A100]}}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Validate(s); err == nil || !strings.Contains(err.Error(), "tasks[0].resources.gpu_models: applies only to the GPUs a task asks for") {
+		t.Fatalf("gpu_models without gpus: %v", err)
+	}
+	s, _ = Parse([]byte("name: job\ntasks: [{name: a, command: 'true', resources: {gpu_milli: 500, gpu_models: [A100]}}]\n"))
+	if err := Validate(s); err != nil {
+		t.Fatalf("gpu_models with gpu_milli: %v", err)
+	}
+}

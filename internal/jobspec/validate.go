@@ -372,6 +372,9 @@ func validateResources(c *errs, p string, r *apiaryv1.Resources) {
 	if len(r.GetGpuModels()) > MaxValues {
 		c.add(p+".gpu_models", "at most %d models are allowed", MaxValues)
 	}
+	if len(r.GetGpuModels()) > 0 && r.GetGpus() == 0 && r.GetGpuMilli() == 0 {
+		c.add(p+".gpu_models", "applies only to the GPUs a task asks for: set gpus or gpu_milli too (without them the models would be ignored)")
+	}
 	for i, m := range r.GetGpuModels() {
 		if m == "" || len(m) > MaxLabelValLen || hasControl(m) {
 			c.add(fmt.Sprintf("%s.gpu_models[%d]", p, i), "must be a non-empty model name of at most %d printable characters", MaxLabelValLen)
