@@ -136,19 +136,12 @@ func mustSubmit(t *testing.T, c apiaryv1.JobServiceClient, s *apiaryv1.JobSpec) 
 	return r
 }
 
+// cli runs the apiary binary against the router and returns its stdout
+// and stderr together, and the exit code.
 func (f *fed) cli(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(f.bin, append(args, "--addr", f.addr)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), code
+	out, errOut, code := f.runAt(t, f.addr, args...)
+	return out + errOut, code
 }
 
 func (f *fed) region(t *testing.T, name string) *apiaryv1.RegionSummary {

@@ -557,34 +557,11 @@ func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*
 	if limit == 0 {
 		limit = 100
 	}
-	regions := r.cfg.View.Regions()
 	out := &apiaryv1.ListJobsResponse{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, reg := range regions {
-		if !reg.Up {
-			out.UnavailableRegions = append(out.UnavailableRegions, reg.Name)
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var resp *apiaryv1.ListJobsResponse
-			err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-				resp, err = apiaryv1.NewJobServiceClient(cc).ListJobs(ctx, req, grpc.MaxCallRecvMsgSize(64<<20))
-				return err
-			})
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				out.UnavailableRegions = append(out.UnavailableRegions, reg.Name)
-				return
-			}
-			out.Jobs = append(out.Jobs, resp.GetJobs()...)
-		}()
-	}
-	wg.Wait()
-	sort.Strings(out.UnavailableRegions)
+	out.UnavailableRegions = r.fanOut(ctx, "list jobs", func(ctx context.Context, _ federation.Region, cc *grpc.ClientConn) (func(), error) {
+		resp, err := apiaryv1.NewJobServiceClient(cc).ListJobs(ctx, req, grpc.MaxCallRecvMsgSize(64<<20))
+		return func() { out.Jobs = append(out.Jobs, resp.GetJobs()...) }, err
+	})
 	sort.SliceStable(out.Jobs, func(a, b int) bool {
 		if x, y := out.Jobs[a].GetSubmitTimeMs(), out.Jobs[b].GetSubmitTimeMs(); x != y {
 			return x > y
