@@ -114,7 +114,7 @@ func (c *Coordinator) wanTags() (map[string]string, error) {
 	health, cp, backlog := c.capacitySnapshot()
 	return federation.CoordinatorTags{Region: c.meta.Region, ID: c.cfg.ID, Jurisdiction: c.meta.Jurisdiction,
 		Labels: c.meta.Labels, APIAddr: c.Addr(), Health: health, Capacity: cp, Backlog: backlog,
-		UpdatedMs: time.Now().UnixMilli()}.Encode()
+		UpdatedMs: time.Now().UnixMilli(), Policy: c.cfg.Policy.Fingerprint()}.Encode()
 }
 
 // publishWAN updates the member's tags when the summary changed (or every

@@ -54,6 +54,15 @@ func Eligible(regions []federation.Region, pol *sovereignty.Policy, spec *apiary
 			out = append(out, Exclusion{r.Name, KindDown, r.DownReason})
 			continue
 		}
+		if fp := pol.Fingerprint(); r.Policy != fp {
+			// The region re-checks and places by its own policy: routing
+			// there would apply another rule than the one decided here.
+			// (Checked only for regions that are up: a down region's tags
+			// may be old, and it stays a home candidate.)
+			out = append(out, Exclusion{r.Name, KindPolicy, fmt.Sprintf("the region runs another sovereignty policy (fingerprint %s, this router's %s); give every router and region the same --policy file",
+				orNone(r.Policy), orNone(fp))})
+			continue
+		}
 		if why := tooLarge(r, spec); why != "" {
 			out = append(out, Exclusion{r.Name, KindCapacity, why})
 			continue
@@ -140,4 +149,11 @@ func tooLarge(r federation.Region, spec *apiaryv1.JobSpec) string {
 		}
 	}
 	return ""
+}
+
+func orNone(fp string) string {
+	if fp == "" {
+		return "none"
+	}
+	return fp
 }

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -20,7 +21,7 @@ func TestEligibleOrderAndExclusions(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := func(name, jur string, up bool, freeCPU int64, pending int64) federation.Region {
-		return federation.Region{Name: name, Jurisdiction: jur, Up: up, DownReason: "test",
+		return federation.Region{Name: name, Jurisdiction: jur, Up: up, DownReason: "test", Policy: pol.Fingerprint(),
 			Labels:   map[string]string{"tier": "standard"},
 			Capacity: federation.Capacity{Free: federation.Res{CPUMillis: freeCPU}, Largest: federation.Res{CPUMillis: 4000, MemoryMiB: 8192}},
 			Backlog:  []federation.Backlog{{Class: priority.Standard, Pending: pending, Bound: 10}}}
@@ -56,6 +57,22 @@ func TestEligibleOrderAndExclusions(t *testing.T) {
 	ok, ex = Eligible(regions[:1], pol, &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Resources: &apiaryv1.Resources{MemoryMb: 9000}}}})
 	if len(ok) != 0 || ex[0].Kind != KindCapacity {
 		t.Fatalf("too large: %v %v", ok, ex)
+	}
+	// A region that is up with another policy (or none) is never routed
+	// to: its own re-check and placement would apply another rule.
+	other, err := sovereignty.Parse([]byte(strings.Replace(sovereignty.DefaultYAML, "allow: [ch, eu]", "allow: [ch]", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lax, none := reg("eu-lax", "eu", true, 100, 0), reg("eu-none", "eu", true, 100, 0)
+	lax.Policy, none.Policy = other.Fingerprint(), ""
+	if lax.Policy == pol.Fingerprint() {
+		t.Fatal("two policies share a fingerprint")
+	}
+	ok, ex = Eligible([]federation.Region{lax, none, regions[0]}, pol, &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Resources: &apiaryv1.Resources{CpuMillis: 100}}}})
+	if len(ok) != 1 || ok[0].Name != "eu-a" || len(ex) != 2 || ex[0].Kind != KindPolicy || !strings.Contains(ex[0].Detail, "another sovereignty policy") ||
+		!strings.Contains(ex[1].Detail, "fingerprint none") {
+		t.Fatalf("policy mismatch: ok %v, excluded %v", ok, ex)
 	}
 }
 

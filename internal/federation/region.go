@@ -25,7 +25,10 @@ type Region struct {
 	Capacity     Capacity
 	Backlog      []Backlog
 	UpdatedMs    int64
-	Up           bool
+	// Policy is the sovereignty policy fingerprint its freshest alive
+	// coordinator publishes ("" for none).
+	Policy string
+	Up     bool
 	// DownReason says why the region is down (empty when up).
 	DownReason string
 }
@@ -62,9 +65,9 @@ func BuildRegions(members []serf.Member, answers func(apiAddr string) bool) []Re
 		reg.Coordinators = append(reg.Coordinators, c)
 		// The freshest alive coordinator's tags describe the region.
 		if m.Status == serf.StatusAlive && t.UpdatedMs >= reg.UpdatedMs {
-			reg.Jurisdiction, reg.Labels, reg.Capacity, reg.Backlog, reg.UpdatedMs = t.Jurisdiction, t.Labels, t.Capacity, t.Backlog, t.UpdatedMs
+			reg.Jurisdiction, reg.Labels, reg.Capacity, reg.Backlog, reg.UpdatedMs, reg.Policy = t.Jurisdiction, t.Labels, t.Capacity, t.Backlog, t.UpdatedMs, t.Policy
 		} else if reg.UpdatedMs == 0 && reg.Labels == nil {
-			reg.Jurisdiction, reg.Labels = t.Jurisdiction, t.Labels
+			reg.Jurisdiction, reg.Labels, reg.Policy = t.Jurisdiction, t.Labels, t.Policy
 		}
 	}
 	out := make([]Region, 0, len(by))

@@ -24,6 +24,7 @@ const (
 	TagCapacity     = "cap"    // see Capacity.encode
 	TagBacklog      = "bl"     // see Backlog.encode
 	TagUpdated      = "t"      // Unix ms of the summary
+	TagPolicy       = "pol"    // sovereignty policy fingerprint ("" for none)
 
 	RoleRegion = "region"
 	RoleGlobal = "global"
@@ -131,6 +132,9 @@ type CoordinatorTags struct {
 	Capacity     Capacity
 	Backlog      []Backlog
 	UpdatedMs    int64
+	// Policy is the fingerprint of the coordinator's sovereignty policy
+	// (sovereignty.Policy.Fingerprint; "" without --policy).
+	Policy string
 }
 
 // Encode renders the tags and checks serf's 512-byte limit; the error names
@@ -147,6 +151,9 @@ func (t CoordinatorTags) Encode() (map[string]string, error) {
 		TagCapacity: t.Capacity.encode(), TagBacklog: encodeBacklog(t.Backlog),
 		TagUpdated: strconv.FormatInt(t.UpdatedMs, 10),
 	}
+	if t.Policy != "" {
+		m[TagPolicy] = t.Policy
+	}
 	if n := TagBytes(m); n > MaxTagBytes {
 		return nil, fmt.Errorf("label: region tags take %d bytes encoded, more than serf's limit of %d; shorten the region labels (%d bytes; the region name, coordinator id, jurisdiction and API address take %d, the capacity and backlog summary %d)",
 			n, MaxTagBytes, len(m[TagLabels]), len(t.Region)+len(t.ID)+len(t.Jurisdiction)+len(t.APIAddr),
@@ -162,7 +169,8 @@ func DecodeCoordinatorTags(m map[string]string) (CoordinatorTags, bool) {
 		return CoordinatorTags{}, false
 	}
 	t := CoordinatorTags{Region: m[TagRegion], ID: m[TagID], Jurisdiction: m[TagJurisdiction],
-		Labels: decodeLabels(m[TagLabels]), APIAddr: m[TagAPI], Health: m[TagHealth], Backlog: decodeBacklog(m[TagBacklog])}
+		Labels: decodeLabels(m[TagLabels]), APIAddr: m[TagAPI], Health: m[TagHealth], Backlog: decodeBacklog(m[TagBacklog]),
+		Policy: m[TagPolicy]}
 	t.Capacity, _ = decodeCapacity(m[TagCapacity])
 	t.UpdatedMs, _ = strconv.ParseInt(m[TagUpdated], 10, 64)
 	return t, true

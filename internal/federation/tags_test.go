@@ -25,7 +25,7 @@ func worstTags(labels map[string]string) CoordinatorTags {
 	return CoordinatorTags{Region: strings.Repeat("r", 63), ID: strings.Repeat("i", 63), Jurisdiction: strings.Repeat("j", 63),
 		Labels: labels, APIAddr: "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535", Health: HealthEtcdDown,
 		Capacity: Capacity{Free: Res{big, big, big}, Largest: Res{big, big, big}, NodesReady: 9_999_999},
-		Backlog:  bl, UpdatedMs: big}
+		Backlog:  bl, UpdatedMs: 9_999_999_999_999, Policy: "0a1b2c3d"}
 }
 
 // TestTagBudgetHoldsInRealSerf: the largest tags Encode accepts are accepted
@@ -69,7 +69,7 @@ func TestTagsRoundTrip(t *testing.T) {
 	in := CoordinatorTags{Region: "eu-west", ID: "c1", Jurisdiction: "eu", Labels: map[string]string{"tier": "standard", "zone": "a"},
 		APIAddr: "127.0.0.1:7071", Health: HealthOK,
 		Capacity: Capacity{Free: Res{1000, 2048, 1}, Largest: Res{4000, 8192, 2}, NodesReady: 3},
-		Backlog:  []Backlog{{priority.Batch, 5, 0}, {priority.Standard, 7, 50}, {priority.Urgent, 0, 10}}, UpdatedMs: 12345}
+		Backlog:  []Backlog{{priority.Batch, 5, 0}, {priority.Standard, 7, 50}, {priority.Urgent, 0, 10}}, UpdatedMs: 12345, Policy: "0a1b2c3d"}
 	m, err := in.Encode()
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,9 @@
 package sovereignty
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -74,4 +77,21 @@ func (p *Policy) CheckValues(jurisdiction, dataClass string) error {
 func (d Decision) Refusal(jurisdiction, dataClass, regionName, regionJurisdiction string) error {
 	return fmt.Errorf("jurisdiction: job data (jurisdiction %q, data_class %q) may not run in region %s (jurisdiction %q): %s",
 		jurisdiction, dataClass, regionName, regionJurisdiction, d)
+}
+
+// Fingerprint names the policy's content in 8 hex digits (the start of the
+// SHA-256 of its canonical JSON), for the WAN tags: a router refuses to
+// route to a region whose policy differs from its own, since the region's
+// re-check and its placement filter apply the region's policy. A nil policy
+// (none loaded) has the fingerprint "".
+func (p *Policy) Fingerprint() string {
+	if p == nil {
+		return ""
+	}
+	b, err := json.Marshal(p) // struct fields in order, map keys sorted
+	if err != nil {
+		return "invalid"
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:4])
 }
