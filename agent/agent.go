@@ -334,7 +334,9 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 	sctx, span := a.startRun(ctx, sess, asg, region)
 	dir, err := a.workDir(key)
 	var exec *Execution
-	if err == nil {
+	if err != nil {
+		err = jobFault(err) // the assignment's ids are not usable
+	} else {
 		exec, err = Start(Spec{
 			Command:   asg.GetCommand(),
 			Args:      asg.GetArgs(),
@@ -348,9 +350,10 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 	if err != nil {
 		finish()
 		a.endRun(span, err, nil, nil, dir)
-		log.WarnContext(sctx, "attempt failed to start", "err", err)
+		log.WarnContext(sctx, "attempt failed to start", "err", err, "fault", StartFault(err).String())
 		req := a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_START_FAILED)
 		req.Error = err.Error()
+		req.Fault = StartFault(err)
 		req.ExitCode = -1
 		req.StartTimeMs, req.EndTimeMs = time.Now().UnixMilli(), time.Now().UnixMilli()
 		if r := rep.send(ctx, req, nil); r.delivered && !r.accepted {

@@ -588,9 +588,28 @@ func TestAgentStartFailed(t *testing.T) {
 	if !strings.Contains(r.GetError(), "not found") {
 		t.Fatalf("START_FAILED error %q", r.GetError())
 	}
+	if r.GetFault() != apiaryv1.FailureFault_FAILURE_FAULT_JOB {
+		t.Fatalf("command not found: fault %s, want JOB", r.GetFault())
+	}
 	bad := AttemptKey{JobID: "../escape", TaskIndex: 0, Attempt: 1}
 	f.push(runAsg(epoch, bad, "exit 0"))
-	f.waitReport(t, bad, apiaryv1.ReportKind_REPORT_KIND_START_FAILED)
+	if r := f.waitReport(t, bad, apiaryv1.ReportKind_REPORT_KIND_START_FAILED); r.GetFault() != apiaryv1.FailureFault_FAILURE_FAULT_JOB {
+		t.Fatalf("unusable job id: fault %s, want JOB", r.GetFault())
+	}
+	// The agent's own path is broken: a file where the job's work dir goes.
+	broken := AttemptKey{JobID: "r1-brokendir", TaskIndex: 0, Attempt: 1}
+	jobDir := filepath.Dir(filepath.Dir(ta.workDir(broken)))
+	if err := os.MkdirAll(filepath.Dir(jobDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(jobDir, []byte("not a dir"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.push(runAsg(epoch, broken, "exit 0"))
+	r = f.waitReport(t, broken, apiaryv1.ReportKind_REPORT_KIND_START_FAILED)
+	if r.GetFault() != apiaryv1.FailureFault_FAILURE_FAULT_NODE || !strings.Contains(r.GetError(), "work dir") {
+		t.Fatalf("broken work dir: fault %s error %q, want NODE and a work dir error", r.GetFault(), r.GetError())
+	}
 	waitFor(t, 5*time.Second, func() bool { _, n := ta.Used(); return n == 0 }, "ledger released")
 }
 

@@ -93,23 +93,25 @@ type Execution struct {
 }
 
 // Start starts the attempt described by spec. An error means no process was
-// started (command not found, not executable, working directory not
-// creatable, ...); it is the START_FAILED case.
+// started; it is the START_FAILED case, and is a *StartError saying whose
+// fault it is: the job's (empty command, command not found or not
+// executable) or the node's (work dir or log files not creatable, fork
+// limits, ...; see classifyExec).
 func Start(spec Spec) (*Execution, error) {
 	if spec.Command == "" {
-		return nil, errors.New("empty command")
+		return nil, jobFault(errors.New("empty command"))
 	}
 	// The common case is a new attempt dir under an existing task dir: one
 	// mkdir, not MkdirAll's stat of every level (file system calls are most
 	// of an agent's own cost per attempt).
 	if err := os.Mkdir(spec.Dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		if err := os.MkdirAll(spec.Dir, 0o755); err != nil {
-			return nil, fmt.Errorf("work dir: %w", err)
+			return nil, nodeFault(fmt.Errorf("work dir: %w", err))
 		}
 	}
 	cmd := exec.Command(spec.Command, spec.Args...)
 	if cmd.Err != nil {
-		return nil, cmd.Err
+		return nil, classifyExec(cmd.Err, spec.Dir)
 	}
 	cmd.Dir = spec.Dir
 	cmd.Env = spec.Env
@@ -129,7 +131,7 @@ func Start(spec Spec) (*Execution, error) {
 			if i == 1 {
 				files[0].Close()
 			}
-			return nil, fmt.Errorf("log file: %w", err)
+			return nil, nodeFault(fmt.Errorf("log file: %w", err))
 		}
 		files[i] = f
 	}
@@ -137,7 +139,7 @@ func Start(spec Spec) (*Execution, error) {
 	if err := cmd.Start(); err != nil {
 		files[0].Close()
 		files[1].Close()
-		return nil, err
+		return nil, classifyExec(err, spec.Dir)
 	}
 	e := &Execution{
 		spec:    spec,

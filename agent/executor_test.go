@@ -1,11 +1,16 @@
 package agent
 
 import (
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 )
 
 func spec(t *testing.T, script string) Spec {
@@ -153,6 +158,72 @@ func TestExecutorCommandNotFound(t *testing.T) {
 	s.Command = "/nonexistent/bin/x"
 	if _, err := Start(s); err == nil {
 		t.Fatal("want error")
+	}
+}
+
+func TestExecutorStartFaultClassification(t *testing.T) {
+	job, node := apiaryv1.FailureFault_FAILURE_FAULT_JOB, apiaryv1.FailureFault_FAILURE_FAULT_NODE
+	notExec := filepath.Join(t.TempDir(), "not-executable")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\nexit 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fileParent := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(fileParent, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(*Spec)
+		want apiaryv1.FailureFault
+	}{
+		{"command not in PATH", func(s *Spec) { s.Command, s.Args = "apiary-no-such-command-xyz", nil }, job},
+		{"command path missing", func(s *Spec) { s.Command, s.Args = "/nonexistent/bin/x", nil }, job},
+		{"command not executable", func(s *Spec) { s.Command, s.Args = notExec, nil }, job},
+		{"command is a directory", func(s *Spec) { s.Command, s.Args = t.TempDir(), nil }, job},
+		{"empty command", func(s *Spec) { s.Command = "" }, job},
+		{"work dir under a file", func(s *Spec) { s.Dir = filepath.Join(fileParent, "j", "0", "1") }, node},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := spec(t, "exit 0")
+			tc.mod(&s)
+			_, err := Start(s)
+			var se *StartError
+			if !errors.As(err, &se) {
+				t.Fatalf("err %v (%T), want a *StartError", err, err)
+			}
+			if got := StartFault(err); got != tc.want {
+				t.Fatalf("err %v: fault %s, want %s", err, got, tc.want)
+			}
+		})
+	}
+}
+
+// Fork limits cannot be provoked safely in a test: classify the typed
+// errors Cmd.Start returns for them.
+func TestClassifyExecErrno(t *testing.T) {
+	dir := t.TempDir()
+	job, node := apiaryv1.FailureFault_FAILURE_FAULT_JOB, apiaryv1.FailureFault_FAILURE_FAULT_NODE
+	pe := func(e syscall.Errno) error { return &os.PathError{Op: "fork/exec", Path: "/bin/x", Err: e} }
+	for _, tc := range []struct {
+		err  error
+		dir  string
+		want apiaryv1.FailureFault
+	}{
+		{pe(syscall.EAGAIN), dir, node},
+		{pe(syscall.ENOMEM), dir, node},
+		{pe(syscall.EMFILE), dir, node},
+		{pe(syscall.ENODEV), dir, node},
+		{pe(syscall.ENOENT), dir, job},
+		{pe(syscall.EACCES), dir, job},
+		{pe(syscall.ENOEXEC), dir, job},
+		// The same errno when the work dir is gone: the child's chdir failed.
+		{pe(syscall.ENOENT), filepath.Join(dir, "gone"), node},
+		{&exec.Error{Name: "x", Err: exec.ErrNotFound}, dir, job},
+		{errors.New("opaque"), dir, node},
+	} {
+		if got := StartFault(classifyExec(tc.err, tc.dir)); got != tc.want {
+			t.Errorf("%v (dir %s): fault %s, want %s", tc.err, tc.dir, got, tc.want)
+		}
 	}
 }
 

@@ -63,7 +63,8 @@ func (a *Agent) endRun(span trace.Span, startErr error, exec *Execution, res *Re
 	}
 	span.SetAttributes(telemetry.AttrOutcome.String(outcome))
 	if startErr != nil {
-		span.SetAttributes(telemetry.AttrErrorType.String("start_failed"))
+		span.SetAttributes(telemetry.AttrErrorType.String("start_failed"),
+			telemetry.AttrFault.String(faultName(StartFault(startErr))))
 		telemetry.RecordError(span, startErr)
 		span.End()
 		return

@@ -28,6 +28,11 @@ type taskCtx struct {
 
 	scorers []scoreStage
 	wsum    float64
+
+	// avoidFailed: the task is unplaced while nodes it failed on
+	// (t.FailedOn) are kept out because another node could run it; explain
+	// counts them under ReasonFailedHere.
+	avoidFailed bool
 }
 
 type affinityRule struct {

@@ -205,8 +205,12 @@ type Session struct {
 
 	cands []cand
 	raw   []float64
-	gbuf  []int
-	v     view // the scan's view of the node being visited
+	// avoided and avoidedRaw hold the feasible nodes the task failed on
+	// (Task.FailedOn), used only when no other node could run it.
+	avoided    []cand
+	avoidedRaw []float64
+	gbuf       []int
+	v          view // the scan's view of the node being visited
 }
 
 type cand struct {
@@ -238,6 +242,14 @@ func (e *Engine) newSession(snap *Snapshot, batch []Task, buf *slotBuf) *Session
 }
 
 // PlaceOne places t and applies it to the session's working copy.
+//
+// A node in t.FailedOn (the task failed there before) is hard-excluded while
+// another node could run the task: it passes the node-only filters (labels,
+// eligibility, exclusions) and its capacity can hold the request once free.
+// The task then waits for such a node if none has room now (Unplaced reason
+// "failed here before"). When no other node could ever run it, the task is
+// placed on a node it failed on (ranked with the failure penalty) rather
+// than never running.
 func (s *Session) PlaceOne(t *Task) Result {
 	c := s.e.compileTask(t)
 	st := s.st
@@ -253,6 +265,9 @@ func (s *Session) PlaceOne(t *Task) Result {
 	s.cands = s.cands[:0]
 	nsc := len(c.scorers)
 	s.raw = s.raw[:0]
+	s.avoided, s.avoidedRaw = s.avoided[:0], s.avoidedRaw[:0]
+	avoid := len(t.FailedOn) > 0
+	otherPossible := false // a node the task did not fail on could run it
 	if cs.total > 0 {
 		start, stride := s.scanOrder(cs.total)
 		for j, p := 0, start; j < cs.total && len(s.cands) < limit; j++ {
@@ -264,6 +279,9 @@ func (s *Session) PlaceOne(t *Task) Result {
 				}
 				continue
 			}
+			if avoid && !otherPossible && t.FailedOn[st.nodes[i].ID] <= 0 && fitsEmpty(st.nodes[i], c.req) {
+				otherPossible = true
+			}
 			// v lives in the session: a local would escape to the heap
 			// through the filter and scorer interfaces, once per node.
 			v := &s.v
@@ -273,10 +291,20 @@ func (s *Session) PlaceOne(t *Task) Result {
 				if c.req.GPUMilli > 0 {
 					share = c.pickShare(s.e, st, i, v)
 				}
-				s.cands = append(s.cands, cand{i: i, share: share})
 				gpus := s.gpuList(c, v, share)
-				for _, sc := range c.scorers {
-					s.raw = append(s.raw, sc.s.score(c, st, i, v, gpus))
+				switch {
+				case !avoid || t.FailedOn[st.nodes[i].ID] <= 0:
+					s.cands = append(s.cands, cand{i: i, share: share})
+					for _, sc := range c.scorers {
+						s.raw = append(s.raw, sc.s.score(c, st, i, v, gpus))
+					}
+				case len(s.avoided) < limit:
+					// Not counted toward limit: the scan goes on looking
+					// for nodes the task has not failed on.
+					s.avoided = append(s.avoided, cand{i: i, share: share})
+					for _, sc := range c.scorers {
+						s.avoidedRaw = append(s.avoidedRaw, sc.s.score(c, st, i, v, gpus))
+					}
 				}
 			}
 			p += stride
@@ -285,10 +313,19 @@ func (s *Session) PlaceOne(t *Task) Result {
 			}
 		}
 	}
+	if len(s.cands) == 0 && len(s.avoided) > 0 && !otherPossible {
+		// Only nodes the task failed on could run it: run there rather
+		// than never.
+		s.cands, s.avoided = s.avoided, s.cands
+		s.raw, s.avoidedRaw = s.avoidedRaw, s.raw
+	}
 	if len(s.cands) == 0 {
+		c.avoidFailed = avoid && otherPossible
 		u := s.explain(c)
 		r := Result{Unplaced: u}
-		if !s.e.opts.DisablePreemption {
+		// A task that could run now on a node it failed on waits for
+		// room elsewhere rather than evict anyone.
+		if !s.e.opts.DisablePreemption && len(s.avoided) == 0 {
 			r.Preemption = s.preempt(c)
 		}
 		return r
@@ -341,6 +378,19 @@ func (s *Session) PlaceOne(t *Task) Result {
 	gpus := append([]int(nil), s.gpuList(c, &v, cb.share)...)
 	st.apply(cb.i, t, c.req, gpus)
 	return Result{Placement: &Placement{TaskID: t.ID, NodeID: st.nodes[cb.i].ID, GPUIndices: gpus, Score: bestScore}}
+}
+
+// fitsEmpty reports whether node n's capacity can hold req once the node is
+// free (the capacity part of "could ever run here").
+func fitsEmpty(n *Node, req Resources) bool {
+	c := n.Capacity
+	switch {
+	case c.CPUMillis < req.CPUMillis, c.MemoryMiB < req.MemoryMiB, c.GPUs < req.GPUs:
+		return false
+	case req.GPUMilli > 0 && c.GPUs < 1:
+		return false
+	}
+	return true
 }
 
 // scanOrder returns a seeded start and a stride coprime with n, so the scan

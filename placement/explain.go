@@ -25,6 +25,10 @@ func (s *Session) explain(c *taskCtx) *Unplaced {
 	need := c.req.GPUs*1000 + c.req.GPUMilli
 	for i := range st.nodes {
 		v := st.view(i)
+		if c.avoidFailed && c.t.FailedOn[st.nodes[i].ID] > 0 && c.feasible(st, i, &v) == "" {
+			counts[ReasonFailedHere]++
+			continue
+		}
 		for k, f := range c.filters {
 			r := f.check(c, st, i, &v)
 			if r == "" {

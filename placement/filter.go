@@ -27,6 +27,10 @@ const (
 	ReasonMemory        = "memory"
 	ReasonGPU           = "gpu"
 	ReasonGPUShare      = "gpu share"
+
+	// ReasonFailedHere counts nodes the task failed on, kept out while
+	// another node could run it (see Session.PlaceOne).
+	ReasonFailedHere = "failed here before"
 )
 
 // eligibilityFilter drops quarantined and ineligible (draining, not ready)

@@ -101,7 +101,11 @@ type Task struct {
 	Jurisdictions []string
 	// ExcludedNodes are hard-excluded (e.g. the node refused this task recently).
 	ExcludedNodes map[string]bool
-	// FailedOn counts this task's earlier failures per node, for a penalty.
+	// FailedOn counts this task's earlier failures per node. A node with a
+	// count > 0 is hard-excluded while another node could run the task
+	// (see Session.PlaceOne); when none could, the task falls back to such
+	// nodes rather than never run, and they are penalised in the score
+	// (-(1 - 2^-k) after k failures).
 	FailedOn map[string]int
 	// Policy overrides the engine default when set.
 	Policy Policy

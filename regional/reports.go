@@ -234,6 +234,7 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 		res := taskstate.ApplyReport(st.task, policyOf(st.job.Spec, st.task.Group), taskstate.Report{
 			Kind: r.GetKind(), NodeID: r.GetNodeId(), NodeEpoch: r.GetNodeEpoch(), Attempt: r.GetAttempt(),
 			ExitCode: r.GetExitCode(), Error: r.GetError(), StartMs: r.GetStartTimeMs(), EndMs: r.GetEndTimeMs(),
+			Fault: r.GetFault(),
 		}, rd.alive[r.GetNodeId()], nowMs, reportRNG.r)
 		reportRNG.Unlock()
 		if res.Rejected != "" {
@@ -251,7 +252,8 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 			st.results = append(st.results, &apiaryv1.AttemptResult{Attempt: r.GetAttempt(), NodeId: r.GetNodeId(),
 				NodeEpoch: r.GetNodeEpoch(), FencingToken: token, Outcome: res.Outcome, ExitCode: r.GetExitCode(),
 				Error: firstNonEmpty(r.GetError(), res.Task.Error), StdoutTail: r.GetStdoutTail(), StderrTail: r.GetStderrTail(),
-				StartTimeMs: firstNonZero(r.GetStartTimeMs(), st.task.StartedMs), EndTimeMs: firstNonZero(r.GetEndTimeMs(), nowMs)})
+				StartTimeMs: firstNonZero(r.GetStartTimeMs(), st.task.StartedMs), EndTimeMs: firstNonZero(r.GetEndTimeMs(), nowMs),
+				Fault: attemptFault(r)})
 		}
 		st.task, st.changed = res.Task, true
 		st.release = st.release || res.Released
@@ -287,6 +289,19 @@ func (rd *reportRead) writes() ([]clientv3.Cmp, []clientv3.Op) {
 		}
 	}
 	return cmps, ops
+}
+
+// attemptFault is the fault recorded on the attempt result of report r: the
+// agent's classification of a start failure, JOB for an unclassified one
+// (older agents; the rule taskstate applies), UNSPECIFIED for other kinds.
+func attemptFault(r *apiaryv1.ReportTaskStatusRequest) apiaryv1.FailureFault {
+	if r.GetKind() != apiaryv1.ReportKind_REPORT_KIND_START_FAILED {
+		return apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED
+	}
+	if r.GetFault() == apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED {
+		return apiaryv1.FailureFault_FAILURE_FAULT_JOB
+	}
+	return r.GetFault()
 }
 
 func firstNonEmpty(a, b string) string {

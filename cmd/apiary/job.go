@@ -725,6 +725,12 @@ func printLogs(w io.Writer, tasks []*apiaryv1.Task) {
 			if outcome == "" {
 				outcome = "running"
 			}
+			switch a.GetFault() {
+			case apiaryv1.FailureFault_FAILURE_FAULT_NODE:
+				outcome += " (could not start: node fault)"
+			case apiaryv1.FailureFault_FAILURE_FAULT_JOB:
+				outcome += " (could not start: job fault)"
+			}
 			fmt.Fprintf(w, "--- attempt %d on %s: %s, exit %d%s", a.GetAttempt(), cell(a.GetNodeId(), 0), outcome, a.GetExitCode(), dur)
 			if a.GetError() != "" {
 				fmt.Fprintf(w, " (%s)", cell(a.GetError(), 200))

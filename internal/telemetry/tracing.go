@@ -66,6 +66,8 @@ const (
 	AttrCoord      = attribute.Key("apiary.coordinator.id")
 	AttrReason     = attribute.Key("apiary.reason")
 	AttrLinkKind   = attribute.Key("apiary.link")
+	// AttrFault is who was at fault for a start failure: "node" or "job".
+	AttrFault = attribute.Key("apiary.failure.fault")
 	// Semantic conventions.
 	AttrProcessPID   = attribute.Key("process.pid")
 	AttrExitCode     = attribute.Key("process.exit.code")

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
@@ -34,8 +35,15 @@ type Task struct {
 	// Excluded maps node id -> Unix ms until which the node is excluded for
 	// this task (it refused the task).
 	Excluded map[string]int64 `json:"excluded,omitempty"`
-	// FailedOn counts failures of this task per node (placement penalty).
+	// FailedOn counts failures of this task per node (placement penalty),
+	// node-fault start failures included.
 	FailedOn map[string]int `json:"failed_on,omitempty"`
+	// NodeFaults counts start failures that were the node's fault; they are
+	// not charged to Used but are bounded by NodeFaultLimit.
+	NodeFaults int32 `json:"node_faults,omitempty"`
+	// JobFaultOn lists the distinct nodes on which the task failed to start
+	// by its own fault (command missing or not executable), in order.
+	JobFaultOn []string `json:"job_fault_on,omitempty"`
 	// NodeFailures counts attempts lost with their node (KilledWorker rule).
 	NodeFailures   int32  `json:"node_failures,omitempty"`
 	UnplacedReason string `json:"unplaced,omitempty"`
@@ -121,6 +129,9 @@ type Report struct {
 	Error     string
 	StartMs   int64
 	EndMs     int64
+	// Fault is whose fault a START_FAILED was; UNSPECIFIED (older agents)
+	// is treated as JOB.
+	Fault apiaryv1.FailureFault
 }
 
 // Outcome values recorded for an attempt.
@@ -147,6 +158,19 @@ type Result struct {
 
 // RefusalExclusion is how long a node that refused a task stays excluded.
 const RefusalExclusion = 30 * time.Second
+
+// JobFaultNodes is on how many distinct nodes a task must fail to start by
+// its own fault (command missing or not executable) before that is terminal:
+// one broken PATH must not fail a job.
+const JobFaultNodes = 2
+
+// NodeFaultLimit is how many start failures that were the node's fault a
+// task retries (without charging its attempt budget) before it fails:
+// max(10, 3 × max_attempts). The bound keeps a task from looping forever
+// when every node it can run on is broken.
+func NodeFaultLimit(p Policy) int32 {
+	return max(10, 3*p.MaxAttempts)
+}
 
 // ApplyReport applies a report to a task. aliveEpoch is the node's current
 // epoch (0 if its lease is gone). A report for any other attempt, node or
@@ -206,8 +230,11 @@ func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng 
 		}
 		return res
 	case apiaryv1.ReportKind_REPORT_KIND_START_FAILED:
-		t = countFailure(t)
-		return failed(t, end, fmt.Sprintf("attempt %d could not start: %s (not retried)", t.Attempt, r.Error))
+		if t.CancelRequested {
+			t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
+			return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
+		}
+		return startFailed(t, p, r, end, nowMs, rng)
 	case apiaryv1.ReportKind_REPORT_KIND_REFUSED:
 		if t.CancelRequested {
 			t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
@@ -276,13 +303,51 @@ func Cancel(t Task, nowMs int64) (out Task, changed, kill bool) {
 	}
 }
 
-func countFailure(t Task) Task {
+// startFailed applies a START_FAILED report (see the Fault rules in
+// docs/architecture.md): a node fault returns the task to PENDING without
+// charging Used, up to NodeFaultLimit(p) times; a job fault (or an
+// unclassified one) charges Used and is terminal once it happened on
+// JobFaultNodes distinct nodes, else it retries like a retryable exit.
+func startFailed(t Task, p Policy, r Report, endMs, nowMs int64, rng *rand.Rand) Result {
+	nodeID := t.NodeID
+	if r.Fault == apiaryv1.FailureFault_FAILURE_FAULT_NODE {
+		t = countNodeFailure(t)
+		t.NodeFaults++
+		if limit := NodeFaultLimit(p); t.NodeFaults > limit {
+			return failed(t, endMs, fmt.Sprintf("attempt %d could not start on node %s (node fault): %s; %d node-fault start failures exceed the limit of %d (max(10, 3 x max_attempts)); not retried",
+				t.Attempt, nodeID, r.Error, t.NodeFaults, limit))
+		}
+		delay := p.Backoff.Delay(t.NodeFaults, rng)
+		attempt := t.Attempt
+		t = toPending(t, nowMs+delay.Milliseconds())
+		t.Error = fmt.Sprintf("attempt %d could not start on node %s (node fault): %s; retrying on another node, not charged to max_attempts", attempt, nodeID, r.Error)
+		return Result{Task: t, Outcome: OutcomeRetry, Released: true}
+	}
+	t = countFailure(t)
+	if !slices.Contains(t.JobFaultOn, nodeID) {
+		t.JobFaultOn = append(slices.Clip(t.JobFaultOn), nodeID)
+	}
+	if len(t.JobFaultOn) >= JobFaultNodes {
+		return failed(t, endMs, fmt.Sprintf("attempt %d could not start (job fault): %s; the command failed to start on %d distinct nodes (%s); not retried",
+			t.Attempt, r.Error, len(t.JobFaultOn), strings.Join(t.JobFaultOn, ", ")))
+	}
+	return retryOrFail(t, p, endMs, nowMs, rng, fmt.Sprintf("could not start on node %s (job fault): %s", nodeID, r.Error))
+}
+
+// countNodeFailure counts a failure of the task on its node (FailedOn)
+// without charging its attempt budget.
+func countNodeFailure(t Task) Task {
 	// Copy before writing: t shares its maps with the caller's record.
 	t.FailedOn = maps.Clone(t.FailedOn)
 	if t.FailedOn == nil {
 		t.FailedOn = map[string]int{}
 	}
 	t.FailedOn[t.NodeID]++
+	return t
+}
+
+func countFailure(t Task) Task {
+	t = countNodeFailure(t)
 	t.Used++
 	return t
 }

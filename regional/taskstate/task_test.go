@@ -1,9 +1,11 @@
 package taskstate
 
 import (
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +63,7 @@ func report(t Task, k apiaryv1.ReportKind, code int32) Report {
 func clone(t Task) Task {
 	t.Excluded = maps.Clone(t.Excluded)
 	t.FailedOn = maps.Clone(t.FailedOn)
+	t.JobFaultOn = slices.Clone(t.JobFaultOn)
 	return t
 }
 
@@ -221,9 +224,44 @@ func TestApplyReportTransitions(t *testing.T) {
 		{"TIMED_OUT at max_attempts → FAILED", active(sRunning, 3, 2), testPolicy,
 			func(t Task) Report { return report(t, kTimedOut, -1) },
 			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 3, finished: now, err: []string{"timed out", "max_attempts 3 reached"}}},
-		{"START_FAILED → FAILED", active(sAssigned, 1, 0), testPolicy,
+		{"START_FAILED job fault on a first node → PENDING with backoff", active(sAssigned, 1, 0), testPolicy,
+			func(t Task) Report {
+				r := report(t, kStartFailed, 0)
+				r.Error, r.Fault = "exec: no such file", apiaryv1.FailureFault_FAILURE_FAULT_JOB
+				return r
+			},
+			want{state: sPending, outcome: OutcomeRetry, released: true, used: 1, backoff: true, err: []string{"could not start", "job fault", "exec: no such file", "retrying"}}},
+		{"START_FAILED unclassified (older agent) → treated as a job fault", active(sAssigned, 1, 0), testPolicy,
 			func(t Task) Report { r := report(t, kStartFailed, 0); r.Error = "exec: no such file"; return r },
-			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 1, finished: now, err: []string{"could not start", "exec: no such file", "not retried"}}},
+			want{state: sPending, outcome: OutcomeRetry, released: true, used: 1, backoff: true, err: []string{"job fault", "retrying"}}},
+		{"START_FAILED job fault on a second distinct node → FAILED", jobFaultOn(active(sAssigned, 2, 1), "n0"), testPolicy,
+			func(t Task) Report {
+				r := report(t, kStartFailed, 0)
+				r.Error, r.Fault = "exec: no such file", apiaryv1.FailureFault_FAILURE_FAULT_JOB
+				return r
+			},
+			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 2, finished: now, err: []string{"could not start", "exec: no such file", "2 distinct nodes (n0, n1)", "not retried"}}},
+		{"START_FAILED job fault again on the same node → PENDING", jobFaultOn(active(sAssigned, 2, 1), node), testPolicy,
+			func(t Task) Report {
+				r := report(t, kStartFailed, 0)
+				r.Fault = apiaryv1.FailureFault_FAILURE_FAULT_JOB
+				return r
+			},
+			want{state: sPending, outcome: OutcomeRetry, released: true, used: 2, backoff: true, err: []string{"job fault", "retrying"}}},
+		{"START_FAILED job fault at max_attempts → FAILED", active(sAssigned, 3, 2), testPolicy,
+			func(t Task) Report {
+				r := report(t, kStartFailed, 0)
+				r.Fault = apiaryv1.FailureFault_FAILURE_FAULT_JOB
+				return r
+			},
+			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 3, finished: now, err: []string{"job fault", "max_attempts 3 reached"}}},
+		{"cancel requested, START_FAILED → CANCELLED", cancelReq(active(sAssigned, 1, 0)), testPolicy,
+			func(t Task) Report {
+				r := report(t, kStartFailed, 0)
+				r.Fault = apiaryv1.FailureFault_FAILURE_FAULT_NODE
+				return r
+			},
+			want{state: sCancelled, outcome: OutcomeCancelled, released: true, finished: now}},
 		{"REFUSED → PENDING, not counted", active(sAssigned, 2, 1), testPolicy,
 			func(t Task) Report { return report(t, kRefused, 0) },
 			want{state: sPending, outcome: OutcomeRefused, released: true, used: 1}},
@@ -284,6 +322,82 @@ func TestApplyReportTransitions(t *testing.T) {
 				} else if got.State == sPending && got.NotBeforeMs != 0 {
 					t.Errorf("NotBeforeMs = %d, want 0 (no backoff)", got.NotBeforeMs)
 				}
+			}
+		})
+	}
+}
+
+func jobFaultOn(t Task, nodes ...string) Task { t.JobFaultOn = nodes; return t }
+
+func TestApplyReportStartFailedNodeFault(t *testing.T) {
+	nodeFault := func(t Task) Report {
+		r := report(t, kStartFailed, -1)
+		r.Error, r.Fault = "work dir: mkdir /data/work/j1: not a directory", apiaryv1.FailureFault_FAILURE_FAULT_NODE
+		return r
+	}
+	t.Run("retried without charging the budget, counted against the node", func(t *testing.T) {
+		in := active(sAssigned, 2, 1)
+		in.FailedOn = map[string]int{node: 1, "n0": 1}
+		res := ApplyReport(in, testPolicy, nodeFault(in), epoch, now, newRNG(1))
+		got := res.Task
+		if got.State != sPending || res.Outcome != OutcomeRetry || !res.Released {
+			t.Fatalf("got %s outcome %q released %v, want PENDING retry released", got.State, res.Outcome, res.Released)
+		}
+		if got.Used != 1 || got.NodeFaults != 1 || got.FailedOn[node] != 2 || got.FailedOn["n0"] != 1 || len(got.JobFaultOn) != 0 {
+			t.Fatalf("used %d nodeFaults %d failedOn %v jobFaultOn %v; want used 1 (not charged), nodeFaults 1, failedOn[n1] 2",
+				got.Used, got.NodeFaults, got.FailedOn, got.JobFaultOn)
+		}
+		if got.NodeID != "" || got.NodeEpoch != 0 || got.FencingToken != 0 {
+			t.Fatalf("PENDING task keeps its placement: %+v", got)
+		}
+		if d := boundOf(testPolicy.Backoff, 1); got.NotBeforeMs < now+(d/2).Milliseconds() || got.NotBeforeMs > now+d.Milliseconds() {
+			t.Fatalf("NotBeforeMs now%+d, want the first backoff window", got.NotBeforeMs-now)
+		}
+		for _, s := range []string{"node fault", "n1", "not a directory", "not charged to max_attempts"} {
+			if !strings.Contains(got.Error, s) {
+				t.Errorf("error %q does not contain %q", got.Error, s)
+			}
+		}
+	})
+	t.Run("a spent budget does not fail a node fault", func(t *testing.T) {
+		in := active(sAssigned, 5, 2)
+		res := ApplyReport(in, testPolicy, nodeFault(in), epoch, now, newRNG(1))
+		if res.Task.State != sPending || res.Task.Used != 2 {
+			t.Fatalf("got %s used %d, want PENDING used 2", res.Task.State, res.Task.Used)
+		}
+	})
+	for _, c := range []struct {
+		max, limit int32
+	}{{1, 10}, {3, 10}, {4, 12}, {10, 30}} {
+		pol := Policy{MaxAttempts: c.max}
+		if got := NodeFaultLimit(pol); got != c.limit {
+			t.Fatalf("NodeFaultLimit(max_attempts %d) = %d, want %d", c.max, got, c.limit)
+		}
+		t.Run(fmt.Sprintf("bounded at %d retries for max_attempts %d", c.limit, c.max), func(t *testing.T) {
+			task := Task{JobID: "j1", Index: 4, State: sPending}
+			clock := now
+			for i := int32(1); ; i++ {
+				var err error
+				if task, err = Assign(task, fmt.Sprintf("n%d", i%3), epoch, clock); err != nil {
+					t.Fatal(err)
+				}
+				res := ApplyReport(task, pol, nodeFault(task), epoch, clock, newRNG(uint64(i)))
+				task = res.Task
+				if i <= c.limit {
+					if task.State != sPending || task.Used != 0 {
+						t.Fatalf("node fault %d of limit %d: %s used %d, want PENDING used 0", i, c.limit, task.State, task.Used)
+					}
+					clock = task.NotBeforeMs
+					continue
+				}
+				if task.State != sFailed || res.Outcome != OutcomeFailed {
+					t.Fatalf("node fault %d (limit %d): %s, want FAILED", i, c.limit, task.State)
+				}
+				want := fmt.Sprintf("%d node-fault start failures exceed the limit of %d", c.limit+1, c.limit)
+				if !strings.Contains(task.Error, want) {
+					t.Fatalf("error %q does not say %q", task.Error, want)
+				}
+				return
 			}
 		})
 	}
@@ -675,6 +789,7 @@ func TestPropertySequences(t *testing.T) {
 					NodeEpoch: task.NodeEpoch,
 					Attempt:   task.Attempt,
 					ExitCode:  int32(rapid.IntRange(0, 5).Draw(rt, "code")),
+					Fault:     rapid.SampledFrom([]apiaryv1.FailureFault{apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED, apiaryv1.FailureFault_FAILURE_FAULT_NODE, apiaryv1.FailureFault_FAILURE_FAULT_NODE, apiaryv1.FailureFault_FAILURE_FAULT_JOB}).Draw(rt, "fault"),
 				}
 				if rapid.Bool().Draw(rt, "stale") {
 					switch rapid.IntRange(0, 2).Draw(rt, "stale_kind") {
@@ -695,6 +810,18 @@ func TestPropertySequences(t *testing.T) {
 				}
 				if rejected && res.Rejected == "" {
 					rt.Fatalf("rejected without a reason")
+				}
+				if !rejected && r.Kind == kStartFailed && !task.CancelRequested {
+					if r.Fault == apiaryv1.FailureFault_FAILURE_FAULT_NODE {
+						if next.Used != task.Used || next.NodeFaults != task.NodeFaults+1 {
+							rt.Fatalf("node-fault start failure: used %d → %d, nodeFaults %d → %d", task.Used, next.Used, task.NodeFaults, next.NodeFaults)
+						}
+					} else if next.Used != task.Used+1 || !slices.Contains(next.JobFaultOn, task.NodeID) {
+						rt.Fatalf("job-fault start failure: used %d → %d, jobFaultOn %v on %s", task.Used, next.Used, next.JobFaultOn, task.NodeID)
+					}
+					if next.FailedOn[task.NodeID] != task.FailedOn[task.NodeID]+1 {
+						rt.Fatalf("start failure not counted against %s: %v → %v", task.NodeID, task.FailedOn, next.FailedOn)
+					}
 				}
 			case 3: // node loss: lease gone, reclaim its tasks of that epoch
 				n := rapid.SampledFrom(nodes).Draw(rt, "lost_node")
@@ -746,6 +873,15 @@ func TestPropertySequences(t *testing.T) {
 			}
 			if next.State == sPending && next.Used >= pol.MaxAttempts {
 				rt.Fatalf("pending task with spent budget: %+v", next)
+			}
+			if next.NodeFaults > NodeFaultLimit(pol)+1 || (!Terminal(next.State) && next.NodeFaults > NodeFaultLimit(pol)) {
+				rt.Fatalf("node faults %d past the limit %d: %+v", next.NodeFaults, NodeFaultLimit(pol), next)
+			}
+			if len(next.JobFaultOn) > JobFaultNodes || (!Terminal(next.State) && len(next.JobFaultOn) >= JobFaultNodes) {
+				rt.Fatalf("job faults on %v and not failed: %+v", next.JobFaultOn, next)
+			}
+			if len(slices.Compact(slices.Sorted(slices.Values(next.JobFaultOn)))) != len(next.JobFaultOn) {
+				rt.Fatalf("JobFaultOn has duplicates: %v", next.JobFaultOn)
 			}
 			task = next
 		}

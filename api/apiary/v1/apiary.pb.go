@@ -160,7 +160,9 @@ const (
 	ReportKind_REPORT_KIND_REFUSED ReportKind = 3
 	// The attempt exceeded its timeout and was killed.
 	ReportKind_REPORT_KIND_TIMED_OUT ReportKind = 4
-	// The process could not be started (e.g. command not found); terminal.
+	// The process could not be started. ReportTaskStatusRequest.fault says
+	// whose fault it was: NODE (retried elsewhere without charging the
+	// attempt budget) or JOB (terminal once it happened on two distinct nodes).
 	ReportKind_REPORT_KIND_START_FAILED ReportKind = 5
 	// The attempt was killed because the job was cancelled.
 	ReportKind_REPORT_KIND_CANCELLED ReportKind = 6
@@ -215,6 +217,61 @@ func (ReportKind) EnumDescriptor() ([]byte, []int) {
 	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{2}
 }
 
+// FailureFault is who is at fault for a start failure, as the agent
+// classified it from the typed error.
+type FailureFault int32
+
+const (
+	FailureFault_FAILURE_FAULT_UNSPECIFIED FailureFault = 0
+	// The node: its own paths (work dir creation, disk full, permission on
+	// the agent's directories), fork or memory limits (EAGAIN, ENOMEM), a
+	// missing GPU device.
+	FailureFault_FAILURE_FAULT_NODE FailureFault = 1
+	// The job: its command is missing or not executable.
+	FailureFault_FAILURE_FAULT_JOB FailureFault = 2
+)
+
+// Enum value maps for FailureFault.
+var (
+	FailureFault_name = map[int32]string{
+		0: "FAILURE_FAULT_UNSPECIFIED",
+		1: "FAILURE_FAULT_NODE",
+		2: "FAILURE_FAULT_JOB",
+	}
+	FailureFault_value = map[string]int32{
+		"FAILURE_FAULT_UNSPECIFIED": 0,
+		"FAILURE_FAULT_NODE":        1,
+		"FAILURE_FAULT_JOB":         2,
+	}
+)
+
+func (x FailureFault) Enum() *FailureFault {
+	p := new(FailureFault)
+	*p = x
+	return p
+}
+
+func (x FailureFault) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FailureFault) Descriptor() protoreflect.EnumDescriptor {
+	return file_apiary_v1_apiary_proto_enumTypes[3].Descriptor()
+}
+
+func (FailureFault) Type() protoreflect.EnumType {
+	return &file_apiary_v1_apiary_proto_enumTypes[3]
+}
+
+func (x FailureFault) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FailureFault.Descriptor instead.
+func (FailureFault) EnumDescriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{3}
+}
+
 type NodeStatus int32
 
 const (
@@ -250,11 +307,11 @@ func (x NodeStatus) String() string {
 }
 
 func (NodeStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_apiary_v1_apiary_proto_enumTypes[3].Descriptor()
+	return file_apiary_v1_apiary_proto_enumTypes[4].Descriptor()
 }
 
 func (NodeStatus) Type() protoreflect.EnumType {
-	return &file_apiary_v1_apiary_proto_enumTypes[3]
+	return &file_apiary_v1_apiary_proto_enumTypes[4]
 }
 
 func (x NodeStatus) Number() protoreflect.EnumNumber {
@@ -263,7 +320,7 @@ func (x NodeStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NodeStatus.Descriptor instead.
 func (NodeStatus) EnumDescriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{3}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{4}
 }
 
 type Assignment_Kind int32
@@ -299,11 +356,11 @@ func (x Assignment_Kind) String() string {
 }
 
 func (Assignment_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_apiary_v1_apiary_proto_enumTypes[4].Descriptor()
+	return file_apiary_v1_apiary_proto_enumTypes[5].Descriptor()
 }
 
 func (Assignment_Kind) Type() protoreflect.EnumType {
-	return &file_apiary_v1_apiary_proto_enumTypes[4]
+	return &file_apiary_v1_apiary_proto_enumTypes[5]
 }
 
 func (x Assignment_Kind) Number() protoreflect.EnumNumber {
@@ -1402,13 +1459,16 @@ type AttemptResult struct {
 	NodeEpoch    int64                  `protobuf:"varint,3,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
 	FencingToken int64                  `protobuf:"varint,4,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	// "complete", "failed", "retry", "lost", "refused", "timeout", "cancelled".
-	Outcome       string `protobuf:"bytes,5,opt,name=outcome,proto3" json:"outcome,omitempty"`
-	ExitCode      int32  `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
-	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
-	StdoutTail    string `protobuf:"bytes,8,opt,name=stdout_tail,json=stdoutTail,proto3" json:"stdout_tail,omitempty"`
-	StderrTail    string `protobuf:"bytes,9,opt,name=stderr_tail,json=stderrTail,proto3" json:"stderr_tail,omitempty"`
-	StartTimeMs   int64  `protobuf:"varint,10,opt,name=start_time_ms,json=startTimeMs,proto3" json:"start_time_ms,omitempty"`
-	EndTimeMs     int64  `protobuf:"varint,11,opt,name=end_time_ms,json=endTimeMs,proto3" json:"end_time_ms,omitempty"`
+	Outcome     string `protobuf:"bytes,5,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	ExitCode    int32  `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Error       string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	StdoutTail  string `protobuf:"bytes,8,opt,name=stdout_tail,json=stdoutTail,proto3" json:"stdout_tail,omitempty"`
+	StderrTail  string `protobuf:"bytes,9,opt,name=stderr_tail,json=stderrTail,proto3" json:"stderr_tail,omitempty"`
+	StartTimeMs int64  `protobuf:"varint,10,opt,name=start_time_ms,json=startTimeMs,proto3" json:"start_time_ms,omitempty"`
+	EndTimeMs   int64  `protobuf:"varint,11,opt,name=end_time_ms,json=endTimeMs,proto3" json:"end_time_ms,omitempty"`
+	// Who was at fault when the attempt could not start (start failures
+	// only; UNSPECIFIED otherwise).
+	Fault         FailureFault `protobuf:"varint,12,opt,name=fault,proto3,enum=apiary.v1.FailureFault" json:"fault,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1518,6 +1578,13 @@ func (x *AttemptResult) GetEndTimeMs() int64 {
 		return x.EndTimeMs
 	}
 	return 0
+}
+
+func (x *AttemptResult) GetFault() FailureFault {
+	if x != nil {
+		return x.Fault
+	}
+	return FailureFault_FAILURE_FAULT_UNSPECIFIED
 }
 
 type LookupRequestRequest struct {
@@ -3002,19 +3069,22 @@ func (x *Assignment) GetGpuIndices() []int32 {
 }
 
 type ReportTaskStatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	NodeEpoch     int64                  `protobuf:"varint,2,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
-	JobId         string                 `protobuf:"bytes,3,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	TaskIndex     int32                  `protobuf:"varint,4,opt,name=task_index,json=taskIndex,proto3" json:"task_index,omitempty"`
-	Attempt       int32                  `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	Kind          ReportKind             `protobuf:"varint,6,opt,name=kind,proto3,enum=apiary.v1.ReportKind" json:"kind,omitempty"`
-	ExitCode      int32                  `protobuf:"varint,7,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
-	Error         string                 `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
-	StdoutTail    string                 `protobuf:"bytes,9,opt,name=stdout_tail,json=stdoutTail,proto3" json:"stdout_tail,omitempty"`
-	StderrTail    string                 `protobuf:"bytes,10,opt,name=stderr_tail,json=stderrTail,proto3" json:"stderr_tail,omitempty"`
-	StartTimeMs   int64                  `protobuf:"varint,11,opt,name=start_time_ms,json=startTimeMs,proto3" json:"start_time_ms,omitempty"`
-	EndTimeMs     int64                  `protobuf:"varint,12,opt,name=end_time_ms,json=endTimeMs,proto3" json:"end_time_ms,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	NodeId      string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeEpoch   int64                  `protobuf:"varint,2,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
+	JobId       string                 `protobuf:"bytes,3,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	TaskIndex   int32                  `protobuf:"varint,4,opt,name=task_index,json=taskIndex,proto3" json:"task_index,omitempty"`
+	Attempt     int32                  `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Kind        ReportKind             `protobuf:"varint,6,opt,name=kind,proto3,enum=apiary.v1.ReportKind" json:"kind,omitempty"`
+	ExitCode    int32                  `protobuf:"varint,7,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Error       string                 `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	StdoutTail  string                 `protobuf:"bytes,9,opt,name=stdout_tail,json=stdoutTail,proto3" json:"stdout_tail,omitempty"`
+	StderrTail  string                 `protobuf:"bytes,10,opt,name=stderr_tail,json=stderrTail,proto3" json:"stderr_tail,omitempty"`
+	StartTimeMs int64                  `protobuf:"varint,11,opt,name=start_time_ms,json=startTimeMs,proto3" json:"start_time_ms,omitempty"`
+	EndTimeMs   int64                  `protobuf:"varint,12,opt,name=end_time_ms,json=endTimeMs,proto3" json:"end_time_ms,omitempty"`
+	// Who was at fault, for REPORT_KIND_START_FAILED (UNSPECIFIED otherwise,
+	// and from older agents: treated as JOB, today's terminal rule).
+	Fault         FailureFault `protobuf:"varint,13,opt,name=fault,proto3,enum=apiary.v1.FailureFault" json:"fault,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3131,6 +3201,13 @@ func (x *ReportTaskStatusRequest) GetEndTimeMs() int64 {
 		return x.EndTimeMs
 	}
 	return 0
+}
+
+func (x *ReportTaskStatusRequest) GetFault() FailureFault {
+	if x != nil {
+		return x.Fault
+	}
+	return FailureFault_FAILURE_FAULT_UNSPECIFIED
 }
 
 type ExportSpansRequest struct {
@@ -4232,7 +4309,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	" \x01(\x03R\vnotBeforeMs\x124\n" +
 	"\battempts\x18\v \x03(\v2\x18.apiary.v1.AttemptResultR\battempts\x12\x14\n" +
 	"\x05error\x18\f \x01(\tR\x05error\x12#\n" +
-	"\rnode_failures\x18\r \x01(\x05R\fnodeFailures\"\xd9\x02\n" +
+	"\rnode_failures\x18\r \x01(\x05R\fnodeFailures\"\x88\x03\n" +
 	"\rAttemptResult\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1d\n" +
@@ -4248,7 +4325,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"stderrTail\x12\"\n" +
 	"\rstart_time_ms\x18\n" +
 	" \x01(\x03R\vstartTimeMs\x12\x1e\n" +
-	"\vend_time_ms\x18\v \x01(\x03R\tendTimeMs\"R\n" +
+	"\vend_time_ms\x18\v \x01(\x03R\tendTimeMs\x12-\n" +
+	"\x05fault\x18\f \x01(\x0e2\x17.apiary.v1.FailureFaultR\x05fault\"R\n" +
 	"\x14LookupRequestRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1d\n" +
 	"\n" +
@@ -4370,7 +4448,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bKIND_RUN\x10\x01\x12\x0f\n" +
-	"\vKIND_CANCEL\x10\x02\"\x85\x03\n" +
+	"\vKIND_CANCEL\x10\x02\"\xb4\x03\n" +
 	"\x17ReportTaskStatusRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -4388,7 +4466,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	" \x01(\tR\n" +
 	"stderrTail\x12\"\n" +
 	"\rstart_time_ms\x18\v \x01(\x03R\vstartTimeMs\x12\x1e\n" +
-	"\vend_time_ms\x18\f \x01(\x03R\tendTimeMs\"N\n" +
+	"\vend_time_ms\x18\f \x01(\x03R\tendTimeMs\x12-\n" +
+	"\x05fault\x18\r \x01(\x0e2\x17.apiary.v1.FailureFaultR\x05fault\"N\n" +
 	"\x12ExportSpansRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vspans_jsonl\x18\x02 \x01(\fR\n" +
@@ -4500,7 +4579,11 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x13REPORT_KIND_REFUSED\x10\x03\x12\x19\n" +
 	"\x15REPORT_KIND_TIMED_OUT\x10\x04\x12\x1c\n" +
 	"\x18REPORT_KIND_START_FAILED\x10\x05\x12\x19\n" +
-	"\x15REPORT_KIND_CANCELLED\x10\x06*V\n" +
+	"\x15REPORT_KIND_CANCELLED\x10\x06*\\\n" +
+	"\fFailureFault\x12\x1d\n" +
+	"\x19FAILURE_FAULT_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12FAILURE_FAULT_NODE\x10\x01\x12\x15\n" +
+	"\x11FAILURE_FAULT_JOB\x10\x02*V\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -4541,160 +4624,163 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 	return file_apiary_v1_apiary_proto_rawDescData
 }
 
-var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                     // 0: apiary.v1.JobState
 	(TaskState)(0),                    // 1: apiary.v1.TaskState
 	(ReportKind)(0),                   // 2: apiary.v1.ReportKind
-	(NodeStatus)(0),                   // 3: apiary.v1.NodeStatus
-	(Assignment_Kind)(0),              // 4: apiary.v1.Assignment.Kind
-	(*JobSpec)(nil),                   // 5: apiary.v1.JobSpec
-	(*RegionSpec)(nil),                // 6: apiary.v1.RegionSpec
-	(*TaskGroup)(nil),                 // 7: apiary.v1.TaskGroup
-	(*Resources)(nil),                 // 8: apiary.v1.Resources
-	(*Constraint)(nil),                // 9: apiary.v1.Constraint
-	(*Affinity)(nil),                  // 10: apiary.v1.Affinity
-	(*Spread)(nil),                    // 11: apiary.v1.Spread
-	(*DistinctProperty)(nil),          // 12: apiary.v1.DistinctProperty
-	(*Dataset)(nil),                   // 13: apiary.v1.Dataset
-	(*Job)(nil),                       // 14: apiary.v1.Job
-	(*TaskCounts)(nil),                // 15: apiary.v1.TaskCounts
-	(*Task)(nil),                      // 16: apiary.v1.Task
-	(*AttemptResult)(nil),             // 17: apiary.v1.AttemptResult
-	(*LookupRequestRequest)(nil),      // 18: apiary.v1.LookupRequestRequest
-	(*LookupRequestResponse)(nil),     // 19: apiary.v1.LookupRequestResponse
-	(*ForwardRequestRequest)(nil),     // 20: apiary.v1.ForwardRequestRequest
-	(*ForwardRequestResponse)(nil),    // 21: apiary.v1.ForwardRequestResponse
-	(*SubmitJobRequest)(nil),          // 22: apiary.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),         // 23: apiary.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),             // 24: apiary.v1.GetJobRequest
-	(*GetJobResponse)(nil),            // 25: apiary.v1.GetJobResponse
-	(*ListJobsRequest)(nil),           // 26: apiary.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),          // 27: apiary.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),          // 28: apiary.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),         // 29: apiary.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),           // 30: apiary.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),          // 31: apiary.v1.WatchJobResponse
-	(*GetJobLogsRequest)(nil),         // 32: apiary.v1.GetJobLogsRequest
-	(*GetJobLogsResponse)(nil),        // 33: apiary.v1.GetJobLogsResponse
-	(*GetJobTraceRequest)(nil),        // 34: apiary.v1.GetJobTraceRequest
-	(*GetJobTraceResponse)(nil),       // 35: apiary.v1.GetJobTraceResponse
-	(*RegisterNodeRequest)(nil),       // 36: apiary.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),      // 37: apiary.v1.RegisterNodeResponse
-	(*HeartbeatRequest)(nil),          // 38: apiary.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 39: apiary.v1.HeartbeatResponse
-	(*StreamAssignmentsRequest)(nil),  // 40: apiary.v1.StreamAssignmentsRequest
-	(*StreamAssignmentsResponse)(nil), // 41: apiary.v1.StreamAssignmentsResponse
-	(*Assignment)(nil),                // 42: apiary.v1.Assignment
-	(*ReportTaskStatusRequest)(nil),   // 43: apiary.v1.ReportTaskStatusRequest
-	(*ExportSpansRequest)(nil),        // 44: apiary.v1.ExportSpansRequest
-	(*ExportSpansResponse)(nil),       // 45: apiary.v1.ExportSpansResponse
-	(*ReportTaskStatusResponse)(nil),  // 46: apiary.v1.ReportTaskStatusResponse
-	(*ListNodesRequest)(nil),          // 47: apiary.v1.ListNodesRequest
-	(*Node)(nil),                      // 48: apiary.v1.Node
-	(*ListNodesResponse)(nil),         // 49: apiary.v1.ListNodesResponse
-	(*GetRegionInfoRequest)(nil),      // 50: apiary.v1.GetRegionInfoRequest
-	(*Coordinator)(nil),               // 51: apiary.v1.Coordinator
-	(*GetRegionInfoResponse)(nil),     // 52: apiary.v1.GetRegionInfoResponse
-	(*ListRegionsRequest)(nil),        // 53: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),         // 54: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),           // 55: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),             // 56: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),       // 57: apiary.v1.ListRegionsResponse
-	nil,                               // 58: apiary.v1.RegionSpec.SelectorEntry
-	nil,                               // 59: apiary.v1.TaskGroup.EnvEntry
-	nil,                               // 60: apiary.v1.Spread.TargetsEntry
-	nil,                               // 61: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                               // 62: apiary.v1.Assignment.EnvEntry
-	nil,                               // 63: apiary.v1.Node.LabelsEntry
-	nil,                               // 64: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                               // 65: apiary.v1.RegionSummary.LabelsEntry
+	(FailureFault)(0),                 // 3: apiary.v1.FailureFault
+	(NodeStatus)(0),                   // 4: apiary.v1.NodeStatus
+	(Assignment_Kind)(0),              // 5: apiary.v1.Assignment.Kind
+	(*JobSpec)(nil),                   // 6: apiary.v1.JobSpec
+	(*RegionSpec)(nil),                // 7: apiary.v1.RegionSpec
+	(*TaskGroup)(nil),                 // 8: apiary.v1.TaskGroup
+	(*Resources)(nil),                 // 9: apiary.v1.Resources
+	(*Constraint)(nil),                // 10: apiary.v1.Constraint
+	(*Affinity)(nil),                  // 11: apiary.v1.Affinity
+	(*Spread)(nil),                    // 12: apiary.v1.Spread
+	(*DistinctProperty)(nil),          // 13: apiary.v1.DistinctProperty
+	(*Dataset)(nil),                   // 14: apiary.v1.Dataset
+	(*Job)(nil),                       // 15: apiary.v1.Job
+	(*TaskCounts)(nil),                // 16: apiary.v1.TaskCounts
+	(*Task)(nil),                      // 17: apiary.v1.Task
+	(*AttemptResult)(nil),             // 18: apiary.v1.AttemptResult
+	(*LookupRequestRequest)(nil),      // 19: apiary.v1.LookupRequestRequest
+	(*LookupRequestResponse)(nil),     // 20: apiary.v1.LookupRequestResponse
+	(*ForwardRequestRequest)(nil),     // 21: apiary.v1.ForwardRequestRequest
+	(*ForwardRequestResponse)(nil),    // 22: apiary.v1.ForwardRequestResponse
+	(*SubmitJobRequest)(nil),          // 23: apiary.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),         // 24: apiary.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),             // 25: apiary.v1.GetJobRequest
+	(*GetJobResponse)(nil),            // 26: apiary.v1.GetJobResponse
+	(*ListJobsRequest)(nil),           // 27: apiary.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),          // 28: apiary.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),          // 29: apiary.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),         // 30: apiary.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),           // 31: apiary.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),          // 32: apiary.v1.WatchJobResponse
+	(*GetJobLogsRequest)(nil),         // 33: apiary.v1.GetJobLogsRequest
+	(*GetJobLogsResponse)(nil),        // 34: apiary.v1.GetJobLogsResponse
+	(*GetJobTraceRequest)(nil),        // 35: apiary.v1.GetJobTraceRequest
+	(*GetJobTraceResponse)(nil),       // 36: apiary.v1.GetJobTraceResponse
+	(*RegisterNodeRequest)(nil),       // 37: apiary.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),      // 38: apiary.v1.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),          // 39: apiary.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 40: apiary.v1.HeartbeatResponse
+	(*StreamAssignmentsRequest)(nil),  // 41: apiary.v1.StreamAssignmentsRequest
+	(*StreamAssignmentsResponse)(nil), // 42: apiary.v1.StreamAssignmentsResponse
+	(*Assignment)(nil),                // 43: apiary.v1.Assignment
+	(*ReportTaskStatusRequest)(nil),   // 44: apiary.v1.ReportTaskStatusRequest
+	(*ExportSpansRequest)(nil),        // 45: apiary.v1.ExportSpansRequest
+	(*ExportSpansResponse)(nil),       // 46: apiary.v1.ExportSpansResponse
+	(*ReportTaskStatusResponse)(nil),  // 47: apiary.v1.ReportTaskStatusResponse
+	(*ListNodesRequest)(nil),          // 48: apiary.v1.ListNodesRequest
+	(*Node)(nil),                      // 49: apiary.v1.Node
+	(*ListNodesResponse)(nil),         // 50: apiary.v1.ListNodesResponse
+	(*GetRegionInfoRequest)(nil),      // 51: apiary.v1.GetRegionInfoRequest
+	(*Coordinator)(nil),               // 52: apiary.v1.Coordinator
+	(*GetRegionInfoResponse)(nil),     // 53: apiary.v1.GetRegionInfoResponse
+	(*ListRegionsRequest)(nil),        // 54: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),         // 55: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),           // 56: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),             // 57: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),       // 58: apiary.v1.ListRegionsResponse
+	nil,                               // 59: apiary.v1.RegionSpec.SelectorEntry
+	nil,                               // 60: apiary.v1.TaskGroup.EnvEntry
+	nil,                               // 61: apiary.v1.Spread.TargetsEntry
+	nil,                               // 62: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                               // 63: apiary.v1.Assignment.EnvEntry
+	nil,                               // 64: apiary.v1.Node.LabelsEntry
+	nil,                               // 65: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                               // 66: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
-	6,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
-	7,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
-	58, // 2: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	59, // 3: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
-	8,  // 4: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
-	9,  // 5: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
-	10, // 6: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
-	11, // 7: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
-	12, // 8: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
-	13, // 9: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	60, // 10: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
-	5,  // 11: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
+	7,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
+	8,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
+	59, // 2: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	60, // 3: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	9,  // 4: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
+	10, // 5: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
+	11, // 6: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
+	12, // 7: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
+	13, // 8: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
+	14, // 9: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
+	61, // 10: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	6,  // 11: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
 	0,  // 12: apiary.v1.Job.state:type_name -> apiary.v1.JobState
-	15, // 13: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
-	16, // 14: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
+	16, // 13: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
+	17, // 14: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
 	1,  // 15: apiary.v1.Task.state:type_name -> apiary.v1.TaskState
-	17, // 16: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
-	5,  // 17: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
-	14, // 18: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
-	0,  // 19: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
-	14, // 20: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
-	14, // 21: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
-	14, // 22: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
-	16, // 23: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	61, // 24: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
-	8,  // 25: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
-	42, // 26: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
-	4,  // 27: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	62, // 28: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
-	8,  // 29: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
-	2,  // 30: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
-	63, // 31: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	8,  // 32: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	8,  // 33: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	3,  // 34: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	48, // 35: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	64, // 36: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	51, // 37: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	65, // 38: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	54, // 39: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	8,  // 40: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	8,  // 41: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	55, // 42: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	56, // 43: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	22, // 44: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	24, // 45: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	26, // 46: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	28, // 47: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	30, // 48: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	32, // 49: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	34, // 50: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	20, // 51: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	18, // 52: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	36, // 53: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	38, // 54: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	40, // 55: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	43, // 56: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	44, // 57: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	47, // 58: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	50, // 59: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	53, // 60: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	23, // 61: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	25, // 62: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	27, // 63: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	29, // 64: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	31, // 65: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	33, // 66: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	35, // 67: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	21, // 68: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	19, // 69: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	37, // 70: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	39, // 71: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	41, // 72: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	46, // 73: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	45, // 74: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	49, // 75: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	52, // 76: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	57, // 77: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	61, // [61:78] is the sub-list for method output_type
-	44, // [44:61] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	18, // 16: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
+	3,  // 17: apiary.v1.AttemptResult.fault:type_name -> apiary.v1.FailureFault
+	6,  // 18: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
+	15, // 19: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
+	0,  // 20: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
+	15, // 21: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
+	15, // 22: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
+	15, // 23: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
+	17, // 24: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
+	62, // 25: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	9,  // 26: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
+	43, // 27: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
+	5,  // 28: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
+	63, // 29: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	9,  // 30: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
+	2,  // 31: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
+	3,  // 32: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
+	64, // 33: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	9,  // 34: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	9,  // 35: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	4,  // 36: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	49, // 37: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	65, // 38: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	52, // 39: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	66, // 40: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	55, // 41: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	9,  // 42: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	9,  // 43: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	56, // 44: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	57, // 45: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	23, // 46: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	25, // 47: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	27, // 48: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	29, // 49: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	31, // 50: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	33, // 51: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	35, // 52: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	21, // 53: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	19, // 54: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	37, // 55: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	39, // 56: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	41, // 57: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	44, // 58: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	45, // 59: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	48, // 60: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	51, // 61: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	54, // 62: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	24, // 63: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	26, // 64: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	28, // 65: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	30, // 66: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	32, // 67: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	34, // 68: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	36, // 69: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	22, // 70: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	20, // 71: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	38, // 72: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	40, // 73: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	42, // 74: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	47, // 75: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	46, // 76: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	50, // 77: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	53, // 78: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	58, // 79: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	63, // [63:80] is the sub-list for method output_type
+	46, // [46:63] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -4707,7 +4793,7 @@ func file_apiary_v1_apiary_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
-			NumEnums:      5,
+			NumEnums:      6,
 			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   3,
