@@ -293,7 +293,7 @@ func (c *Coordinator) Err() error {
 // startEtcdPart starts the member, makes its client and initialises or
 // checks the region meta. It cleans up itself on failure.
 func (c *Coordinator) startEtcdPart(ctx context.Context) error {
-	e, err := startEtcd(ctx, c.cfg.Etcd)
+	e, err := startEtcd(ctx, c.cfg.Etcd, c.log)
 	if err != nil {
 		return err
 	}
@@ -348,7 +348,7 @@ func (c *Coordinator) runGroupCommit(ctx context.Context) error {
 func (c *Coordinator) listenAPI(context.Context) error {
 	lis, err := net.Listen("tcp", c.cfg.APIAddr)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", c.cfg.APIAddr, err)
+		return fmt.Errorf("--listen %s: %w", c.cfg.APIAddr, err)
 	}
 	c.lis = lis
 	sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}

@@ -3,10 +3,13 @@ package regional
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
+	"os"
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // EtcdConfig configures the embedded etcd member of a coordinator.
@@ -35,7 +38,7 @@ type EtcdConfig struct {
 
 // startEtcd starts the embedded member and waits until it serves (or ctx
 // ends). The caller closes it with e.Close() exactly once.
-func startEtcd(ctx context.Context, c EtcdConfig) (*embed.Etcd, error) {
+func startEtcd(ctx context.Context, c EtcdConfig, log *slog.Logger) (*embed.Etcd, error) {
 	cfg := embed.NewConfig()
 	cfg.Name = c.Name
 	cfg.Dir = c.DataDir
@@ -77,10 +80,11 @@ func startEtcd(ctx context.Context, c EtcdConfig) (*embed.Etcd, error) {
 	cfg.Logger = "zap"
 	cfg.LogLevel = "error"
 	cfg.LogOutputs = []string{"stderr"}
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(etcdZap(log))
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("start etcd member %s: %w", c.Name, err)
+		// A taken port is the usual cause: say which flag names it.
+		return nil, fmt.Errorf("start etcd member %s (--etcd-client-url %s, --etcd-peer-url %s): %w", c.Name, c.ClientURL, c.PeerURL, err)
 	}
 	select {
 	case <-e.Server.ReadyNotify():
@@ -110,4 +114,30 @@ func orDefault(v, d uint) uint {
 		return d
 	}
 	return v
+}
+
+// etcdZap is the embedded member's logger: its errors go to stderr as JSON
+// lines, and a fatal error (etcd calls zap's Fatal, which exits the process:
+// for example when its data directory vanishes or a WAL write fails) is
+// first logged through log as the etcd part failing, with etcd's message
+// and fields, and the process then exits with 3 like any failed part
+// (internal/lifecycle). A zap.NewNop logger would still exit, with code 1
+// and not a word.
+func etcdZap(log *slog.Logger) *zap.Logger {
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), zap.ErrorLevel)
+	return zap.New(core, zap.WithFatalHook(etcdFatal{log}))
+}
+
+// etcdFatal is the zap hook run after a fatal entry is written.
+type etcdFatal struct{ log *slog.Logger }
+
+func (h etcdFatal) OnWrite(ce *zapcore.CheckedEntry, fields []zapcore.Field) {
+	enc := zapcore.NewMapObjectEncoder()
+	for _, f := range fields {
+		f.AddTo(enc)
+	}
+	if h.log != nil {
+		h.log.Error("part failed; stopping the process", "part", "etcd", "err", fmt.Sprintf("etcd fatal: %s %v", ce.Message, enc.Fields))
+	}
+	os.Exit(3)
 }

@@ -101,7 +101,11 @@ running tasks; the region re-runs them elsewhere.`,
 			defer stop()
 			// The agent's parts (agent.Agent.Parts: data-dir, metrics,
 			// janitor, sessions), started in order, stopped in reverse.
-			return lifecycle.Run(ctx, logger, 0, a.Parts()...)
+			if err := lifecycle.Run(ctx, logger, 0, a.Parts()...); err != nil {
+				// A part failed (as for region and global): exit 3.
+				return withCode(exitUnavailable, err)
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()

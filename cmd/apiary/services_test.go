@@ -243,3 +243,25 @@ func TestRouterStartedLaterSeesRegion(t *testing.T) {
 		return fmt.Errorf("regions: %v", resp.GetRegions())
 	})
 }
+
+// TestRegionEtcdFatalExitsNamingThePart: an etcd fatal error (here: the data
+// directory removed under a running member, which etcd finds at its next
+// snapshot purge, within about 30 s) stops the coordinator with exit 3 and a
+// line naming the etcd part and etcd's own message. etcd calls zap's Fatal,
+// which used to exit 1 without a word (a no-op logger).
+func TestRegionEtcdFatalExitsNamingThePart(t *testing.T) {
+	dir := t.TempDir()
+	ready := filepath.Join(dir, "ready")
+	p := startProc(t, regionArgs(t, dir, "--ready-file", ready)...)
+	waitFile(t, p, ready)
+	if err := os.RemoveAll(filepath.Join(dir, "etcd")); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.exit(t, 90*time.Second); code != exitUnavailable {
+		t.Fatalf("exit %d after the data dir vanished, want %d; output:\n%s", code, exitUnavailable, p.out.String())
+	}
+	out := p.out.String()
+	if !regexp.MustCompile(`msg="part failed; stopping the process" .*part=etcd err="etcd fatal: `).MatchString(out) {
+		t.Fatalf("no line naming the etcd part and etcd's fatal message:\n%s", out)
+	}
+}

@@ -128,24 +128,61 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	}
 }
 
-// JoinLoop joins the pool through any of addrs, retrying every second
-// until one join succeeds or ctx ends. It returns at once when addrs is
-// empty (this member waits for others to join it).
+// RejoinEvery is how often JoinLoop, after its first successful join,
+// checks that every configured address is still an alive member and joins
+// the missing ones again.
+const RejoinEvery = 5 * time.Second
+
+// JoinLoop joins the pool through addrs, retrying every second until one
+// answers, and then, for as long as ctx lasts, rejoins every RejoinEvery any
+// configured address that is not an alive member: serf does not reconnect to
+// a member that left gracefully, so a router restarted without --wan-join
+// would otherwise never see this member again. Joining an address that is
+// already a member is harmless (a state exchange). It returns when ctx ends.
 func JoinLoop(ctx context.Context, s *serf.Serf, addrs []string, log *slog.Logger) {
 	if len(addrs) == 0 {
 		return
 	}
+	wait := time.Second
+	joined := false
 	for ctx.Err() == nil {
-		n, err := s.Join(addrs, true)
-		if n > 0 {
-			return
+		todo := addrs
+		if joined {
+			todo = notAlive(s, addrs)
 		}
-		if log != nil {
-			log.Debug("wan join failed; retrying", "addrs", addrs, "err", err)
+		if len(todo) > 0 {
+			n, err := s.Join(todo, true)
+			switch {
+			case n > 0 && !joined:
+				joined, wait = true, RejoinEvery
+			case n > 0 && log != nil:
+				log.Info("wan: rejoined members that had left the pool", "addrs", todo, "joined", n)
+			case err != nil && log != nil:
+				log.Debug("wan join failed; retrying", "addrs", todo, "err", err)
+			}
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Second):
+		case <-time.After(wait):
 		}
 	}
+}
+
+// notAlive returns the addresses (host:port) that no alive member of s
+// listens on; a host that does not resolve counts as not alive.
+func notAlive(s *serf.Serf, addrs []string) []string {
+	alive := map[string]bool{}
+	for _, m := range s.Members() {
+		if m.Status == serf.StatusAlive {
+			alive[net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port)))] = true
+		}
+	}
+	var out []string
+	for _, a := range addrs {
+		ta, err := net.ResolveTCPAddr("tcp", a)
+		if err != nil || !alive[net.JoinHostPort(ta.IP.String(), strconv.Itoa(ta.Port))] {
+			out = append(out, a)
+		}
+	}
+	return out
 }

@@ -40,6 +40,7 @@ type RegionMetrics struct {
 	PendingTasks  *prometheus.GaugeVec // shard
 	Tasks         *prometheus.GaugeVec // state
 	Nodes         *prometheus.GaugeVec // state: ready, lost
+	Quarantined   prometheus.Gauge     // the region's nodes under quarantine
 	LeaseExpiries prometheus.Counter
 	Reclaims      prometheus.Counter
 	Reports       *prometheus.CounterVec // kind, result: accepted, rejected
@@ -67,6 +68,7 @@ func NewRegionMetrics(reg prometheus.Registerer) *RegionMetrics {
 		PendingTasks:  f.gaugeVec("apiary_pending_tasks", "PENDING tasks per shard (shard owner only).", "shard"),
 		Tasks:         f.gaugeVec("apiary_tasks", "Tasks known to the shard owner, by state.", "state"),
 		Nodes:         f.gaugeVec("apiary_nodes", "Nodes known to the shard owner, by state (ready, lost).", "state"),
+		Quarantined:   f.gauge("apiary_nodes_quarantined", "Nodes of the region under quarantine, ready or not: no new placements (shard owner only)."),
 		LeaseExpiries: f.counter("apiary_node_lease_expiries_total", "Node epochs whose lease was seen gone (expired or revoked) with tasks on them."),
 		Reclaims:      f.counter("apiary_task_reclaims_total", "Active tasks reclaimed from lost node epochs."),
 		Reports:       f.counterVec("apiary_task_reports_total", "Agent reports, by kind and result (accepted, rejected).", "kind", "result"),
@@ -183,7 +185,7 @@ type Server struct {
 func Serve(addr string, g prometheus.Gatherer, withPprof bool) (*Server, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("metrics listen %s: %w", addr, err)
+		return nil, fmt.Errorf("--metrics-addr %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
