@@ -34,25 +34,31 @@ func (s *adminServer) ListNodes(ctx context.Context, _ *apiaryv1.ListNodesReques
 	}
 	out := &apiaryv1.ListNodesResponse{}
 	for id, nv := range decodeNodes(resp.Kvs) {
-		r := nv.rec
-		if r == nil {
+		if nv.rec == nil {
 			continue
 		}
-		n := &apiaryv1.Node{Id: id, Labels: r.Labels, Capacity: r.Capacity, Epoch: r.Epoch, GpuModel: r.GPUModel,
-			MaxTasks: r.MaxTasks, RegisteredTimeMs: r.RegisteredMs, Quarantined: r.Quarantined,
-			QuarantineReason: r.QuarantineBy, Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{},
-			Region: s.c.meta.Region}
-		if nv.ready() {
-			n.Status = apiaryv1.NodeStatus_NODE_STATUS_READY
-			if u := nv.usage; u != nil && u.Epoch == r.Epoch {
-				n.Allocated = &apiaryv1.Resources{CpuMillis: u.CPUMillis, MemoryMb: u.MemoryMiB, Gpus: u.GPUs, GpuMilli: u.GPUMilli}
-				n.RunningTasks = u.Tasks
-			}
-		}
-		out.Nodes = append(out.Nodes, n)
+		out.Nodes = append(out.Nodes, s.c.nodeProto(id, nv))
 	}
 	sort.Slice(out.Nodes, func(a, b int) bool { return out.Nodes[a].Id < out.Nodes[b].Id })
 	return out, nil
+}
+
+// nodeProto is the API view of a node with a record (nv.rec not nil).
+func (c *Coordinator) nodeProto(id string, nv *nodeView) *apiaryv1.Node {
+	r := nv.rec
+	n := &apiaryv1.Node{Id: id, Labels: r.Labels, Capacity: r.Capacity, Epoch: r.Epoch, GpuModel: r.GPUModel,
+		MaxTasks: r.MaxTasks, RegisteredTimeMs: r.RegisteredMs, Quarantined: r.Quarantined,
+		QuarantineReason: r.QuarantineReason, QuarantinedBy: r.QuarantinedBy, QuarantinedTimeMs: r.QuarantinedMs,
+		Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{},
+		Region: c.meta.Region}
+	if nv.ready() {
+		n.Status = apiaryv1.NodeStatus_NODE_STATUS_READY
+		if u := nv.usage; u != nil && u.Epoch == r.Epoch {
+			n.Allocated = &apiaryv1.Resources{CpuMillis: u.CPUMillis, MemoryMb: u.MemoryMiB, Gpus: u.GPUs, GpuMilli: u.GPUMilli}
+			n.RunningTasks = u.Tasks
+		}
+	}
+	return n
 }
 
 func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionInfoRequest) (*apiaryv1.GetRegionInfoResponse, error) {

@@ -2,6 +2,7 @@ package regional
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
 	"regexp"
@@ -116,12 +117,43 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	rec := nodeRecord{ID: req.GetNodeId(), Labels: labels, Capacity: cp, GPUModel: req.GetGpuModel(),
 		MaxTasks: req.GetMaxTasks(), Epoch: epoch, LeaseID: int64(lease.ID), RegisteredMs: time.Now().UnixMilli()}
 	usage := keyNodeUsage(req.GetNodeId())
-	_, err = c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(alive), "=", epoch)).
-		Then(clientv3.OpPut(keyNode(req.GetNodeId()), mustJSON(rec)),
-			clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(usage), "=", 0)},
-				[]clientv3.Op{clientv3.OpPut(usage, mustJSON(usageRecord{}))}, nil)).Commit()
-	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "register: %v", err)
+	// An operator's quarantine outlives the node's epochs: carry it over
+	// from the record being replaced, compared on its ModRevision so that a
+	// quarantine or release committed meanwhile is not overwritten.
+	for i := 0; ; i++ {
+		prev, err := c.cli.Get(cctx, keyNode(req.GetNodeId()))
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "register: %v", err)
+		}
+		var prevRev int64
+		if len(prev.Kvs) == 1 {
+			prevRev = prev.Kvs[0].ModRevision
+			var old nodeRecord
+			if json.Unmarshal(prev.Kvs[0].Value, &old) == nil {
+				rec.Quarantined, rec.QuarantineReason = old.Quarantined, old.QuarantineReason
+				rec.QuarantinedBy, rec.QuarantinedMs = old.QuarantinedBy, old.QuarantinedMs
+			}
+		}
+		resp, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(alive), "=", epoch),
+			clientv3.Compare(clientv3.ModRevision(keyNode(req.GetNodeId())), "=", prevRev)).
+			Then(clientv3.OpPut(keyNode(req.GetNodeId()), mustJSON(rec)),
+				clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(usage), "=", 0)},
+					[]clientv3.Op{clientv3.OpPut(usage, mustJSON(usageRecord{}))}, nil)).
+			Else(clientv3.OpGet(alive)).Commit()
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "register: %v", err)
+		}
+		if resp.Succeeded {
+			break
+		}
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) != 1 || kvs[0].CreateRevision != epoch {
+			// This epoch already ended (as before: the agent hears so on
+			// its first heartbeat and registers again).
+			break
+		}
+		if i >= 3 {
+			return nil, status.Errorf(codes.Aborted, "register: node %s changed concurrently", req.GetNodeId())
+		}
 	}
 	c.log.Info("node registered", "node", rec.ID, "epoch", epoch, "labels", rec.Labels)
 	// Admission judges "fits no node" from the capacity summary: include

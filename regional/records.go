@@ -49,8 +49,13 @@ type nodeRecord struct {
 	Epoch        int64               `json:"epoch"`
 	LeaseID      int64               `json:"lease"`
 	RegisteredMs int64               `json:"registered_ms"`
-	Quarantined  bool                `json:"quarantined,omitempty"`
-	QuarantineBy string              `json:"quarantine_reason,omitempty"`
+	// Quarantined nodes get no new placements (their running attempts
+	// continue). An operator sets it (AdminService.QuarantineNode) with the
+	// reason, who asked and when (Unix ms); registration keeps it.
+	Quarantined      bool   `json:"quarantined,omitempty"`
+	QuarantineReason string `json:"quarantine_reason,omitempty"`
+	QuarantinedBy    string `json:"quarantined_by,omitempty"`
+	QuarantinedMs    int64  `json:"quarantined_ms,omitempty"`
 }
 
 // usageRecord is /apiary/nodes/<nodeID>/usage: the resources allocated on

@@ -201,16 +201,20 @@ func (s *scheduler) updateGauges(now time.Time) {
 	for st, n := range states {
 		m.Tasks.WithLabelValues(taskStateLabel(st)).Set(float64(n))
 	}
-	ready, lost := 0, 0
+	ready, lost, quarantined := 0, 0, 0
 	for _, n := range c.nodes {
 		if n.ready() {
 			ready++
 		} else if n.rec != nil {
 			lost++
 		}
+		if n.rec != nil && n.rec.Quarantined {
+			quarantined++
+		}
 	}
 	m.Nodes.WithLabelValues("ready").Set(float64(ready))
 	m.Nodes.WithLabelValues("lost").Set(float64(lost))
+	m.Quarantined.Set(float64(quarantined))
 }
 
 // skippedCounter is apiary_owner_skipped_records_total on reg: records the

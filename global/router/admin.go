@@ -3,9 +3,12 @@ package router
 import (
 	"context"
 	"sort"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/federation"
@@ -73,4 +76,79 @@ func (r *Router) fanOut(ctx context.Context, what string, fn func(ctx context.Co
 	wg.Wait()
 	sort.Strings(unavailable)
 	return unavailable
+}
+
+// QuarantineNode sends the quarantine to the one region that has the node
+// (found by asking every region, as ListNodes does). Errors: NOT_FOUND when
+// no region has it, UNAVAILABLE when none of the regions that answered has
+// it and some did not answer, FAILED_PRECONDITION when several regions have
+// a node of that id (send it to the region's address instead), and the
+// region's own errors.
+func (s *adminServer) QuarantineNode(ctx context.Context, req *apiaryv1.QuarantineNodeRequest) (*apiaryv1.QuarantineNodeResponse, error) {
+	reg, err := s.nodeRegion(ctx, req.GetNodeId())
+	if err != nil {
+		return nil, err
+	}
+	var resp *apiaryv1.QuarantineNodeResponse
+	err = s.r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+		var err error
+		resp, err = apiaryv1.NewAdminServiceClient(cc).QuarantineNode(ctx, req)
+		return err
+	})
+	if n := resp.GetNode(); n != nil && n.Region == "" {
+		n.Region = reg.Name
+	}
+	return resp, err
+}
+
+// ReleaseNode sends the release to the one region that has the node; errors
+// as QuarantineNode.
+func (s *adminServer) ReleaseNode(ctx context.Context, req *apiaryv1.ReleaseNodeRequest) (*apiaryv1.ReleaseNodeResponse, error) {
+	reg, err := s.nodeRegion(ctx, req.GetNodeId())
+	if err != nil {
+		return nil, err
+	}
+	var resp *apiaryv1.ReleaseNodeResponse
+	err = s.r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+		var err error
+		resp, err = apiaryv1.NewAdminServiceClient(cc).ReleaseNode(ctx, req)
+		return err
+	})
+	if n := resp.GetNode(); n != nil && n.Region == "" {
+		n.Region = reg.Name
+	}
+	return resp, err
+}
+
+// nodeRegion asks every region for its nodes and returns the one region
+// that has a node of this id (errors: see QuarantineNode).
+func (s *adminServer) nodeRegion(ctx context.Context, id string) (federation.Region, error) {
+	var found []federation.Region
+	unavailable := s.r.fanOut(ctx, "find node", func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (func(), error) {
+		resp, err := apiaryv1.NewAdminServiceClient(cc).ListNodes(ctx, &apiaryv1.ListNodesRequest{}, grpc.MaxCallRecvMsgSize(64<<20))
+		return func() {
+			for _, n := range resp.GetNodes() {
+				if n.GetId() == id {
+					found = append(found, reg)
+					return
+				}
+			}
+		}, err
+	})
+	switch {
+	case len(found) == 1:
+		return found[0], nil
+	case len(found) > 1:
+		names := make([]string, len(found))
+		for i, reg := range found {
+			names[i] = reg.Name
+		}
+		sort.Strings(names)
+		return federation.Region{}, status.Errorf(codes.FailedPrecondition,
+			"node_id: node %s is in several regions (%s); send the command to that region's coordinators (--addr)", id, strings.Join(names, ", "))
+	case len(unavailable) > 0:
+		return federation.Region{}, status.Errorf(codes.Unavailable,
+			"node_id: node %s is in none of the regions that answered; these did not: %s", id, strings.Join(unavailable, ", "))
+	}
+	return federation.Region{}, status.Errorf(codes.NotFound, "node_id: node %s: no such node in any region", id)
 }

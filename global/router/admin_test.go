@@ -65,6 +65,26 @@ func TestCLIAdminCommandsAcrossRoles(t *testing.T) {
 		t.Fatalf("region status against the router: exit %d", code)
 	}
 
+	// node quarantine and release through the router reach the region that
+	// has the node; an unknown node is refused naming it.
+	out, errs, code = f.runAt(t, f.addr, "node", "quarantine", "us-n1", "--reason", "flaky disk")
+	if code != 0 || !strings.Contains(out, "node us-n1 quarantined since") {
+		t.Fatalf("node quarantine through the router: exit %d\n%s%s", code, out, errs)
+	}
+	out, errs, code = f.runAt(t, f.addr, "node", "list")
+	if code != 0 || !regexp.MustCompile(`(?m)^us-east\s+us-n1\s+READY.*QUARANTINED since .*: flaky disk`).MatchString(out) ||
+		regexp.MustCompile(`(?m)^eu-west.*QUARANTINED`).MatchString(out) {
+		t.Fatalf("node list after quarantining us-n1 through the router: exit %d\n%s%s", code, out, errs)
+	}
+	out, errs, code = f.runAt(t, f.addr, "node", "quarantine", "xx-n9", "--reason", "r")
+	if code != 2 || !strings.Contains(errs, "node xx-n9: no such node in any region") {
+		t.Fatalf("node quarantine of an unknown node through the router: exit %d\n%s%s", code, out, errs)
+	}
+	out, errs, code = f.runAt(t, f.addr, "node", "release", "us-n1")
+	if code != 0 || !strings.Contains(out, "node us-n1 released") {
+		t.Fatalf("node release through the router: exit %d\n%s%s", code, out, errs)
+	}
+
 	// A region that does not answer is named, and the others' nodes listed.
 	if err := f.us.Coords[0].Kill(); err != nil {
 		t.Fatal(err)

@@ -3361,6 +3361,219 @@ func (x *ReportTaskStatusResponse) GetReason() string {
 	return ""
 }
 
+type QuarantineNodeRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Why, for operators: 1-256 bytes of UTF-8 without NUL or newline.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Who asked (free text, at most 128 bytes; the CLI sends $USER@host).
+	By            string `protobuf:"bytes,3,opt,name=by,proto3" json:"by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuarantineNodeRequest) Reset() {
+	*x = QuarantineNodeRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuarantineNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuarantineNodeRequest) ProtoMessage() {}
+
+func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuarantineNodeRequest.ProtoReflect.Descriptor instead.
+func (*QuarantineNodeRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *QuarantineNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *QuarantineNodeRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *QuarantineNodeRequest) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+type QuarantineNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node as stored after the quarantine.
+	Node          *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuarantineNodeResponse) Reset() {
+	*x = QuarantineNodeResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuarantineNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuarantineNodeResponse) ProtoMessage() {}
+
+func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuarantineNodeResponse.ProtoReflect.Descriptor instead.
+func (*QuarantineNodeResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *QuarantineNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type ReleaseNodeRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Who asked (free text, at most 128 bytes).
+	By            string `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseNodeRequest) Reset() {
+	*x = ReleaseNodeRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseNodeRequest) ProtoMessage() {}
+
+func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseNodeRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseNodeRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ReleaseNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ReleaseNodeRequest) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+type ReleaseNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// False when the node was not quarantined (nothing was written).
+	WasQuarantined bool `protobuf:"varint,2,opt,name=was_quarantined,json=wasQuarantined,proto3" json:"was_quarantined,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ReleaseNodeResponse) Reset() {
+	*x = ReleaseNodeResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseNodeResponse) ProtoMessage() {}
+
+func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseNodeResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseNodeResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ReleaseNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *ReleaseNodeResponse) GetWasQuarantined() bool {
+	if x != nil {
+		return x.WasQuarantined
+	}
+	return false
+}
+
 type ListNodesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3369,7 +3582,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3381,7 +3594,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3394,7 +3607,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
 }
 
 type Node struct {
@@ -3414,14 +3627,18 @@ type Node struct {
 	MaxTasks         int32      `protobuf:"varint,11,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`
 	RegisteredTimeMs int64      `protobuf:"varint,12,opt,name=registered_time_ms,json=registeredTimeMs,proto3" json:"registered_time_ms,omitempty"`
 	// Region the node belongs to (set by its coordinator).
-	Region        string `protobuf:"bytes,13,opt,name=region,proto3" json:"region,omitempty"`
+	Region string `protobuf:"bytes,13,opt,name=region,proto3" json:"region,omitempty"`
+	// When the quarantine began (Unix ms; 0 when not quarantined).
+	QuarantinedTimeMs int64 `protobuf:"varint,14,opt,name=quarantined_time_ms,json=quarantinedTimeMs,proto3" json:"quarantined_time_ms,omitempty"`
+	// Who quarantined it (QuarantineNodeRequest.by).
+	QuarantinedBy string `protobuf:"bytes,15,opt,name=quarantined_by,json=quarantinedBy,proto3" json:"quarantined_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3433,7 +3650,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3446,7 +3663,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Node) GetId() string {
@@ -3540,6 +3757,20 @@ func (x *Node) GetRegion() string {
 	return ""
 }
 
+func (x *Node) GetQuarantinedTimeMs() int64 {
+	if x != nil {
+		return x.QuarantinedTimeMs
+	}
+	return 0
+}
+
+func (x *Node) GetQuarantinedBy() string {
+	if x != nil {
+		return x.QuarantinedBy
+	}
+	return ""
+}
+
 type ListNodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Nodes []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
@@ -3552,7 +3783,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3564,7 +3795,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3577,7 +3808,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -3602,7 +3833,7 @@ type GetRegionInfoRequest struct {
 
 func (x *GetRegionInfoRequest) Reset() {
 	*x = GetRegionInfoRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3845,7 @@ func (x *GetRegionInfoRequest) String() string {
 func (*GetRegionInfoRequest) ProtoMessage() {}
 
 func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3858,7 @@ func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
 }
 
 type Coordinator struct {
@@ -3643,7 +3874,7 @@ type Coordinator struct {
 
 func (x *Coordinator) Reset() {
 	*x = Coordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +3886,7 @@ func (x *Coordinator) String() string {
 func (*Coordinator) ProtoMessage() {}
 
 func (x *Coordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +3899,7 @@ func (x *Coordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coordinator.ProtoReflect.Descriptor instead.
 func (*Coordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Coordinator) GetId() string {
@@ -3729,7 +3960,7 @@ type GetRegionInfoResponse struct {
 
 func (x *GetRegionInfoResponse) Reset() {
 	*x = GetRegionInfoResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3741,7 +3972,7 @@ func (x *GetRegionInfoResponse) String() string {
 func (*GetRegionInfoResponse) ProtoMessage() {}
 
 func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3754,7 +3985,7 @@ func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetRegionInfoResponse) GetRegion() string {
@@ -3849,7 +4080,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3861,7 +4092,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3874,7 +4105,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -3894,7 +4125,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3906,7 +4137,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3919,7 +4150,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -3971,7 +4202,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3983,7 +4214,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3996,7 +4227,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -4045,7 +4276,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4057,7 +4288,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4070,7 +4301,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -4159,7 +4390,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4171,7 +4402,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4184,7 +4415,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -4476,8 +4707,20 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x04kept\x18\x01 \x01(\x05R\x04kept\"N\n" +
 	"\x18ReportTaskStatusResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x12\n" +
-	"\x10ListNodesRequest\"\xa5\x04\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"X\n" +
+	"\x15QuarantineNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x0e\n" +
+	"\x02by\x18\x03 \x01(\tR\x02by\"=\n" +
+	"\x16QuarantineNodeResponse\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.apiary.v1.NodeR\x04node\"=\n" +
+	"\x12ReleaseNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x0e\n" +
+	"\x02by\x18\x02 \x01(\tR\x02by\"c\n" +
+	"\x13ReleaseNodeResponse\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.apiary.v1.NodeR\x04node\x12'\n" +
+	"\x0fwas_quarantined\x18\x02 \x01(\bR\x0ewasQuarantined\"\x12\n" +
+	"\x10ListNodesRequest\"\xfc\x04\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
 	"\x06labels\x18\x02 \x03(\v2\x1b.apiary.v1.Node.LabelsEntryR\x06labels\x120\n" +
@@ -4492,7 +4735,9 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	" \x01(\tR\bgpuModel\x12\x1b\n" +
 	"\tmax_tasks\x18\v \x01(\x05R\bmaxTasks\x12,\n" +
 	"\x12registered_time_ms\x18\f \x01(\x03R\x10registeredTimeMs\x12\x16\n" +
-	"\x06region\x18\r \x01(\tR\x06region\x1a9\n" +
+	"\x06region\x18\r \x01(\tR\x06region\x12.\n" +
+	"\x13quarantined_time_ms\x18\x0e \x01(\x03R\x11quarantinedTimeMs\x12%\n" +
+	"\x0equarantined_by\x18\x0f \x01(\tR\rquarantinedBy\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"k\n" +
@@ -4606,11 +4851,13 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x1b.apiary.v1.HeartbeatRequest\x1a\x1c.apiary.v1.HeartbeatResponse\x12`\n" +
 	"\x11StreamAssignments\x12#.apiary.v1.StreamAssignmentsRequest\x1a$.apiary.v1.StreamAssignmentsResponse0\x01\x12[\n" +
 	"\x10ReportTaskStatus\x12\".apiary.v1.ReportTaskStatusRequest\x1a#.apiary.v1.ReportTaskStatusResponse\x12L\n" +
-	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\xf8\x01\n" +
+	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\x9d\x03\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.apiary.v1.ListNodesRequest\x1a\x1c.apiary.v1.ListNodesResponse\x12R\n" +
 	"\rGetRegionInfo\x12\x1f.apiary.v1.GetRegionInfoRequest\x1a .apiary.v1.GetRegionInfoResponse\x12L\n" +
-	"\vListRegions\x12\x1d.apiary.v1.ListRegionsRequest\x1a\x1e.apiary.v1.ListRegionsResponseB*Z(apiary.dev/apiary/api/apiary/v1;apiaryv1b\x06proto3"
+	"\vListRegions\x12\x1d.apiary.v1.ListRegionsRequest\x1a\x1e.apiary.v1.ListRegionsResponse\x12U\n" +
+	"\x0eQuarantineNode\x12 .apiary.v1.QuarantineNodeRequest\x1a!.apiary.v1.QuarantineNodeResponse\x12L\n" +
+	"\vReleaseNode\x12\x1d.apiary.v1.ReleaseNodeRequest\x1a\x1e.apiary.v1.ReleaseNodeResponseB*Z(apiary.dev/apiary/api/apiary/v1;apiaryv1b\x06proto3"
 
 var (
 	file_apiary_v1_apiary_proto_rawDescOnce sync.Once
@@ -4625,7 +4872,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                     // 0: apiary.v1.JobState
 	(TaskState)(0),                    // 1: apiary.v1.TaskState
@@ -4675,38 +4922,42 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(*ExportSpansRequest)(nil),        // 45: apiary.v1.ExportSpansRequest
 	(*ExportSpansResponse)(nil),       // 46: apiary.v1.ExportSpansResponse
 	(*ReportTaskStatusResponse)(nil),  // 47: apiary.v1.ReportTaskStatusResponse
-	(*ListNodesRequest)(nil),          // 48: apiary.v1.ListNodesRequest
-	(*Node)(nil),                      // 49: apiary.v1.Node
-	(*ListNodesResponse)(nil),         // 50: apiary.v1.ListNodesResponse
-	(*GetRegionInfoRequest)(nil),      // 51: apiary.v1.GetRegionInfoRequest
-	(*Coordinator)(nil),               // 52: apiary.v1.Coordinator
-	(*GetRegionInfoResponse)(nil),     // 53: apiary.v1.GetRegionInfoResponse
-	(*ListRegionsRequest)(nil),        // 54: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),         // 55: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),           // 56: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),             // 57: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),       // 58: apiary.v1.ListRegionsResponse
-	nil,                               // 59: apiary.v1.RegionSpec.SelectorEntry
-	nil,                               // 60: apiary.v1.TaskGroup.EnvEntry
-	nil,                               // 61: apiary.v1.Spread.TargetsEntry
-	nil,                               // 62: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                               // 63: apiary.v1.Assignment.EnvEntry
-	nil,                               // 64: apiary.v1.Node.LabelsEntry
-	nil,                               // 65: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                               // 66: apiary.v1.RegionSummary.LabelsEntry
+	(*QuarantineNodeRequest)(nil),     // 48: apiary.v1.QuarantineNodeRequest
+	(*QuarantineNodeResponse)(nil),    // 49: apiary.v1.QuarantineNodeResponse
+	(*ReleaseNodeRequest)(nil),        // 50: apiary.v1.ReleaseNodeRequest
+	(*ReleaseNodeResponse)(nil),       // 51: apiary.v1.ReleaseNodeResponse
+	(*ListNodesRequest)(nil),          // 52: apiary.v1.ListNodesRequest
+	(*Node)(nil),                      // 53: apiary.v1.Node
+	(*ListNodesResponse)(nil),         // 54: apiary.v1.ListNodesResponse
+	(*GetRegionInfoRequest)(nil),      // 55: apiary.v1.GetRegionInfoRequest
+	(*Coordinator)(nil),               // 56: apiary.v1.Coordinator
+	(*GetRegionInfoResponse)(nil),     // 57: apiary.v1.GetRegionInfoResponse
+	(*ListRegionsRequest)(nil),        // 58: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),         // 59: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),           // 60: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),             // 61: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),       // 62: apiary.v1.ListRegionsResponse
+	nil,                               // 63: apiary.v1.RegionSpec.SelectorEntry
+	nil,                               // 64: apiary.v1.TaskGroup.EnvEntry
+	nil,                               // 65: apiary.v1.Spread.TargetsEntry
+	nil,                               // 66: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                               // 67: apiary.v1.Assignment.EnvEntry
+	nil,                               // 68: apiary.v1.Node.LabelsEntry
+	nil,                               // 69: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                               // 70: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	7,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
 	8,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
-	59, // 2: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	60, // 3: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	63, // 2: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	64, // 3: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
 	9,  // 4: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
 	10, // 5: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
 	11, // 6: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
 	12, // 7: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
 	13, // 8: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
 	14, // 9: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	61, // 10: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	65, // 10: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
 	6,  // 11: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
 	0,  // 12: apiary.v1.Job.state:type_name -> apiary.v1.JobState
 	16, // 13: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
@@ -4721,66 +4972,72 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	15, // 22: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
 	15, // 23: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
 	17, // 24: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	62, // 25: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	66, // 25: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
 	9,  // 26: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
 	43, // 27: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
 	5,  // 28: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	63, // 29: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	67, // 29: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
 	9,  // 30: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
 	2,  // 31: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
 	3,  // 32: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
-	64, // 33: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	9,  // 34: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	9,  // 35: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	4,  // 36: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	49, // 37: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	65, // 38: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	52, // 39: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	66, // 40: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	55, // 41: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	9,  // 42: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	9,  // 43: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	56, // 44: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	57, // 45: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	23, // 46: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	25, // 47: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	27, // 48: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	29, // 49: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	31, // 50: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	33, // 51: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	35, // 52: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	21, // 53: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	19, // 54: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	37, // 55: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	39, // 56: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	41, // 57: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	44, // 58: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	45, // 59: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	48, // 60: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	51, // 61: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	54, // 62: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	24, // 63: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	26, // 64: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	28, // 65: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	30, // 66: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	32, // 67: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	34, // 68: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	36, // 69: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	22, // 70: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	20, // 71: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	38, // 72: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	40, // 73: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	42, // 74: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	47, // 75: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	46, // 76: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	50, // 77: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	53, // 78: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	58, // 79: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	63, // [63:80] is the sub-list for method output_type
-	46, // [46:63] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	53, // 33: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
+	53, // 34: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
+	68, // 35: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	9,  // 36: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	9,  // 37: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	4,  // 38: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	53, // 39: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	69, // 40: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	56, // 41: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	70, // 42: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	59, // 43: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	9,  // 44: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	9,  // 45: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	60, // 46: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	61, // 47: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	23, // 48: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	25, // 49: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	27, // 50: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	29, // 51: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	31, // 52: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	33, // 53: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	35, // 54: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	21, // 55: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	19, // 56: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	37, // 57: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	39, // 58: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	41, // 59: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	44, // 60: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	45, // 61: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	52, // 62: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	55, // 63: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	58, // 64: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	48, // 65: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	50, // 66: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	24, // 67: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	26, // 68: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	28, // 69: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	30, // 70: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	32, // 71: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	34, // 72: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	36, // 73: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	22, // 74: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	20, // 75: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	38, // 76: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	40, // 77: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	42, // 78: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	47, // 79: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	46, // 80: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	54, // 81: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	57, // 82: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	62, // 83: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	49, // 84: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	51, // 85: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	67, // [67:86] is the sub-list for method output_type
+	48, // [48:67] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -4794,7 +5051,7 @@ func file_apiary_v1_apiary_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   61,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

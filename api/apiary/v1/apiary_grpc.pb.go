@@ -764,9 +764,11 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	AdminService_ListNodes_FullMethodName     = "/apiary.v1.AdminService/ListNodes"
-	AdminService_GetRegionInfo_FullMethodName = "/apiary.v1.AdminService/GetRegionInfo"
-	AdminService_ListRegions_FullMethodName   = "/apiary.v1.AdminService/ListRegions"
+	AdminService_ListNodes_FullMethodName      = "/apiary.v1.AdminService/ListNodes"
+	AdminService_GetRegionInfo_FullMethodName  = "/apiary.v1.AdminService/GetRegionInfo"
+	AdminService_ListRegions_FullMethodName    = "/apiary.v1.AdminService/ListRegions"
+	AdminService_QuarantineNode_FullMethodName = "/apiary.v1.AdminService/QuarantineNode"
+	AdminService_ReleaseNode_FullMethodName    = "/apiary.v1.AdminService/ReleaseNode"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -779,6 +781,16 @@ type AdminServiceClient interface {
 	// the serf WAN pool, with health, capacity and backlog (from the
 	// coordinators' tags, refreshed every few seconds).
 	ListRegions(ctx context.Context, in *ListRegionsRequest, opts ...grpc.CallOption) (*ListRegionsResponse, error)
+	// QuarantineNode stops new placements on a node (running attempts
+	// continue) until ReleaseNode. Stored in the node's record, so it survives
+	// a coordinator restart and the node re-registering. Errors:
+	// INVALID_ARGUMENT for a bad node_id or reason, NOT_FOUND for a node the
+	// region has no record of, ABORTED when the record kept changing.
+	// Through the router: sent to the one region that has the node.
+	QuarantineNode(ctx context.Context, in *QuarantineNodeRequest, opts ...grpc.CallOption) (*QuarantineNodeResponse, error)
+	// ReleaseNode ends a node's quarantine (a no-op, not an error, when it
+	// is not quarantined). Errors as QuarantineNode.
+	ReleaseNode(ctx context.Context, in *ReleaseNodeRequest, opts ...grpc.CallOption) (*ReleaseNodeResponse, error)
 }
 
 type adminServiceClient struct {
@@ -819,6 +831,26 @@ func (c *adminServiceClient) ListRegions(ctx context.Context, in *ListRegionsReq
 	return out, nil
 }
 
+func (c *adminServiceClient) QuarantineNode(ctx context.Context, in *QuarantineNodeRequest, opts ...grpc.CallOption) (*QuarantineNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(QuarantineNodeResponse)
+	err := c.cc.Invoke(ctx, AdminService_QuarantineNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ReleaseNode(ctx context.Context, in *ReleaseNodeRequest, opts ...grpc.CallOption) (*ReleaseNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseNodeResponse)
+	err := c.cc.Invoke(ctx, AdminService_ReleaseNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -829,6 +861,16 @@ type AdminServiceServer interface {
 	// the serf WAN pool, with health, capacity and backlog (from the
 	// coordinators' tags, refreshed every few seconds).
 	ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error)
+	// QuarantineNode stops new placements on a node (running attempts
+	// continue) until ReleaseNode. Stored in the node's record, so it survives
+	// a coordinator restart and the node re-registering. Errors:
+	// INVALID_ARGUMENT for a bad node_id or reason, NOT_FOUND for a node the
+	// region has no record of, ABORTED when the record kept changing.
+	// Through the router: sent to the one region that has the node.
+	QuarantineNode(context.Context, *QuarantineNodeRequest) (*QuarantineNodeResponse, error)
+	// ReleaseNode ends a node's quarantine (a no-op, not an error, when it
+	// is not quarantined). Errors as QuarantineNode.
+	ReleaseNode(context.Context, *ReleaseNodeRequest) (*ReleaseNodeResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -847,6 +889,12 @@ func (UnimplementedAdminServiceServer) GetRegionInfo(context.Context, *GetRegion
 }
 func (UnimplementedAdminServiceServer) ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRegions not implemented")
+}
+func (UnimplementedAdminServiceServer) QuarantineNode(context.Context, *QuarantineNodeRequest) (*QuarantineNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method QuarantineNode not implemented")
+}
+func (UnimplementedAdminServiceServer) ReleaseNode(context.Context, *ReleaseNodeRequest) (*ReleaseNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseNode not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -923,6 +971,42 @@ func _AdminService_ListRegions_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_QuarantineNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(QuarantineNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).QuarantineNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_QuarantineNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).QuarantineNode(ctx, req.(*QuarantineNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ReleaseNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ReleaseNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ReleaseNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ReleaseNode(ctx, req.(*ReleaseNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -941,6 +1025,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRegions",
 			Handler:    _AdminService_ListRegions_Handler,
+		},
+		{
+			MethodName: "QuarantineNode",
+			Handler:    _AdminService_QuarantineNode_Handler,
+		},
+		{
+			MethodName: "ReleaseNode",
+			Handler:    _AdminService_ReleaseNode_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,142 @@
+package regional
+
+import (
+	"context"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// Limits of the operator's quarantine fields (bytes).
+const (
+	maxQuarantineReason = 256
+	maxQuarantineBy     = 128
+)
+
+// QuarantineNode stores an operator's quarantine in the node's record (see
+// the RPC's doc in apiary.proto). Quarantining a quarantined node replaces
+// its reason and who asked, and keeps since when.
+func (s *adminServer) QuarantineNode(ctx context.Context, req *apiaryv1.QuarantineNodeRequest) (*apiaryv1.QuarantineNodeResponse, error) {
+	if !nodeIDRE.MatchString(req.GetNodeId()) {
+		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	}
+	if err := checkFreeText("reason", req.GetReason(), maxQuarantineReason, true); err != nil {
+		return nil, err
+	}
+	if err := checkFreeText("by", req.GetBy(), maxQuarantineBy, false); err != nil {
+		return nil, err
+	}
+	c := s.c
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+		if !r.Quarantined {
+			r.QuarantinedMs = time.Now().UnixMilli()
+		}
+		r.Quarantined, r.QuarantineReason, r.QuarantinedBy = true, req.GetReason(), req.GetBy()
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if changed {
+		c.log.Warn("node quarantined", "node", req.GetNodeId(), "reason", req.GetReason(), "by", req.GetBy(),
+			"since_ms", n.GetQuarantinedTimeMs())
+	}
+	return &apiaryv1.QuarantineNodeResponse{Node: n}, nil
+}
+
+// ReleaseNode clears a node's quarantine (see the RPC's doc in
+// apiary.proto).
+func (s *adminServer) ReleaseNode(ctx context.Context, req *apiaryv1.ReleaseNodeRequest) (*apiaryv1.ReleaseNodeResponse, error) {
+	if !nodeIDRE.MatchString(req.GetNodeId()) {
+		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	}
+	if err := checkFreeText("by", req.GetBy(), maxQuarantineBy, false); err != nil {
+		return nil, err
+	}
+	c := s.c
+	var was nodeRecord
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+		was = *r
+		if !r.Quarantined {
+			return false
+		}
+		r.Quarantined, r.QuarantineReason, r.QuarantinedBy, r.QuarantinedMs = false, "", "", 0
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if changed {
+		c.log.Info("node released from quarantine", "node", req.GetNodeId(), "by", req.GetBy(),
+			"reason_was", was.QuarantineReason, "quarantined_for", time.Since(time.UnixMilli(was.QuarantinedMs)).Round(time.Second).String())
+	}
+	return &apiaryv1.ReleaseNodeResponse{Node: n, WasQuarantined: changed}, nil
+}
+
+// checkFreeText checks an operator's free-text field: valid UTF-8 of at most
+// max bytes without NUL or newline, not empty when required. Errors:
+// INVALID_ARGUMENT naming the field and the rule.
+func checkFreeText(field, v string, max int, required bool) error {
+	switch {
+	case required && strings.TrimSpace(v) == "":
+		return status.Errorf(codes.InvalidArgument, "%s: is required", field)
+	case len(v) > max:
+		return status.Errorf(codes.InvalidArgument, "%s: at most %d bytes (got %d)", field, max, len(v))
+	case !utf8.ValidString(v) || strings.ContainsAny(v, "\x00\n\r"):
+		return status.Errorf(codes.InvalidArgument, "%s: must be valid UTF-8 without NUL or newline", field)
+	}
+	return nil
+}
+
+// updateNodeRecord applies edit to the node's record and writes it in one
+// Txn compared on the record's ModRevision (retried from a fresh read when
+// the record changed meanwhile, e.g. by a registration). edit returns false
+// to write nothing. It returns the node as stored and whether it wrote.
+// Errors: NOT_FOUND when the region has no record of the node, ABORTED when
+// the record kept changing, UNAVAILABLE when etcd failed.
+func (c *Coordinator) updateNodeRecord(ctx context.Context, id string, edit func(*nodeRecord) bool) (*apiaryv1.Node, bool, error) {
+	cctx, cancel := etcdCtx(ctx)
+	defer cancel()
+	key := keyNode(id)
+	read := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(keyNodeAlive(id)), clientv3.OpGet(keyNodeUsage(id))}
+	for i := 0; i < 4; i++ {
+		resp, err := c.cli.Txn(cctx).Then(read...).Commit()
+		if err != nil {
+			return nil, false, status.Errorf(codes.Unavailable, "read node %s: %v", id, err)
+		}
+		var kvs []*mvccpb.KeyValue
+		for _, r := range resp.Responses {
+			kvs = append(kvs, r.GetResponseRange().Kvs...)
+		}
+		recKVs := resp.Responses[0].GetResponseRange().Kvs
+		if len(recKVs) != 1 {
+			return nil, false, status.Errorf(codes.NotFound, "node %s: no such node in region %s", id, c.meta.Region)
+		}
+		nv := decodeNodes(kvs)[id]
+		if nv == nil || nv.rec == nil {
+			return nil, false, status.Errorf(codes.Internal, "node %s: its record does not decode", id)
+		}
+		if !edit(nv.rec) {
+			return c.nodeProto(id, nv), false, nil
+		}
+		put, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", recKVs[0].ModRevision)).
+			Then(clientv3.OpPut(key, mustJSON(nv.rec))).Commit()
+		if err != nil {
+			return nil, false, status.Errorf(codes.Unavailable, "write node %s: %v", id, err)
+		}
+		if put.Succeeded {
+			// Admission's "fits no node" summary leaves quarantined
+			// nodes out.
+			c.refreshCapacity(ctx)
+			return c.nodeProto(id, nv), true, nil
+		}
+	}
+	return nil, false, status.Errorf(codes.Aborted, "node %s: its record kept changing; retry", id)
+}
