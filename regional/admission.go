@@ -86,8 +86,11 @@ func (b BacklogBounds) any() bool {
 // capacityState is the last summary read from etcd, plus the tasks this
 // coordinator accepted since that read began.
 type capacityState struct {
-	mu        sync.Mutex
-	readOK    bool
+	mu     sync.Mutex
+	readOK bool
+	// everRead: some read succeeded (so a failed one is an outage, and
+	// the next good one a recovery, worth a log line).
+	everRead  bool
 	readAt    time.Time
 	cap       federation.Capacity
 	sizes     []federation.Res // distinct capacities of registered nodes
@@ -128,12 +131,28 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	resp, err := c.cli.Txn(cctx).Then(ops...).Commit()
 	cancel()
+	st.mu.Lock()
+	wasOK := st.readOK
+	st.mu.Unlock()
 	if err != nil {
 		st.mu.Lock()
 		st.readOK = false
 		st.mu.Unlock()
+		if wasOK {
+			// Say it once per outage: the router already shows the region
+			// down (etcd-unavailable), an operator reading this log needs
+			// to know why the coordinator stays up doing nothing.
+			c.log.Warn("the region's etcd answers no reads (lost quorum? see apiary region status); the coordinator keeps trying and publishes etcd-unavailable",
+				"err", err)
+		}
 		return
 	}
+	if !wasOK && st.everRead {
+		c.log.Info("the region's etcd answers reads again")
+	}
+	st.mu.Lock()
+	st.everRead = true
+	st.mu.Unlock()
 	var sum federation.Capacity
 	seen := map[federation.Res]bool{}
 	var sizes []federation.Res
