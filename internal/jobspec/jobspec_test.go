@@ -512,3 +512,30 @@ func TestGPUModelsWithoutGPUsRefused(t *testing.T) {
 		t.Fatalf("gpu_models with gpu_milli: %v", err)
 	}
 }
+
+// TestDecodingErrorDoesNotHideRuleErrors: a decoding error (priority: 0)
+// used to be the only error reported; the rules broken elsewhere are
+// reported with it, and none restates the decoding error.
+func TestDecodingErrorDoesNotHideRuleErrors(t *testing.T) {
+	_, err := Parse([]byte("name: \"bad name!\"\npriority: 0\ntasks: [{name: a, command: 'true', env: {APIARY_X: y}, resources: {gpus: 1, gpu_milli: 500}}]\n"))
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("Parse: %v", err)
+	}
+	fields := map[string]int{}
+	for _, fe := range ve.Errors {
+		fields[fe.Field]++
+	}
+	for _, want := range []string{"priority", "name", "tasks[0].resources.gpu_milli"} {
+		if fields[want] != 1 {
+			t.Errorf("field %s reported %d times in %v", want, fields[want], ve.Errors)
+		}
+	}
+	env := false
+	for f := range fields {
+		env = env || strings.HasPrefix(f, "tasks[0].env")
+	}
+	if !env {
+		t.Errorf("the APIARY_ env key is not reported: %v", ve.Errors)
+	}
+}

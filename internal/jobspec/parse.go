@@ -95,10 +95,37 @@ func Parse(data []byte) (*apiaryv1.JobSpec, error) {
 	}
 	d := &decoder{errs: &c}
 	spec := d.jobSpec(root)
-	if err := c.err(); err != nil {
-		return nil, err
+	if c.err() != nil {
+		// Report the rules broken by the fields that did decode too, so one
+		// run shows every problem (a decoding error used to hide them until
+		// it was fixed). A rule about a field related to one that failed to
+		// decode (the same, a parent or a child path) is left out: it would
+		// only restate that failure.
+		var ve *ValidationError
+		if errors.As(Validate(spec), &ve) {
+			for _, fe := range ve.Errors {
+				if !c.related(fe.Field) {
+					c.add(fe.Field, "%s", fe.Rule)
+				}
+			}
+		}
+		return nil, c.err()
 	}
 	return spec, nil
+}
+
+// related reports whether field is, contains or lies inside a field that
+// already has an error.
+func (c *errs) related(field string) bool {
+	within := func(a, b string) bool { // a is b or lies inside it
+		return a == b || b == "" || strings.HasPrefix(a, b+".") || strings.HasPrefix(a, b+"[")
+	}
+	for _, fe := range c.list {
+		if within(field, fe.Field) || within(fe.Field, field) {
+			return true
+		}
+	}
+	return false
 }
 
 var yamlPrefix = regexp.MustCompile(`^(error converting YAML to JSON: )?(yaml: )?`)
