@@ -152,7 +152,7 @@ func TestRegionFailedStartExitsNamingThePart(t *testing.T) {
 		t.Fatalf("exit %d, want %d; output:\n%s", code, exitUnavailable, p.out.String())
 	}
 	out := p.out.String()
-	if !strings.Contains(out, `msg="part failed to start; stopping the parts already started" part=wan`) ||
+	if !strings.Contains(out, `msg="part failed to start; stopped the parts already started" part=wan`) ||
 		!strings.Contains(out, "error: start wan: wan-bind: start serf on "+wan) {
 		t.Fatalf("no clear line naming the wan part and its port:\n%s", out)
 	}

@@ -129,9 +129,16 @@ func (g *Group) Start(ctx context.Context) error {
 			if fc := p.Service.FailureCase(); fc != nil {
 				err = fc
 			}
-			err = fmt.Errorf("start %s: %w", p.Name, err)
-			g.log.Error("part failed to start; stopping the parts already started", "part", p.Name, "err", err)
 			_ = g.Stop()
+			// A part still starting when ctx ended learns it when Stop
+			// cancels it, and may then say why it was not ready (etcd: "does
+			// a quorum of --initial-cluster run?"): prefer that to the bare
+			// deadline.
+			if fc := p.Service.FailureCase(); fc != nil && fc.Error() != context.Canceled.Error() {
+				err = fc
+			}
+			err = fmt.Errorf("start %s: %w", p.Name, err)
+			g.log.Error("part failed to start; stopped the parts already started", "part", p.Name, "err", err)
 			return err
 		}
 		g.log.Info("part running", "part", p.Name)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -162,5 +163,22 @@ func waitEvents(t *testing.T, r *recorder, n int) {
 			t.Fatal(fmt.Sprintf("only %v after 10s", r.get()))
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestStartTimeoutKeepsThePartsReason: a part still starting when the
+// start-up deadline ends is stopped, and the error is its own account of why
+// it was not ready, not the bare deadline.
+func TestStartTimeoutKeepsThePartsReason(t *testing.T) {
+	slow := New("etcd", services.NewBasicService(func(ctx context.Context) error {
+		<-ctx.Done()
+		return fmt.Errorf("etcd member c1 not ready (does a quorum of --initial-cluster run?): %w", ctx.Err())
+	}, func(ctx context.Context) error { <-ctx.Done(); return nil }, nil))
+	g := NewGroup(slog.New(slog.NewTextHandler(io.Discard, nil)), slow)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err := g.Start(ctx)
+	if err == nil || !strings.Contains(err.Error(), "start etcd: etcd member c1 not ready (does a quorum") {
+		t.Fatalf("Start: %v; want the part's own reason", err)
 	}
 }
