@@ -40,6 +40,7 @@ type Agent struct {
 	tracer  trace.Tracer
 	tracing bool
 	metrics *telemetry.AgentMetrics
+	marker  string // agentRunEnv's value for this agent's tasks
 
 	mu        sync.Mutex
 	epoch     int64         // current node epoch; 0 while unregistered
@@ -72,6 +73,7 @@ func New(cfg Config) (*Agent, error) {
 		changed: make(chan struct{}),
 		tracer:  telemetry.Tracer(c.TracerProvider),
 		tracing: telemetry.IsEnabled(c.TracerProvider),
+		marker:  agentMarker(c.DataDir),
 	}
 	a.metrics = newAgentMetrics(c, a.ledger)
 	return a, nil
@@ -149,10 +151,14 @@ func (a *Agent) Parts() []lifecycle.Part {
 		if !a.running.CompareAndSwap(false, true) {
 			return errors.New("agent: Run called twice")
 		}
-		if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, "work"), 0o755); err != nil {
-			return fmt.Errorf("data dir: %w", err)
+		for _, d := range []string{"work", "attempts"} {
+			if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, d), 0o755); err != nil {
+				return fmt.Errorf("data dir: %w", err)
+			}
 		}
-		killOrphans(a.cfg.DataDir, a.log)
+		if n := killOrphans(a.cfg.DataDir, a.log); n > 0 {
+			a.log.Warn("killed processes left by a previous run", "processes", n)
+		}
 		return nil
 	}, nil)}
 	if a.cfg.MetricsAddr != "" {
@@ -340,11 +346,12 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 		exec, err = Start(Spec{
 			Command:   asg.GetCommand(),
 			Args:      asg.GetArgs(),
-			Env:       attemptEnv(a.cfg.BaseEnv, asg, a.cfg.NodeID, region, a.ledger.Devices(key)),
+			Env:       a.taskEnv(asg, key, region),
 			Dir:       dir,
 			Timeout:   time.Duration(asg.GetTimeoutMs()) * time.Millisecond,
 			TailBytes: a.cfg.TailBytes,
 			KillGrace: a.cfg.KillGrace,
+			Record:    a.recordPath(key),
 		})
 	}
 	if err != nil {
@@ -469,6 +476,20 @@ func (a *Agent) workDir(key AttemptKey) (string, error) {
 	}
 	return filepath.Join(a.cfg.DataDir, "work", id,
 		strconv.Itoa(int(key.TaskIndex)), strconv.Itoa(int(key.Attempt))), nil
+}
+
+// taskEnv is attemptEnv plus this agent's marker (agentRunEnv), which the
+// task's processes inherit and a restarted agent sweeps by.
+func (a *Agent) taskEnv(asg *apiaryv1.Assignment, key AttemptKey, region string) []string {
+	env := attemptEnv(a.cfg.BaseEnv, asg, a.cfg.NodeID, region, a.ledger.Devices(key))
+	return append(env, agentRunEnv+"="+a.marker)
+}
+
+// recordPath returns <DataDir>/attempts/<jobID>.<index>.<attempt>, the
+// attempt's record (see killOrphans); key's job id was checked by workDir.
+func (a *Agent) recordPath(key AttemptKey) string {
+	return filepath.Join(a.cfg.DataDir, "attempts",
+		fmt.Sprintf("%s.%d.%d", key.JobID, key.TaskIndex, key.Attempt))
 }
 
 // attemptEnv is base, then the assignment's env (sorted by name), then the

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -674,10 +675,24 @@ func TestAgentShutdownKillsProcessGroups(t *testing.T) {
 	f.push(runAsg(epoch, key, `sleep 100 & echo $! > pids; echo $$ >> pids; wait`))
 	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
 	pids := readPids(t, filepath.Join(ta.workDir(key), "pids"), 2)
+	// The running attempt is recorded on disk (group and leader start time)
+	// and its processes carry the agent's marker.
+	rec := readRecords(filepath.Join(ta.dataDir, "attempts"))["r1-run.0.1"]
+	st, err := readProcStat("/proc", pids[1])
+	if err != nil || rec.Pgid != pids[1] || rec.StartTicks != st.startTicks || rec.Dir != ta.workDir(key) {
+		t.Fatalf("record %+v, want pgid %d start %d (%v)", rec, pids[1], st.startTicks, err)
+	}
+	env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pids[0]))
+	if !strings.Contains(string(env), "\x00"+agentRunEnv+"="+agentMarker(ta.dataDir)+"\x00") {
+		t.Fatalf("background child lacks %s", agentRunEnv)
+	}
 	ta.stop(t)
 	// SIGKILL is delivered asynchronously: wait (bounded) for each to die.
 	for _, p := range pids {
 		waitFor(t, 5*time.Second, func() bool { return processGone(p) }, "pid %d gone after shutdown", p)
+	}
+	if recs := readRecords(filepath.Join(ta.dataDir, "attempts")); len(recs) != 0 {
+		t.Fatalf("records left after a graceful stop: %v", recs)
 	}
 	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
 		t.Fatalf("reports %v, want only STARTED (shutdown is not reported)", ks)

@@ -30,6 +30,11 @@ type Spec struct {
 	// KillGrace is the time between SIGTERM and SIGKILL when the process
 	// group is killed; 0 means SIGKILL at once.
 	KillGrace time.Duration
+	// Record, if set, is the path of the attempt's record on disk (see
+	// killOrphans): written before the process is started, completed with
+	// its process group id and start time once it is, removed after the
+	// group was killed at the end of the attempt. Its directory must exist.
+	Record string
 }
 
 // Outcome says why an attempt's process ended.
@@ -116,7 +121,7 @@ func Start(spec Spec) (*Execution, error) {
 	cmd.Dir = spec.Dir
 	cmd.Env = spec.Env
 	// Own process group; and if the agent dies, the kernel kills the task's
-	// main process (a restarted agent also sweeps leftover groups: see
+	// main process (a restarted agent also sweeps every leftover process: see
 	// killOrphans).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 
@@ -136,10 +141,33 @@ func Start(spec Spec) (*Execution, error) {
 		files[i] = f
 	}
 	cmd.Stdout, cmd.Stderr = files[0], files[1]
+	var rec *os.File
+	if spec.Record != "" {
+		var err error
+		if rec, err = createRecord(spec.Record, attemptRecord{Dir: spec.Dir}); err != nil {
+			files[0].Close()
+			files[1].Close()
+			return nil, nodeFault(err)
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		files[0].Close()
 		files[1].Close()
+		if rec != nil {
+			rec.Close()
+			_ = os.Remove(spec.Record)
+		}
 		return nil, classifyExec(err, spec.Dir)
+	}
+	if rec != nil {
+		// The leader is not reaped before our Wait, so its pid cannot be
+		// reused yet and its stat is its own. A failure here leaves the
+		// pgid-less record: the work dir and marker scans still apply.
+		pid := cmd.Process.Pid
+		if st, err := readProcStat("/proc", pid); err == nil {
+			_ = appendRecord(rec, attemptRecord{Pgid: pid, StartTicks: st.startTicks})
+		}
+		rec.Close()
 	}
 	e := &Execution{
 		spec:    spec,
@@ -160,6 +188,9 @@ func Start(spec Spec) (*Execution, error) {
 		// Leftovers of the group (daemons, background jobs) do not outlive
 		// the attempt.
 		_ = syscall.Kill(-e.pgid, syscall.SIGKILL)
+		if spec.Record != "" {
+			_ = os.Remove(spec.Record)
+		}
 		e.exited = true
 		if e.timer != nil {
 			e.timer.Stop()
