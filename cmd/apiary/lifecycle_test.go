@@ -10,16 +10,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -187,44 +183,21 @@ tasks:
 	}
 
 	// Metrics of both processes parse and have moved.
-	region := scrape(t, "http://"+c.MetricsAddr()+"/metrics")
+	region := testutil.ScrapeMetrics(t, "http://"+c.MetricsAddr()+"/metrics")
 	for name, min := range map[string]float64{"apiary_job_submissions_total": 1, "apiary_placements_total": 2,
 		"apiary_task_retries_total": 1, "apiary_task_reports_total": 2, "apiary_shard_owner": 1} {
-		if v := sum(region[name]); v < min {
+		if v := testutil.MetricSum(region[name]); v < min {
 			t.Errorf("region %s = %v, want >= %v", name, v, min)
 		}
 	}
 	if h := region["apiary_task_submit_to_complete_seconds"]; h == nil || h.GetMetric()[0].GetHistogram().GetSampleCount() != 1 {
 		t.Errorf("submit-to-complete histogram %v", h)
 	}
-	ag := scrape(t, "http://"+agentMetrics+"/metrics")
-	if v := sum(ag["apiary_agent_attempts_total"]); v != 2 {
+	ag := testutil.ScrapeMetrics(t, "http://"+agentMetrics+"/metrics")
+	if v := testutil.MetricSum(ag["apiary_agent_attempts_total"]); v != 2 {
 		t.Errorf("agent attempts %v", v)
 	}
 	if ag["apiary_agent_free_capacity"] == nil || ag["apiary_agent_running_tasks"] == nil {
 		t.Error("agent capacity gauges missing")
 	}
-}
-
-func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("%s does not parse: %v", url, err)
-	}
-	return fams
-}
-
-func sum(f *dto.MetricFamily) float64 {
-	var v float64
-	for _, m := range f.GetMetric() {
-		v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-	}
-	return v
 }

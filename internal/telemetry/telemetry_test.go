@@ -14,9 +14,6 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -305,7 +302,7 @@ func TestMetricsServerParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	fams := scrape(t, "http://"+srv.Addr()+"/metrics")
+	fams := testutil.ScrapeMetrics(t, "http://"+srv.Addr()+"/metrics")
 	for name, want := range map[string]float64{
 		"apiary_job_submissions_total": 3, "apiary_pending_tasks": 4, "apiary_agent_running_tasks": 2,
 		"apiary_agent_attempts_total": 1,
@@ -326,19 +323,4 @@ func TestMetricsServerParses(t *testing.T) {
 	if resp, err := http.Get("http://" + srv.Addr() + "/debug/pprof/"); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("pprof: %v", err)
 	}
-}
-
-func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fams
 }

@@ -17,6 +17,7 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +25,11 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"apiary.dev/apiary/internal/devcluster/ports"
 )
@@ -146,4 +152,31 @@ func ReadExpectation(t testing.TB, path string) Expectation {
 	}
 	t.Fatalf("%s: first line must be '# expect: FIELD' or '# expect-message: TEXT', got %q", path, line)
 	return Expectation{}
+}
+
+// ScrapeMetrics GETs a Prometheus /metrics URL and parses it (the test fails
+// if it does not answer or does not parse), by metric family name.
+func ScrapeMetrics(t testing.TB, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("%s does not parse: %v", url, err)
+	}
+	return fams
+}
+
+// MetricSum adds up the counter and gauge values of every series of a
+// family (0 for a missing family).
+func MetricSum(f *dto.MetricFamily) float64 {
+	var v float64
+	for _, m := range f.GetMetric() {
+		v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+	}
+	return v
 }
