@@ -94,6 +94,7 @@ type capacityState struct {
 	readAt    time.Time
 	cap       federation.Capacity
 	sizes     []federation.Res // distinct capacities of registered nodes
+	gpuModels map[string]bool  // GPU models of registered nodes
 	nodesSeen int
 	pending   map[string]int64 // by class, from the last read (-1 unknown)
 	// extra holds the jobs this coordinator accepted that the last read
@@ -157,12 +158,16 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	seen := map[federation.Res]bool{}
 	var sizes []federation.Res
 	nodesSeen := 0
+	models := map[string]bool{}
 	for _, nv := range decodeNodes(resp.Responses[0].GetResponseRange().Kvs) {
 		r := nv.rec
 		if r == nil || r.Capacity == nil {
 			continue
 		}
 		nodesSeen++
+		if r.GPUModel != "" {
+			models[r.GPUModel] = true
+		}
 		size := federation.Res{CPUMillis: r.Capacity.GetCpuMillis(), MemoryMiB: r.Capacity.GetMemoryMb(), GPUs: int64(r.Capacity.GetGpus())}
 		if !seen[size] {
 			seen[size] = true
@@ -205,7 +210,7 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		}
 	}
 	st.mu.Lock()
-	st.readOK, st.readAt, st.cap, st.sizes, st.nodesSeen, st.pending = true, time.Now(), sum, sizes, nodesSeen, pending
+	st.readOK, st.readAt, st.cap, st.sizes, st.gpuModels, st.nodesSeen, st.pending = true, time.Now(), sum, sizes, models, nodesSeen, pending
 	st.lastSeen = seenJobs
 	if !bounded {
 		clear(st.extra)

@@ -38,11 +38,9 @@ func (c *Coordinator) forwardTTL() time.Duration {
 	return c.cfg.JobRetention + time.Hour
 }
 
-// lookupRequest reads the dedup key of an idempotent submission before any
-// admission check, so a repeat is answered with its job (or its forward)
-// even when the backlog bound or the region's nodes would refuse a new job.
-// It returns nil, nil when the request is new here.
-func (c *Coordinator) lookupRequest(ctx context.Context, clientID, requestID, hash string) (*apiaryv1.SubmitJobResponse, error) {
+// readDedup reads the dedup record of (clientID, requestID); nil, nil when
+// there is none. Errors are gRPC statuses (UNAVAILABLE, INTERNAL).
+func (c *Coordinator) readDedup(ctx context.Context, clientID, requestID string) (*dedupRecord, error) {
 	gctx, cancel := context.WithTimeout(ctx, commitAttemptTimeout)
 	defer cancel()
 	resp, err := c.cli.Get(gctx, keyDedup(clientID, requestID))
@@ -56,11 +54,23 @@ func (c *Coordinator) lookupRequest(ctx context.Context, clientID, requestID, ha
 	if err := json.Unmarshal(resp.Kvs[0].Value, &d); err != nil {
 		return nil, status.Error(codes.Internal, "dedup record unreadable")
 	}
-	if r := c.dedupAnswer(d, clientID, requestID, hash); r.err != nil {
-		return nil, r.err
-	} else {
-		return &apiaryv1.SubmitJobResponse{JobId: r.jobID, Region: c.meta.Region, Deduplicated: true}, nil
+	return &d, nil
+}
+
+// lookupRequest reads the dedup key of an idempotent submission before any
+// admission check, so a repeat is answered with its job (or its forward)
+// even when the backlog bound or the region's nodes would refuse a new job.
+// It returns nil, nil when the request is new here.
+func (c *Coordinator) lookupRequest(ctx context.Context, clientID, requestID, hash string) (*apiaryv1.SubmitJobResponse, error) {
+	d, err := c.readDedup(ctx, clientID, requestID)
+	if err != nil || d == nil {
+		return nil, err
 	}
+	r := c.dedupAnswer(*d, clientID, requestID, hash)
+	if r.err != nil {
+		return nil, r.err
+	}
+	return &apiaryv1.SubmitJobResponse{JobId: r.jobID, Region: c.meta.Region, Deduplicated: true}, nil
 }
 
 // dedupAnswer turns an existing dedup record into the answer to a repeat:
@@ -179,18 +189,12 @@ func (c *Coordinator) lookupOnly(ctx context.Context, req *apiaryv1.LookupReques
 	if !idRE.MatchString(req.GetRequestId()) {
 		return nil, status.Errorf(codes.InvalidArgument, "request_id: must match %s", idRE)
 	}
-	gctx, cancel := context.WithTimeout(ctx, commitAttemptTimeout)
-	defer cancel()
-	resp, err := c.cli.Get(gctx, keyDedup(req.GetClientId(), req.GetRequestId()))
+	d, err := c.readDedup(ctx, req.GetClientId(), req.GetRequestId())
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "read dedup key: %v", err)
+		return nil, err
 	}
-	if len(resp.Kvs) == 0 {
+	if d == nil {
 		return &apiaryv1.LookupRequestResponse{}, nil
-	}
-	var d dedupRecord
-	if err := json.Unmarshal(resp.Kvs[0].Value, &d); err != nil {
-		return nil, status.Error(codes.Internal, "dedup record unreadable")
 	}
 	return &apiaryv1.LookupRequestResponse{Found: true, JobId: d.JobID, ForwardedTo: d.Forward, PayloadHash: d.Hash}, nil
 }

@@ -105,7 +105,7 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 			c.admitted(r.jobID, spec)
 		}
 		return &apiaryv1.SubmitJobResponse{JobId: r.jobID, Region: c.meta.Region, Deduplicated: r.deduplicated,
-			Warnings: c.submitWarnings(ctx, spec)}, nil
+			Warnings: c.submitWarnings(spec)}, nil
 	case <-ctx.Done():
 		// The outcome is unknown to the client; a retry with the same
 		// request id finds the job through its dedup key.

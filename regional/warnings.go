@@ -1,12 +1,9 @@
 package regional
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 )
@@ -15,9 +12,11 @@ import (
 // submitter should hear about at once: a task group whose gpu_models names no
 // model that any node registered in this region has (ready or not). The job
 // is still accepted, since a node with the model may register later. The
-// node records are read only when some group sets gpu_models; a failed read
-// gives no warning (the job's unplaced reason says the same later).
-func (c *Coordinator) submitWarnings(ctx context.Context, spec *apiaryv1.JobSpec) []string {
+// models come from the capacity summary (admission.go: refreshed every
+// CapacityRefresh and on each registration, so a node registered within
+// that time may be missed, as for admission's size check); before the first
+// summary there is no warning.
+func (c *Coordinator) submitWarnings(spec *apiaryv1.JobSpec) []string {
 	var groups []int
 	for g, grp := range spec.GetTasks() {
 		if len(grp.GetResources().GetGpuModels()) > 0 {
@@ -27,17 +26,12 @@ func (c *Coordinator) submitWarnings(ctx context.Context, spec *apiaryv1.JobSpec
 	if len(groups) == 0 {
 		return nil
 	}
-	gctx, cancel := context.WithTimeout(ctx, commitAttemptTimeout)
-	defer cancel()
-	resp, err := c.cli.Get(gctx, prefNodes, clientv3.WithPrefix(), clientv3.WithSerializable())
-	if err != nil {
+	st := &c.capState
+	st.mu.Lock()
+	have := st.gpuModels // nil until the first summary
+	st.mu.Unlock()
+	if have == nil {
 		return nil
-	}
-	have := map[string]bool{}
-	for _, n := range decodeNodes(resp.Kvs) {
-		if n.rec != nil && n.rec.GPUModel != "" {
-			have[n.rec.GPUModel] = true
-		}
 	}
 	known := make([]string, 0, len(have))
 	for m := range have {

@@ -41,15 +41,22 @@ func (s *adminServer) ListNodes(ctx context.Context, req *apiaryv1.ListNodesRequ
 	return out, nil
 }
 
-// fanOut calls fn on every region that is up, in parallel (through call, so
-// a dead coordinator is skipped), and applies each answer's merge function
-// one at a time. It returns the regions that are down or did not answer,
-// sorted; what is the caller's to log names the call (what).
+// fanOut calls fn on every region of the router's view that is up (see
+// fanOutTo).
 func (r *Router) fanOut(ctx context.Context, what string, fn func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (merge func(), err error)) []string {
+	return r.fanOutTo(ctx, r.cfg.View.Regions(), what, fn)
+}
+
+// fanOutTo calls fn on every one of regions that is up, in parallel (through
+// call, so a dead coordinator is skipped), and applies each answer's merge
+// function one at a time. It returns the regions that are down or did not
+// answer, sorted; a region that did not answer is logged with what names
+// the call.
+func (r *Router) fanOutTo(ctx context.Context, regions []federation.Region, what string, fn func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (merge func(), err error)) []string {
 	var unavailable []string
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for _, reg := range r.cfg.View.Regions() {
+	for _, reg := range regions {
 		if !reg.Up {
 			unavailable = append(unavailable, reg.Name)
 			continue

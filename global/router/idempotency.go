@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"sort"
-	"sync"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -189,31 +188,21 @@ func (r *Router) lookupElsewhere(ctx context.Context, req *apiaryv1.SubmitJobReq
 		region string
 		resp   *apiaryv1.LookupRequestResponse
 	}
-	var mu sync.Mutex
 	var hits []hit
-	var wg sync.WaitGroup
+	var others []federation.Region
 	for _, reg := range regions {
-		if reg.Name == home.Name || !reg.Up {
-			continue
+		if reg.Name != home.Name {
+			others = append(others, reg)
 		}
-		wg.Add(1)
-		go func(reg federation.Region) {
-			defer wg.Done()
-			err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
-				lr, err := apiaryv1.NewJobServiceClient(cc).LookupRequest(ctx, &apiaryv1.LookupRequestRequest{ClientId: req.GetClientId(), RequestId: req.GetRequestId()})
-				if err == nil && lr.GetFound() {
-					mu.Lock()
-					hits = append(hits, hit{reg.Name, lr})
-					mu.Unlock()
-				}
-				return err
-			})
-			if err != nil {
-				r.log.Warn("idempotency lookup skipped a region", "region", reg.Name, "request_id", req.GetRequestId(), "err", err)
-			}
-		}(reg)
 	}
-	wg.Wait()
+	r.fanOutTo(ctx, others, "idempotency lookup", func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (func(), error) {
+		lr, err := apiaryv1.NewJobServiceClient(cc).LookupRequest(ctx, &apiaryv1.LookupRequestRequest{ClientId: req.GetClientId(), RequestId: req.GetRequestId()})
+		return func() {
+			if lr.GetFound() {
+				hits = append(hits, hit{reg.Name, lr})
+			}
+		}, err
+	})
 	if len(hits) == 0 {
 		return nil, nil, false
 	}

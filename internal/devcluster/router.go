@@ -27,6 +27,8 @@ type RouterSpec struct {
 	Join []string
 	// ExtraArgs are appended to the `apiary global` command line.
 	ExtraArgs []string
+	// Env is added to the process's environment.
+	Env []string
 }
 
 // StartRouter starts `apiary global` and waits until its ready file exists.
@@ -57,7 +59,7 @@ func StartRouter(ctx context.Context, spec RouterSpec) (*Proc, string, error) {
 		args = append(args, "--wan-join", strings.Join(spec.Join, ","))
 	}
 	args = append(args, spec.ExtraArgs...)
-	p := &Proc{Name: spec.Name, Args: args, LogPath: filepath.Join(spec.Dir, spec.Name+".log"), bin: spec.Binary}
+	p := &Proc{Name: spec.Name, Args: args, LogPath: filepath.Join(spec.Dir, spec.Name+".log"), env: spec.Env, bin: spec.Binary}
 	if err := p.Start(); err != nil {
 		return nil, "", err
 	}
