@@ -116,15 +116,16 @@ func orDefault(v, d uint) uint {
 	return v
 }
 
-// etcdZap is the embedded member's logger: its errors go to stderr as JSON
-// lines, and a fatal error (etcd calls zap's Fatal, which exits the process:
+// etcdZap is the embedded member's logger: quiet below DPanic (etcd logs
+// errors on every normal shutdown, such as "use of closed network
+// connection", which read like failures), and a fatal error (etcd calls zap's Fatal, which exits the process:
 // for example when its data directory vanishes or a WAL write fails) is
 // first logged through log as the etcd part failing, with etcd's message
 // and fields, and the process then exits with 3 like any failed part
 // (internal/lifecycle). A zap.NewNop logger would still exit, with code 1
 // and not a word.
 func etcdZap(log *slog.Logger) *zap.Logger {
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), zap.ErrorLevel)
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), zap.DPanicLevel)
 	return zap.New(core, zap.WithFatalHook(etcdFatal{log}))
 }
 
