@@ -166,6 +166,10 @@ const (
 	ReportKind_REPORT_KIND_START_FAILED ReportKind = 5
 	// The attempt was killed because the job was cancelled.
 	ReportKind_REPORT_KIND_CANCELLED ReportKind = 6
+	// The attempt was stopped because its node was drained (operator drain
+	// past its deadline, or the agent shutting down): the task returns to
+	// PENDING at once and the attempt is not charged.
+	ReportKind_REPORT_KIND_DRAINED ReportKind = 7
 )
 
 // Enum value maps for ReportKind.
@@ -178,6 +182,7 @@ var (
 		4: "REPORT_KIND_TIMED_OUT",
 		5: "REPORT_KIND_START_FAILED",
 		6: "REPORT_KIND_CANCELLED",
+		7: "REPORT_KIND_DRAINED",
 	}
 	ReportKind_value = map[string]int32{
 		"REPORT_KIND_UNSPECIFIED":  0,
@@ -187,6 +192,7 @@ var (
 		"REPORT_KIND_TIMED_OUT":    4,
 		"REPORT_KIND_START_FAILED": 5,
 		"REPORT_KIND_CANCELLED":    6,
+		"REPORT_KIND_DRAINED":      7,
 	}
 )
 
@@ -369,7 +375,7 @@ func (x Assignment_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Assignment_Kind.Descriptor instead.
 func (Assignment_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37, 0}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46, 0}
 }
 
 // JobSpec is what a user submits. It mirrors the YAML job file
@@ -390,7 +396,10 @@ type JobSpec struct {
 	Tasks       []*TaskGroup `protobuf:"bytes,7,rep,name=tasks,proto3" json:"tasks,omitempty"`
 	// Placement scoring policy: "binpack", "spread" or "fragmentation"; empty
 	// means the region's default (its --scheduler, binpack unless set).
-	Scheduler     string `protobuf:"bytes,8,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	Scheduler string `protobuf:"bytes,8,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	// What happens to the job's running attempts when their node cannot be
+	// reached (see Disconnect). Unset: the region's defaults.
+	Disconnect    *Disconnect `protobuf:"bytes,9,opt,name=disconnect,proto3" json:"disconnect,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -481,6 +490,76 @@ func (x *JobSpec) GetScheduler() string {
 	return ""
 }
 
+func (x *JobSpec) GetDisconnect() *Disconnect {
+	if x != nil {
+		return x.Disconnect
+	}
+	return nil
+}
+
+// Disconnect is a job's tolerance of a node that cannot be reached (Nomad's
+// disconnect block). An agent that reaches no coordinator keeps the job's
+// attempts running for lost_after, buffering their reports, then kills them.
+type Disconnect struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long an unreachable node's attempts keep running, in ms; 0 means the
+	// agent's --disconnect-grace (default 5 min). At most 24 h.
+	LostAfterMs int64 `protobuf:"varint,1,opt,name=lost_after_ms,json=lostAfterMs,proto3" json:"lost_after_ms,omitempty"`
+	// Whether the coordinator replaces (reclaims and re-places) the attempts
+	// of a node whose lease lapsed while the region is up. Unset or true: at
+	// once, as for a crashed node (the old attempt is killed when the agent
+	// comes back; its result is rejected). False: not before lost_after has
+	// passed since the node was seen lost; an agent that comes back within it
+	// keeps the attempt (adoption) and its result counts.
+	Replace       *bool `protobuf:"varint,2,opt,name=replace,proto3,oneof" json:"replace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Disconnect) Reset() {
+	*x = Disconnect{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Disconnect) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Disconnect) ProtoMessage() {}
+
+func (x *Disconnect) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Disconnect.ProtoReflect.Descriptor instead.
+func (*Disconnect) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Disconnect) GetLostAfterMs() int64 {
+	if x != nil {
+		return x.LostAfterMs
+	}
+	return 0
+}
+
+func (x *Disconnect) GetReplace() bool {
+	if x != nil && x.Replace != nil {
+		return *x.Replace
+	}
+	return false
+}
+
 // RegionSpec constrains which regions may run the job.
 type RegionSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -494,7 +573,7 @@ type RegionSpec struct {
 
 func (x *RegionSpec) Reset() {
 	*x = RegionSpec{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[1]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +585,7 @@ func (x *RegionSpec) String() string {
 func (*RegionSpec) ProtoMessage() {}
 
 func (x *RegionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[1]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +598,7 @@ func (x *RegionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSpec.ProtoReflect.Descriptor instead.
 func (*RegionSpec) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{1}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RegionSpec) GetSelector() map[string]string {
@@ -566,7 +645,7 @@ type TaskGroup struct {
 
 func (x *TaskGroup) Reset() {
 	*x = TaskGroup{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[2]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +657,7 @@ func (x *TaskGroup) String() string {
 func (*TaskGroup) ProtoMessage() {}
 
 func (x *TaskGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[2]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +670,7 @@ func (x *TaskGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskGroup.ProtoReflect.Descriptor instead.
 func (*TaskGroup) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{2}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TaskGroup) GetName() string {
@@ -711,7 +790,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[3]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +802,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[3]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +815,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{3}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Resources) GetCpuMillis() int64 {
@@ -787,7 +866,7 @@ type Constraint struct {
 
 func (x *Constraint) Reset() {
 	*x = Constraint{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[4]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +878,7 @@ func (x *Constraint) String() string {
 func (*Constraint) ProtoMessage() {}
 
 func (x *Constraint) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[4]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +891,7 @@ func (x *Constraint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Constraint.ProtoReflect.Descriptor instead.
 func (*Constraint) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{4}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Constraint) GetLabel() string {
@@ -849,7 +928,7 @@ type Affinity struct {
 
 func (x *Affinity) Reset() {
 	*x = Affinity{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[5]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +940,7 @@ func (x *Affinity) String() string {
 func (*Affinity) ProtoMessage() {}
 
 func (x *Affinity) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[5]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +953,7 @@ func (x *Affinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Affinity.ProtoReflect.Descriptor instead.
 func (*Affinity) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{5}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Affinity) GetLabel() string {
@@ -918,7 +997,7 @@ type Spread struct {
 
 func (x *Spread) Reset() {
 	*x = Spread{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1009,7 @@ func (x *Spread) String() string {
 func (*Spread) ProtoMessage() {}
 
 func (x *Spread) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1022,7 @@ func (x *Spread) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spread.ProtoReflect.Descriptor instead.
 func (*Spread) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{6}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Spread) GetLabel() string {
@@ -978,7 +1057,7 @@ type DistinctProperty struct {
 
 func (x *DistinctProperty) Reset() {
 	*x = DistinctProperty{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1069,7 @@ func (x *DistinctProperty) String() string {
 func (*DistinctProperty) ProtoMessage() {}
 
 func (x *DistinctProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1082,7 @@ func (x *DistinctProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DistinctProperty.ProtoReflect.Descriptor instead.
 func (*DistinctProperty) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{7}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DistinctProperty) GetLabel() string {
@@ -1031,7 +1110,7 @@ type Dataset struct {
 
 func (x *Dataset) Reset() {
 	*x = Dataset{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1122,7 @@ func (x *Dataset) String() string {
 func (*Dataset) ProtoMessage() {}
 
 func (x *Dataset) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1135,7 @@ func (x *Dataset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dataset.ProtoReflect.Descriptor instead.
 func (*Dataset) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{8}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Dataset) GetName() string {
@@ -1101,7 +1180,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1113,7 +1192,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1126,7 +1205,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{9}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Job) GetId() string {
@@ -1234,7 +1313,7 @@ type TaskCounts struct {
 
 func (x *TaskCounts) Reset() {
 	*x = TaskCounts{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1325,7 @@ func (x *TaskCounts) String() string {
 func (*TaskCounts) ProtoMessage() {}
 
 func (x *TaskCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1338,7 @@ func (x *TaskCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskCounts.ProtoReflect.Descriptor instead.
 func (*TaskCounts) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{10}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TaskCounts) GetPending() int32 {
@@ -1332,7 +1411,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1423,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1436,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{11}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Task) GetJobId() string {
@@ -1475,7 +1554,7 @@ type AttemptResult struct {
 
 func (x *AttemptResult) Reset() {
 	*x = AttemptResult{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1566,7 @@ func (x *AttemptResult) String() string {
 func (*AttemptResult) ProtoMessage() {}
 
 func (x *AttemptResult) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1579,7 @@ func (x *AttemptResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptResult.ProtoReflect.Descriptor instead.
 func (*AttemptResult) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{12}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AttemptResult) GetAttempt() int32 {
@@ -1597,7 +1676,7 @@ type LookupRequestRequest struct {
 
 func (x *LookupRequestRequest) Reset() {
 	*x = LookupRequestRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1688,7 @@ func (x *LookupRequestRequest) String() string {
 func (*LookupRequestRequest) ProtoMessage() {}
 
 func (x *LookupRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1701,7 @@ func (x *LookupRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequestRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequestRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{13}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LookupRequestRequest) GetClientId() string {
@@ -1655,7 +1734,7 @@ type LookupRequestResponse struct {
 
 func (x *LookupRequestResponse) Reset() {
 	*x = LookupRequestResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1746,7 @@ func (x *LookupRequestResponse) String() string {
 func (*LookupRequestResponse) ProtoMessage() {}
 
 func (x *LookupRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1759,7 @@ func (x *LookupRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequestResponse.ProtoReflect.Descriptor instead.
 func (*LookupRequestResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{14}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LookupRequestResponse) GetFound() bool {
@@ -1726,7 +1805,7 @@ type ForwardRequestRequest struct {
 
 func (x *ForwardRequestRequest) Reset() {
 	*x = ForwardRequestRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1817,7 @@ func (x *ForwardRequestRequest) String() string {
 func (*ForwardRequestRequest) ProtoMessage() {}
 
 func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1830,7 @@ func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequestRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequestRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{15}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ForwardRequestRequest) GetClientId() string {
@@ -1795,7 +1874,7 @@ type ForwardRequestResponse struct {
 
 func (x *ForwardRequestResponse) Reset() {
 	*x = ForwardRequestResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +1886,7 @@ func (x *ForwardRequestResponse) String() string {
 func (*ForwardRequestResponse) ProtoMessage() {}
 
 func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +1899,7 @@ func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequestResponse.ProtoReflect.Descriptor instead.
 func (*ForwardRequestResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{16}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ForwardRequestResponse) GetJobId() string {
@@ -1858,7 +1937,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1870,7 +1949,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1883,7 +1962,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{17}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SubmitJobRequest) GetSpec() *JobSpec {
@@ -1936,7 +2015,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2027,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2040,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{18}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -2001,7 +2080,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2092,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2105,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{19}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -2045,7 +2124,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2136,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2149,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{20}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -2092,7 +2171,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2183,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2196,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{21}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListJobsRequest) GetState() JobState {
@@ -2145,7 +2224,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2236,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2249,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{22}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -2196,7 +2275,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2208,7 +2287,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2221,7 +2300,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{23}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -2240,7 +2319,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2252,7 +2331,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2265,7 +2344,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{24}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -2284,7 +2363,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2296,7 +2375,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2309,7 +2388,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{25}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -2328,7 +2407,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +2419,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +2432,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{26}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchJobResponse) GetJob() *Job {
@@ -2374,7 +2453,7 @@ type GetJobLogsRequest struct {
 
 func (x *GetJobLogsRequest) Reset() {
 	*x = GetJobLogsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2465,7 @@ func (x *GetJobLogsRequest) String() string {
 func (*GetJobLogsRequest) ProtoMessage() {}
 
 func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2478,7 @@ func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetJobLogsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{27}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetJobLogsRequest) GetJobId() string {
@@ -2425,7 +2504,7 @@ type GetJobLogsResponse struct {
 
 func (x *GetJobLogsResponse) Reset() {
 	*x = GetJobLogsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2516,7 @@ func (x *GetJobLogsResponse) String() string {
 func (*GetJobLogsResponse) ProtoMessage() {}
 
 func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2529,7 @@ func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetJobLogsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{28}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetJobLogsResponse) GetTasks() []*Task {
@@ -2471,7 +2550,7 @@ type GetJobTraceRequest struct {
 
 func (x *GetJobTraceRequest) Reset() {
 	*x = GetJobTraceRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2483,7 +2562,7 @@ func (x *GetJobTraceRequest) String() string {
 func (*GetJobTraceRequest) ProtoMessage() {}
 
 func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2496,7 +2575,7 @@ func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobTraceRequest.ProtoReflect.Descriptor instead.
 func (*GetJobTraceRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{29}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetJobTraceRequest) GetJobId() string {
@@ -2528,7 +2607,7 @@ type GetJobTraceResponse struct {
 
 func (x *GetJobTraceResponse) Reset() {
 	*x = GetJobTraceResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2540,7 +2619,7 @@ func (x *GetJobTraceResponse) String() string {
 func (*GetJobTraceResponse) ProtoMessage() {}
 
 func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2553,7 +2632,7 @@ func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobTraceResponse.ProtoReflect.Descriptor instead.
 func (*GetJobTraceResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetJobTraceResponse) GetSpansJsonl() []byte {
@@ -2592,7 +2671,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +2683,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +2696,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RegisterNodeRequest) GetNodeId() string {
@@ -2661,13 +2740,16 @@ type RegisterNodeResponse struct {
 	LeaseTtlMs          int64                  `protobuf:"varint,2,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
 	HeartbeatIntervalMs int64                  `protobuf:"varint,3,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
 	Region              string                 `protobuf:"bytes,4,opt,name=region,proto3" json:"region,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The region's serf LAN pool: addresses (host:port) of coordinators'
+	// LAN members the agent joins. Empty when the region runs no LAN pool.
+	LanJoin       []string `protobuf:"bytes,5,rep,name=lan_join,json=lanJoin,proto3" json:"lan_join,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2679,7 +2761,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2692,7 +2774,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RegisterNodeResponse) GetNodeEpoch() int64 {
@@ -2723,6 +2805,13 @@ func (x *RegisterNodeResponse) GetRegion() string {
 	return ""
 }
 
+func (x *RegisterNodeResponse) GetLanJoin() []string {
+	if x != nil {
+		return x.LanJoin
+	}
+	return nil
+}
+
 type HeartbeatRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -2733,7 +2822,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2745,7 +2834,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2758,7 +2847,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HeartbeatRequest) GetNodeId() string {
@@ -2776,15 +2865,19 @@ func (x *HeartbeatRequest) GetNodeEpoch() int64 {
 }
 
 type HeartbeatResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseTtlMs    int64                  `protobuf:"varint,1,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	LeaseTtlMs int64                  `protobuf:"varint,1,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	// Set while the node is being drained: Unix ms after which the agent
+	// stops the attempts still running and reports them DRAINED (0: not
+	// draining).
+	DrainDeadlineMs int64 `protobuf:"varint,2,opt,name=drain_deadline_ms,json=drainDeadlineMs,proto3" json:"drain_deadline_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2796,7 +2889,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2809,7 +2902,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HeartbeatResponse) GetLeaseTtlMs() int64 {
@@ -2817,6 +2910,445 @@ func (x *HeartbeatResponse) GetLeaseTtlMs() int64 {
 		return x.LeaseTtlMs
 	}
 	return 0
+}
+
+func (x *HeartbeatResponse) GetDrainDeadlineMs() int64 {
+	if x != nil {
+		return x.DrainDeadlineMs
+	}
+	return 0
+}
+
+// AttemptRef names one attempt an agent runs.
+type AttemptRef struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	JobId        string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	TaskIndex    int32                  `protobuf:"varint,2,opt,name=task_index,json=taskIndex,proto3" json:"task_index,omitempty"`
+	Attempt      int32                  `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	FencingToken int64                  `protobuf:"varint,4,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	// The node epoch the attempt was dispatched to.
+	NodeEpoch     int64 `protobuf:"varint,5,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttemptRef) Reset() {
+	*x = AttemptRef{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttemptRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttemptRef) ProtoMessage() {}
+
+func (x *AttemptRef) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttemptRef.ProtoReflect.Descriptor instead.
+func (*AttemptRef) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *AttemptRef) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *AttemptRef) GetTaskIndex() int32 {
+	if x != nil {
+		return x.TaskIndex
+	}
+	return 0
+}
+
+func (x *AttemptRef) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *AttemptRef) GetFencingToken() int64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *AttemptRef) GetNodeEpoch() int64 {
+	if x != nil {
+		return x.NodeEpoch
+	}
+	return 0
+}
+
+type AdoptAttemptsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The node's current (new) epoch.
+	NodeEpoch     int64         `protobuf:"varint,2,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
+	Attempts      []*AttemptRef `protobuf:"bytes,3,rep,name=attempts,proto3" json:"attempts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptAttemptsRequest) Reset() {
+	*x = AdoptAttemptsRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptAttemptsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptAttemptsRequest) ProtoMessage() {}
+
+func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptAttemptsRequest.ProtoReflect.Descriptor instead.
+func (*AdoptAttemptsRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *AdoptAttemptsRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *AdoptAttemptsRequest) GetNodeEpoch() int64 {
+	if x != nil {
+		return x.NodeEpoch
+	}
+	return 0
+}
+
+func (x *AdoptAttemptsRequest) GetAttempts() []*AttemptRef {
+	if x != nil {
+		return x.Attempts
+	}
+	return nil
+}
+
+type AdoptAttemptsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per request attempt, in order.
+	Decisions     []*AdoptDecision `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptAttemptsResponse) Reset() {
+	*x = AdoptAttemptsResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptAttemptsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptAttemptsResponse) ProtoMessage() {}
+
+func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptAttemptsResponse.ProtoReflect.Descriptor instead.
+func (*AdoptAttemptsResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *AdoptAttemptsResponse) GetDecisions() []*AdoptDecision {
+	if x != nil {
+		return x.Decisions
+	}
+	return nil
+}
+
+type AdoptDecision struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Attempt *AttemptRef            `protobuf:"bytes,1,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// True: the attempt now belongs to the new epoch; report it with it.
+	// False: kill it and never report it.
+	Adopted bool `protobuf:"varint,2,opt,name=adopted,proto3" json:"adopted,omitempty"`
+	// Why not ("task reclaimed", "attempt superseded", ...).
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptDecision) Reset() {
+	*x = AdoptDecision{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptDecision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptDecision) ProtoMessage() {}
+
+func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptDecision.ProtoReflect.Descriptor instead.
+func (*AdoptDecision) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *AdoptDecision) GetAttempt() *AttemptRef {
+	if x != nil {
+		return x.Attempt
+	}
+	return nil
+}
+
+func (x *AdoptDecision) GetAdopted() bool {
+	if x != nil {
+		return x.Adopted
+	}
+	return false
+}
+
+func (x *AdoptDecision) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type DrainSelfRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	NodeId    string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeEpoch int64                  `protobuf:"varint,2,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
+	// Unix ms; attempts still running then are stopped and reported DRAINED.
+	DeadlineMs    int64 `protobuf:"varint,3,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainSelfRequest) Reset() {
+	*x = DrainSelfRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainSelfRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainSelfRequest) ProtoMessage() {}
+
+func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainSelfRequest.ProtoReflect.Descriptor instead.
+func (*DrainSelfRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *DrainSelfRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DrainSelfRequest) GetNodeEpoch() int64 {
+	if x != nil {
+		return x.NodeEpoch
+	}
+	return 0
+}
+
+func (x *DrainSelfRequest) GetDeadlineMs() int64 {
+	if x != nil {
+		return x.DeadlineMs
+	}
+	return 0
+}
+
+type DrainSelfResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainSelfResponse) Reset() {
+	*x = DrainSelfResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainSelfResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainSelfResponse) ProtoMessage() {}
+
+func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainSelfResponse.ProtoReflect.Descriptor instead.
+func (*DrainSelfResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
+}
+
+type DeregisterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeEpoch     int64                  `protobuf:"varint,2,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeregisterRequest) Reset() {
+	*x = DeregisterRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeregisterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeregisterRequest) ProtoMessage() {}
+
+func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeregisterRequest.ProtoReflect.Descriptor instead.
+func (*DeregisterRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *DeregisterRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DeregisterRequest) GetNodeEpoch() int64 {
+	if x != nil {
+		return x.NodeEpoch
+	}
+	return 0
+}
+
+type DeregisterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeregisterResponse) Reset() {
+	*x = DeregisterResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeregisterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeregisterResponse) ProtoMessage() {}
+
+func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeregisterResponse.ProtoReflect.Descriptor instead.
+func (*DeregisterResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
 }
 
 type StreamAssignmentsRequest struct {
@@ -2829,7 +3361,7 @@ type StreamAssignmentsRequest struct {
 
 func (x *StreamAssignmentsRequest) Reset() {
 	*x = StreamAssignmentsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2841,7 +3373,7 @@ func (x *StreamAssignmentsRequest) String() string {
 func (*StreamAssignmentsRequest) ProtoMessage() {}
 
 func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2854,7 +3386,7 @@ func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsRequest.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StreamAssignmentsRequest) GetNodeId() string {
@@ -2880,7 +3412,7 @@ type StreamAssignmentsResponse struct {
 
 func (x *StreamAssignmentsResponse) Reset() {
 	*x = StreamAssignmentsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2892,7 +3424,7 @@ func (x *StreamAssignmentsResponse) String() string {
 func (*StreamAssignmentsResponse) ProtoMessage() {}
 
 func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2905,7 +3437,7 @@ func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StreamAssignmentsResponse) GetAssignment() *Assignment {
@@ -2935,14 +3467,18 @@ type Assignment struct {
 	// whole GPUs it asked for, or the one GPU of its gpu_milli share. Chosen
 	// by the placement engine; an agent that cannot give exactly these
 	// refuses the assignment. Empty: the agent picks (older coordinators).
-	GpuIndices    []int32 `protobuf:"varint,14,rep,packed,name=gpu_indices,json=gpuIndices,proto3" json:"gpu_indices,omitempty"`
+	GpuIndices []int32 `protobuf:"varint,14,rep,packed,name=gpu_indices,json=gpuIndices,proto3" json:"gpu_indices,omitempty"`
+	// How long the attempt may keep running while the agent reaches no
+	// coordinator, in ms (the job's disconnect.lost_after_ms); 0: the agent's
+	// --disconnect-grace.
+	LostAfterMs   int64 `protobuf:"varint,15,opt,name=lost_after_ms,json=lostAfterMs,proto3" json:"lost_after_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2954,7 +3490,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2967,7 +3503,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Assignment) GetKind() Assignment_Kind {
@@ -3068,6 +3604,13 @@ func (x *Assignment) GetGpuIndices() []int32 {
 	return nil
 }
 
+func (x *Assignment) GetLostAfterMs() int64 {
+	if x != nil {
+		return x.LostAfterMs
+	}
+	return 0
+}
+
 type ReportTaskStatusRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	NodeId      string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -3091,7 +3634,7 @@ type ReportTaskStatusRequest struct {
 
 func (x *ReportTaskStatusRequest) Reset() {
 	*x = ReportTaskStatusRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3103,7 +3646,7 @@ func (x *ReportTaskStatusRequest) String() string {
 func (*ReportTaskStatusRequest) ProtoMessage() {}
 
 func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3116,7 +3659,7 @@ func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReportTaskStatusRequest) GetNodeId() string {
@@ -3221,7 +3764,7 @@ type ExportSpansRequest struct {
 
 func (x *ExportSpansRequest) Reset() {
 	*x = ExportSpansRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3233,7 +3776,7 @@ func (x *ExportSpansRequest) String() string {
 func (*ExportSpansRequest) ProtoMessage() {}
 
 func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3246,7 +3789,7 @@ func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansRequest.ProtoReflect.Descriptor instead.
 func (*ExportSpansRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ExportSpansRequest) GetNodeId() string {
@@ -3273,7 +3816,7 @@ type ExportSpansResponse struct {
 
 func (x *ExportSpansResponse) Reset() {
 	*x = ExportSpansResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3285,7 +3828,7 @@ func (x *ExportSpansResponse) String() string {
 func (*ExportSpansResponse) ProtoMessage() {}
 
 func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3298,7 +3841,7 @@ func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansResponse.ProtoReflect.Descriptor instead.
 func (*ExportSpansResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ExportSpansResponse) GetKept() int32 {
@@ -3319,7 +3862,7 @@ type ReportTaskStatusResponse struct {
 
 func (x *ReportTaskStatusResponse) Reset() {
 	*x = ReportTaskStatusResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3331,7 +3874,7 @@ func (x *ReportTaskStatusResponse) String() string {
 func (*ReportTaskStatusResponse) ProtoMessage() {}
 
 func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3344,7 +3887,7 @@ func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReportTaskStatusResponse) GetAccepted() bool {
@@ -3361,6 +3904,224 @@ func (x *ReportTaskStatusResponse) GetReason() string {
 	return ""
 }
 
+type DrainNodeRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Unix ms after which running attempts are stopped; 0: at once.
+	DeadlineMs int64 `protobuf:"varint,2,opt,name=deadline_ms,json=deadlineMs,proto3" json:"deadline_ms,omitempty"`
+	// End the drain instead.
+	Cancel        bool   `protobuf:"varint,3,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	By            string `protobuf:"bytes,4,opt,name=by,proto3" json:"by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeRequest) Reset() {
+	*x = DrainNodeRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeRequest) ProtoMessage() {}
+
+func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
+func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *DrainNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DrainNodeRequest) GetDeadlineMs() int64 {
+	if x != nil {
+		return x.DeadlineMs
+	}
+	return 0
+}
+
+func (x *DrainNodeRequest) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
+	}
+	return false
+}
+
+func (x *DrainNodeRequest) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+type DrainNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainNodeResponse) Reset() {
+	*x = DrainNodeResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainNodeResponse) ProtoMessage() {}
+
+func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
+func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *DrainNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type SetNodeEligibilityRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Eligible      bool                   `protobuf:"varint,2,opt,name=eligible,proto3" json:"eligible,omitempty"`
+	By            string                 `protobuf:"bytes,3,opt,name=by,proto3" json:"by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeEligibilityRequest) Reset() {
+	*x = SetNodeEligibilityRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeEligibilityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeEligibilityRequest) ProtoMessage() {}
+
+func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeEligibilityRequest.ProtoReflect.Descriptor instead.
+func (*SetNodeEligibilityRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *SetNodeEligibilityRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *SetNodeEligibilityRequest) GetEligible() bool {
+	if x != nil {
+		return x.Eligible
+	}
+	return false
+}
+
+func (x *SetNodeEligibilityRequest) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+type SetNodeEligibilityResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeEligibilityResponse) Reset() {
+	*x = SetNodeEligibilityResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeEligibilityResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeEligibilityResponse) ProtoMessage() {}
+
+func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeEligibilityResponse.ProtoReflect.Descriptor instead.
+func (*SetNodeEligibilityResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *SetNodeEligibilityResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 type QuarantineNodeRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -3374,7 +4135,7 @@ type QuarantineNodeRequest struct {
 
 func (x *QuarantineNodeRequest) Reset() {
 	*x = QuarantineNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3386,7 +4147,7 @@ func (x *QuarantineNodeRequest) String() string {
 func (*QuarantineNodeRequest) ProtoMessage() {}
 
 func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3399,7 +4160,7 @@ func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeRequest.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *QuarantineNodeRequest) GetNodeId() string {
@@ -3433,7 +4194,7 @@ type QuarantineNodeResponse struct {
 
 func (x *QuarantineNodeResponse) Reset() {
 	*x = QuarantineNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3445,7 +4206,7 @@ func (x *QuarantineNodeResponse) String() string {
 func (*QuarantineNodeResponse) ProtoMessage() {}
 
 func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3458,7 +4219,7 @@ func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeResponse.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *QuarantineNodeResponse) GetNode() *Node {
@@ -3479,7 +4240,7 @@ type ReleaseNodeRequest struct {
 
 func (x *ReleaseNodeRequest) Reset() {
 	*x = ReleaseNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3491,7 +4252,7 @@ func (x *ReleaseNodeRequest) String() string {
 func (*ReleaseNodeRequest) ProtoMessage() {}
 
 func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3504,7 +4265,7 @@ func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ReleaseNodeRequest) GetNodeId() string {
@@ -3532,7 +4293,7 @@ type ReleaseNodeResponse struct {
 
 func (x *ReleaseNodeResponse) Reset() {
 	*x = ReleaseNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3544,7 +4305,7 @@ func (x *ReleaseNodeResponse) String() string {
 func (*ReleaseNodeResponse) ProtoMessage() {}
 
 func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3557,7 +4318,7 @@ func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ReleaseNodeResponse) GetNode() *Node {
@@ -3582,7 +4343,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3594,7 +4355,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3607,7 +4368,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
 }
 
 type Node struct {
@@ -3632,13 +4393,20 @@ type Node struct {
 	QuarantinedTimeMs int64 `protobuf:"varint,14,opt,name=quarantined_time_ms,json=quarantinedTimeMs,proto3" json:"quarantined_time_ms,omitempty"`
 	// Who quarantined it (QuarantineNodeRequest.by).
 	QuarantinedBy string `protobuf:"bytes,15,opt,name=quarantined_by,json=quarantinedBy,proto3" json:"quarantined_by,omitempty"`
+	// Set while the node drains: when running attempts are stopped (Unix
+	// ms; 0 with draining means at once).
+	Draining        bool  `protobuf:"varint,16,opt,name=draining,proto3" json:"draining,omitempty"`
+	DrainDeadlineMs int64 `protobuf:"varint,17,opt,name=drain_deadline_ms,json=drainDeadlineMs,proto3" json:"drain_deadline_ms,omitempty"`
+	// False when new placements were turned off (SetNodeEligibility, or a
+	// finished drain).
+	Ineligible    bool `protobuf:"varint,18,opt,name=ineligible,proto3" json:"ineligible,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3650,7 +4418,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3663,7 +4431,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Node) GetId() string {
@@ -3771,6 +4539,27 @@ func (x *Node) GetQuarantinedBy() string {
 	return ""
 }
 
+func (x *Node) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *Node) GetDrainDeadlineMs() int64 {
+	if x != nil {
+		return x.DrainDeadlineMs
+	}
+	return 0
+}
+
+func (x *Node) GetIneligible() bool {
+	if x != nil {
+		return x.Ineligible
+	}
+	return false
+}
+
 type ListNodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Nodes []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
@@ -3783,7 +4572,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3795,7 +4584,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3808,7 +4597,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -3833,7 +4622,7 @@ type GetRegionInfoRequest struct {
 
 func (x *GetRegionInfoRequest) Reset() {
 	*x = GetRegionInfoRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3845,7 +4634,7 @@ func (x *GetRegionInfoRequest) String() string {
 func (*GetRegionInfoRequest) ProtoMessage() {}
 
 func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3858,7 +4647,7 @@ func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
 }
 
 type Coordinator struct {
@@ -3874,7 +4663,7 @@ type Coordinator struct {
 
 func (x *Coordinator) Reset() {
 	*x = Coordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3886,7 +4675,7 @@ func (x *Coordinator) String() string {
 func (*Coordinator) ProtoMessage() {}
 
 func (x *Coordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3899,7 +4688,7 @@ func (x *Coordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coordinator.ProtoReflect.Descriptor instead.
 func (*Coordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Coordinator) GetId() string {
@@ -3960,7 +4749,7 @@ type GetRegionInfoResponse struct {
 
 func (x *GetRegionInfoResponse) Reset() {
 	*x = GetRegionInfoResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3972,7 +4761,7 @@ func (x *GetRegionInfoResponse) String() string {
 func (*GetRegionInfoResponse) ProtoMessage() {}
 
 func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3985,7 +4774,7 @@ func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *GetRegionInfoResponse) GetRegion() string {
@@ -4080,7 +4869,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4092,7 +4881,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4105,7 +4894,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -4125,7 +4914,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4137,7 +4926,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4150,7 +4939,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -4202,7 +4991,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4214,7 +5003,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4227,7 +5016,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -4276,7 +5065,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4288,7 +5077,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4301,7 +5090,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -4390,7 +5179,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4402,7 +5191,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4415,7 +5204,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -4429,7 +5218,7 @@ var File_apiary_v1_apiary_proto protoreflect.FileDescriptor
 
 const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\n" +
-	"\x16apiary/v1/apiary.proto\x12\tapiary.v1\"\x98\x02\n" +
+	"\x16apiary/v1/apiary.proto\x12\tapiary.v1\"\xcf\x02\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x05R\bpriority\x12-\n" +
@@ -4439,7 +5228,16 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"data_class\x18\x05 \x01(\tR\tdataClass\x12!\n" +
 	"\fmax_attempts\x18\x06 \x01(\x05R\vmaxAttempts\x12*\n" +
 	"\x05tasks\x18\a \x03(\v2\x14.apiary.v1.TaskGroupR\x05tasks\x12\x1c\n" +
-	"\tscheduler\x18\b \x01(\tR\tscheduler\"\xa2\x01\n" +
+	"\tscheduler\x18\b \x01(\tR\tscheduler\x125\n" +
+	"\n" +
+	"disconnect\x18\t \x01(\v2\x15.apiary.v1.DisconnectR\n" +
+	"disconnect\"[\n" +
+	"\n" +
+	"Disconnect\x12\"\n" +
+	"\rlost_after_ms\x18\x01 \x01(\x03R\vlostAfterMs\x12\x1d\n" +
+	"\areplace\x18\x02 \x01(\bH\x00R\areplace\x88\x01\x01B\n" +
+	"\n" +
+	"\b_replace\"\xa2\x01\n" +
 	"\n" +
 	"RegionSpec\x12?\n" +
 	"\bselector\x18\x01 \x03(\v2#.apiary.v1.RegionSpec.SelectorEntryR\bselector\x12\x16\n" +
@@ -4629,21 +5427,55 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tmax_tasks\x18\x05 \x01(\x05R\bmaxTasks\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x01\n" +
 	"\x14RegisterNodeResponse\x12\x1d\n" +
 	"\n" +
 	"node_epoch\x18\x01 \x01(\x03R\tnodeEpoch\x12 \n" +
 	"\flease_ttl_ms\x18\x02 \x01(\x03R\n" +
 	"leaseTtlMs\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\x12\x16\n" +
-	"\x06region\x18\x04 \x01(\tR\x06region\"J\n" +
+	"\x06region\x18\x04 \x01(\tR\x06region\x12\x19\n" +
+	"\blan_join\x18\x05 \x03(\tR\alanJoin\"J\n" +
 	"\x10HeartbeatRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
-	"node_epoch\x18\x02 \x01(\x03R\tnodeEpoch\"5\n" +
+	"node_epoch\x18\x02 \x01(\x03R\tnodeEpoch\"a\n" +
 	"\x11HeartbeatResponse\x12 \n" +
 	"\flease_ttl_ms\x18\x01 \x01(\x03R\n" +
-	"leaseTtlMs\"R\n" +
+	"leaseTtlMs\x12*\n" +
+	"\x11drain_deadline_ms\x18\x02 \x01(\x03R\x0fdrainDeadlineMs\"\xa0\x01\n" +
+	"\n" +
+	"AttemptRef\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1d\n" +
+	"\n" +
+	"task_index\x18\x02 \x01(\x05R\ttaskIndex\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12#\n" +
+	"\rfencing_token\x18\x04 \x01(\x03R\ffencingToken\x12\x1d\n" +
+	"\n" +
+	"node_epoch\x18\x05 \x01(\x03R\tnodeEpoch\"\x81\x01\n" +
+	"\x14AdoptAttemptsRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
+	"\n" +
+	"node_epoch\x18\x02 \x01(\x03R\tnodeEpoch\x121\n" +
+	"\battempts\x18\x03 \x03(\v2\x15.apiary.v1.AttemptRefR\battempts\"O\n" +
+	"\x15AdoptAttemptsResponse\x126\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x18.apiary.v1.AdoptDecisionR\tdecisions\"r\n" +
+	"\rAdoptDecision\x12/\n" +
+	"\aattempt\x18\x01 \x01(\v2\x15.apiary.v1.AttemptRefR\aattempt\x12\x18\n" +
+	"\aadopted\x18\x02 \x01(\bR\aadopted\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"k\n" +
+	"\x10DrainSelfRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
+	"\n" +
+	"node_epoch\x18\x02 \x01(\x03R\tnodeEpoch\x12\x1f\n" +
+	"\vdeadline_ms\x18\x03 \x01(\x03R\n" +
+	"deadlineMs\"\x13\n" +
+	"\x11DrainSelfResponse\"K\n" +
+	"\x11DeregisterRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
+	"\n" +
+	"node_epoch\x18\x02 \x01(\x03R\tnodeEpoch\"\x14\n" +
+	"\x12DeregisterResponse\"R\n" +
 	"\x18StreamAssignmentsRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -4651,7 +5483,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x19StreamAssignmentsResponse\x125\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x15.apiary.v1.AssignmentR\n" +
-	"assignment\"\xd3\x04\n" +
+	"assignment\"\xf7\x04\n" +
 	"\n" +
 	"Assignment\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.apiary.v1.Assignment.KindR\x04kind\x12\x15\n" +
@@ -4672,7 +5504,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x06region\x18\f \x01(\tR\x06region\x12 \n" +
 	"\vtraceparent\x18\r \x01(\tR\vtraceparent\x12\x1f\n" +
 	"\vgpu_indices\x18\x0e \x03(\x05R\n" +
-	"gpuIndices\x1a6\n" +
+	"gpuIndices\x12\"\n" +
+	"\rlost_after_ms\x18\x0f \x01(\x03R\vlostAfterMs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\";\n" +
@@ -4707,7 +5540,21 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x04kept\x18\x01 \x01(\x05R\x04kept\"N\n" +
 	"\x18ReportTaskStatusResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"X\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"t\n" +
+	"\x10DrainNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
+	"\vdeadline_ms\x18\x02 \x01(\x03R\n" +
+	"deadlineMs\x12\x16\n" +
+	"\x06cancel\x18\x03 \x01(\bR\x06cancel\x12\x0e\n" +
+	"\x02by\x18\x04 \x01(\tR\x02by\"8\n" +
+	"\x11DrainNodeResponse\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.apiary.v1.NodeR\x04node\"`\n" +
+	"\x19SetNodeEligibilityRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
+	"\beligible\x18\x02 \x01(\bR\beligible\x12\x0e\n" +
+	"\x02by\x18\x03 \x01(\tR\x02by\"A\n" +
+	"\x1aSetNodeEligibilityResponse\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.apiary.v1.NodeR\x04node\"X\n" +
 	"\x15QuarantineNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x0e\n" +
@@ -4720,7 +5567,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x13ReleaseNodeResponse\x12#\n" +
 	"\x04node\x18\x01 \x01(\v2\x0f.apiary.v1.NodeR\x04node\x12'\n" +
 	"\x0fwas_quarantined\x18\x02 \x01(\bR\x0ewasQuarantined\"\x12\n" +
-	"\x10ListNodesRequest\"\xfc\x04\n" +
+	"\x10ListNodesRequest\"\xe4\x05\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
 	"\x06labels\x18\x02 \x03(\v2\x1b.apiary.v1.Node.LabelsEntryR\x06labels\x120\n" +
@@ -4737,7 +5584,12 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x12registered_time_ms\x18\f \x01(\x03R\x10registeredTimeMs\x12\x16\n" +
 	"\x06region\x18\r \x01(\tR\x06region\x12.\n" +
 	"\x13quarantined_time_ms\x18\x0e \x01(\x03R\x11quarantinedTimeMs\x12%\n" +
-	"\x0equarantined_by\x18\x0f \x01(\tR\rquarantinedBy\x1a9\n" +
+	"\x0equarantined_by\x18\x0f \x01(\tR\rquarantinedBy\x12\x1a\n" +
+	"\bdraining\x18\x10 \x01(\bR\bdraining\x12*\n" +
+	"\x11drain_deadline_ms\x18\x11 \x01(\x03R\x0fdrainDeadlineMs\x12\x1e\n" +
+	"\n" +
+	"ineligible\x18\x12 \x01(\bR\n" +
+	"ineligible\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"k\n" +
@@ -4815,7 +5667,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x12TASK_STATE_RUNNING\x10\x03\x12\x17\n" +
 	"\x13TASK_STATE_COMPLETE\x10\x04\x12\x15\n" +
 	"\x11TASK_STATE_FAILED\x10\x05\x12\x18\n" +
-	"\x14TASK_STATE_CANCELLED\x10\x06*\xc7\x01\n" +
+	"\x14TASK_STATE_CANCELLED\x10\x06*\xe0\x01\n" +
 	"\n" +
 	"ReportKind\x12\x1b\n" +
 	"\x17REPORT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
@@ -4824,7 +5676,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x13REPORT_KIND_REFUSED\x10\x03\x12\x19\n" +
 	"\x15REPORT_KIND_TIMED_OUT\x10\x04\x12\x1c\n" +
 	"\x18REPORT_KIND_START_FAILED\x10\x05\x12\x19\n" +
-	"\x15REPORT_KIND_CANCELLED\x10\x06*\\\n" +
+	"\x15REPORT_KIND_CANCELLED\x10\x06\x12\x17\n" +
+	"\x13REPORT_KIND_DRAINED\x10\a*\\\n" +
 	"\fFailureFault\x12\x1d\n" +
 	"\x19FAILURE_FAULT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FAILURE_FAULT_NODE\x10\x01\x12\x15\n" +
@@ -4845,19 +5698,25 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"GetJobLogs\x12\x1c.apiary.v1.GetJobLogsRequest\x1a\x1d.apiary.v1.GetJobLogsResponse\x12L\n" +
 	"\vGetJobTrace\x12\x1d.apiary.v1.GetJobTraceRequest\x1a\x1e.apiary.v1.GetJobTraceResponse\x12U\n" +
 	"\x0eForwardRequest\x12 .apiary.v1.ForwardRequestRequest\x1a!.apiary.v1.ForwardRequestResponse\x12R\n" +
-	"\rLookupRequest\x12\x1f.apiary.v1.LookupRequestRequest\x1a .apiary.v1.LookupRequestResponse2\xb4\x03\n" +
+	"\rLookupRequest\x12\x1f.apiary.v1.LookupRequestRequest\x1a .apiary.v1.LookupRequestResponse2\x9b\x05\n" +
 	"\fAgentService\x12O\n" +
 	"\fRegisterNode\x12\x1e.apiary.v1.RegisterNodeRequest\x1a\x1f.apiary.v1.RegisterNodeResponse\x12F\n" +
 	"\tHeartbeat\x12\x1b.apiary.v1.HeartbeatRequest\x1a\x1c.apiary.v1.HeartbeatResponse\x12`\n" +
 	"\x11StreamAssignments\x12#.apiary.v1.StreamAssignmentsRequest\x1a$.apiary.v1.StreamAssignmentsResponse0\x01\x12[\n" +
-	"\x10ReportTaskStatus\x12\".apiary.v1.ReportTaskStatusRequest\x1a#.apiary.v1.ReportTaskStatusResponse\x12L\n" +
-	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\x9d\x03\n" +
+	"\x10ReportTaskStatus\x12\".apiary.v1.ReportTaskStatusRequest\x1a#.apiary.v1.ReportTaskStatusResponse\x12R\n" +
+	"\rAdoptAttempts\x12\x1f.apiary.v1.AdoptAttemptsRequest\x1a .apiary.v1.AdoptAttemptsResponse\x12F\n" +
+	"\tDrainSelf\x12\x1b.apiary.v1.DrainSelfRequest\x1a\x1c.apiary.v1.DrainSelfResponse\x12I\n" +
+	"\n" +
+	"Deregister\x12\x1c.apiary.v1.DeregisterRequest\x1a\x1d.apiary.v1.DeregisterResponse\x12L\n" +
+	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\xc8\x04\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.apiary.v1.ListNodesRequest\x1a\x1c.apiary.v1.ListNodesResponse\x12R\n" +
 	"\rGetRegionInfo\x12\x1f.apiary.v1.GetRegionInfoRequest\x1a .apiary.v1.GetRegionInfoResponse\x12L\n" +
 	"\vListRegions\x12\x1d.apiary.v1.ListRegionsRequest\x1a\x1e.apiary.v1.ListRegionsResponse\x12U\n" +
 	"\x0eQuarantineNode\x12 .apiary.v1.QuarantineNodeRequest\x1a!.apiary.v1.QuarantineNodeResponse\x12L\n" +
-	"\vReleaseNode\x12\x1d.apiary.v1.ReleaseNodeRequest\x1a\x1e.apiary.v1.ReleaseNodeResponseB*Z(apiary.dev/apiary/api/apiary/v1;apiaryv1b\x06proto3"
+	"\vReleaseNode\x12\x1d.apiary.v1.ReleaseNodeRequest\x1a\x1e.apiary.v1.ReleaseNodeResponse\x12F\n" +
+	"\tDrainNode\x12\x1b.apiary.v1.DrainNodeRequest\x1a\x1c.apiary.v1.DrainNodeResponse\x12a\n" +
+	"\x12SetNodeEligibility\x12$.apiary.v1.SetNodeEligibilityRequest\x1a%.apiary.v1.SetNodeEligibilityResponseB*Z(apiary.dev/apiary/api/apiary/v1;apiaryv1b\x06proto3"
 
 var (
 	file_apiary_v1_apiary_proto_rawDescOnce sync.Once
@@ -4872,172 +5731,201 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_apiary_v1_apiary_proto_goTypes = []any{
-	(JobState)(0),                     // 0: apiary.v1.JobState
-	(TaskState)(0),                    // 1: apiary.v1.TaskState
-	(ReportKind)(0),                   // 2: apiary.v1.ReportKind
-	(FailureFault)(0),                 // 3: apiary.v1.FailureFault
-	(NodeStatus)(0),                   // 4: apiary.v1.NodeStatus
-	(Assignment_Kind)(0),              // 5: apiary.v1.Assignment.Kind
-	(*JobSpec)(nil),                   // 6: apiary.v1.JobSpec
-	(*RegionSpec)(nil),                // 7: apiary.v1.RegionSpec
-	(*TaskGroup)(nil),                 // 8: apiary.v1.TaskGroup
-	(*Resources)(nil),                 // 9: apiary.v1.Resources
-	(*Constraint)(nil),                // 10: apiary.v1.Constraint
-	(*Affinity)(nil),                  // 11: apiary.v1.Affinity
-	(*Spread)(nil),                    // 12: apiary.v1.Spread
-	(*DistinctProperty)(nil),          // 13: apiary.v1.DistinctProperty
-	(*Dataset)(nil),                   // 14: apiary.v1.Dataset
-	(*Job)(nil),                       // 15: apiary.v1.Job
-	(*TaskCounts)(nil),                // 16: apiary.v1.TaskCounts
-	(*Task)(nil),                      // 17: apiary.v1.Task
-	(*AttemptResult)(nil),             // 18: apiary.v1.AttemptResult
-	(*LookupRequestRequest)(nil),      // 19: apiary.v1.LookupRequestRequest
-	(*LookupRequestResponse)(nil),     // 20: apiary.v1.LookupRequestResponse
-	(*ForwardRequestRequest)(nil),     // 21: apiary.v1.ForwardRequestRequest
-	(*ForwardRequestResponse)(nil),    // 22: apiary.v1.ForwardRequestResponse
-	(*SubmitJobRequest)(nil),          // 23: apiary.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),         // 24: apiary.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),             // 25: apiary.v1.GetJobRequest
-	(*GetJobResponse)(nil),            // 26: apiary.v1.GetJobResponse
-	(*ListJobsRequest)(nil),           // 27: apiary.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),          // 28: apiary.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),          // 29: apiary.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),         // 30: apiary.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),           // 31: apiary.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),          // 32: apiary.v1.WatchJobResponse
-	(*GetJobLogsRequest)(nil),         // 33: apiary.v1.GetJobLogsRequest
-	(*GetJobLogsResponse)(nil),        // 34: apiary.v1.GetJobLogsResponse
-	(*GetJobTraceRequest)(nil),        // 35: apiary.v1.GetJobTraceRequest
-	(*GetJobTraceResponse)(nil),       // 36: apiary.v1.GetJobTraceResponse
-	(*RegisterNodeRequest)(nil),       // 37: apiary.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),      // 38: apiary.v1.RegisterNodeResponse
-	(*HeartbeatRequest)(nil),          // 39: apiary.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),         // 40: apiary.v1.HeartbeatResponse
-	(*StreamAssignmentsRequest)(nil),  // 41: apiary.v1.StreamAssignmentsRequest
-	(*StreamAssignmentsResponse)(nil), // 42: apiary.v1.StreamAssignmentsResponse
-	(*Assignment)(nil),                // 43: apiary.v1.Assignment
-	(*ReportTaskStatusRequest)(nil),   // 44: apiary.v1.ReportTaskStatusRequest
-	(*ExportSpansRequest)(nil),        // 45: apiary.v1.ExportSpansRequest
-	(*ExportSpansResponse)(nil),       // 46: apiary.v1.ExportSpansResponse
-	(*ReportTaskStatusResponse)(nil),  // 47: apiary.v1.ReportTaskStatusResponse
-	(*QuarantineNodeRequest)(nil),     // 48: apiary.v1.QuarantineNodeRequest
-	(*QuarantineNodeResponse)(nil),    // 49: apiary.v1.QuarantineNodeResponse
-	(*ReleaseNodeRequest)(nil),        // 50: apiary.v1.ReleaseNodeRequest
-	(*ReleaseNodeResponse)(nil),       // 51: apiary.v1.ReleaseNodeResponse
-	(*ListNodesRequest)(nil),          // 52: apiary.v1.ListNodesRequest
-	(*Node)(nil),                      // 53: apiary.v1.Node
-	(*ListNodesResponse)(nil),         // 54: apiary.v1.ListNodesResponse
-	(*GetRegionInfoRequest)(nil),      // 55: apiary.v1.GetRegionInfoRequest
-	(*Coordinator)(nil),               // 56: apiary.v1.Coordinator
-	(*GetRegionInfoResponse)(nil),     // 57: apiary.v1.GetRegionInfoResponse
-	(*ListRegionsRequest)(nil),        // 58: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),         // 59: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),           // 60: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),             // 61: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),       // 62: apiary.v1.ListRegionsResponse
-	nil,                               // 63: apiary.v1.RegionSpec.SelectorEntry
-	nil,                               // 64: apiary.v1.TaskGroup.EnvEntry
-	nil,                               // 65: apiary.v1.Spread.TargetsEntry
-	nil,                               // 66: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                               // 67: apiary.v1.Assignment.EnvEntry
-	nil,                               // 68: apiary.v1.Node.LabelsEntry
-	nil,                               // 69: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                               // 70: apiary.v1.RegionSummary.LabelsEntry
+	(JobState)(0),                      // 0: apiary.v1.JobState
+	(TaskState)(0),                     // 1: apiary.v1.TaskState
+	(ReportKind)(0),                    // 2: apiary.v1.ReportKind
+	(FailureFault)(0),                  // 3: apiary.v1.FailureFault
+	(NodeStatus)(0),                    // 4: apiary.v1.NodeStatus
+	(Assignment_Kind)(0),               // 5: apiary.v1.Assignment.Kind
+	(*JobSpec)(nil),                    // 6: apiary.v1.JobSpec
+	(*Disconnect)(nil),                 // 7: apiary.v1.Disconnect
+	(*RegionSpec)(nil),                 // 8: apiary.v1.RegionSpec
+	(*TaskGroup)(nil),                  // 9: apiary.v1.TaskGroup
+	(*Resources)(nil),                  // 10: apiary.v1.Resources
+	(*Constraint)(nil),                 // 11: apiary.v1.Constraint
+	(*Affinity)(nil),                   // 12: apiary.v1.Affinity
+	(*Spread)(nil),                     // 13: apiary.v1.Spread
+	(*DistinctProperty)(nil),           // 14: apiary.v1.DistinctProperty
+	(*Dataset)(nil),                    // 15: apiary.v1.Dataset
+	(*Job)(nil),                        // 16: apiary.v1.Job
+	(*TaskCounts)(nil),                 // 17: apiary.v1.TaskCounts
+	(*Task)(nil),                       // 18: apiary.v1.Task
+	(*AttemptResult)(nil),              // 19: apiary.v1.AttemptResult
+	(*LookupRequestRequest)(nil),       // 20: apiary.v1.LookupRequestRequest
+	(*LookupRequestResponse)(nil),      // 21: apiary.v1.LookupRequestResponse
+	(*ForwardRequestRequest)(nil),      // 22: apiary.v1.ForwardRequestRequest
+	(*ForwardRequestResponse)(nil),     // 23: apiary.v1.ForwardRequestResponse
+	(*SubmitJobRequest)(nil),           // 24: apiary.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),          // 25: apiary.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),              // 26: apiary.v1.GetJobRequest
+	(*GetJobResponse)(nil),             // 27: apiary.v1.GetJobResponse
+	(*ListJobsRequest)(nil),            // 28: apiary.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),           // 29: apiary.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),           // 30: apiary.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),          // 31: apiary.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),            // 32: apiary.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),           // 33: apiary.v1.WatchJobResponse
+	(*GetJobLogsRequest)(nil),          // 34: apiary.v1.GetJobLogsRequest
+	(*GetJobLogsResponse)(nil),         // 35: apiary.v1.GetJobLogsResponse
+	(*GetJobTraceRequest)(nil),         // 36: apiary.v1.GetJobTraceRequest
+	(*GetJobTraceResponse)(nil),        // 37: apiary.v1.GetJobTraceResponse
+	(*RegisterNodeRequest)(nil),        // 38: apiary.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 39: apiary.v1.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),           // 40: apiary.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 41: apiary.v1.HeartbeatResponse
+	(*AttemptRef)(nil),                 // 42: apiary.v1.AttemptRef
+	(*AdoptAttemptsRequest)(nil),       // 43: apiary.v1.AdoptAttemptsRequest
+	(*AdoptAttemptsResponse)(nil),      // 44: apiary.v1.AdoptAttemptsResponse
+	(*AdoptDecision)(nil),              // 45: apiary.v1.AdoptDecision
+	(*DrainSelfRequest)(nil),           // 46: apiary.v1.DrainSelfRequest
+	(*DrainSelfResponse)(nil),          // 47: apiary.v1.DrainSelfResponse
+	(*DeregisterRequest)(nil),          // 48: apiary.v1.DeregisterRequest
+	(*DeregisterResponse)(nil),         // 49: apiary.v1.DeregisterResponse
+	(*StreamAssignmentsRequest)(nil),   // 50: apiary.v1.StreamAssignmentsRequest
+	(*StreamAssignmentsResponse)(nil),  // 51: apiary.v1.StreamAssignmentsResponse
+	(*Assignment)(nil),                 // 52: apiary.v1.Assignment
+	(*ReportTaskStatusRequest)(nil),    // 53: apiary.v1.ReportTaskStatusRequest
+	(*ExportSpansRequest)(nil),         // 54: apiary.v1.ExportSpansRequest
+	(*ExportSpansResponse)(nil),        // 55: apiary.v1.ExportSpansResponse
+	(*ReportTaskStatusResponse)(nil),   // 56: apiary.v1.ReportTaskStatusResponse
+	(*DrainNodeRequest)(nil),           // 57: apiary.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 58: apiary.v1.DrainNodeResponse
+	(*SetNodeEligibilityRequest)(nil),  // 59: apiary.v1.SetNodeEligibilityRequest
+	(*SetNodeEligibilityResponse)(nil), // 60: apiary.v1.SetNodeEligibilityResponse
+	(*QuarantineNodeRequest)(nil),      // 61: apiary.v1.QuarantineNodeRequest
+	(*QuarantineNodeResponse)(nil),     // 62: apiary.v1.QuarantineNodeResponse
+	(*ReleaseNodeRequest)(nil),         // 63: apiary.v1.ReleaseNodeRequest
+	(*ReleaseNodeResponse)(nil),        // 64: apiary.v1.ReleaseNodeResponse
+	(*ListNodesRequest)(nil),           // 65: apiary.v1.ListNodesRequest
+	(*Node)(nil),                       // 66: apiary.v1.Node
+	(*ListNodesResponse)(nil),          // 67: apiary.v1.ListNodesResponse
+	(*GetRegionInfoRequest)(nil),       // 68: apiary.v1.GetRegionInfoRequest
+	(*Coordinator)(nil),                // 69: apiary.v1.Coordinator
+	(*GetRegionInfoResponse)(nil),      // 70: apiary.v1.GetRegionInfoResponse
+	(*ListRegionsRequest)(nil),         // 71: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),          // 72: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),            // 73: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),              // 74: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),        // 75: apiary.v1.ListRegionsResponse
+	nil,                                // 76: apiary.v1.RegionSpec.SelectorEntry
+	nil,                                // 77: apiary.v1.TaskGroup.EnvEntry
+	nil,                                // 78: apiary.v1.Spread.TargetsEntry
+	nil,                                // 79: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                // 80: apiary.v1.Assignment.EnvEntry
+	nil,                                // 81: apiary.v1.Node.LabelsEntry
+	nil,                                // 82: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                                // 83: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
-	7,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
-	8,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
-	63, // 2: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	64, // 3: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
-	9,  // 4: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
-	10, // 5: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
-	11, // 6: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
-	12, // 7: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
-	13, // 8: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
-	14, // 9: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	65, // 10: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
-	6,  // 11: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
-	0,  // 12: apiary.v1.Job.state:type_name -> apiary.v1.JobState
-	16, // 13: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
-	17, // 14: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
-	1,  // 15: apiary.v1.Task.state:type_name -> apiary.v1.TaskState
-	18, // 16: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
-	3,  // 17: apiary.v1.AttemptResult.fault:type_name -> apiary.v1.FailureFault
-	6,  // 18: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
-	15, // 19: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
-	0,  // 20: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
-	15, // 21: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
-	15, // 22: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
-	15, // 23: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
-	17, // 24: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	66, // 25: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
-	9,  // 26: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
-	43, // 27: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
-	5,  // 28: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	67, // 29: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
-	9,  // 30: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
-	2,  // 31: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
-	3,  // 32: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
-	53, // 33: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
-	53, // 34: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	68, // 35: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	9,  // 36: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	9,  // 37: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	4,  // 38: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	53, // 39: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	69, // 40: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	56, // 41: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	70, // 42: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	59, // 43: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	9,  // 44: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	9,  // 45: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	60, // 46: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	61, // 47: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	23, // 48: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	25, // 49: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	27, // 50: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	29, // 51: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	31, // 52: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	33, // 53: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	35, // 54: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	21, // 55: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	19, // 56: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	37, // 57: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	39, // 58: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	41, // 59: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	44, // 60: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	45, // 61: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	52, // 62: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	55, // 63: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	58, // 64: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	48, // 65: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	50, // 66: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	24, // 67: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	26, // 68: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	28, // 69: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	30, // 70: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	32, // 71: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	34, // 72: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	36, // 73: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	22, // 74: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	20, // 75: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	38, // 76: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	40, // 77: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	42, // 78: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	47, // 79: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	46, // 80: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	54, // 81: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	57, // 82: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	62, // 83: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	49, // 84: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	51, // 85: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	67, // [67:86] is the sub-list for method output_type
-	48, // [48:67] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	8,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
+	9,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
+	7,  // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
+	76, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	77, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	10, // 5: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
+	11, // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
+	12, // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
+	13, // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
+	14, // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
+	15, // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
+	78, // 11: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	6,  // 12: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
+	0,  // 13: apiary.v1.Job.state:type_name -> apiary.v1.JobState
+	17, // 14: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
+	18, // 15: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
+	1,  // 16: apiary.v1.Task.state:type_name -> apiary.v1.TaskState
+	19, // 17: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
+	3,  // 18: apiary.v1.AttemptResult.fault:type_name -> apiary.v1.FailureFault
+	6,  // 19: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
+	16, // 20: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
+	0,  // 21: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
+	16, // 22: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
+	16, // 23: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
+	16, // 24: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
+	18, // 25: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
+	79, // 26: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	10, // 27: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
+	42, // 28: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
+	45, // 29: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
+	42, // 30: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
+	52, // 31: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
+	5,  // 32: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
+	80, // 33: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	10, // 34: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
+	2,  // 35: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
+	3,  // 36: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
+	66, // 37: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
+	66, // 38: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
+	66, // 39: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
+	66, // 40: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
+	81, // 41: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	10, // 42: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	10, // 43: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	4,  // 44: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	66, // 45: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	82, // 46: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	69, // 47: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	83, // 48: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	72, // 49: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	10, // 50: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	10, // 51: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	73, // 52: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	74, // 53: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	24, // 54: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	26, // 55: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	28, // 56: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	30, // 57: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	32, // 58: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	34, // 59: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	36, // 60: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	22, // 61: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	20, // 62: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	38, // 63: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	40, // 64: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	50, // 65: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	53, // 66: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	43, // 67: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
+	46, // 68: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
+	48, // 69: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
+	54, // 70: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	65, // 71: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	68, // 72: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	71, // 73: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	61, // 74: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	63, // 75: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	57, // 76: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	59, // 77: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	25, // 78: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	27, // 79: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	29, // 80: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	31, // 81: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	33, // 82: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	35, // 83: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	37, // 84: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	23, // 85: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	21, // 86: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	39, // 87: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	41, // 88: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	51, // 89: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	56, // 90: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	44, // 91: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	47, // 92: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	49, // 93: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	55, // 94: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	67, // 95: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	70, // 96: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	75, // 97: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	62, // 98: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	64, // 99: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	58, // 100: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	60, // 101: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	78, // [78:102] is the sub-list for method output_type
+	54, // [54:78] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -5045,13 +5933,14 @@ func file_apiary_v1_apiary_proto_init() {
 	if File_apiary_v1_apiary_proto != nil {
 		return
 	}
+	file_apiary_v1_apiary_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   65,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

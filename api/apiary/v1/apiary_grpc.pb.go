@@ -488,6 +488,9 @@ const (
 	AgentService_Heartbeat_FullMethodName         = "/apiary.v1.AgentService/Heartbeat"
 	AgentService_StreamAssignments_FullMethodName = "/apiary.v1.AgentService/StreamAssignments"
 	AgentService_ReportTaskStatus_FullMethodName  = "/apiary.v1.AgentService/ReportTaskStatus"
+	AgentService_AdoptAttempts_FullMethodName     = "/apiary.v1.AgentService/AdoptAttempts"
+	AgentService_DrainSelf_FullMethodName         = "/apiary.v1.AgentService/DrainSelf"
+	AgentService_Deregister_FullMethodName        = "/apiary.v1.AgentService/Deregister"
 	AgentService_ExportSpans_FullMethodName       = "/apiary.v1.AgentService/ExportSpans"
 )
 
@@ -507,6 +510,25 @@ type AgentServiceClient interface {
 	// ReportTaskStatus reports on one attempt. A report whose (attempt, node
 	// epoch) is not the task's current one is rejected (accepted=false).
 	ReportTaskStatus(ctx context.Context, in *ReportTaskStatusRequest, opts ...grpc.CallOption) (*ReportTaskStatusResponse, error)
+	// AdoptAttempts hands the attempts an agent still runs from an ended node
+	// epoch to its new one (the agent was cut off, its lease lapsed, it
+	// registered again). An attempt is adopted when its task is still
+	// ASSIGNED or RUNNING on this node with the same attempt, fencing token and
+	// old epoch (one compared Txn on the task's ModRevision, the new epoch's
+	// alive key and the assignment); every other one must be killed by the
+	// agent and never reported. FAILED_PRECONDITION when node_epoch is not
+	// the node's current epoch.
+	AdoptAttempts(ctx context.Context, in *AdoptAttemptsRequest, opts ...grpc.CallOption) (*AdoptAttemptsResponse, error)
+	// DrainSelf marks the node draining (no new placements) until
+	// deadline_ms: the agent is shutting down (SIGTERM). Attempts it stops
+	// at the deadline are reported DRAINED. FAILED_PRECONDITION for an ended
+	// epoch.
+	DrainSelf(ctx context.Context, in *DrainSelfRequest, opts ...grpc.CallOption) (*DrainSelfResponse, error)
+	// Deregister ends the node epoch at once (deletes its alive key and
+	// revokes its lease) after a clean shutdown: tasks it still holds are
+	// requeued without charge, as drained. FAILED_PRECONDITION for an ended
+	// epoch.
+	Deregister(ctx context.Context, in *DeregisterRequest, opts ...grpc.CallOption) (*DeregisterResponse, error)
 	// ExportSpans hands the agent's finished spans (task.run) to the
 	// coordinator's in-memory span buffer, from which GetJobTrace serves
 	// them. Best effort: a coordinator without a buffer drops them.
@@ -570,6 +592,36 @@ func (c *agentServiceClient) ReportTaskStatus(ctx context.Context, in *ReportTas
 	return out, nil
 }
 
+func (c *agentServiceClient) AdoptAttempts(ctx context.Context, in *AdoptAttemptsRequest, opts ...grpc.CallOption) (*AdoptAttemptsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AdoptAttemptsResponse)
+	err := c.cc.Invoke(ctx, AgentService_AdoptAttempts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) DrainSelf(ctx context.Context, in *DrainSelfRequest, opts ...grpc.CallOption) (*DrainSelfResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainSelfResponse)
+	err := c.cc.Invoke(ctx, AgentService_DrainSelf_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) Deregister(ctx context.Context, in *DeregisterRequest, opts ...grpc.CallOption) (*DeregisterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeregisterResponse)
+	err := c.cc.Invoke(ctx, AgentService_Deregister_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *agentServiceClient) ExportSpans(ctx context.Context, in *ExportSpansRequest, opts ...grpc.CallOption) (*ExportSpansResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ExportSpansResponse)
@@ -596,6 +648,25 @@ type AgentServiceServer interface {
 	// ReportTaskStatus reports on one attempt. A report whose (attempt, node
 	// epoch) is not the task's current one is rejected (accepted=false).
 	ReportTaskStatus(context.Context, *ReportTaskStatusRequest) (*ReportTaskStatusResponse, error)
+	// AdoptAttempts hands the attempts an agent still runs from an ended node
+	// epoch to its new one (the agent was cut off, its lease lapsed, it
+	// registered again). An attempt is adopted when its task is still
+	// ASSIGNED or RUNNING on this node with the same attempt, fencing token and
+	// old epoch (one compared Txn on the task's ModRevision, the new epoch's
+	// alive key and the assignment); every other one must be killed by the
+	// agent and never reported. FAILED_PRECONDITION when node_epoch is not
+	// the node's current epoch.
+	AdoptAttempts(context.Context, *AdoptAttemptsRequest) (*AdoptAttemptsResponse, error)
+	// DrainSelf marks the node draining (no new placements) until
+	// deadline_ms: the agent is shutting down (SIGTERM). Attempts it stops
+	// at the deadline are reported DRAINED. FAILED_PRECONDITION for an ended
+	// epoch.
+	DrainSelf(context.Context, *DrainSelfRequest) (*DrainSelfResponse, error)
+	// Deregister ends the node epoch at once (deletes its alive key and
+	// revokes its lease) after a clean shutdown: tasks it still holds are
+	// requeued without charge, as drained. FAILED_PRECONDITION for an ended
+	// epoch.
+	Deregister(context.Context, *DeregisterRequest) (*DeregisterResponse, error)
 	// ExportSpans hands the agent's finished spans (task.run) to the
 	// coordinator's in-memory span buffer, from which GetJobTrace serves
 	// them. Best effort: a coordinator without a buffer drops them.
@@ -621,6 +692,15 @@ func (UnimplementedAgentServiceServer) StreamAssignments(*StreamAssignmentsReque
 }
 func (UnimplementedAgentServiceServer) ReportTaskStatus(context.Context, *ReportTaskStatusRequest) (*ReportTaskStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportTaskStatus not implemented")
+}
+func (UnimplementedAgentServiceServer) AdoptAttempts(context.Context, *AdoptAttemptsRequest) (*AdoptAttemptsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AdoptAttempts not implemented")
+}
+func (UnimplementedAgentServiceServer) DrainSelf(context.Context, *DrainSelfRequest) (*DrainSelfResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainSelf not implemented")
+}
+func (UnimplementedAgentServiceServer) Deregister(context.Context, *DeregisterRequest) (*DeregisterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Deregister not implemented")
 }
 func (UnimplementedAgentServiceServer) ExportSpans(context.Context, *ExportSpansRequest) (*ExportSpansResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExportSpans not implemented")
@@ -711,6 +791,60 @@ func _AgentService_ReportTaskStatus_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentService_AdoptAttempts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AdoptAttemptsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).AdoptAttempts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_AdoptAttempts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).AdoptAttempts(ctx, req.(*AdoptAttemptsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_DrainSelf_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainSelfRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).DrainSelf(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_DrainSelf_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).DrainSelf(ctx, req.(*DrainSelfRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_Deregister_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeregisterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).Deregister(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_Deregister_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).Deregister(ctx, req.(*DeregisterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AgentService_ExportSpans_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ExportSpansRequest)
 	if err := dec(in); err != nil {
@@ -749,6 +883,18 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AgentService_ReportTaskStatus_Handler,
 		},
 		{
+			MethodName: "AdoptAttempts",
+			Handler:    _AgentService_AdoptAttempts_Handler,
+		},
+		{
+			MethodName: "DrainSelf",
+			Handler:    _AgentService_DrainSelf_Handler,
+		},
+		{
+			MethodName: "Deregister",
+			Handler:    _AgentService_Deregister_Handler,
+		},
+		{
 			MethodName: "ExportSpans",
 			Handler:    _AgentService_ExportSpans_Handler,
 		},
@@ -764,11 +910,13 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	AdminService_ListNodes_FullMethodName      = "/apiary.v1.AdminService/ListNodes"
-	AdminService_GetRegionInfo_FullMethodName  = "/apiary.v1.AdminService/GetRegionInfo"
-	AdminService_ListRegions_FullMethodName    = "/apiary.v1.AdminService/ListRegions"
-	AdminService_QuarantineNode_FullMethodName = "/apiary.v1.AdminService/QuarantineNode"
-	AdminService_ReleaseNode_FullMethodName    = "/apiary.v1.AdminService/ReleaseNode"
+	AdminService_ListNodes_FullMethodName          = "/apiary.v1.AdminService/ListNodes"
+	AdminService_GetRegionInfo_FullMethodName      = "/apiary.v1.AdminService/GetRegionInfo"
+	AdminService_ListRegions_FullMethodName        = "/apiary.v1.AdminService/ListRegions"
+	AdminService_QuarantineNode_FullMethodName     = "/apiary.v1.AdminService/QuarantineNode"
+	AdminService_ReleaseNode_FullMethodName        = "/apiary.v1.AdminService/ReleaseNode"
+	AdminService_DrainNode_FullMethodName          = "/apiary.v1.AdminService/DrainNode"
+	AdminService_SetNodeEligibility_FullMethodName = "/apiary.v1.AdminService/SetNodeEligibility"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -791,6 +939,16 @@ type AdminServiceClient interface {
 	// ReleaseNode ends a node's quarantine (a no-op, not an error, when it
 	// is not quarantined). Errors as QuarantineNode.
 	ReleaseNode(ctx context.Context, in *ReleaseNodeRequest, opts ...grpc.CallOption) (*ReleaseNodeResponse, error)
+	// DrainNode marks a node draining: no new placements; its running attempts
+	// may finish until deadline_ms, then its agent stops the rest and hands
+	// them back as DRAINED (requeued at once, not charged). cancel=true ends a
+	// drain (the node stays ineligible until SetNodeEligibility). Errors as
+	// QuarantineNode. Through the router: sent to the region with the node.
+	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error)
+	// SetNodeEligibility turns new placements on a node off or on (Nomad's
+	// node eligibility); running attempts are not touched. Errors as
+	// QuarantineNode.
+	SetNodeEligibility(ctx context.Context, in *SetNodeEligibilityRequest, opts ...grpc.CallOption) (*SetNodeEligibilityResponse, error)
 }
 
 type adminServiceClient struct {
@@ -851,6 +1009,26 @@ func (c *adminServiceClient) ReleaseNode(ctx context.Context, in *ReleaseNodeReq
 	return out, nil
 }
 
+func (c *adminServiceClient) DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainNodeResponse)
+	err := c.cc.Invoke(ctx, AdminService_DrainNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) SetNodeEligibility(ctx context.Context, in *SetNodeEligibilityRequest, opts ...grpc.CallOption) (*SetNodeEligibilityResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetNodeEligibilityResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetNodeEligibility_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -871,6 +1049,16 @@ type AdminServiceServer interface {
 	// ReleaseNode ends a node's quarantine (a no-op, not an error, when it
 	// is not quarantined). Errors as QuarantineNode.
 	ReleaseNode(context.Context, *ReleaseNodeRequest) (*ReleaseNodeResponse, error)
+	// DrainNode marks a node draining: no new placements; its running attempts
+	// may finish until deadline_ms, then its agent stops the rest and hands
+	// them back as DRAINED (requeued at once, not charged). cancel=true ends a
+	// drain (the node stays ineligible until SetNodeEligibility). Errors as
+	// QuarantineNode. Through the router: sent to the region with the node.
+	DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error)
+	// SetNodeEligibility turns new placements on a node off or on (Nomad's
+	// node eligibility); running attempts are not touched. Errors as
+	// QuarantineNode.
+	SetNodeEligibility(context.Context, *SetNodeEligibilityRequest) (*SetNodeEligibilityResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -895,6 +1083,12 @@ func (UnimplementedAdminServiceServer) QuarantineNode(context.Context, *Quaranti
 }
 func (UnimplementedAdminServiceServer) ReleaseNode(context.Context, *ReleaseNodeRequest) (*ReleaseNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReleaseNode not implemented")
+}
+func (UnimplementedAdminServiceServer) DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainNode not implemented")
+}
+func (UnimplementedAdminServiceServer) SetNodeEligibility(context.Context, *SetNodeEligibilityRequest) (*SetNodeEligibilityResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetNodeEligibility not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1007,6 +1201,42 @@ func _AdminService_ReleaseNode_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_DrainNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DrainNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DrainNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DrainNode(ctx, req.(*DrainNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_SetNodeEligibility_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetNodeEligibilityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetNodeEligibility(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetNodeEligibility_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetNodeEligibility(ctx, req.(*SetNodeEligibilityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1033,6 +1263,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseNode",
 			Handler:    _AdminService_ReleaseNode_Handler,
+		},
+		{
+			MethodName: "DrainNode",
+			Handler:    _AdminService_DrainNode_Handler,
+		},
+		{
+			MethodName: "SetNodeEligibility",
+			Handler:    _AdminService_SetNodeEligibility_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
