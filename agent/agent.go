@@ -42,20 +42,50 @@ type Agent struct {
 	metrics *telemetry.AgentMetrics
 	marker  string // agentRunEnv's value for this agent's tasks
 
-	mu        sync.Mutex
-	epoch     int64         // current node epoch; 0 while unregistered
-	changed   chan struct{} // closed and replaced when epoch changes
-	region    string
-	seen      map[AttemptKey]*attemptState // this epoch's attempts, for dedup
+	// runCtx outlives Run's ctx through the shutdown drain; the attempts'
+	// reports run under it. wg counts the attempts' goroutines.
+	runCtx context.Context
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	epoch   int64 // current node epoch; 0 while unregistered
+	changed chan struct{} // closed and replaced on epoch change, contact after a disconnect, adoption
+	region  string
+	// seen holds the attempts of every epoch (deduplication, and the
+	// attempts carried over to a new epoch by adoption), pruned once
+	// finished for seenRetention.
+	seen      map[AttemptKey]*attemptState
 	lastPrune time.Time
+	// lastContact is when a coordinator last answered a heartbeat or a
+	// registration; leaseTTL is the epoch's lease. No answer for a lease
+	// TTL means "disconnected": attempts keep running up to their
+	// lost_after.
+	lastContact time.Time
+	leaseTTL    time.Duration
+	// drainAt is when attempts still running are stopped and handed back
+	// as DRAINED (zero: not draining); from the heartbeat answer (an
+	// operator's drain) or the agent's own shutdown.
+	drainAt time.Time
+	// stopping is set by the shutdown drain (a drain no heartbeat ends).
+	stopping bool
 }
 
-// attemptState is the agent's view of one attempt of the current epoch.
-// Guarded by Agent.mu.
+// attemptState is the agent's view of one attempt. Guarded by Agent.mu.
 type attemptState struct {
+	key       AttemptKey
 	exec      *Execution // nil until started
 	cancelled bool       // a CANCEL arrived
 	finished  time.Time  // zero while the attempt may still run
+	// epoch is the node epoch the attempt belongs to: the one it was
+	// dispatched to, or the one that adopted it. Reports carry it.
+	epoch     int64
+	token     int64         // fencing token
+	lostAfter time.Duration // how long it runs while disconnected
+	drained   bool          // stopped by a drain: reported DRAINED
+	stale     bool          // killed as stale: never reported
+	settled   bool          // its final report was answered (or given up)
+	ctx       context.Context
+	stop      context.CancelFunc // ends ctx: stops the attempt's reports
 }
 
 // New validates cfg, fills in its defaults (see Config) and returns an agent
@@ -71,6 +101,7 @@ func New(cfg Config) (*Agent, error) {
 		ledger:  NewLedger(c.Capacity, c.GPUModel, c.MaxTasks),
 		backoff: backoff.Config{MinBackoff: c.MinBackoff, MaxBackoff: c.MaxBackoff},
 		changed: make(chan struct{}),
+		seen:    map[AttemptKey]*attemptState{},
 		tracer:  telemetry.Tracer(c.TracerProvider),
 		tracing: telemetry.IsEnabled(c.TracerProvider),
 		marker:  agentMarker(c.DataDir),
@@ -114,6 +145,11 @@ func (a *Agent) WaitRegistered(ctx context.Context) (int64, error) {
 // setEpochLocked records the current epoch and wakes WaitRegistered.
 func (a *Agent) setEpochLocked(epoch int64) {
 	a.epoch = epoch
+	a.bumpLocked()
+}
+
+// bumpLocked wakes everyone waiting on a.changed.
+func (a *Agent) bumpLocked() {
 	close(a.changed)
 	a.changed = make(chan struct{})
 }
@@ -121,11 +157,14 @@ func (a *Agent) setEpochLocked(epoch int64) {
 // Used returns the resources held by running attempts and their number.
 func (a *Agent) Used() (Resources, int) { return a.ledger.Used() }
 
-// Run registers the node and serves assignments until ctx is cancelled. When
-// the node epoch is lost it kills the epoch's attempts (without reporting
-// them) and registers again. On cancellation it kills every running process
-// group, waits for them to end, and returns nil; their tasks are reclaimed by
-// the coordinator when the lease lapses. Run returns an error only if
+// Run registers the node and serves assignments until ctx is cancelled.
+// While no coordinator answers, attempts keep running (up to their
+// lost_after) and their reports are held; when a coordinator answers that
+// the node epoch ended, the agent registers again and asks it to adopt the
+// attempts it still runs, killing (without reporting) those it refuses. On
+// cancellation it drains (Config.DrainDeadline): no new placements, attempts
+// still running at the deadline stopped and reported DRAINED, the lease
+// released; then it kills anything left and returns nil. Run returns an error only if
 // DataDir/work cannot be created, the metrics address cannot be served, a
 // coordinator address is unusable, a coordinator refuses the registration as
 // invalid (INVALID_ARGUMENT: bad node id or capacity), or Run was already
@@ -142,8 +181,8 @@ func (a *Agent) Run(ctx context.Context) error {
 //   - janitor: removes finished attempts' work dirs (WorkRetention).
 //   - sessions: the coordinator connections, then register and serve one
 //     node epoch after another (heartbeats and the assignment stream); on
-//     stop it kills the running process groups and waits for them. A refused
-//     registration fails the part.
+//     stop it drains the node (liveness.go) and waits for the process
+//     groups. A refused registration fails the part.
 //
 // An agent runs once: Parts fails to start if Run or Parts ran before.
 func (a *Agent) Parts() []lifecycle.Part {
@@ -185,12 +224,19 @@ func (a *Agent) Parts() []lifecycle.Part {
 }
 
 // sessions registers the node and serves one epoch after another until ctx
-// ends (nil) or a coordinator refuses the registration (its error).
+// ends (nil, after the shutdown drain) or a coordinator refuses the
+// registration (its error).
 func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
+	// The sessions and the attempts' reports outlive ctx through the drain.
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
+	a.runCtx = runCtx
+	sctx, stopSessions := context.WithCancel(runCtx)
+	defer stopSessions()
 	rep := &reporter{coords: coords, rpcTimeout: a.cfg.RPCTimeout, backoff: a.backoff, log: a.log}
 	a.log.Info("agent starting", "coordinators", a.cfg.CoordinatorAddrs, "data_dir", a.cfg.DataDir,
 		"cpu_millis", a.cfg.Capacity.CPUMillis, "memory_mb", a.cfg.Capacity.MemoryMB,
-		"gpus", a.cfg.Capacity.GPUs, "max_tasks", a.cfg.MaxTasks)
+		"gpus", a.cfg.Capacity.GPUs, "max_tasks", a.cfg.MaxTasks, "disconnect_grace", a.cfg.DisconnectGrace)
 	req := &apiaryv1.RegisterNodeRequest{
 		NodeId: a.cfg.NodeID,
 		Labels: a.cfg.Labels,
@@ -202,72 +248,111 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 		GpuModel: a.cfg.GPUModel,
 		MaxTasks: int32(a.cfg.MaxTasks),
 	}
+	var watch sync.WaitGroup
+	watch.Go(func() { a.watchdog(runCtx) })
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		select {
+		case <-ctx.Done():
+			a.shutdownDrain(coords)
+		case <-sctx.Done():
+		}
+		stopSessions()
+	}()
+	var failed error
 	for {
-		sess, err := register(ctx, coords, req, a.cfg.RPCTimeout, a.backoff, a.log)
-		if ctx.Err() != nil {
+		sess, err := register(sctx, coords, req, a.cfg.RPCTimeout, a.backoff, a.log)
+		if sctx.Err() != nil {
 			break
 		}
 		if err != nil {
 			a.log.Error("registration refused; stopping", "err", err)
-			return err
+			failed = err
+			break
 		}
 		a.metrics.Registrations.Inc()
 		a.metrics.Epoch.Set(float64(sess.epoch))
-		err = a.serveEpoch(ctx, sess, rep)
-		if ctx.Err() != nil {
+		err = a.serveEpoch(sctx, sess, rep)
+		if sctx.Err() != nil {
 			break
 		}
 		a.log.Warn("re-registering", "old_epoch", sess.epoch, "reason", err)
 	}
+	stopSessions()
+	<-drained
+	// Whatever still runs now is killed and never reported.
+	a.mu.Lock()
+	a.setEpochLocked(0)
+	for _, st := range a.seen {
+		if st.exec != nil && st.finished.IsZero() {
+			st.exec.Abandon()
+		}
+	}
+	a.mu.Unlock()
+	stopRun()
+	a.wg.Wait()
+	watch.Wait()
 	a.log.Info("agent stopped")
-	return nil
+	return failed
 }
 
-// serveEpoch runs one node epoch until it is lost or ctx ends, then kills
-// the epoch's attempts and waits for them.
+// serveEpoch runs one node epoch until it is lost or ctx ends. Attempts of
+// earlier epochs that still run are offered for adoption first. When the
+// epoch ends while the agent was in contact (a coordinator ended it:
+// revoked, suspected, re-registered), its attempts are killed at once; when
+// it ends after a disconnect of a lease TTL or more, they keep running for
+// the next epoch to adopt.
 func (a *Agent) serveEpoch(ctx context.Context, sess *session, rep *reporter) error {
 	ectx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
 	a.mu.Lock()
 	a.setEpochLocked(sess.epoch)
 	a.region = sess.region
-	a.seen = make(map[AttemptKey]*attemptState)
+	a.leaseTTL = sess.leaseTTL
+	a.lastContact = time.Now()
 	a.mu.Unlock()
+	a.adoptSurvivors(ectx, sess)
 
 	errc := make(chan error, 2)
-	go func() { errc <- sess.heartbeatLoop(ectx) }()
+	go func() { errc <- sess.heartbeatLoop(ectx, a.contact) }()
 	go func() {
 		errc <- sess.streamLoop(ectx, func(asg *apiaryv1.Assignment) {
-			a.handleAssignment(ectx, sess, rep, &wg, asg)
+			a.handleAssignment(sess, rep, asg)
 		})
 	}()
 	err := <-errc
 	cancel()
 	<-errc
 
-	// No new attempt can start now (the stream loop has returned); an
-	// attempt still starting sees ectx done and abandons itself.
+	// No new attempt can start now (the stream loop has returned).
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.setEpochLocked(0)
+	if ctx.Err() != nil {
+		return err // stopping: the shutdown drain decides
+	}
+	if cut := time.Since(a.lastContact); cut >= sess.leaseTTL {
+		a.log.Warn("epoch ended after a disconnect; its attempts keep running until adopted or refused",
+			"epoch", sess.epoch, "disconnected_for", cut.Round(time.Millisecond))
+		return err
+	}
 	n := 0
 	for _, st := range a.seen {
-		if st.exec != nil && st.finished.IsZero() {
-			st.exec.Abandon()
+		if st.epoch == sess.epoch && !st.settled && !st.stale {
+			a.killStaleLocked(st, "epoch_ended")
 			n++
 		}
 	}
-	a.mu.Unlock()
 	if n > 0 {
-		a.log.Warn("killing attempts of ended epoch", "epoch", sess.epoch, "attempts", n)
+		a.log.Warn("killed attempts of ended epoch", "epoch", sess.epoch, "attempts", n)
 	}
-	wg.Wait()
 	return err
 }
 
 // handleAssignment applies one assignment of the stream; it is called in
 // stream order from one goroutine.
-func (a *Agent) handleAssignment(ctx context.Context, sess *session, rep *reporter, wg *sync.WaitGroup, asg *apiaryv1.Assignment) {
+func (a *Agent) handleAssignment(sess *session, rep *reporter, asg *apiaryv1.Assignment) {
 	key := AttemptKey{JobID: asg.GetJobId(), TaskIndex: asg.GetTaskIndex(), Attempt: asg.GetAttempt()}
 	log := a.log.With("job", key.JobID, "task", key.TaskIndex, "attempt", key.Attempt)
 	now := time.Now()
@@ -285,28 +370,35 @@ func (a *Agent) handleAssignment(ctx context.Context, sess *session, rep *report
 			log.Debug("duplicate assignment ignored")
 			return
 		}
-		st := &attemptState{}
-		a.seen[key] = st
-		if err := a.ledger.Reserve(key, requestOf(asg)); err != nil {
+		st := a.newAttemptLocked(key, sess.epoch)
+		st.token = asg.GetFencingToken()
+		st.lostAfter = time.Duration(asg.GetLostAfterMs()) * time.Millisecond
+		err := a.ledger.Reserve(key, requestOf(asg))
+		if err == nil && !a.drainAt.IsZero() {
+			a.ledger.Release(key)
+			err = errors.New("node is draining")
+		}
+		if err != nil {
 			st.finished = now
 			a.metrics.Attempts.WithLabelValues("refused").Inc()
 			log.Info("refusing assignment", "reason", err)
-			wg.Go(func() {
+			a.wg.Go(func() {
 				req := a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_REFUSED)
 				req.Error = err.Error()
-				rep.send(ctx, req, nil)
+				a.report(rep, st, req, nil)
 			})
 			return
 		}
-		wg.Go(func() { a.runAttempt(ctx, sess, rep, key, st, asg, log) })
+		a.wg.Go(func() { a.runAttempt(sess, rep, st, asg, log) })
 	case apiaryv1.Assignment_KIND_CANCEL:
 		st, ok := a.seen[key]
 		if !ok {
 			// Cancelled before it reached us: never run it, and say so.
-			a.seen[key] = &attemptState{cancelled: true, finished: now}
+			st = a.newAttemptLocked(key, sess.epoch)
+			st.cancelled, st.finished = true, now
 			log.Info("attempt cancelled before it ran")
-			wg.Go(func() {
-				rep.send(ctx, a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_CANCELLED), nil)
+			a.wg.Go(func() {
+				a.report(rep, st, a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_CANCELLED), nil)
 			})
 			return
 		}
@@ -323,10 +415,20 @@ func (a *Agent) handleAssignment(ctx context.Context, sess *session, rep *report
 	}
 }
 
+// newAttemptLocked records a new attempt of epoch, with its own report
+// context under the agent's run context.
+func (a *Agent) newAttemptLocked(key AttemptKey, epoch int64) *attemptState {
+	st := &attemptState{key: key, epoch: epoch}
+	st.ctx, st.stop = context.WithCancel(a.runCtx)
+	a.seen[key] = st
+	return st
+}
+
 // runAttempt executes one admitted attempt and reports on it. Its resources
 // are held in the ledger until its process group is gone.
-func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, key AttemptKey,
-	st *attemptState, asg *apiaryv1.Assignment, log *slog.Logger) {
+func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *apiaryv1.Assignment, log *slog.Logger) {
+	key := st.key
+	ctx := st.ctx
 	finish := func() {
 		a.ledger.Release(key)
 		a.mu.Lock()
@@ -363,16 +465,17 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 		req.Fault = StartFault(err)
 		req.ExitCode = -1
 		req.StartTimeMs, req.EndTimeMs = time.Now().UnixMilli(), time.Now().UnixMilli()
-		if r := rep.send(ctx, req, nil); r.delivered && !r.accepted {
+		if r := a.report(rep, st, req, nil); r.delivered && !r.accepted {
 			log.Info("report rejected", "kind", req.Kind.String(), "reason", r.reason)
 		}
 		return
 	}
 	a.mu.Lock()
 	st.exec = exec
-	if ctx.Err() != nil {
-		exec.Abandon() // the epoch ended while we were starting
-	} else if st.cancelled {
+	switch {
+	case st.stale || ctx.Err() != nil:
+		exec.Abandon() // killed as stale while we were starting
+	case st.cancelled, st.drained:
 		exec.Cancel()
 	}
 	a.mu.Unlock()
@@ -396,14 +499,16 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 		}
 		req := a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
 		req.StartTimeMs = exec.StartTime().UnixMilli()
-		startedc <- rep.send(ctx, req, exec.Done())
+		startedc <- a.report(rep, st, req, exec.Done())
 	}()
 	var started reportResult
 	select {
 	case started = <-startedc:
 		if started.delivered && !started.accepted {
 			log.Info("STARTED rejected; killing stale attempt", "reason", started.reason)
-			exec.Abandon()
+			a.mu.Lock()
+			a.killStaleLocked(st, "report_rejected")
+			a.mu.Unlock()
 		}
 		<-exec.Done()
 	case <-exec.Done():
@@ -415,14 +520,21 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 		"duration", res.Ended.Sub(res.Started), "err", res.Err)
 	a.endRun(span, nil, exec, &res, dir)
 
-	if ctx.Err() != nil || res.Outcome == OutcomeAbandoned || (started.delivered && !started.accepted) {
+	a.mu.Lock()
+	drained, stale, cancelled := st.drained, st.stale, st.cancelled
+	a.mu.Unlock()
+	if ctx.Err() != nil || stale || res.Outcome == OutcomeAbandoned || (started.delivered && !started.accepted) {
+		a.settle(st)
 		return // stale: nobody wants to hear about it
 	}
 	var kind apiaryv1.ReportKind
-	switch res.Outcome {
-	case OutcomeTimedOut:
+	switch {
+	case res.Outcome == OutcomeTimedOut:
 		kind = apiaryv1.ReportKind_REPORT_KIND_TIMED_OUT
-	case OutcomeCancelled:
+	case res.Outcome == OutcomeCancelled && drained && !cancelled:
+		kind = apiaryv1.ReportKind_REPORT_KIND_DRAINED
+		a.metrics.Drained.Inc()
+	case res.Outcome == OutcomeCancelled:
 		kind = apiaryv1.ReportKind_REPORT_KIND_CANCELLED
 	default:
 		kind = apiaryv1.ReportKind_REPORT_KIND_EXITED
@@ -434,7 +546,7 @@ func (a *Agent) runAttempt(ctx context.Context, sess *session, rep *reporter, ke
 	if res.Err != nil {
 		req.Error = res.Err.Error()
 	}
-	if r := rep.send(ctx, req, nil); r.delivered && !r.accepted {
+	if r := a.report(rep, st, req, nil); r.delivered && !r.accepted {
 		log.Info("report rejected", "kind", kind.String(), "reason", r.reason)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,6 +44,43 @@ type fakeCoord struct {
 	failed      int
 	leaseTTLms  int64 // default 5000
 	hbDown      bool  // answer heartbeats with UNAVAILABLE
+	drainMs     int64 // HeartbeatResponse.drain_deadline_ms
+	// adopt decides AdoptAttempts (nil: refuse all); adoptions records
+	// the requests; drains and deregisters the epochs of those calls.
+	adopt       func(*apiaryv1.AttemptRef) bool
+	adoptions   []*apiaryv1.AdoptAttemptsRequest
+	drains      []*apiaryv1.DrainSelfRequest
+	deregisters []int64
+}
+
+func (f *fakeCoord) AdoptAttempts(_ context.Context, req *apiaryv1.AdoptAttemptsRequest) (*apiaryv1.AdoptAttemptsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.valid[req.GetNodeEpoch()] {
+		return nil, status.Error(codes.FailedPrecondition, "node epoch gone")
+	}
+	f.adoptions = append(f.adoptions, req)
+	out := &apiaryv1.AdoptAttemptsResponse{}
+	for _, r := range req.GetAttempts() {
+		ok := f.adopt != nil && f.adopt(r)
+		out.Decisions = append(out.Decisions, &apiaryv1.AdoptDecision{Attempt: r, Adopted: ok})
+	}
+	return out, nil
+}
+
+func (f *fakeCoord) DrainSelf(_ context.Context, req *apiaryv1.DrainSelfRequest) (*apiaryv1.DrainSelfResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.drains = append(f.drains, req)
+	return &apiaryv1.DrainSelfResponse{}, nil
+}
+
+func (f *fakeCoord) Deregister(_ context.Context, req *apiaryv1.DeregisterRequest) (*apiaryv1.DeregisterResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deregisters = append(f.deregisters, req.GetNodeEpoch())
+	delete(f.valid, req.GetNodeEpoch())
+	return &apiaryv1.DeregisterResponse{}, nil
 }
 
 type fakeStream struct {
@@ -88,7 +126,7 @@ func (f *fakeCoord) Heartbeat(_ context.Context, req *apiaryv1.HeartbeatRequest)
 	if !f.valid[req.GetNodeEpoch()] {
 		return nil, status.Error(codes.FailedPrecondition, "node epoch gone")
 	}
-	return &apiaryv1.HeartbeatResponse{LeaseTtlMs: f.leaseTTLms}, nil
+	return &apiaryv1.HeartbeatResponse{LeaseTtlMs: f.leaseTTLms, DrainDeadlineMs: f.drainMs}, nil
 }
 
 func (f *fakeCoord) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, st grpc.ServerStreamingServer[apiaryv1.StreamAssignmentsResponse]) error {
@@ -668,7 +706,7 @@ func TestAgentRetriesReportsAndFailsOver(t *testing.T) {
 	}
 }
 
-func TestAgentShutdownKillsProcessGroups(t *testing.T) {
+func TestAgentShutdownDrainsAndDeregisters(t *testing.T) {
 	f, ta, epoch := startConnected(t, nil)
 
 	key := AttemptKey{JobID: "r1-run", TaskIndex: 0, Attempt: 1}
@@ -694,8 +732,38 @@ func TestAgentShutdownKillsProcessGroups(t *testing.T) {
 	if recs := readRecords(filepath.Join(ta.dataDir, "attempts")); len(recs) != 0 {
 		t.Fatalf("records left after a graceful stop: %v", recs)
 	}
-	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
-		t.Fatalf("reports %v, want only STARTED (shutdown is not reported)", ks)
+	// The stop is a drain: the node is marked draining, the attempt is
+	// handed back as DRAINED (requeued, not charged), the epoch is released.
+	if ks := kinds(f.reportsFor(key)); len(ks) != 2 || ks[1] != apiaryv1.ReportKind_REPORT_KIND_DRAINED {
+		t.Fatalf("reports %v, want STARTED then DRAINED", ks)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.drains) != 1 || f.drains[0].GetNodeEpoch() != epoch || len(f.deregisters) != 1 || f.deregisters[0] != epoch {
+		t.Fatalf("drains %v deregisters %v, want one each for epoch %d", f.drains, f.deregisters, epoch)
+	}
+}
+
+func TestAgentOperatorDrainStopsAttemptsAtDeadline(t *testing.T) {
+	f, ta, epoch := startConnected(t, nil)
+	key := AttemptKey{JobID: "r1-drain", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, key, `exec sleep 100`))
+	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
+	f.mu.Lock()
+	f.drainMs = time.Now().Add(300 * time.Millisecond).UnixMilli()
+	f.mu.Unlock()
+	r := f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_DRAINED)
+	if r.GetNodeEpoch() != epoch {
+		t.Fatalf("DRAINED with epoch %d, want %d", r.GetNodeEpoch(), epoch)
+	}
+	// While draining, a new attempt is refused, not run.
+	k2 := AttemptKey{JobID: "r1-drain", TaskIndex: 1, Attempt: 1}
+	f.push(runAsg(epoch, k2, `exit 0`))
+	if r := f.waitReport(t, k2, apiaryv1.ReportKind_REPORT_KIND_REFUSED); !strings.Contains(r.GetError(), "draining") {
+		t.Fatalf("refusal %q", r.GetError())
+	}
+	if ta.Epoch() != epoch {
+		t.Fatalf("an operator's drain ended the epoch")
 	}
 }
 
@@ -713,38 +781,112 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
-func TestAgentSelfFencesWhenLeaseLapses(t *testing.T) {
-	// Heartbeats fail (not FAILED_PRECONDITION: the coordinator is simply
-	// unreachable for them) for longer than the lease TTL: the lease has
-	// lapsed, so the agent kills the epoch's work and registers again.
-	f := startFake(t)
-	f.leaseTTLms = 400
-	ta := startAgent(t, []string{f.addr}, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	e1, err := ta.WaitRegistered(ctx)
+// agentMetric is the sum of the agent's metric family name (0 if absent).
+func agentMetric(t *testing.T, ta *testAgent, name string) float64 {
+	t.Helper()
+	fams, err := ta.cfg.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			return testutil.MetricSum(f)
+		}
+	}
+	return 0
+}
+
+// cutOff starts an attempt on a connected agent with a short lease, then
+// makes every heartbeat fail (the coordinators are unreachable) and waits
+// for two lease TTLs: the attempt must keep running.
+func cutOff(t *testing.T, cfg func(*Config)) (*fakeCoord, *testAgent, int64, AttemptKey, int) {
+	f := startFake(t)
+	f.leaseTTLms = 400
+	ta := startAgent(t, []string{f.addr}, cfg)
+	e1 := ta.waitEpoch(t, 1)
 	f.waitStream(t, e1)
-	key := AttemptKey{JobID: "r1-lapse", TaskIndex: 0, Attempt: 1}
-	f.push(runAsg(e1, key, `echo $$ > pids; exec sleep 100`))
+	key := AttemptKey{JobID: "r1-cut", TaskIndex: 0, Attempt: 1}
+	asg := runAsg(e1, key, `echo $$ > pids; exec sleep 100`)
+	asg.FencingToken = 42
+	f.push(asg)
 	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
 	pid := readPids(t, filepath.Join(ta.workDir(key), "pids"), 1)[0]
-
 	f.mu.Lock()
 	f.hbDown = true
 	f.current = nil
 	f.mu.Unlock()
-	waitFor(t, 10*time.Second, func() bool { return processGone(pid) }, "attempt of the lapsed epoch killed")
+	waitFor(t, 5*time.Second, func() bool { return agentMetric(t, ta, "apiary_agent_disconnected") == 1 }, "agent sees itself disconnected")
+	if processGone(pid) {
+		t.Fatal("attempt killed when the coordinators became unreachable")
+	}
+	return f, ta, e1, key, pid
+}
+
+func TestAgentKeepsAttemptsWhileCutOffAndAdopts(t *testing.T) {
+	f, ta, e1, key, pid := cutOff(t, nil)
+	// The lease lapsed meanwhile: the coordinator answers that the epoch is
+	// gone. The agent registers again and the attempt is adopted.
 	f.mu.Lock()
+	f.adopt = func(r *apiaryv1.AttemptRef) bool { return r.GetFencingToken() == 42 && r.GetNodeEpoch() == e1 }
+	delete(f.valid, e1)
 	f.hbDown = false
 	f.mu.Unlock()
-	if e2 := ta.waitEpoch(t, e1+1); e2 <= e1 {
-		t.Fatalf("epoch %d after lapse", e2)
+	e2 := ta.waitEpoch(t, e1+1)
+	waitFor(t, 5*time.Second, func() bool { f.mu.Lock(); defer f.mu.Unlock(); return len(f.adoptions) == 1 }, "adoption asked")
+	if processGone(pid) {
+		t.Fatal("adopted attempt was killed")
+	}
+	// Its result is reported with the new epoch.
+	syscall.Kill(pid, syscall.SIGKILL)
+	r := f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_EXITED)
+	if r.GetNodeEpoch() != e2 {
+		t.Fatalf("report of the adopted attempt carries epoch %d, want %d", r.GetNodeEpoch(), e2)
+	}
+}
+
+func TestAgentKillsAttemptsNotAdopted(t *testing.T) {
+	f, ta, e1, key, pid := cutOff(t, nil)
+	f.mu.Lock()
+	delete(f.valid, e1) // the lease lapsed and the task was reclaimed: adoption refused
+	f.hbDown = false
+	f.mu.Unlock()
+	ta.waitEpoch(t, e1+1)
+	waitFor(t, 10*time.Second, func() bool { return processGone(pid) }, "attempt not adopted is killed")
+	if got := agentMetric(t, ta, "apiary_agent_stale_attempt_kills_total"); got != 1 {
+		t.Fatalf("stale kills %v", got)
 	}
 	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
 		t.Fatalf("reports %v, want only STARTED", ks)
+	}
+}
+
+func TestAgentKillsAttemptsAfterDisconnectGrace(t *testing.T) {
+	f, _, _, key, pid := cutOff(t, func(c *Config) { c.DisconnectGrace = 1500 * time.Millisecond })
+	waitFor(t, 10*time.Second, func() bool { return processGone(pid) }, "attempt killed after the disconnect grace")
+	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
+		t.Fatalf("reports %v, want only STARTED", ks)
+	}
+}
+
+func TestAgentKillsAtOnceWhenEpochEndedWhileConnected(t *testing.T) {
+	// A coordinator ends the epoch while the agent is in contact (revoked,
+	// suspected): its attempts are killed at once, not offered for adoption.
+	f, ta, epoch := startConnected(t, nil)
+	key := AttemptKey{JobID: "r1-revoked", TaskIndex: 0, Attempt: 1}
+	f.push(runAsg(epoch, key, `echo $$ > pids; exec sleep 100`))
+	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
+	pid := readPids(t, filepath.Join(ta.workDir(key), "pids"), 1)[0]
+	f.mu.Lock()
+	f.adopt = func(*apiaryv1.AttemptRef) bool { return true }
+	f.current = nil
+	f.mu.Unlock()
+	f.expire(epoch)
+	waitFor(t, 10*time.Second, func() bool { return processGone(pid) }, "attempt of the ended epoch killed")
+	ta.waitEpoch(t, epoch+1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.adoptions) != 0 {
+		t.Fatalf("adoption asked for an epoch ended while connected: %v", f.adoptions)
 	}
 }
 

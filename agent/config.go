@@ -38,6 +38,9 @@ const (
 	DefaultKillGrace  = 3 * time.Second
 	DefaultRPCTimeout = 5 * time.Second
 	DefaultAddr       = "127.0.0.1:7070"
+	// DefaultDisconnectGrace is how long attempts keep running while the
+	// agent reaches no coordinator, for jobs without disconnect.lost_after.
+	DefaultDisconnectGrace = 5 * time.Minute
 	// DefaultWorkRetention is how long a finished attempt's directory
 	// (working dir and full logs) is kept.
 	DefaultWorkRetention = 24 * time.Hour
@@ -84,6 +87,18 @@ type Config struct {
 	KillGrace time.Duration
 	// RPCTimeout bounds each unary RPC. Default 5 s.
 	RPCTimeout time.Duration
+	// DisconnectGrace is how long attempts keep running while no
+	// coordinator answers (an outage of the region, a network partition),
+	// for jobs that set no disconnect.lost_after; then they are killed.
+	// Counted from the last answered heartbeat. Default 5 min.
+	DisconnectGrace time.Duration
+	// DrainDeadline is how long running attempts may go on finishing when
+	// the agent is stopped (Run's ctx ends, e.g. SIGTERM): the node is
+	// marked draining at once (no new placements), attempts still running
+	// at the deadline are stopped and handed back as DRAINED (requeued, not
+	// charged), then the agent deregisters, releasing its lease. Default 0:
+	// stop and hand back at once.
+	DrainDeadline time.Duration
 	// MinBackoff and MaxBackoff bound the jittered exponential backoff of
 	// registration, stream reconnects and report retries. Defaults 100 ms
 	// and 5 s.
@@ -174,6 +189,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.RPCTimeout <= 0 {
 		c.RPCTimeout = DefaultRPCTimeout
+	}
+	if c.DisconnectGrace == 0 {
+		c.DisconnectGrace = DefaultDisconnectGrace
+	}
+	if c.DisconnectGrace < 0 {
+		return c, fmt.Errorf("disconnect-grace: must be > 0, got %s", c.DisconnectGrace)
+	}
+	if c.DrainDeadline < 0 {
+		return c, fmt.Errorf("drain-deadline: must be >= 0, got %s", c.DrainDeadline)
 	}
 	if c.MinBackoff <= 0 {
 		c.MinBackoff = 100 * time.Millisecond

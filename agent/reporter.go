@@ -32,10 +32,15 @@ type reportResult struct {
 
 // send delivers req. It stops retrying when ctx is done or giveUp is closed
 // (nil never closes). A non-transient gRPC error counts as a rejection: the
-// coordinator answered and will not take the report.
-func (r *reporter) send(ctx context.Context, req *apiaryv1.ReportTaskStatusRequest, giveUp <-chan struct{}) reportResult {
+// coordinator answered and will not take the report. epoch, if not nil,
+// gives the node epoch to send each try with (an attempt adopted by a new
+// epoch while its report waited is reported with the new one).
+func (r *reporter) send(ctx context.Context, req *apiaryv1.ReportTaskStatusRequest, giveUp <-chan struct{}, epoch func() int64) reportResult {
 	b := backoff.New(ctx, r.backoff)
 	for b.Ongoing() {
+		if epoch != nil {
+			req.NodeEpoch = epoch()
+		}
 		idx, cl := r.coords.client()
 		cctx, cancel := context.WithTimeout(ctx, r.rpcTimeout)
 		resp, err := cl.ReportTaskStatus(cctx, req)

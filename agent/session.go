@@ -15,9 +15,8 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 )
 
-// errEpochLost means the node epoch is gone: the coordinator answered
-// FAILED_PRECONDITION, or no heartbeat succeeded for a whole lease TTL (the
-// lease has lapsed, so the coordinator has reclaimed the epoch's tasks).
+// errEpochLost means the node epoch is gone: a coordinator answered
+// FAILED_PRECONDITION.
 var errEpochLost = errors.New("node epoch lost")
 
 // errFailedOver ends a stream because the agent moved to another coordinator.
@@ -92,10 +91,16 @@ func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterN
 	return nil, ctx.Err()
 }
 
-// heartbeatLoop renews the lease every heartbeat interval. It returns
-// errEpochLost when the epoch is gone, or ctx's error.
-func (s *session) heartbeatLoop(ctx context.Context) error {
+// heartbeatLoop renews the lease every heartbeat interval and passes each
+// answer to contact. It returns errEpochLost when a coordinator answers that
+// the epoch is gone, or ctx's error. While no coordinator answers it keeps
+// trying (a quarter interval apart): the agent cannot tell an outage of the
+// region, which leaves its lease alive (etcd is down with it, and a new etcd
+// leader refreshes every lease), from a partition that let it lapse, until
+// a coordinator answers.
+func (s *session) heartbeatLoop(ctx context.Context, contact func(*apiaryv1.HeartbeatResponse)) error {
 	lastOK := time.Now()
+	warned := false
 	t := time.NewTimer(s.heartbeat)
 	defer t.Stop()
 	for {
@@ -113,25 +118,30 @@ func (s *session) heartbeatLoop(ctx context.Context) error {
 		next := s.heartbeat
 		switch {
 		case err == nil:
-			lastOK = time.Now()
+			if warned {
+				s.log.Info("coordinators answer again; the epoch lives", "epoch", s.epoch,
+					"disconnected_for", time.Since(lastOK).Round(time.Millisecond))
+			}
+			lastOK, warned = time.Now(), false
 			if ttl := time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond; ttl > 0 {
 				s.leaseTTL = ttl
 			}
+			contact(resp)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case status.Code(err) == codes.FailedPrecondition:
 			s.log.Warn("node epoch gone", "epoch", s.epoch, "coordinator", s.coords.addr(idx), "err", err)
 			return errEpochLost
 		default:
-			s.log.Warn("heartbeat failed", "epoch", s.epoch, "coordinator", s.coords.addr(idx), "err", err)
+			s.log.Debug("heartbeat failed", "epoch", s.epoch, "coordinator", s.coords.addr(idx), "err", err)
 			s.coords.failover(idx)
 			// Retry sooner than a full interval: the lease is running out.
 			next = max(s.heartbeat/4, 10*time.Millisecond)
-		}
-		if time.Since(lastOK) >= s.leaseTTL {
-			s.log.Warn("no heartbeat for a whole lease TTL; epoch presumed lost",
-				"epoch", s.epoch, "lease_ttl", s.leaseTTL)
-			return errEpochLost
+			if !warned && time.Since(lastOK) >= s.leaseTTL {
+				warned = true
+				s.log.Warn("no coordinator answered for a whole lease TTL; attempts keep running up to their lost_after",
+					"epoch", s.epoch, "lease_ttl", s.leaseTTL, "err", err)
+			}
 		}
 		t.Reset(next)
 	}

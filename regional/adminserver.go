@@ -49,6 +49,7 @@ func (c *Coordinator) nodeProto(id string, nv *nodeView) *apiaryv1.Node {
 	n := &apiaryv1.Node{Id: id, Labels: r.Labels, Capacity: r.Capacity, Epoch: r.Epoch, GpuModel: r.GPUModel,
 		MaxTasks: r.MaxTasks, RegisteredTimeMs: r.RegisteredMs, Quarantined: r.Quarantined,
 		QuarantineReason: r.QuarantineReason, QuarantinedBy: r.QuarantinedBy, QuarantinedTimeMs: r.QuarantinedMs,
+		Draining: r.Draining, DrainDeadlineMs: r.DrainDeadlineMs, Ineligible: r.Ineligible,
 		Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{},
 		Region: c.meta.Region}
 	if nv.ready() {

@@ -176,7 +176,7 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		sum.Largest.CPUMillis = max(sum.Largest.CPUMillis, size.CPUMillis)
 		sum.Largest.MemoryMiB = max(sum.Largest.MemoryMiB, size.MemoryMiB)
 		sum.Largest.GPUs = max(sum.Largest.GPUs, size.GPUs)
-		if !nv.ready() || r.Quarantined {
+		if !nv.ready() || r.noPlacements() {
 			continue
 		}
 		sum.NodesReady++

@@ -117,7 +117,8 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	rec := nodeRecord{ID: req.GetNodeId(), Labels: labels, Capacity: cp, GPUModel: req.GetGpuModel(),
 		MaxTasks: req.GetMaxTasks(), Epoch: epoch, LeaseID: int64(lease.ID), RegisteredMs: time.Now().UnixMilli()}
 	usage := keyNodeUsage(req.GetNodeId())
-	// An operator's quarantine outlives the node's epochs: carry it over
+	// An operator's quarantine, drain and eligibility outlive the node's
+	// epochs: carry them over
 	// from the record being replaced, compared on its ModRevision so that a
 	// quarantine or release committed meanwhile is not overwritten.
 	for i := 0; ; i++ {
@@ -132,6 +133,12 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 			if json.Unmarshal(prev.Kvs[0].Value, &old) == nil {
 				rec.Quarantined, rec.QuarantineReason = old.Quarantined, old.QuarantineReason
 				rec.QuarantinedBy, rec.QuarantinedMs = old.QuarantinedBy, old.QuarantinedMs
+				rec.Ineligible, rec.IneligibleBy = old.Ineligible, old.IneligibleBy
+				if old.Draining && old.DrainBy != drainByAgent {
+					// An operator's drain outlives the agent's restarts; the
+					// agent's own shutdown drain ends with that run.
+					rec.Draining, rec.DrainDeadlineMs, rec.DrainBy = true, old.DrainDeadlineMs, old.DrainBy
+				}
 			}
 		}
 		resp, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(alive), "=", epoch),
@@ -178,18 +185,31 @@ func (c *Coordinator) nodeLease(ctx context.Context, nodeID string, epoch int64)
 func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequest) (*apiaryv1.HeartbeatResponse, error) {
 	cctx, cancel := etcdCtx(ctx)
 	defer cancel()
-	lease, err := s.c.nodeLease(cctx, req.GetNodeId(), req.GetNodeEpoch())
+	// One read of the alive key and the node record: the lease to renew
+	// and any drain the agent must apply.
+	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(keyNodeAlive(req.GetNodeId())), clientv3.OpGet(keyNode(req.GetNodeId()))).Commit()
 	if err != nil {
-		return nil, err
+		return nil, status.Errorf(codes.Unavailable, "read node: %v", err)
 	}
-	ka, err := s.c.cli.KeepAliveOnce(cctx, lease)
+	alive := resp.Responses[0].GetResponseRange().Kvs
+	if len(alive) == 0 || alive[0].CreateRevision != req.GetNodeEpoch() {
+		return nil, status.Errorf(codes.FailedPrecondition, "node %s epoch %d is gone; re-register", req.GetNodeId(), req.GetNodeEpoch())
+	}
+	ka, err := s.c.cli.KeepAliveOnce(cctx, clientv3.LeaseID(alive[0].Lease))
 	if err != nil {
 		if status.Code(err) == codes.NotFound || err.Error() == "etcdserver: requested lease not found" {
 			return nil, status.Errorf(codes.FailedPrecondition, "node %s epoch %d: lease expired; re-register", req.GetNodeId(), req.GetNodeEpoch())
 		}
 		return nil, status.Errorf(codes.Unavailable, "heartbeat: %v", err)
 	}
-	return &apiaryv1.HeartbeatResponse{LeaseTtlMs: ka.TTL * 1000}, nil
+	out := &apiaryv1.HeartbeatResponse{LeaseTtlMs: ka.TTL * 1000}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+		var rec nodeRecord
+		if json.Unmarshal(kvs[0].Value, &rec) == nil && rec.Draining {
+			out.DrainDeadlineMs = max(rec.DrainDeadlineMs, 1)
+		}
+	}
+	return out, nil
 }
 
 // StreamAssignments sends the node's current assignments, then every new one,

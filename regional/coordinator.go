@@ -57,6 +57,11 @@ type Config struct {
 	// (connection refused) revokes the owner's lease (default 300 ms; 0 keeps
 	// the default, negative disables takeover on suspicion).
 	SuspectAfter time.Duration
+	// DisconnectGrace is how long the attempts of a job with
+	// disconnect.replace: false and no lost_after of its own stay on a lost
+	// node before they are replaced (default 5 min, like the agent's
+	// --disconnect-grace; keep the two alike).
+	DisconnectGrace time.Duration
 	// JobRetention is how long a finished job is kept before its records are
 	// deleted (default 24 h; negative keeps jobs forever).
 	JobRetention time.Duration
@@ -87,6 +92,9 @@ type Config struct {
 	MetricsAddr string
 }
 
+// DefaultDisconnectGrace is Config.DisconnectGrace's default.
+const DefaultDisconnectGrace = 5 * time.Minute
+
 var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 func (c *Config) validate() error {
@@ -113,6 +121,12 @@ func (c *Config) validate() error {
 	}
 	if c.JobRetention == 0 {
 		c.JobRetention = 24 * time.Hour
+	}
+	if c.DisconnectGrace == 0 {
+		c.DisconnectGrace = DefaultDisconnectGrace
+	}
+	if c.DisconnectGrace < 0 {
+		return fmt.Errorf("disconnect-grace: must be > 0, got %s", c.DisconnectGrace)
 	}
 	if c.SuspectAfter == 0 {
 		c.SuspectAfter = 300 * time.Millisecond

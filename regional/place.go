@@ -179,7 +179,7 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 		a := &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_RUN, JobId: ct.rec.JobID, TaskIndex: ct.rec.Index,
 			Attempt: rec.Attempt, NodeEpoch: n.alive, Command: g.GetCommand(), Args: g.GetArgs(), Env: g.GetEnv(),
 			Resources: g.GetResources(), TimeoutMs: g.GetTimeoutMs(), Region: s.d.region, Traceparent: j.rec.Traceparent,
-			GpuIndices: rec.GPUDevices}
+			GpuIndices: rec.GPUDevices, LostAfterMs: j.rec.Spec.GetDisconnect().GetLostAfterMs()}
 		b, err := proto.Marshal(a)
 		if err != nil {
 			s.skip("marshal", ct.key, err)

@@ -56,7 +56,30 @@ type nodeRecord struct {
 	QuarantineReason string `json:"quarantine_reason,omitempty"`
 	QuarantinedBy    string `json:"quarantined_by,omitempty"`
 	QuarantinedMs    int64  `json:"quarantined_ms,omitempty"`
+	// Draining nodes get no new placements; at DrainDeadlineMs (Unix ms, 0:
+	// at once) their agent stops the attempts still running and reports
+	// them DRAINED. DrainBy is who asked: an operator (AdminService.
+	// DrainNode; kept across registrations) or drainByAgent (the agent
+	// shutting down; cleared when it registers again).
+	Draining        bool   `json:"draining,omitempty"`
+	DrainDeadlineMs int64  `json:"drain_deadline_ms,omitempty"`
+	DrainBy         string `json:"drain_by,omitempty"`
+	// Ineligible nodes get no new placements (SetNodeEligibility; kept
+	// across registrations).
+	Ineligible   bool   `json:"ineligible,omitempty"`
+	IneligibleBy string `json:"ineligible_by,omitempty"`
+	// Left is set by Deregister, with the ending of the epoch, when the
+	// agent shut down cleanly: the tasks it still held are requeued without
+	// charge.
+	Left bool `json:"left,omitempty"`
 }
+
+// drainByAgent is nodeRecord.DrainBy for an agent's own shutdown drain.
+const drainByAgent = "agent shutdown"
+
+// noPlacements reports whether the node takes no new placements: an
+// operator's quarantine, a drain, or eligibility turned off.
+func (r *nodeRecord) noPlacements() bool { return r.Quarantined || r.Draining || r.Ineligible }
 
 // usageRecord is /apiary/nodes/<nodeID>/usage: the resources allocated on
 // the node by committed plans. Its ModRevision is the CAS version a plan

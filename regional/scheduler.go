@@ -59,6 +59,8 @@ type ownerDeps struct {
 	skipped *prometheus.CounterVec // what
 	tracer  trace.Tracer
 	tracing bool
+	// disconnectGrace is lost_after for jobs that leave it unset.
+	disconnectGrace time.Duration
 }
 
 // ownerDeps is what the owner loop of term needs from c.
@@ -74,7 +76,7 @@ func (c *Coordinator) ownerDeps(term *shards.Term) ownerDeps {
 	return ownerDeps{region: c.meta.Region, jurisdiction: c.meta.Jurisdiction, coordID: c.cfg.ID, placer: p,
 		retention: c.cfg.JobRetention, cli: c.cli, commit: &etcdCommitter{cli: c.cli, term: term, retry: c.txnRetry},
 		specs: &c.specs, log: c.log, metrics: c.metrics, skipped: skippedCounter(c.cfg.Registry),
-		tracer: c.tracer, tracing: c.tracing}
+		tracer: c.tracer, tracing: c.tracing, disconnectGrace: c.cfg.DisconnectGrace}
 }
 
 // scheduler is the shard owner's loop: a cache of jobs, tasks and nodes kept
@@ -93,6 +95,9 @@ type scheduler struct {
 	usageSynced, swept, gaugesAt time.Time
 	// skipLogged rate-limits the log of skipped records (per kind).
 	skipLogged map[string]time.Time
+	// lostSince is when this owner first saw each lost node epoch that
+	// still holds tasks (disconnect.replace: false waits from it).
+	lostSince map[nodeEpoch]time.Time
 }
 
 // newScheduler is the owner loop of term on c.
@@ -103,7 +108,7 @@ func newScheduler(c *Coordinator, term *shards.Term) *scheduler {
 // newOwnerLoop builds the loop over an empty cache (run fills it).
 func newOwnerLoop(d ownerDeps, term *shards.Term) *scheduler {
 	s := &scheduler{d: d, term: term, cache: newOwnerCache(d.specs), reasons: newReasonGate(),
-		skipLogged: map[string]time.Time{}}
+		skipLogged: map[string]time.Time{}, lostSince: map[nodeEpoch]time.Time{}}
 	s.snap = newNodeSnapshot(s.cache, d.jurisdiction)
 	s.cache.leftPending = s.reasons.forget
 	s.cache.skipped = s.skip
@@ -211,7 +216,8 @@ const minRoundGap = 15 * time.Millisecond
 // event comes first.
 func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
 	now := time.Now()
-	if err := s.reclaim(ctx, now); err != nil {
+	reclaimNext, err := s.reclaim(ctx, now)
+	if err != nil {
 		return 0, err
 	}
 	if err := s.cancels(ctx, now); err != nil {
@@ -221,6 +227,7 @@ func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
+	next = min(next, reclaimNext)
 	s.updateGauges(now)
 	if time.Since(s.usageSynced) > 500*time.Millisecond {
 		if err := s.syncUsage(ctx); err != nil {
@@ -238,28 +245,59 @@ func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
 }
 
 // reclaim returns the active tasks of lost node epochs to PENDING (or FAILED
-// when their budget is spent), in fenced writes.
-func (s *scheduler) reclaim(ctx context.Context, now time.Time) error {
+// when their budget is spent), in fenced writes. A task whose job asked not
+// to be replaced (disconnect.replace: false) is left on its lost epoch until
+// its lost_after has passed since this owner first saw the epoch lost (an
+// agent that comes back within it adopts the attempt); the returned duration
+// is how long until the next such task is due (a minute when none waits).
+func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, error) {
 	c := s.cache
 	var ws []write
+	next := time.Minute
 	lostEpochs := map[int64]bool{}
+	seenLost := map[nodeEpoch]bool{}
 	for nodeID, keys := range c.byNode {
 		n := c.nodes[nodeID]
+		perEpoch := map[int64]int{}
+		for key := range keys {
+			perEpoch[c.tasks[key].rec.NodeEpoch]++
+		}
 		for key := range keys {
 			ct := c.tasks[key]
 			if n != nil && n.alive != 0 && n.alive == ct.rec.NodeEpoch {
 				continue
 			}
+			ne := nodeEpoch{nodeID, ct.rec.NodeEpoch}
+			seenLost[ne] = true
+			since, ok := s.lostSince[ne]
+			if !ok {
+				since = now
+				s.lostSince[ne] = now
+			}
 			p, _ := c.jobPolicy(&ct.rec)
-			res, ok := taskstate.NodeLost(ct.rec, p, nodeID, ct.rec.NodeEpoch, now.UnixMilli())
+			loss := taskstate.Loss{Alone: perEpoch[ct.rec.NodeEpoch] == 1,
+				Drained: n != nil && n.rec != nil && n.rec.Left && n.rec.Epoch == ct.rec.NodeEpoch}
+			if !p.Replace && !loss.Drained && !ct.rec.CancelRequested {
+				wait := p.LostAfter
+				if wait <= 0 {
+					wait = s.d.disconnectGrace
+				}
+				if due := since.Add(wait); now.Before(due) {
+					next = min(next, due.Sub(now))
+					continue
+				}
+			}
+			res, ok := taskstate.NodeLost(ct.rec, p, nodeID, ct.rec.NodeEpoch, loss, now.UnixMilli())
 			if !ok {
 				continue
 			}
-
+			why := fmt.Sprintf("node %s epoch %d lost (lease expired or revoked)", nodeID, ct.rec.NodeEpoch)
+			if loss.Drained {
+				why = fmt.Sprintf("node %s epoch %d left (agent shut down); requeued without charge", nodeID, ct.rec.NodeEpoch)
+			}
 			result := &apiaryv1.AttemptResult{Attempt: ct.rec.Attempt, NodeId: nodeID, NodeEpoch: ct.rec.NodeEpoch,
 				FencingToken: ct.rec.FencingToken, Outcome: res.Outcome, ExitCode: -1,
-				Error:       fmt.Sprintf("node %s epoch %d lost (lease expired or revoked)", nodeID, ct.rec.NodeEpoch),
-				StartTimeMs: ct.rec.StartedMs, EndTimeMs: now.UnixMilli()}
+				Error: why, StartTimeMs: ct.rec.StartedMs, EndTimeMs: now.UnixMilli()}
 			newRec := res.Task
 			lostEpochs[ct.rec.NodeEpoch] = true
 			ws = append(ws, write{
@@ -275,11 +313,22 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) error {
 			})
 		}
 	}
+	for ne := range s.lostSince {
+		if !seenLost[ne] {
+			delete(s.lostSince, ne)
+		}
+	}
 	if len(ws) > 0 {
 		s.d.log.Info("reclaiming tasks of lost nodes", "tasks", len(ws))
 		s.d.metrics.LeaseExpiries.Add(float64(len(lostEpochs)))
 	}
-	return s.commit(ctx, ws)
+	return next, s.commit(ctx, ws)
+}
+
+// nodeEpoch names one epoch of one node.
+type nodeEpoch struct {
+	node  string
+	epoch int64
 }
 
 // cancels applies job cancellations: pending tasks become CANCELLED, active

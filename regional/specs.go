@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"time"
 	"sync"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
@@ -43,5 +44,8 @@ func policyOf(spec *apiaryv1.JobSpec, group int32) taskstate.Policy {
 	if p.MaxAttempts <= 0 {
 		p.MaxAttempts = jobspec.DefaultMaxAttempts
 	}
+	d := spec.GetDisconnect()
+	p.Replace = d == nil || d.Replace == nil || d.GetReplace()
+	p.LostAfter = time.Duration(d.GetLostAfterMs()) * time.Millisecond
 	return p
 }

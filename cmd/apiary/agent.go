@@ -21,19 +21,20 @@ func init() { register(newAgentCmd) }
 // newAgentCmd is `apiary agent`: the node agent, run until SIGINT/SIGTERM.
 func newAgentCmd() *cobra.Command {
 	var (
-		addr      string
-		nodeID    string
-		labels    []string
-		cpuMillis int64
-		memoryMB  int64
-		gpus      int32
-		gpuModel  string
-		maxTasks  int
-		dataDir   string
-		tailBytes int
-		retention time.Duration
-		logFormat string
-		tel       telemetryFlags
+		addr                           string
+		nodeID                         string
+		labels                         []string
+		cpuMillis                      int64
+		memoryMB                       int64
+		gpus                           int32
+		gpuModel                       string
+		maxTasks                       int
+		dataDir                        string
+		tailBytes                      int
+		retention                      time.Duration
+		disconnectGrace, drainDeadline time.Duration
+		logFormat                      string
+		tel                            telemetryFlags
 	)
 	defaultAddr := os.Getenv("APIARY_ADDR")
 	if defaultAddr == "" {
@@ -65,6 +66,12 @@ running tasks; the region re-runs them elsewhere.`,
 			if tailBytes < 0 {
 				return withCode(exitInvalid, fmt.Errorf("--tail-bytes must be >= 0"))
 			}
+			if disconnectGrace <= 0 {
+				return withCode(exitInvalid, fmt.Errorf("--disconnect-grace must be > 0"))
+			}
+			if drainDeadline < 0 {
+				return withCode(exitInvalid, fmt.Errorf("--drain-deadline must be >= 0"))
+			}
 			if retention < 0 {
 				return withCode(exitInvalid, fmt.Errorf("--work-retention must be >= 0 (0 keeps every attempt's directory)"))
 			}
@@ -92,6 +99,8 @@ running tasks; the region re-runs them elsewhere.`,
 				CoordinatorAddrs: strings.Split(addr, ","),
 				TailBytes:        tailBytes,
 				WorkRetention:    retention,
+				DisconnectGrace:  disconnectGrace,
+				DrainDeadline:    drainDeadline,
 				Logger:           logger,
 			})
 			if err != nil {
@@ -121,6 +130,8 @@ running tasks; the region re-runs them elsewhere.`,
 	f.IntVar(&tailBytes, "tail-bytes", agent.DefaultTailBytes, "bytes of stdout and of stderr tail sent with each result")
 	f.DurationVar(&retention, "work-retention", agent.DefaultWorkRetention, "remove a finished attempt's directory (working dir, full logs) this long after its last change (0: keep)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.DurationVar(&disconnectGrace, "disconnect-grace", agent.DefaultDisconnectGrace, "keep attempts running this long while no coordinator answers (jobs' disconnect.lost_after overrides it), then kill them")
+	f.DurationVar(&drainDeadline, "drain-deadline", 0, "on SIGTERM/SIGINT: let running attempts finish this long, then stop the rest and hand them back (DRAINED, not charged) and release the lease (0: at once)")
 	tel.add(cmd)
 	return cmd
 }

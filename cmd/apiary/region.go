@@ -141,6 +141,7 @@ restarted from the same data dirs loses nothing.`,
 	f.DurationVar(&cfg.NodeLeaseTTL, "node-lease-ttl", 2*time.Second, "node lease TTL (whole seconds, >= 1s)")
 	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", 2*time.Second, "shard owner lease TTL (whole seconds, >= 1s)")
 	f.DurationVar(&cfg.SuspectAfter, "suspect-after", 300*time.Millisecond, "take the shards over when the owner's API refuses connections this long (negative: never)")
+	f.DurationVar(&cfg.DisconnectGrace, "disconnect-grace", regional.DefaultDisconnectGrace, "how long the attempts of a job with disconnect.replace: false (and no lost_after) wait on a lost node before they are replaced")
 	f.DurationVar(&cfg.JobRetention, "job-retention", 24*time.Hour, "keep finished jobs this long, then delete them (negative: forever)")
 	f.StringVar(&policy, "scheduler", "binpack", "default placement policy: binpack, spread or fragmentation")
 	f.StringVar(&workloadPath, "gpu-workload", "", "task list CSV of the expected GPU task mix for the fragmentation policy (columns name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec, as in the Alibaba GPU trace; default: the trace's own mix)")

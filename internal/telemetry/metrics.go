@@ -52,6 +52,8 @@ type RegionMetrics struct {
 	Owner         prometheus.Gauge
 	OwnerEpoch    prometheus.Gauge
 	SerfMembers   *prometheus.GaugeVec // pool, state
+	Adoptions     *prometheus.CounterVec // result: adopted, refused
+	Drains        *prometheus.CounterVec // by: operator, agent; and deregister
 }
 
 // NewRegionMetrics registers a coordinator's metrics on reg.
@@ -82,6 +84,10 @@ func NewRegionMetrics(reg prometheus.Registerer) *RegionMetrics {
 		Owner:       f.gauge("apiary_shard_owner", "1 while this coordinator owns the region's shards."),
 		OwnerEpoch:  f.gauge("apiary_shard_owner_epoch", "Fencing epoch of the current ownership term (0 when not owning)."),
 		SerfMembers: f.gaugeVec("apiary_serf_members", "serf pool members by pool (lan, wan) and state (alive, suspect, failed, left).", "pool", "state"),
+		Adoptions: f.counterVec("apiary_attempt_adoptions_total",
+			"Attempts an agent asked to carry over from an ended node epoch after a disconnect, by result (adopted, refused).", "result"),
+		Drains: f.counterVec("apiary_node_drains_total",
+			"Node drain decisions, by kind (operator: DrainNode; agent: an agent's shutdown drain; deregister: a clean leave ending the epoch; cancel).", "kind"),
 	}
 }
 
@@ -94,6 +100,12 @@ type AgentMetrics struct {
 	AttemptDuration prometheus.Histogram
 	Registrations   prometheus.Counter
 	Epoch           prometheus.Gauge
+	// StaleKills counts attempts the agent killed without reporting them,
+	// by reason: epoch_ended, not_adopted, disconnect_grace,
+	// report_rejected.
+	StaleKills   *prometheus.CounterVec
+	Disconnected prometheus.Gauge
+	Drained      prometheus.Counter
 }
 
 // NewAgentMetrics registers an agent's metrics on reg; running and free
@@ -106,6 +118,10 @@ func NewAgentMetrics(reg prometheus.Registerer, running func() float64, free fun
 		AttemptDuration: f.histogram("apiary_agent_attempt_duration_seconds", "Wall time of attempts' processes.", latencyBuckets),
 		Registrations:   f.counter("apiary_agent_registrations_total", "Node registrations (each one is a new node epoch)."),
 		Epoch:           f.gauge("apiary_agent_node_epoch", "Current node epoch (0 while unregistered)."),
+		StaleKills: f.counterVec("apiary_agent_stale_attempt_kills_total",
+			"Attempts killed and never reported, by reason (epoch_ended, not_adopted, disconnect_grace, report_rejected).", "reason"),
+		Disconnected: f.gauge("apiary_agent_disconnected", "1 while no coordinator has answered for a whole lease TTL (attempts keep running up to their lost_after)."),
+		Drained:      f.counter("apiary_agent_drained_attempts_total", "Attempts stopped by a drain and handed back (DRAINED)."),
 	}
 	if running != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "apiary_agent_running_tasks",

@@ -71,9 +71,27 @@ type Policy struct {
 	MaxAttempts    int32
 	RetryableCodes []int32
 	// KilledWorkerLimit: a task whose nodes were lost this many times fails
-	// terminally (Dask's KilledWorker). 0 means MaxAttempts.
+	// terminally (Dask's KilledWorker). 0 means
+	// max(DefaultKilledWorkerLimit, MaxAttempts).
 	KilledWorkerLimit int32
 	Backoff           Backoff
+	// Replace is false when the job asked (disconnect.replace: false) that
+	// the attempts of a node whose lease lapsed are not replaced before
+	// LostAfter has passed since the node was seen lost.
+	Replace   bool
+	LostAfter time.Duration
+}
+
+// DefaultKilledWorkerLimit is how many node losses a task survives by
+// default (Dask's distributed.scheduler.allowed-failures is 3).
+const DefaultKilledWorkerLimit = 3
+
+// killedWorkerLimit is p's KilledWorker bound with its default applied.
+func killedWorkerLimit(p Policy) int32 {
+	if p.KilledWorkerLimit > 0 {
+		return p.KilledWorkerLimit
+	}
+	return max(DefaultKilledWorkerLimit, p.MaxAttempts)
 }
 
 // Backoff is exponential backoff with full jitter on the upper half:
@@ -143,6 +161,9 @@ const (
 	OutcomeRefused   = "refused"
 	OutcomeTimeout   = "timeout"
 	OutcomeCancelled = "cancelled"
+	// OutcomeDrained: the attempt was stopped by a drain (or its node left
+	// cleanly); requeued without charge.
+	OutcomeDrained = "drained"
 )
 
 // Result is what ApplyReport decided.
@@ -251,14 +272,31 @@ func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng 
 	case apiaryv1.ReportKind_REPORT_KIND_CANCELLED:
 		t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
 		return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
+	case apiaryv1.ReportKind_REPORT_KIND_DRAINED:
+		return drained(t, end)
 	}
 	return Result{Task: t, Rejected: fmt.Sprintf("unknown report kind %s", r.Kind)}
 }
 
+// Loss says how a node epoch ended, for NodeLost.
+type Loss struct {
+	// Drained: the node left cleanly (an operator's drain, or its agent
+	// shut down and deregistered): the task is requeued without charge.
+	Drained bool
+	// Alone: the task was the only active task of the lost epoch. Only then
+	// is the loss charged to the task's attempt budget (Used): a node lost
+	// under several tasks was most likely not lost by this one (Dask's
+	// KilledWorker reasoning). Every undrained loss counts toward
+	// KilledWorkerLimit.
+	Alone bool
+}
+
 // NodeLost applies the loss of the node (its lease lapsed or was revoked) to
-// an ASSIGNED or RUNNING task on it: back to PENDING without backoff if the
-// budget allows, else FAILED. ok is false if the task was not on that epoch.
-func NodeLost(t Task, p Policy, nodeID string, epoch int64, nowMs int64) (Result, bool) {
+// an ASSIGNED or RUNNING task on it: back to PENDING without backoff, or
+// FAILED when the task's nodes were lost KilledWorkerLimit times or a
+// charged loss spent its budget. ok is false if the task was not on that
+// epoch.
+func NodeLost(t Task, p Policy, nodeID string, epoch int64, loss Loss, nowMs int64) (Result, bool) {
 	if !Active(t.State) || t.NodeID != nodeID || t.NodeEpoch != epoch {
 		return Result{Task: t}, false
 	}
@@ -266,24 +304,58 @@ func NodeLost(t Task, p Policy, nodeID string, epoch int64, nowMs int64) (Result
 		t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, nowMs
 		return Result{Task: t, Outcome: OutcomeCancelled, Released: true}, true
 	}
-	t.NodeFailures++
-	t = countFailure(t)
-	limit := p.KilledWorkerLimit
-	if limit <= 0 {
-		limit = p.MaxAttempts
+	if loss.Drained {
+		return drained(t, nowMs), true
 	}
-	if t.NodeFailures >= limit {
+	t.NodeFailures++
+	if loss.Alone {
+		t = countFailure(t)
+	} else {
+		t = countNodeFailure(t)
+	}
+	if limit := killedWorkerLimit(p); t.NodeFailures >= limit {
 		res := failed(t, nowMs, fmt.Sprintf("killed worker: the node running this task was lost %d times (last: %s, attempt %d); not retried", t.NodeFailures, nodeID, t.Attempt))
 		res.Outcome = OutcomeLost
 		return res, true
 	}
 	if t.Used >= p.MaxAttempts {
-		res := failed(t, nowMs, fmt.Sprintf("node %s lost during attempt %d; max_attempts %d reached", nodeID, t.Attempt, p.MaxAttempts))
+		res := failed(t, nowMs, fmt.Sprintf("node %s lost during attempt %d, the only task on it; max_attempts %d reached", nodeID, t.Attempt, p.MaxAttempts))
 		res.Outcome = OutcomeLost
 		return res, true
 	}
 	t = toPending(t, 0)
 	return Result{Task: t, Outcome: OutcomeLost, Released: true}, true
+}
+
+// drained requeues an active task at once without charging it (a drained
+// attempt, or a node that left cleanly).
+func drained(t Task, endMs int64) Result {
+	if t.CancelRequested {
+		t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, endMs
+		return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
+	}
+	t = toPending(t, 0)
+	return Result{Task: t, Outcome: OutcomeDrained, Released: true}
+}
+
+// Adopt moves an active task's attempt from a node's ended epoch to its new
+// one: the agent was cut off, its lease lapsed, it registered again and
+// still runs the attempt. It is refused (reason set, t unchanged) unless the
+// task is still ASSIGNED or RUNNING on nodeID at oldEpoch with the same
+// attempt and fencing token, i.e. it was not reclaimed meanwhile.
+func Adopt(t Task, nodeID string, oldEpoch int64, attempt int32, token, newEpoch int64) (Task, string) {
+	switch {
+	case !Active(t.State):
+		return t, fmt.Sprintf("task is %s (reclaimed or finished)", t.State)
+	case t.Attempt != attempt:
+		return t, fmt.Sprintf("attempt %d superseded by attempt %d", attempt, t.Attempt)
+	case t.NodeID != nodeID || t.NodeEpoch != oldEpoch:
+		return t, fmt.Sprintf("attempt runs on %s epoch %d, not %s epoch %d", t.NodeID, t.NodeEpoch, nodeID, oldEpoch)
+	case t.FencingToken != token:
+		return t, fmt.Sprintf("fencing token %d is not the attempt's %d", token, t.FencingToken)
+	}
+	t.NodeEpoch = newEpoch
+	return t, ""
 }
 
 // Cancel applies a job cancellation to a task: a PENDING task is cancelled at

@@ -36,6 +36,8 @@ const (
 	epoch int64 = 100
 )
 
+var alone = Loss{Alone: true}
+
 var testPolicy = Policy{
 	MaxAttempts:    3,
 	RetryableCodes: []int32{75, 76},
@@ -493,7 +495,7 @@ func TestInputNotModified(t *testing.T) {
 		}
 	}
 	in := clone(base)
-	NodeLost(in, testPolicy, node, epoch, now)
+	NodeLost(in, testPolicy, node, epoch, Loss{Alone: true}, now)
 	if !reflect.DeepEqual(in, base) {
 		t.Errorf("NodeLost modified its input: %+v", in)
 	}
@@ -508,25 +510,30 @@ func TestNodeLost(t *testing.T) {
 		name     string
 		task     Task
 		pol      Policy
+		loss     Loss
 		state    apiaryv1.TaskState
 		used, nf int32
 		err      []string
 		outcome  string
 	}{
-		{"RUNNING → PENDING", active(sRunning, 1, 0), testPolicy, sPending, 1, 1, nil, OutcomeLost},
-		{"ASSIGNED → PENDING", active(sAssigned, 1, 0), testPolicy, sPending, 1, 1, nil, OutcomeLost},
-		{"killed worker at KilledWorkerLimit", withNF(active(sRunning, 2, 1), 1), Policy{MaxAttempts: 5, KilledWorkerLimit: 2}, sFailed, 2, 2,
+		{"RUNNING alone → PENDING, charged", active(sRunning, 1, 0), testPolicy, alone, sPending, 1, 1, nil, OutcomeLost},
+		{"ASSIGNED alone → PENDING, charged", active(sAssigned, 1, 0), testPolicy, alone, sPending, 1, 1, nil, OutcomeLost},
+		{"lost with others → PENDING, not charged", active(sRunning, 1, 0), testPolicy, Loss{}, sPending, 0, 1, nil, OutcomeLost},
+		{"max_attempts 1 survives a shared loss", active(sRunning, 1, 0), Policy{MaxAttempts: 1}, Loss{}, sPending, 0, 1, nil, OutcomeLost},
+		{"killed worker at KilledWorkerLimit", withNF(active(sRunning, 2, 1), 1), Policy{MaxAttempts: 5, KilledWorkerLimit: 2}, alone, sFailed, 2, 2,
 			[]string{"killed worker", "lost 2 times", node}, OutcomeLost},
-		{"killed worker limit defaults to max_attempts", withNF(active(sRunning, 3, 2), 2), Policy{MaxAttempts: 3}, sFailed, 3, 3,
+		{"killed worker limit defaults to max(3, max_attempts)", withNF(active(sRunning, 3, 0), 2), Policy{MaxAttempts: 1}, Loss{}, sFailed, 0, 3,
 			[]string{"killed worker"}, OutcomeLost},
-		{"below killed worker limit → PENDING", withNF(active(sRunning, 2, 1), 1), Policy{MaxAttempts: 5, KilledWorkerLimit: 3}, sPending, 2, 2, nil, OutcomeLost},
-		{"max_attempts reached → FAILED", active(sRunning, 3, 2), Policy{MaxAttempts: 3, KilledWorkerLimit: 10}, sFailed, 3, 1,
+		{"killed worker limit max_attempts when larger", withNF(active(sRunning, 3, 0), 3), Policy{MaxAttempts: 5}, Loss{}, sPending, 0, 4, nil, OutcomeLost},
+		{"below killed worker limit → PENDING", withNF(active(sRunning, 2, 1), 1), Policy{MaxAttempts: 5, KilledWorkerLimit: 3}, alone, sPending, 2, 2, nil, OutcomeLost},
+		{"max_attempts reached alone → FAILED", active(sRunning, 3, 2), Policy{MaxAttempts: 3, KilledWorkerLimit: 10}, alone, sFailed, 3, 1,
 			[]string{"max_attempts 3 reached", node}, OutcomeLost},
-		{"cancel requested → CANCELLED", cancelReq(active(sRunning, 1, 0)), testPolicy, sCancelled, 0, 0, nil, OutcomeCancelled},
+		{"drained → PENDING, nothing counted", withNF(active(sRunning, 3, 2), 2), Policy{MaxAttempts: 3}, Loss{Drained: true}, sPending, 2, 2, nil, OutcomeDrained},
+		{"cancel requested → CANCELLED", cancelReq(active(sRunning, 1, 0)), testPolicy, alone, sCancelled, 0, 0, nil, OutcomeCancelled},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			res, ok := NodeLost(c.task, c.pol, node, epoch, now)
+			res, ok := NodeLost(c.task, c.pol, node, epoch, c.loss, now)
 			if !ok {
 				t.Fatal("ok = false")
 			}
@@ -546,7 +553,7 @@ func TestNodeLost(t *testing.T) {
 			if got.State == sPending && (got.NotBeforeMs != 0 || got.NodeID != "" || got.NodeEpoch != 0) {
 				t.Errorf("PENDING after node loss: NotBeforeMs %d node %s/%d", got.NotBeforeMs, got.NodeID, got.NodeEpoch)
 			}
-			if c.state != sCancelled && got.FailedOn[node] != 1 {
+			if want := map[bool]int{true: 0, false: 1}[c.state == sCancelled || c.loss.Drained]; got.FailedOn[node] != want {
 				t.Errorf("FailedOn = %v", got.FailedOn)
 			}
 			if Terminal(got.State) && got.FinishedMs != now {
@@ -572,9 +579,64 @@ func TestNodeLostIgnoresOtherTasks(t *testing.T) {
 		{"CANCELLED", active(sCancelled, 1, 0), node, epoch},
 	}
 	for _, c := range cases {
-		res, ok := NodeLost(c.task, testPolicy, c.node, c.epoch, now)
+		res, ok := NodeLost(c.task, testPolicy, c.node, c.epoch, Loss{Alone: true}, now)
 		if ok || !reflect.DeepEqual(res.Task, c.task) || res.Outcome != "" || res.Released {
 			t.Errorf("%s: ok %v result %+v", c.name, ok, res)
+		}
+	}
+}
+
+func TestDrainedReport(t *testing.T) {
+	in := active(sRunning, 2, 1)
+	in.NodeFailures = 1
+	res := ApplyReport(in, testPolicy, report(in, apiaryv1.ReportKind_REPORT_KIND_DRAINED, 0), epoch, now, newRNG(1))
+	got := res.Task
+	if res.Rejected != "" || got.State != sPending || got.Used != 1 || got.NodeFailures != 1 || got.FailedOn[node] != 0 ||
+		res.Outcome != OutcomeDrained || !res.Released || got.NotBeforeMs != 0 || got.Attempt != 2 {
+		t.Fatalf("DRAINED: %+v outcome %q rejected %q", got, res.Outcome, res.Rejected)
+	}
+	c := active(sRunning, 1, 0)
+	c.CancelRequested = true
+	if res := ApplyReport(c, testPolicy, report(c, apiaryv1.ReportKind_REPORT_KIND_DRAINED, 0), epoch, now, newRNG(1)); res.Task.State != sCancelled {
+		t.Fatalf("DRAINED of a cancelled task: %s", res.Task.State)
+	}
+	stale := report(in, apiaryv1.ReportKind_REPORT_KIND_DRAINED, 0)
+	stale.NodeEpoch++
+	if res := ApplyReport(in, testPolicy, stale, epoch, now, newRNG(1)); res.Rejected == "" {
+		t.Fatal("DRAINED from another epoch accepted")
+	}
+}
+
+func TestAdopt(t *testing.T) {
+	in := active(sRunning, 2, 0)
+	in.FencingToken = 77
+	got, why := Adopt(in, node, epoch, 2, 77, epoch+10)
+	if why != "" || got.NodeEpoch != epoch+10 || got.State != sRunning || got.Attempt != 2 || got.FencingToken != 77 {
+		t.Fatalf("Adopt: %+v %q", got, why)
+	}
+	if in.NodeEpoch != epoch {
+		t.Fatal("Adopt modified its input")
+	}
+	pending := in
+	pending.State = sPending
+	for name, c := range map[string]struct {
+		t       Task
+		node    string
+		old     int64
+		attempt int32
+		token   int64
+		want    string
+	}{
+		"reclaimed":     {pending, node, epoch, 2, 77, "reclaimed"},
+		"newer attempt": {in, node, epoch, 1, 77, "superseded"},
+		"other node":    {in, "n9", epoch, 2, 77, "not n9"},
+		"other epoch":   {in, node, epoch - 1, 2, 77, "epoch"},
+		"other token":   {in, node, epoch, 2, 78, "fencing token"},
+		"finished":      {active(sComplete, 2, 0), node, epoch, 2, 0, "COMPLETE"},
+	} {
+		got, why := Adopt(c.t, c.node, c.old, c.attempt, c.token, epoch+10)
+		if why == "" || !strings.Contains(why, c.want) || !reflect.DeepEqual(got, c.t) {
+			t.Errorf("%s: adopted or wrong reason %q (want %q), task %+v", name, why, c.want, got)
 		}
 	}
 }
@@ -827,7 +889,8 @@ func TestPropertySequences(t *testing.T) {
 				n := rapid.SampledFrom(nodes).Draw(rt, "lost_node")
 				lostEpoch := alive[n]
 				alive[n] = 0
-				res, ok := NodeLost(in, pol, n, lostEpoch, clock)
+				loss := Loss{Alone: rapid.Bool().Draw(rt, "alone"), Drained: rapid.Bool().Draw(rt, "drained")}
+				res, ok := NodeLost(in, pol, n, lostEpoch, loss, clock)
 				next, rejected = res.Task, !ok
 				if ok != (Active(task.State) && task.NodeID == n && task.NodeEpoch == lostEpoch && lostEpoch != 0) {
 					rt.Fatalf("NodeLost(%s, %d) ok=%v on %+v", n, lostEpoch, ok, task)

@@ -1,0 +1,281 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/grafana/dskit/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// Liveness on the node side: what the agent does with its attempts when it
+// loses its coordinators, when its epoch ends, and when it is drained.
+//
+//   - Cut off (no coordinator answers): attempts keep running, each up to
+//     its lost_after (the job's disconnect.lost_after_ms, else
+//     Config.DisconnectGrace) counted from the last answered heartbeat, then
+//     they are killed (watchdog). Reports are held and retried.
+//   - A coordinator answers that the epoch ended: if the agent had been in
+//     contact within a lease TTL, a coordinator ended it on purpose
+//     (revoked, suspected): the epoch's attempts are killed at once. If it
+//     had been cut off for a lease TTL or more, the lease most likely
+//     lapsed meanwhile: the agent registers again and asks the new epoch to
+//     adopt the attempts it still runs (AdoptAttempts); those refused are
+//     killed, never reported.
+//   - Drain (an operator's, from the heartbeat answer, or the agent's own on
+//     stop): no new attempts are accepted; at the deadline those still
+//     running are stopped and reported DRAINED.
+
+// report delivers one report on st: with the attempt's current epoch on
+// every try, until accepted or rejected, or until st is killed as stale,
+// the agent stops, or giveUp closes. A rejection that arrives while the
+// agent has been cut off for a lease TTL may only mean that the epoch lapsed
+// meanwhile: then it waits until the session settles (a heartbeat answered,
+// or adoption decided) and tries again.
+func (a *Agent) report(rep *reporter, st *attemptState, req *apiaryv1.ReportTaskStatusRequest, giveUp <-chan struct{}) reportResult {
+	final := req.GetKind() != apiaryv1.ReportKind_REPORT_KIND_STARTED
+	if final {
+		defer a.settle(st)
+	}
+	for {
+		a.mu.Lock()
+		changed := a.changed
+		a.mu.Unlock()
+		res := rep.send(st.ctx, req, giveUp, func() int64 {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return st.epoch
+		})
+		if !res.delivered || res.accepted || !a.cutOff() {
+			return res
+		}
+		a.log.Info("report rejected while cut off; waiting for the session to settle",
+			"job", st.key.JobID, "task", st.key.TaskIndex, "attempt", st.key.Attempt, "reason", res.reason)
+		select {
+		case <-changed:
+		case <-st.ctx.Done():
+			return reportResult{}
+		case <-giveUp:
+			return reportResult{}
+		}
+	}
+}
+
+// settle marks st's final report as answered or given up: it is no longer
+// offered for adoption, and its report context is released.
+func (a *Agent) settle(st *attemptState) {
+	a.mu.Lock()
+	st.settled = true
+	a.mu.Unlock()
+	st.stop()
+}
+
+// cutOff reports whether no coordinator has answered for a lease TTL.
+func (a *Agent) cutOff() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.leaseTTL > 0 && time.Since(a.lastContact) >= a.leaseTTL
+}
+
+// killStaleLocked kills st's processes and drops its reports: its task
+// belongs to someone else now. reason is the metric label.
+func (a *Agent) killStaleLocked(st *attemptState, reason string) {
+	if st.stale {
+		return
+	}
+	st.stale = true
+	if st.exec != nil && st.finished.IsZero() {
+		st.exec.Abandon()
+	}
+	st.stop()
+	a.metrics.StaleKills.WithLabelValues(reason).Inc()
+	a.log.Warn("killing stale attempt", "job", st.key.JobID, "task", st.key.TaskIndex, "attempt", st.key.Attempt,
+		"epoch", st.epoch, "reason", reason)
+}
+
+// contact applies an answered heartbeat: the coordinators are reachable
+// again, and the node's drain (if any) is as the answer says.
+func (a *Agent) contact(resp *apiaryv1.HeartbeatResponse) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	wasCut := a.leaseTTL > 0 && time.Since(a.lastContact) >= a.leaseTTL
+	a.lastContact = time.Now()
+	if wasCut {
+		a.bumpLocked() // reports held while cut off try again
+	}
+	if d := resp.GetDrainDeadlineMs(); d > 0 {
+		at := time.UnixMilli(d)
+		if a.drainAt.IsZero() || at.Before(a.drainAt) {
+			if a.drainAt.IsZero() {
+				a.log.Warn("node is draining: no new attempts; running ones stop at the deadline", "deadline", at)
+			}
+			a.drainAt = at
+		}
+	} else if !a.drainAt.IsZero() && !a.stopping {
+		a.log.Info("drain ended")
+		a.drainAt = time.Time{}
+	}
+}
+
+// watchdogEvery is how often the watchdog looks at the attempts.
+const watchdogEvery = 100 * time.Millisecond
+
+// watchdog enforces lost_after while cut off and the drain deadline, until
+// ctx ends.
+func (a *Agent) watchdog(ctx context.Context) {
+	t := time.NewTicker(watchdogEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		now := time.Now()
+		cut := now.Sub(a.lastContact)
+		disconnected := a.leaseTTL > 0 && !a.lastContact.IsZero() && cut >= a.leaseTTL
+		a.metrics.Disconnected.Set(map[bool]float64{true: 1}[disconnected])
+		for _, st := range a.seen {
+			if st.stale || !st.finished.IsZero() || st.exec == nil {
+				continue
+			}
+			lost := st.lostAfter
+			if lost <= 0 {
+				lost = a.cfg.DisconnectGrace
+			}
+			if disconnected && cut >= lost {
+				a.killStaleLocked(st, "disconnect_grace")
+				continue
+			}
+			if !a.drainAt.IsZero() && !now.Before(a.drainAt) && !st.drained && !st.cancelled {
+				st.drained = true
+				st.exec.Cancel()
+				a.log.Info("drain deadline: stopping attempt", "job", st.key.JobID, "task", st.key.TaskIndex, "attempt", st.key.Attempt)
+			}
+		}
+		a.mu.Unlock()
+	}
+}
+
+// adoptSurvivors offers the new epoch the attempts of earlier epochs whose
+// final report is still owed (running, or ended while cut off), and kills
+// those it refuses. It retries transient errors until the attempts are
+// decided, ctx ends, or their lost_after kills them.
+func (a *Agent) adoptSurvivors(ctx context.Context, sess *session) {
+	a.mu.Lock()
+	var sts []*attemptState
+	req := &apiaryv1.AdoptAttemptsRequest{NodeId: a.cfg.NodeID, NodeEpoch: sess.epoch}
+	for _, st := range a.seen {
+		if st.epoch != 0 && st.epoch != sess.epoch && !st.settled && !st.stale {
+			sts = append(sts, st)
+			req.Attempts = append(req.Attempts, &apiaryv1.AttemptRef{JobId: st.key.JobID, TaskIndex: st.key.TaskIndex,
+				Attempt: st.key.Attempt, FencingToken: st.token, NodeEpoch: st.epoch})
+		}
+	}
+	a.mu.Unlock()
+	if len(sts) == 0 {
+		return
+	}
+	b := backoff.New(ctx, a.backoff)
+	var resp *apiaryv1.AdoptAttemptsResponse
+	var err error
+	for b.Ongoing() {
+		idx, cl := sess.coords.client()
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.RPCTimeout)
+		resp, err = cl.AdoptAttempts(cctx, req)
+		cancel()
+		if err == nil || ctx.Err() != nil || !transient(err) {
+			break
+		}
+		if status.Code(err) == codes.Unavailable {
+			sess.coords.failover(idx)
+		}
+		b.Wait()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	defer a.bumpLocked() // held reports go again (or give up)
+	if err != nil || len(resp.GetDecisions()) != len(sts) {
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Warn("adoption failed; killing the attempts of the ended epoch", "attempts", len(sts), "err", err)
+		for _, st := range sts {
+			a.killStaleLocked(st, "not_adopted")
+		}
+		return
+	}
+	adopted := 0
+	for i, d := range resp.GetDecisions() {
+		st := sts[i]
+		if d.GetAdopted() && !st.stale {
+			st.epoch = sess.epoch
+			adopted++
+			continue
+		}
+		a.log.Info("attempt not adopted", "job", st.key.JobID, "task", st.key.TaskIndex, "attempt", st.key.Attempt, "reason", d.GetReason())
+		a.killStaleLocked(st, "not_adopted")
+	}
+	a.log.Info("adoption decided", "epoch", sess.epoch, "attempts", len(sts), "adopted", adopted)
+}
+
+// shutdownDrain is the agent's stop (Run's ctx ended): mark the node
+// draining until now+DrainDeadline, let attempts finish until then, stop
+// the rest (reported DRAINED by their goroutines), then deregister. Each
+// step is bounded; a region that cannot be reached only makes it shorter.
+func (a *Agent) shutdownDrain(coords *coordinators) {
+	deadline := time.Now().Add(a.cfg.DrainDeadline)
+	a.mu.Lock()
+	a.stopping = true
+	epoch := a.epoch
+	if a.drainAt.IsZero() || deadline.Before(a.drainAt) {
+		a.drainAt = deadline
+	}
+	a.mu.Unlock()
+	_, running := a.ledger.Used()
+	a.log.Info("stopping: draining the node", "epoch", epoch, "deadline", deadline, "running", running)
+	call := func(what string, f func(context.Context, apiaryv1.AgentServiceClient) error) {
+		if epoch == 0 {
+			return
+		}
+		_, cl := coords.client()
+		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.RPCTimeout)
+		defer cancel()
+		if err := f(ctx, cl); err != nil {
+			a.log.Warn(what+" failed", "epoch", epoch, "err", err)
+		}
+	}
+	call("drain", func(ctx context.Context, cl apiaryv1.AgentServiceClient) error {
+		_, err := cl.DrainSelf(ctx, &apiaryv1.DrainSelfRequest{NodeId: a.cfg.NodeID, NodeEpoch: epoch, DeadlineMs: deadline.UnixMilli()})
+		return err
+	})
+	// Wait for every final report to be answered: attempts that finish by
+	// themselves, and those the watchdog stops at the deadline.
+	bound := time.Now().Add(a.cfg.DrainDeadline + a.cfg.KillGrace + 2*a.cfg.RPCTimeout)
+	for time.Now().Before(bound) {
+		a.mu.Lock()
+		ch, owed := a.changed, 0
+		for _, st := range a.seen {
+			if !st.settled && !st.stale && st.exec != nil {
+				owed++
+			}
+		}
+		a.mu.Unlock()
+		if owed == 0 {
+			break
+		}
+		select {
+		case <-ch:
+		case <-time.After(watchdogEvery):
+		}
+	}
+	call("deregister", func(ctx context.Context, cl apiaryv1.AgentServiceClient) error {
+		_, err := cl.Deregister(ctx, &apiaryv1.DeregisterRequest{NodeId: a.cfg.NodeID, NodeEpoch: epoch})
+		return err
+	})
+	a.log.Info("drained; lease released", "epoch", epoch)
+}

@@ -1,0 +1,184 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// Drain and eligibility (Nomad's node drain and node eligibility): both are
+// fields of the node record, so they survive coordinator restarts and, for
+// an operator's, the node registering again. Placement leaves draining and
+// ineligible nodes out; the agent learns of a drain from its heartbeat
+// answer (HeartbeatResponse.drain_deadline_ms) and stops what still runs at
+// the deadline, reporting it DRAINED (requeued at once, not charged).
+
+// maxDrainAhead bounds a drain deadline: a week from now.
+const maxDrainAhead = 7 * 24 * time.Hour
+
+// DrainNode starts or ends an operator's drain (see the RPC's doc in
+// apiary.proto). Draining a draining node replaces its deadline and who
+// asked. Ending a drain leaves the node ineligible until SetNodeEligibility
+// turns it back on, as Nomad does.
+func (s *adminServer) DrainNode(ctx context.Context, req *apiaryv1.DrainNodeRequest) (*apiaryv1.DrainNodeResponse, error) {
+	if !nodeIDRE.MatchString(req.GetNodeId()) {
+		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	}
+	if err := checkFreeText("by", req.GetBy(), maxQuarantineBy, false); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	if d := req.GetDeadlineMs(); d < 0 || d > now.Add(maxDrainAhead).UnixMilli() {
+		return nil, status.Errorf(codes.InvalidArgument, "deadline_ms: must be 0 (at once) or a Unix ms time at most 7 days ahead (got %d)", d)
+	}
+	c := s.c
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+		if req.GetCancel() {
+			if !r.Draining {
+				return false
+			}
+			r.Draining, r.DrainDeadlineMs, r.DrainBy = false, 0, ""
+			r.Ineligible, r.IneligibleBy = true, "drain cancelled by "+req.GetBy()
+			return true
+		}
+		r.Draining, r.DrainDeadlineMs, r.DrainBy = true, req.GetDeadlineMs(), "operator "+req.GetBy()
+		r.Ineligible, r.IneligibleBy = true, "drain by "+req.GetBy()
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if changed {
+		kind := "operator"
+		if req.GetCancel() {
+			kind = "cancel"
+		}
+		c.metrics.Drains.WithLabelValues(kind).Inc()
+		c.log.Warn("node drain", "node", req.GetNodeId(), "cancel", req.GetCancel(), "deadline_ms", req.GetDeadlineMs(), "by", req.GetBy())
+	}
+	return &apiaryv1.DrainNodeResponse{Node: n}, nil
+}
+
+// SetNodeEligibility turns new placements on a node on or off (see the
+// RPC's doc in apiary.proto). Turning eligibility on does not end a drain.
+func (s *adminServer) SetNodeEligibility(ctx context.Context, req *apiaryv1.SetNodeEligibilityRequest) (*apiaryv1.SetNodeEligibilityResponse, error) {
+	if !nodeIDRE.MatchString(req.GetNodeId()) {
+		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	}
+	if err := checkFreeText("by", req.GetBy(), maxQuarantineBy, false); err != nil {
+		return nil, err
+	}
+	c := s.c
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+		if r.Ineligible == !req.GetEligible() {
+			return false
+		}
+		r.Ineligible, r.IneligibleBy = !req.GetEligible(), ""
+		if r.Ineligible {
+			r.IneligibleBy = req.GetBy()
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if changed {
+		c.log.Info("node eligibility", "node", req.GetNodeId(), "eligible", req.GetEligible(), "by", req.GetBy())
+	}
+	return &apiaryv1.SetNodeEligibilityResponse{Node: n}, nil
+}
+
+// DrainSelf records an agent's shutdown drain (see the RPC's doc). An
+// operator's drain already in force keeps its owner; its deadline only moves
+// earlier.
+func (s *agentServer) DrainSelf(ctx context.Context, req *apiaryv1.DrainSelfRequest) (*apiaryv1.DrainSelfResponse, error) {
+	if !nodeIDRE.MatchString(req.GetNodeId()) {
+		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	}
+	if req.GetDeadlineMs() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "deadline_ms: must be >= 0 (got %d)", req.GetDeadlineMs())
+	}
+	c := s.c
+	stale := false
+	_, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+		if r.Epoch != req.GetNodeEpoch() {
+			stale = true
+			return false
+		}
+		if r.Draining && r.DrainBy != drainByAgent {
+			if r.DrainDeadlineMs != 0 && r.DrainDeadlineMs <= req.GetDeadlineMs() {
+				return false
+			}
+			r.DrainDeadlineMs = req.GetDeadlineMs()
+			return true
+		}
+		r.Draining, r.DrainDeadlineMs, r.DrainBy = true, req.GetDeadlineMs(), drainByAgent
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if stale {
+		return nil, status.Errorf(codes.FailedPrecondition, "node %s epoch %d is gone", req.GetNodeId(), req.GetNodeEpoch())
+	}
+	if changed {
+		c.metrics.Drains.WithLabelValues("agent").Inc()
+		c.log.Info("node draining for agent shutdown", "node", req.GetNodeId(), "epoch", req.GetNodeEpoch(), "deadline_ms", req.GetDeadlineMs())
+	}
+	return &apiaryv1.DrainSelfResponse{}, nil
+}
+
+// Deregister ends a node epoch after a clean shutdown (see the RPC's doc):
+// one Txn marks the record Left and deletes the alive key, compared on the
+// epoch and the record's ModRevision; then the lease is revoked. The owner's
+// reclaim requeues any task the epoch still held without charge.
+func (s *agentServer) Deregister(ctx context.Context, req *apiaryv1.DeregisterRequest) (*apiaryv1.DeregisterResponse, error) {
+	if !nodeIDRE.MatchString(req.GetNodeId()) {
+		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	}
+	c := s.c
+	cctx, cancel := etcdCtx(ctx)
+	defer cancel()
+	id, alive, key := req.GetNodeId(), keyNodeAlive(req.GetNodeId()), keyNode(req.GetNodeId())
+	for i := 0; i < 4; i++ {
+		resp, err := c.cli.Txn(cctx).Then(clientv3.OpGet(alive), clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "read node: %v", err)
+		}
+		akv, rkv := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+		if len(akv) != 1 || akv[0].CreateRevision != req.GetNodeEpoch() || len(rkv) != 1 {
+			return nil, status.Errorf(codes.FailedPrecondition, "node %s epoch %d is gone", id, req.GetNodeEpoch())
+		}
+		var rec nodeRecord
+		if err := json.Unmarshal(rkv[0].Value, &rec); err != nil {
+			return nil, status.Errorf(codes.Internal, "node %s: its record does not decode: %v", id, err)
+		}
+		rec.Left = true
+		if rec.Draining && rec.DrainBy == drainByAgent {
+			rec.Draining, rec.DrainDeadlineMs, rec.DrainBy = false, 0, ""
+		}
+		put, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(alive), "=", req.GetNodeEpoch()),
+			clientv3.Compare(clientv3.ModRevision(key), "=", rkv[0].ModRevision)).
+			Then(clientv3.OpPut(key, mustJSON(&rec)), clientv3.OpDelete(alive)).Commit()
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "deregister: %v", err)
+		}
+		if !put.Succeeded {
+			continue
+		}
+		if _, err := c.cli.Revoke(cctx, clientv3.LeaseID(akv[0].Lease)); err != nil && status.Code(err) != codes.NotFound {
+			c.log.Warn("deregister: revoke node lease", "node", id, "err", err)
+		}
+		c.metrics.Drains.WithLabelValues("deregister").Inc()
+		c.log.Info("node left", "node", id, "epoch", req.GetNodeEpoch())
+		c.refreshCapacity(ctx)
+		return &apiaryv1.DeregisterResponse{}, nil
+	}
+	return nil, status.Errorf(codes.Aborted, "node %s kept changing; retry", id)
+}
