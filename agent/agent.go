@@ -41,6 +41,8 @@ type Agent struct {
 	tracing bool
 	metrics *telemetry.AgentMetrics
 	marker  string // agentRunEnv's value for this agent's tasks
+	// contain: cgroups and launcher threads (cgroup_attempt.go).
+	contain *containment
 
 	// runCtx outlives Run's ctx through the shutdown drain; the attempts'
 	// reports run under it. wg counts the attempts' goroutines.
@@ -107,6 +109,7 @@ func New(cfg Config) (*Agent, error) {
 		marker:  agentMarker(c.DataDir),
 	}
 	a.metrics = newAgentMetrics(c, a.ledger)
+	a.contain = newContainment(c, a.log, c.Registry)
 	return a, nil
 }
 
@@ -195,11 +198,12 @@ func (a *Agent) Parts() []lifecycle.Part {
 				return fmt.Errorf("data dir: %w", err)
 			}
 		}
+		a.startContainment() // cgroups, and a previous run's attempt cgroups killed
 		if n := killOrphans(a.cfg.DataDir, a.log); n > 0 {
 			a.log.Warn("killed processes left by a previous run", "processes", n)
 		}
 		return nil
-	}, nil)}
+	}, func() error { a.contain.close(); return nil })}
 	if a.cfg.MetricsAddr != "" {
 		var srv *telemetry.Server
 		parts = append(parts, lifecycle.Idle("metrics", func(context.Context) (err error) {
@@ -209,6 +213,7 @@ func (a *Agent) Parts() []lifecycle.Part {
 			return err
 		}, func() error { return srv.Close() }))
 	}
+	parts = append(parts, a.lanParts()...) // lan.go: the serf LAN member (joins after registering; leaves after the sessions)
 	var coords *coordinators
 	return append(parts,
 		lifecycle.Loop("janitor", a.janitor),
@@ -454,6 +459,8 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 			TailBytes: a.cfg.TailBytes,
 			KillGrace: a.cfg.KillGrace,
 			Record:    a.recordPath(key),
+			contain:   a.contain,
+			cgroup:    attemptCgroupName(key),
 		})
 	}
 	if err != nil {
@@ -517,7 +524,7 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 	res := exec.Wait()
 	finish()
 	log.InfoContext(sctx, "attempt ended", "outcome", res.Outcome.String(), "exit_code", res.ExitCode,
-		"duration", res.Ended.Sub(res.Started), "err", res.Err)
+		"duration", res.Ended.Sub(res.Started), "err", res.Err, usageAttr(res.Usage))
 	a.endRun(span, nil, exec, &res, dir)
 
 	a.mu.Lock()

@@ -58,6 +58,19 @@ type Config struct {
 	// (in MiB); GPUs defaults to 0 (see HostCapacity). Agents sharing a
 	// host should each be given a share, or they overlap.
 	Capacity Resources
+	// ReservedCPUMillis is CPU kept for the agent and the host's own
+	// daemons, in millicores (Kubernetes' system-reserved): subtracted from
+	// the detected CPU capacity when Capacity.CPUMillis is 0. With
+	// Capacity.CPUMillis given, it must be 0 (the given capacity is what is
+	// offered). Default 0.
+	ReservedCPUMillis int64
+	// Cgroups says whether and which cgroups contain each attempt (one
+	// cgroup per attempt under an agent-owned parent; see cgroup.go):
+	// "auto" (default; v2 with memory and pids, else v1 with memory, pids
+	// and freezer, else v2 without them, else none), "v1", "v2" or "off".
+	// When the cgroups asked for are unusable the agent logs why once and
+	// runs without them.
+	Cgroups string
 	// GPUModel is the GPU model name, matched against Resources.gpu_models.
 	GPUModel string
 	// MaxTasks caps concurrently running attempts; 0 means only resources
@@ -118,6 +131,16 @@ type Config struct {
 	Registry *prometheus.Registry
 	// MetricsAddr, if set, serves /metrics (and /debug/pprof/) while Run runs.
 	MetricsAddr string
+	// LANAddr is the host:port (UDP and TCP) of the agent's member of its
+	// region's serf LAN pool (lan.go), which it joins through the addresses
+	// its coordinator returns at registration (lan_join) and where it
+	// publishes its node epoch and free capacity; a coordinator ends the
+	// epoch as soon as the member fails, instead of waiting out the lease.
+	// Default "": the local address of the route to the first coordinator
+	// (127.0.0.1 for a coordinator on loopback), port 0 (a free port,
+	// picked again at every start; the pool learns it from the member).
+	// LANOff runs no member: the lease alone tells the region the node died.
+	LANAddr string
 }
 
 // withDefaults returns a copy of c with defaults filled in, or an error that
@@ -133,13 +156,22 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		c.NodeID = h
 	}
+	if c.ReservedCPUMillis < 0 {
+		return c, fmt.Errorf("reserved cpu millis: must be >= 0, got %d", c.ReservedCPUMillis)
+	}
+	if c.ReservedCPUMillis > 0 && c.Capacity.CPUMillis != 0 {
+		return c, errors.New("reserved cpu millis: applies to detected capacity only; with cpu millis given, give the share to offer")
+	}
 	if c.Capacity.CPUMillis == 0 || c.Capacity.MemoryMB == 0 {
 		host, err := HostCapacity()
 		if err != nil && c.Capacity.MemoryMB == 0 {
 			return c, fmt.Errorf("capacity: memory not given and not detected: %w", err)
 		}
 		if c.Capacity.CPUMillis == 0 {
-			c.Capacity.CPUMillis = host.CPUMillis
+			if c.ReservedCPUMillis >= host.CPUMillis {
+				return c, fmt.Errorf("reserved cpu millis: %d leaves nothing of the host's %d", c.ReservedCPUMillis, host.CPUMillis)
+			}
+			c.Capacity.CPUMillis = host.CPUMillis - c.ReservedCPUMillis
 		}
 		if c.Capacity.MemoryMB == 0 {
 			c.Capacity.MemoryMB = host.MemoryMB
@@ -148,6 +180,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Capacity.CPUMillis < 0 || c.Capacity.MemoryMB < 0 || c.Capacity.GPUs < 0 {
 		return c, errors.New("capacity: cpu, memory and gpus must be >= 0")
 	}
+	mode, err := parseCgroupsMode(c.Cgroups)
+	if err != nil {
+		return c, err
+	}
+	c.Cgroups = mode
 	if c.MaxTasks < 0 {
 		return c, errors.New("max tasks: must be >= 0")
 	}

@@ -18,6 +18,13 @@
 //     group, with full stdout/stderr in files there and the last TailBytes of
 //     each kept in memory (tail.go); the timeout and cancellation kill the
 //     whole process group.
+//   - Containment (cgroup.go, cgroup_attempt.go, cgroup_launch.go): where the
+//     host allows it, each attempt runs in a cgroup of its own under the
+//     agent's parent cgroup, joined before the process's first instruction,
+//     killed as a whole when the attempt ends (setsid escapees included) and
+//     read for CPU and memory usage; every task starts at nice +10 from a
+//     launcher thread, below the agent. A restarted agent kills its
+//     predecessor's attempt cgroups, then sweeps by records (orphans.go).
 //   - Reports (reporter.go): every report is retried with backoff on transport
 //     errors until the coordinator accepts or rejects it. A rejected report
 //     means the attempt is stale: the agent stops caring about it and kills it

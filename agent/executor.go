@@ -35,6 +35,14 @@ type Spec struct {
 	// its process group id and start time once it is, removed after the
 	// group was killed at the end of the attempt. Its directory must exist.
 	Record string
+
+	// contain, if set, starts the process on one of its launcher threads,
+	// at a lower priority than the agent, in a cgroup of its own named
+	// cgroup (when the agent has cgroups), which is killed as a whole when
+	// the attempt ends and then removed (see containment). nil: the process
+	// group only, at the agent's priority.
+	contain *containment
+	cgroup  string
 }
 
 // Outcome says why an attempt's process ended.
@@ -78,6 +86,9 @@ type Result struct {
 	// Err is an unexpected wait or log-file error, if any; the exit code is
 	// still meaningful.
 	Err error
+	// Usage is what the attempt's processes used, from its cgroup (read
+	// once every process of it is gone); Measured is false without one.
+	Usage Usage
 }
 
 // Execution is one running attempt: a process that leads its own process
@@ -86,6 +97,7 @@ type Execution struct {
 	spec    Spec
 	cmd     *exec.Cmd
 	pgid    int
+	cg      *attemptCgroup // nil without a cgroup
 	started time.Time
 	done    chan struct{}
 	result  Result
@@ -141,21 +153,50 @@ func Start(spec Spec) (*Execution, error) {
 		files[i] = f
 	}
 	cmd.Stdout, cmd.Stderr = files[0], files[1]
-	var rec *os.File
-	if spec.Record != "" {
+	var cg *attemptCgroup
+	if spec.contain != nil {
 		var err error
-		if rec, err = createRecord(spec.Record, attemptRecord{Dir: spec.Dir}); err != nil {
+		if cg, err = spec.contain.create(spec.cgroup); err != nil {
 			files[0].Close()
 			files[1].Close()
 			return nil, nodeFault(err)
 		}
 	}
-	if err := cmd.Start(); err != nil {
+	var rec *os.File
+	if spec.Record != "" {
+		var err error
+		r := attemptRecord{Dir: spec.Dir}
+		if cg != nil {
+			r.Cgroups = cg.dirs
+		}
+		if rec, err = createRecord(spec.Record, r); err != nil {
+			files[0].Close()
+			files[1].Close()
+			if cg != nil {
+				spec.contain.finish(cg)
+			}
+			return nil, nodeFault(err)
+		}
+	}
+	var err error
+	if spec.contain != nil {
+		err = spec.contain.start(cmd, cg)
+	} else {
+		err = cmd.Start()
+	}
+	if err != nil {
 		files[0].Close()
 		files[1].Close()
+		if cg != nil {
+			spec.contain.finish(cg)
+		}
 		if rec != nil {
 			rec.Close()
 			_ = os.Remove(spec.Record)
+		}
+		var se *StartError
+		if errors.As(err, &se) {
+			return nil, err
 		}
 		return nil, classifyExec(err, spec.Dir)
 	}
@@ -173,6 +214,7 @@ func Start(spec Spec) (*Execution, error) {
 		spec:    spec,
 		cmd:     cmd,
 		pgid:    cmd.Process.Pid,
+		cg:      cg,
 		started: time.Now(),
 		done:    make(chan struct{}),
 	}
@@ -186,11 +228,8 @@ func Start(spec Spec) (*Execution, error) {
 		ended := time.Now()
 		e.mu.Lock()
 		// Leftovers of the group (daemons, background jobs) do not outlive
-		// the attempt.
+		// the attempt; nor, with a cgroup, those that left the group.
 		_ = syscall.Kill(-e.pgid, syscall.SIGKILL)
-		if spec.Record != "" {
-			_ = os.Remove(spec.Record)
-		}
 		e.exited = true
 		if e.timer != nil {
 			e.timer.Stop()
@@ -200,6 +239,13 @@ func Start(spec Spec) (*Execution, error) {
 			outcome = e.stopping
 		}
 		e.mu.Unlock()
+		var usage Usage
+		if cg != nil {
+			usage = spec.contain.finish(cg)
+		}
+		if spec.Record != "" {
+			_ = os.Remove(spec.Record)
+		}
 
 		var tails [2]string
 		var tailErr [2]error
@@ -214,6 +260,7 @@ func Start(spec Spec) (*Execution, error) {
 			StderrTail: tails[1],
 			Started:    e.started,
 			Ended:      ended,
+			Usage:      usage,
 		}
 		var exitErr *exec.ExitError
 		if waitErr != nil && !errors.As(waitErr, &exitErr) {
@@ -257,7 +304,8 @@ func (e *Execution) Wait() Result {
 	return e.result
 }
 
-// Cancel kills the process group (SIGTERM, then SIGKILL after KillGrace);
+// Cancel kills the process group, and every process of the attempt's
+// cgroup when it has one (SIGTERM, then SIGKILL after KillGrace);
 // the result's outcome is OutcomeCancelled unless the process had already
 // ended or was already being stopped. It does not wait.
 func (e *Execution) Cancel() { e.stop(OutcomeCancelled) }
@@ -276,10 +324,10 @@ func (e *Execution) stop(reason Outcome) {
 		e.timer.Stop()
 	}
 	if e.spec.KillGrace <= 0 {
-		_ = syscall.Kill(-e.pgid, syscall.SIGKILL)
+		e.signal(syscall.SIGKILL)
 		return
 	}
-	_ = syscall.Kill(-e.pgid, syscall.SIGTERM)
+	e.signal(syscall.SIGTERM)
 	go func() {
 		t := time.NewTimer(e.spec.KillGrace)
 		defer t.Stop()
@@ -288,9 +336,19 @@ func (e *Execution) stop(reason Outcome) {
 		case <-t.C:
 			e.mu.Lock()
 			if !e.exited {
-				_ = syscall.Kill(-e.pgid, syscall.SIGKILL)
+				e.signal(syscall.SIGKILL)
 			}
 			e.mu.Unlock()
 		}
 	}()
+}
+
+// signal sends sig to the process group and, with a cgroup, to every
+// process in it (those that left the group too). Called with e.mu held,
+// before the leader was reaped.
+func (e *Execution) signal(sig syscall.Signal) {
+	_ = syscall.Kill(-e.pgid, sig)
+	if e.cg != nil {
+		e.cg.signal(sig)
+	}
 }

@@ -13,7 +13,10 @@ import (
 	"strings"
 )
 
-// Containment without cgroups. Every attempt's processes are tracked by
+// Containment without cgroups (with them, see cgroup.go: an attempt's
+// cgroup holds every process it forks, setsid or not, and is killed as a
+// whole when the attempt ends; what follows is then the fallback and the
+// second net). Every attempt's processes are tracked by
 //
 //   - its process group (the leader is started with Setpgid), killed as a
 //     whole when the leader exits, is timed out or is cancelled (see
@@ -31,7 +34,7 @@ import (
 // current directory is under <DataDir>/work, and processes carrying this
 // agent's marker. Without root the marker of another user's process cannot
 // be read, and a task that clears its environment and leaves its directory
-// and group escapes; cgroups are the cure.
+// and group escapes; cgroups are the cure, where the host has them.
 
 // agentRunEnv is the environment variable that marks a task process as this
 // agent's (value: agentMarker of the data dir).
@@ -60,6 +63,10 @@ type attemptRecord struct {
 	// StartTicks is the leader's start time, in clock ticks after boot
 	// (field 22 of /proc/<pid>/stat).
 	StartTicks uint64 `json:"start_ticks,omitempty"`
+	// Cgroups are the attempt's cgroup directories, one per hierarchy (none
+	// without cgroups): a restarted agent kills and removes them
+	// (containment.sweep) before this record's other scans.
+	Cgroups []string `json:"cgroups,omitempty"`
 }
 
 // createRecord creates the record at path with rec's Dir as its first line
@@ -121,6 +128,9 @@ func readRecords(dir string) map[string]attemptRecord {
 				}
 				if r.Pgid > 0 {
 					rec.Pgid, rec.StartTicks = r.Pgid, r.StartTicks
+				}
+				if len(r.Cgroups) > 0 {
+					rec.Cgroups = r.Cgroups
 				}
 			}
 		}

@@ -72,6 +72,10 @@ func (a *Agent) endRun(span trace.Span, startErr error, exec *Execution, res *Re
 	span.SetAttributes(telemetry.AttrProcessPID.Int(exec.Pid()), telemetry.AttrExitCode.Int(res.ExitCode),
 		telemetry.AttrDurationSecs.Float64(res.Ended.Sub(res.Started).Seconds()),
 		telemetry.AttrOutputSize.Int64(outputSize(dir)))
+	if res.Usage.Measured {
+		span.SetAttributes(telemetry.AttrCPUSeconds.Float64(res.Usage.CPUSeconds),
+			telemetry.AttrMemoryPeak.Int64(res.Usage.MemoryPeakBytes))
+	}
 	span.AddEvent("process.start", trace.WithTimestamp(res.Started), trace.WithAttributes(telemetry.AttrProcessPID.Int(exec.Pid())))
 	span.AddEvent("process.exit", trace.WithTimestamp(res.Ended), trace.WithAttributes(telemetry.AttrExitCode.Int(res.ExitCode)))
 	switch {

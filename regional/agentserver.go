@@ -167,7 +167,7 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	// this node before the agent hears it is registered.
 	c.refreshCapacity(ctx)
 	return &apiaryv1.RegisterNodeResponse{NodeEpoch: epoch, LeaseTtlMs: ttl * 1000,
-		HeartbeatIntervalMs: ttl * 1000 / 4, Region: c.meta.Region}, nil
+		HeartbeatIntervalMs: ttl * 1000 / 4, Region: c.meta.Region, LanJoin: c.lanJoin()}, nil
 }
 
 // nodeLease checks that (node, epoch) is current and returns its lease.

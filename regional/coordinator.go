@@ -55,13 +55,20 @@ type Config struct {
 	OwnerLeaseTTL time.Duration
 	// SuspectAfter: a follower that cannot reach the owner's API this long
 	// (connection refused) revokes the owner's lease (default 300 ms; 0 keeps
-	// the default, negative disables takeover on suspicion).
+	// the default, negative disables this probe). With LANAddr, a follower
+	// also revokes it when the owner's LAN member fails (suspicion.go).
 	SuspectAfter time.Duration
 	// DisconnectGrace is how long the attempts of a job with
 	// disconnect.replace: false and no lost_after of its own stay on a lost
 	// node before they are replaced (default 5 min, like the agent's
 	// --disconnect-grace; keep the two alike).
 	DisconnectGrace time.Duration
+	// FailoverGrace is how long a new shard owner waits before it replaces
+	// the attempts of node epochs it finds lost: after an outage of the
+	// region the node leases lapse although the agents kept running, and
+	// the agents need this long to reconnect, register again and have their
+	// attempts adopted (default 10 s; negative: no grace).
+	FailoverGrace time.Duration
 	// JobRetention is how long a finished job is kept before its records are
 	// deleted (default 24 h; negative keeps jobs forever).
 	JobRetention time.Duration
@@ -82,6 +89,10 @@ type Config struct {
 	// WAN makes the coordinator a member of the federation's serf WAN pool
 	// (wan.go); off when empty.
 	WAN WANConfig
+	// LANAddr is the host:port (UDP and TCP) of the coordinator's member
+	// of the region's serf LAN pool (lan.go); port 0 picks a free one. ""
+	// runs no pool: agents then learn of nothing but lease expiry.
+	LANAddr string
 	// TracerProvider makes the job lifecycle spans (accept, place, dispatch,
 	// complete/fail/retry, reclaim) and the gRPC server spans. Default:
 	// tracing off (a no-op provider).
@@ -91,6 +102,9 @@ type Config struct {
 	// MetricsAddr, if set, serves /metrics (and /debug/pprof/) over HTTP.
 	MetricsAddr string
 }
+
+// DefaultFailoverGrace is Config.FailoverGrace's default.
+const DefaultFailoverGrace = 10 * time.Second
 
 // DefaultDisconnectGrace is Config.DisconnectGrace's default.
 const DefaultDisconnectGrace = 5 * time.Minute
@@ -124,6 +138,9 @@ func (c *Config) validate() error {
 	}
 	if c.DisconnectGrace == 0 {
 		c.DisconnectGrace = DefaultDisconnectGrace
+	}
+	if c.FailoverGrace == 0 {
+		c.FailoverGrace = DefaultFailoverGrace
 	}
 	if c.DisconnectGrace < 0 {
 		return fmt.Errorf("disconnect-grace: must be > 0, got %s", c.DisconnectGrace)
@@ -167,6 +184,7 @@ type Coordinator struct {
 
 	capState capacityState
 	wan      wanMember
+	lan      lanMember
 
 	tracer     trace.Tracer
 	tracing    bool // spans are recorded (attributes worth computing)
@@ -223,9 +241,14 @@ func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
 //   - group-commit: the submission and report batch workers; they stop
 //     after the API that feeds them, flushing what is queued.
 //   - api: the gRPC listener and server; a Serve error fails the process.
-//   - members: /apiary/members/<id> under a session lease.
+//   - lan: the serf LAN member (with LANAddr): joins the peers named in
+//     the member records, ends the epochs of failed agents (lan.go); it
+//     leaves the pool after the owner has resigned.
+//   - members: /apiary/members/<id> (API and LAN addresses) under a
+//     session lease.
 //   - capacity: the capacity and backlog summary (first read on start).
-//   - suspicion: takeover when the owner's API refuses connections.
+//   - suspicion: takeover when the owner's API refuses connections or
+//     its LAN member failed.
 //   - owner: campaign for the shards, schedule while owning them.
 //   - wan: the serf WAN member (with WAN enabled); it joins in the
 //     background for as long as the process runs, and leaves the pool first
@@ -242,6 +265,11 @@ func (c *Coordinator) Parts() []lifecycle.Part {
 	parts = append(parts,
 		lifecycle.New("group-commit", services.NewBasicService(nil, c.runGroupCommit, nil)),
 		lifecycle.New("api", services.NewBasicService(c.listenAPI, c.serveAPI, nil)),
+	)
+	if c.cfg.LANAddr != "" {
+		parts = append(parts, lifecycle.New("lan", services.NewBasicService(c.startLAN, c.runLAN, c.stopLANPart)))
+	}
+	parts = append(parts,
 		lifecycle.Loop("members", c.memberLoop),
 		lifecycle.New("capacity", services.NewBasicService(func(ctx context.Context) error {
 			c.refreshCapacity(ctx)
@@ -514,7 +542,7 @@ func (c *Coordinator) memberLoop(ctx context.Context) {
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err = c.cli.Put(pctx, keyMember(c.cfg.ID), mustJSON(memberRecord{ID: c.cfg.ID, APIAddr: c.Addr()}), clientv3.WithLease(s.Lease()))
+		_, err = c.cli.Put(pctx, keyMember(c.cfg.ID), mustJSON(memberRecord{ID: c.cfg.ID, APIAddr: c.Addr(), LANAddr: c.lanAddr()}), clientv3.WithLease(s.Lease()))
 		cancel()
 		if err != nil {
 			_ = s.Close()

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -37,7 +38,9 @@ func cluster(t *testing.T, rs devcluster.RegionSpec) (*devcluster.Cluster, *devc
 		rs.Name = "eu-west"
 		rs.Jurisdiction = "eu"
 	}
-	rs.ExtraArgs = append(rs.ExtraArgs, "--node-lease-ttl", "1s")
+	if !slices.Contains(rs.ExtraArgs, "--node-lease-ttl") {
+		rs.ExtraArgs = append(rs.ExtraArgs, "--node-lease-ttl", "1s")
+	}
 	bin := testutil.Binary(t) // built before the start deadline runs
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

@@ -10,7 +10,7 @@ import (
 // docs/architecture.md describes the same layout.
 //
 //	/apiary/meta                              region name, jurisdiction, shard count (fixed at creation)
-//	/apiary/members/<coordID>                 coordinator presence (its API address), under its lease
+//	/apiary/members/<coordID>                 coordinator presence (its API and LAN addresses), under its lease
 //	/apiary/shards/owner/<lease>              election key of the shard owner; CreateRevision = epoch
 //	/apiary/jobs/<s>/<jobID>                  job record (spec, submission, cancel flag)
 //	/apiary/tasks/<s>/<jobID>/<index>         task record (state, attempt, node, node epoch)

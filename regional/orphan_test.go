@@ -75,11 +75,13 @@ tasks:
 
 // attemptProcs returns the live (non-zombie) processes whose environment
 // says they belong to attempt `attempt` of job id's task 0.
-func attemptProcs(id string, attempt int) []int {
+func attemptProcs(id string, attempt int) []int { return taskProcs(id, 0, attempt) }
+
+// procsWithEnv returns the live (non-zombie) processes whose environment
+// holds every one of the given NAME=value entries.
+func procsWithEnv(entries ...string) []int {
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
-	want := [][]byte{[]byte("APIARY_JOB_ID=" + id), []byte("APIARY_ATTEMPT=" + strconv.Itoa(attempt)),
-		[]byte("APIARY_TASK_INDEX=0")}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -91,10 +93,10 @@ func attemptProcs(id string, attempt int) []int {
 		}
 		vars := bytes.Split(env, []byte{0})
 		match := true
-		for _, w := range want {
+		for _, w := range entries {
 			found := false
 			for _, v := range vars {
-				if bytes.Equal(v, w) {
+				if bytes.Equal(v, []byte(w)) {
 					found = true
 				}
 			}

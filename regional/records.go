@@ -129,6 +129,9 @@ type metaRecord struct {
 type memberRecord struct {
 	ID      string `json:"id"`
 	APIAddr string `json:"api_addr"`
+	// LANAddr is the coordinator's serf LAN member (host:port; "" without
+	// a pool): its peers join it, agents get it in lan_join.
+	LANAddr string `json:"lan_addr,omitempty"`
 }
 
 // mustJSON encodes a record without HTML escaping (json.Marshal would store

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/serf/serf"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"apiary.dev/apiary/internal/federation"
 )
@@ -125,7 +126,7 @@ func (c *Coordinator) publishWAN() {
 	if c.wan.serf == nil {
 		return
 	}
-	c.metrics.SerfMembers.Reset()
+	c.metrics.SerfMembers.DeletePartialMatch(prometheus.Labels{"pool": "wan"}) // the LAN pool's counts are lan.go's
 	for state, n := range federation.MemberCounts(c.wan.serf) {
 		c.metrics.SerfMembers.WithLabelValues("wan", state).Set(float64(n))
 	}

@@ -34,6 +34,9 @@ func newAgentCmd() *cobra.Command {
 		retention                      time.Duration
 		disconnectGrace, drainDeadline time.Duration
 		logFormat                      string
+		lanAddr                        string
+		cgroups                        string
+		reservedCPU                    int64
 		tel                            telemetryFlags
 	)
 	defaultAddr := os.Getenv("APIARY_ADDR")
@@ -102,6 +105,11 @@ running tasks; the region re-runs them elsewhere.`,
 				DisconnectGrace:  disconnectGrace,
 				DrainDeadline:    drainDeadline,
 				Logger:           logger,
+				LANAddr:          lanAddr,
+
+				// Containment of the tasks (agent/cgroup.go), the host's reserve.
+				Cgroups:           cgroups,
+				ReservedCPUMillis: reservedCPU,
 			})
 			if err != nil {
 				return withCode(exitInvalid, err)
@@ -130,6 +138,9 @@ running tasks; the region re-runs them elsewhere.`,
 	f.IntVar(&tailBytes, "tail-bytes", agent.DefaultTailBytes, "bytes of stdout and of stderr tail sent with each result")
 	f.DurationVar(&retention, "work-retention", agent.DefaultWorkRetention, "remove a finished attempt's directory (working dir, full logs) this long after its last change (0: keep)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&cgroups, "cgroups", agent.CgroupsAuto, "contain each attempt in a cgroup of its own, killed as a whole when the attempt ends (setsid escapees included) and measured: auto (v2 with memory and pids, else v1 with memory, pids and freezer, else v2 without them), v1, v2 or off; when unusable the agent logs why and runs without")
+	f.Int64Var(&reservedCPU, "reserved-cpu-millis", 0, "CPU kept for the agent and the host's daemons (Kubernetes' system-reserved), subtracted from the detected CPU capacity; not with --cpu-millis")
+	f.StringVar(&lanAddr, "lan-addr", "", `host:port (UDP and TCP) of this agent's member of the region's serf LAN pool, joined through the addresses the coordinator returns at registration; a crash is then seen in about 1 s instead of a lease TTL (default: the local address of the route to the first --addr, port 0; "off": no member, the lease alone)`)
 	f.DurationVar(&disconnectGrace, "disconnect-grace", agent.DefaultDisconnectGrace, "keep attempts running this long while no coordinator answers (jobs' disconnect.lost_after overrides it), then kill them")
 	f.DurationVar(&drainDeadline, "drain-deadline", 0, "on SIGTERM/SIGINT: let running attempts finish this long, then stop the rest and hand them back (DRAINED, not charged) and release the lease (0: at once)")
 	tel.add(cmd)

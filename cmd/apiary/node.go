@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -22,13 +23,15 @@ func newNodeCmd() *cobra.Command {
 	o := &clientOpts{}
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Inspect and quarantine the nodes of a region, or of every region through the router",
+		Short: "Inspect, quarantine, drain and turn eligibility of the nodes of a region (or of every region, through the router)",
 	}
 	o.addFlags(cmd)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "list",
-		Short: "List nodes with region, status, capacity, allocation and quarantine",
-		Long: `List nodes with their region, status, capacity, allocation and quarantine.
+		Short: "List nodes with region, status, capacity, allocation and scheduling state",
+		Long: `List nodes with their region, status, capacity, allocation and scheduling
+state: eligible, DRAINING (until when), INELIGIBLE, QUARANTINED (since when,
+why).
 
 Against a region's coordinators: that region's nodes. Against the global
 router: every region's nodes (the router asks each region); regions that did
@@ -110,6 +113,101 @@ router: as "node quarantine".`,
 			})
 		},
 	})
+	var (
+		deadline    time.Duration
+		cancelDrain bool
+	)
+	dc := &cobra.Command{
+		Use:   "drain NODE [--deadline D] | drain NODE --cancel",
+		Short: "Drain a node: no new placements; running attempts stop at the deadline and are requeued",
+		Long: `Drain a node (Nomad's node drain): it gets no new placements at once; its
+running attempts may finish until --deadline (default 0: stop them now),
+then its agent stops the rest and hands them back as DRAINED: they are
+requeued at once and not charged to their max_attempts. The drain is stored
+in the node's record (it survives coordinator restarts and the agent
+registering again) and leaves the node ineligible: after "--cancel" it
+still gets no placements until "apiary node eligibility NODE --enable".
+
+An agent stopped with SIGTERM drains itself the same way (its
+--drain-deadline), then releases its lease.
+
+Against the global router: the one region that has the node.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			resp, err := unaryCall(cmd, o, func() error {
+				if deadline < 0 {
+					return withCode(exitInvalid, fmt.Errorf("--deadline: must be >= 0 (got %s)", deadline))
+				}
+				if cancelDrain && cmd.Flags().Changed("deadline") {
+					return withCode(exitInvalid, errors.New("--deadline and --cancel: give one or the other"))
+				}
+				return nil
+			}, apiaryv1.NewAdminServiceClient, "",
+				func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.DrainNodeResponse, error) {
+					req := &apiaryv1.DrainNodeRequest{NodeId: args[0], Cancel: cancelDrain, By: operatorName()}
+					if !cancelDrain && deadline > 0 {
+						req.DeadlineMs = time.Now().Add(deadline).UnixMilli()
+					}
+					return c.DrainNode(ctx, req)
+				})
+			if err != nil {
+				return err
+			}
+			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
+				n := resp.GetNode()
+				switch {
+				case !n.GetDraining():
+					fmt.Fprintf(w, "node %s: drain ended; it stays ineligible until \"apiary node eligibility %s --enable\"\n", n.GetId(), n.GetId())
+				case n.GetDrainDeadlineMs() == 0:
+					fmt.Fprintf(w, "node %s draining: running attempts are being stopped and requeued\n", n.GetId())
+				default:
+					fmt.Fprintf(w, "node %s draining: running attempts stop at %s\n", n.GetId(), fmtTime(n.GetDrainDeadlineMs()))
+				}
+			})
+		},
+	}
+	dc.Flags().DurationVar(&deadline, "deadline", 0, "let running attempts finish this long, then stop and requeue the rest (0: now)")
+	dc.Flags().BoolVar(&cancelDrain, "cancel", false, "end the drain (the node stays ineligible)")
+	cmd.AddCommand(dc)
+	var enable, disable bool
+	ec := &cobra.Command{
+		Use:   "eligibility NODE --enable|--disable",
+		Short: "Turn new placements on a node on or off (running attempts are not touched)",
+		Long: `Turn new placements on a node on (--enable) or off (--disable), as Nomad's
+node eligibility does; running attempts are not touched. Stored in the
+node's record. Enabling does not end a drain. Against the global router: the
+one region that has the node.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			resp, err := unaryCall(cmd, o, func() error {
+				if enable == disable {
+					return withCode(exitInvalid, errors.New("--enable or --disable: give exactly one"))
+				}
+				return nil
+			}, apiaryv1.NewAdminServiceClient, "",
+				func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.SetNodeEligibilityResponse, error) {
+					return c.SetNodeEligibility(ctx, &apiaryv1.SetNodeEligibilityRequest{NodeId: args[0], Eligible: enable, By: operatorName()})
+				})
+			if err != nil {
+				return err
+			}
+			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
+				n := resp.GetNode()
+				state := "eligible"
+				if n.GetIneligible() {
+					state = "ineligible"
+				}
+				fmt.Fprintf(w, "node %s is %s", n.GetId(), state)
+				if n.GetDraining() {
+					fmt.Fprint(w, " (and draining)")
+				}
+				fmt.Fprintln(w)
+			})
+		},
+	}
+	ec.Flags().BoolVar(&enable, "enable", false, "allow new placements")
+	ec.Flags().BoolVar(&disable, "disable", false, "stop new placements")
+	cmd.AddCommand(ec)
 	return cmd
 }
 
@@ -132,18 +230,32 @@ func operatorName() string {
 // printNodes writes a table of nodes to w; "no nodes" to errw when there are none.
 func printNodes(w, errw io.Writer, nodes []*apiaryv1.Node) {
 	t := newTable(w)
-	fmt.Fprintln(t, "REGION\tID\tSTATUS\tEPOCH\tCPU (m)\tMEMORY (MiB)\tGPUS\tTASKS\tQUARANTINE\tLABELS")
+	fmt.Fprintln(t, "REGION\tID\tSTATUS\tEPOCH\tCPU (m)\tMEMORY (MiB)\tGPUS\tTASKS\tSCHEDULING\tLABELS")
 	for _, n := range nodes {
 		st := strings.TrimPrefix(n.GetStatus().String(), "NODE_STATUS_")
-		q := "-"
+		var sched []string
+		if n.GetDraining() {
+			d := "DRAINING"
+			if ms := n.GetDrainDeadlineMs(); ms > 0 {
+				d += " until " + fmtTime(ms)
+			}
+			sched = append(sched, d)
+		} else if n.GetIneligible() {
+			sched = append(sched, "INELIGIBLE")
+		}
 		if n.GetQuarantined() {
-			q = "QUARANTINED"
+			q := "QUARANTINED"
 			if ms := n.GetQuarantinedTimeMs(); ms > 0 {
 				q += " since " + fmtTime(ms)
 			}
 			if r := n.GetQuarantineReason(); r != "" {
 				q += ": " + cell(r, 60)
 			}
+			sched = append(sched, q)
+		}
+		q := "eligible"
+		if len(sched) > 0 {
+			q = strings.Join(sched, "; ")
 		}
 		gpus := "-"
 		if c := n.GetCapacity().GetGpus(); c > 0 {

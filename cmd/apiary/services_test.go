@@ -113,7 +113,7 @@ func regionArgs(t *testing.T, dir string, extra ...string) []string {
 func TestRegionStartsPartsInOrderStopsInReverse(t *testing.T) {
 	dir := t.TempDir()
 	ready := filepath.Join(dir, "ready")
-	p := startProc(t, regionArgs(t, dir, "--ready-file", ready,
+	p := startProc(t, regionArgs(t, dir, "--ready-file", ready, "--lan-addr", "127.0.0.1:0",
 		"--wan-bind", testutil.FreeAddr(t), "--wan-join", testutil.FreeAddr(t))...)
 	waitFile(t, p, ready)
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -123,7 +123,7 @@ func TestRegionStartsPartsInOrderStopsInReverse(t *testing.T) {
 		t.Fatalf("exit %d after SIGTERM, want 0; output:\n%s", code, p.out.String())
 	}
 	running, stopped := partEvents(p.out.String())
-	want := []string{"etcd", "metrics", "group-commit", "api", "members", "capacity", "suspicion", "owner", "wan", "ready"}
+	want := []string{"etcd", "metrics", "group-commit", "api", "lan", "members", "capacity", "suspicion", "owner", "wan", "ready"}
 	if !slices.Equal(running, want) {
 		t.Fatalf("parts ran in order %v, want %v", running, want)
 	}

@@ -92,37 +92,53 @@ func (r *Router) fanOutTo(ctx context.Context, regions []federation.Region, what
 // a node of that id (send it to the region's address instead), and the
 // region's own errors.
 func (s *adminServer) QuarantineNode(ctx context.Context, req *apiaryv1.QuarantineNodeRequest) (*apiaryv1.QuarantineNodeResponse, error) {
-	reg, err := s.nodeRegion(ctx, req.GetNodeId())
-	if err != nil {
-		return nil, err
-	}
-	var resp *apiaryv1.QuarantineNodeResponse
-	err = s.r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
-		var err error
-		resp, err = apiaryv1.NewAdminServiceClient(cc).QuarantineNode(ctx, req)
-		return err
+	return toNodeRegion(ctx, s, req.GetNodeId(), func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.QuarantineNodeResponse, error) {
+		return c.QuarantineNode(ctx, req)
 	})
-	if n := resp.GetNode(); n != nil && n.Region == "" {
-		n.Region = reg.Name
-	}
-	return resp, err
 }
 
 // ReleaseNode sends the release to the one region that has the node; errors
 // as QuarantineNode.
 func (s *adminServer) ReleaseNode(ctx context.Context, req *apiaryv1.ReleaseNodeRequest) (*apiaryv1.ReleaseNodeResponse, error) {
-	reg, err := s.nodeRegion(ctx, req.GetNodeId())
+	return toNodeRegion(ctx, s, req.GetNodeId(), func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.ReleaseNodeResponse, error) {
+		return c.ReleaseNode(ctx, req)
+	})
+}
+
+// DrainNode sends the drain to the one region that has the node; errors as
+// QuarantineNode.
+func (s *adminServer) DrainNode(ctx context.Context, req *apiaryv1.DrainNodeRequest) (*apiaryv1.DrainNodeResponse, error) {
+	return toNodeRegion(ctx, s, req.GetNodeId(), func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.DrainNodeResponse, error) {
+		return c.DrainNode(ctx, req)
+	})
+}
+
+// SetNodeEligibility sends the change to the one region that has the node;
+// errors as QuarantineNode.
+func (s *adminServer) SetNodeEligibility(ctx context.Context, req *apiaryv1.SetNodeEligibilityRequest) (*apiaryv1.SetNodeEligibilityResponse, error) {
+	return toNodeRegion(ctx, s, req.GetNodeId(), func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.SetNodeEligibilityResponse, error) {
+		return c.SetNodeEligibility(ctx, req)
+	})
+}
+
+// toNodeRegion makes an admin call on the one region that has node id (see
+// nodeRegion) and names that region in the answer's node.
+func toNodeRegion[R interface{ GetNode() *apiaryv1.Node }](ctx context.Context, s *adminServer, id string,
+	call func(context.Context, apiaryv1.AdminServiceClient) (R, error)) (R, error) {
+	var resp R
+	reg, err := s.nodeRegion(ctx, id)
 	if err != nil {
-		return nil, err
+		return resp, err
 	}
-	var resp *apiaryv1.ReleaseNodeResponse
 	err = s.r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
 		var err error
-		resp, err = apiaryv1.NewAdminServiceClient(cc).ReleaseNode(ctx, req)
+		resp, err = call(ctx, apiaryv1.NewAdminServiceClient(cc))
 		return err
 	})
-	if n := resp.GetNode(); n != nil && n.Region == "" {
-		n.Region = reg.Name
+	if err == nil {
+		if n := resp.GetNode(); n != nil && n.Region == "" {
+			n.Region = reg.Name
+		}
 	}
 	return resp, err
 }

@@ -49,6 +49,10 @@ type RegionSpec struct {
 	Agents       []AgentSpec
 	// ExtraArgs are appended to every `apiary region` command line.
 	ExtraArgs []string
+	// NoLAN runs the region without a serf LAN pool (coordinators without
+	// --lan-addr, agents with --lan-addr off): node liveness is the lease
+	// alone. By default every coordinator and agent gets a LAN port.
+	NoLAN bool
 }
 
 // Options configures a cluster.
@@ -199,6 +203,8 @@ type Region struct {
 	Agents        []*Proc
 	// WANAddrs[i] is the serf WAN address of Coords[i] (with a global router).
 	WANAddrs []string
+	// LANAddrs[i] is the serf LAN address of Coords[i] (nil with NoLAN).
+	LANAddrs []string
 	ready    []string
 }
 
@@ -296,6 +302,12 @@ func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
 		return nil, err
 	}
 	r := &Region{Spec: rs}
+	var lanPorts []int
+	if !rs.NoLAN {
+		if lanPorts, err = freePorts(n); err != nil {
+			return nil, err
+		}
+	}
 	var initial []string
 	for i := 0; i < n; i++ {
 		initial = append(initial, fmt.Sprintf("%s-c%d=http://127.0.0.1:%d", rs.Name, i+1, ports[3*i+1]))
@@ -318,6 +330,10 @@ func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
 		if c.opts.Global != nil {
 			args = append(args, c.wanArgs(len(c.Regions), i)...)
 			r.WANAddrs = append(r.WANAddrs, fmt.Sprintf("127.0.0.1:%d", c.wanPorts[len(c.Regions)][i]))
+		}
+		if lanPorts != nil {
+			r.LANAddrs = append(r.LANAddrs, fmt.Sprintf("127.0.0.1:%d", lanPorts[i]))
+			args = append(args, "--lan-addr", r.LANAddrs[i])
 		}
 		args = append(args, rs.ExtraArgs...)
 		p := &Proc{Name: id, Args: args, LogPath: filepath.Join(c.opts.Dir, id+".log"), env: c.opts.ExtraEnv, bin: c.opts.Binary}
@@ -370,6 +386,32 @@ func (r *Region) RestartCoordinator(ctx context.Context, i int) error {
 	})
 }
 
+// Agent returns the region's agent process with node id, or nil.
+func (r *Region) Agent(id string) *Proc {
+	for _, p := range r.Agents {
+		if p.Name == id {
+			return p
+		}
+	}
+	return nil
+}
+
+// RestartCoordinators starts every stopped coordinator of the region at
+// once (a region whose members were all down needs a quorum before any of
+// them is ready) and waits until all serve.
+func (r *Region) RestartCoordinators(ctx context.Context) error {
+	for i, p := range r.Coords {
+		if p.Running() {
+			continue
+		}
+		_ = os.Remove(r.ready[i])
+		if err := p.Start(); err != nil {
+			return err
+		}
+	}
+	return r.WaitCoordinators(ctx)
+}
+
 func (r *Region) startAgent(c *Cluster, i int) error {
 	as := r.Spec.Agents[i]
 	if as.CPUMillis == 0 {
@@ -391,6 +433,15 @@ func (r *Region) startAgent(c *Cluster, i int) error {
 	for k, v := range as.Labels {
 		args = append(args, "--label", k+"="+v)
 	}
+	lanAddr := "off"
+	if !r.Spec.NoLAN {
+		port, err := FreePort()
+		if err != nil {
+			return err
+		}
+		lanAddr = fmt.Sprintf("127.0.0.1:%d", port) // kept across restarts
+	}
+	args = append(args, "--lan-addr", lanAddr)
 	p := &Proc{Name: as.ID, Args: args, LogPath: filepath.Join(c.opts.Dir, as.ID+".log"), env: c.opts.ExtraEnv, bin: c.opts.Binary}
 	if err := p.Start(); err != nil {
 		return err

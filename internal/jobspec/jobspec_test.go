@@ -135,6 +135,7 @@ jurisdiction: eu
 data_class: personal
 max_attempts: 5
 scheduler: spread
+disconnect: {lost_after: 10m, replace: false}
 tasks:
   - name: main
     count: 3
@@ -172,6 +173,7 @@ tasks:
 	}
 	want := &apiaryv1.JobSpec{
 		Name: "full", Priority: 70, Jurisdiction: "eu", DataClass: "personal", MaxAttempts: 5, Scheduler: "spread",
+		Disconnect: &apiaryv1.Disconnect{LostAfterMs: 600000, Replace: proto.Bool(false)},
 		Region: &apiaryv1.RegionSpec{Selector: map[string]string{"tier": "gold", "apiary.dev/zone": "a"}, Prefer: []string{"eu-west", "eu-central"}},
 		Tasks: []*apiaryv1.TaskGroup{{
 			Name: "main", Count: 3, Command: "/bin/sh", Args: []string{"-c", "echo hi"}, Env: map[string]string{"FOO": "bar"},
@@ -271,6 +273,8 @@ func TestValidateProtoSpec(t *testing.T) {
 		{func(s *apiaryv1.JobSpec) { s.Priority = 101 }, "priority"},
 		{func(s *apiaryv1.JobSpec) { s.MaxAttempts = 101 }, "max_attempts"},
 		{func(s *apiaryv1.JobSpec) { s.MaxAttempts = -1 }, "max_attempts"},
+		{func(s *apiaryv1.JobSpec) { s.Disconnect = &apiaryv1.Disconnect{LostAfterMs: -1} }, "disconnect.lost_after"},
+		{func(s *apiaryv1.JobSpec) { s.Disconnect = &apiaryv1.Disconnect{LostAfterMs: 25 * 3600 * 1000} }, "disconnect.lost_after"},
 		{func(s *apiaryv1.JobSpec) { s.Tasks = nil }, "tasks"},
 		{func(s *apiaryv1.JobSpec) {
 			for i := 0; i < 101; i++ {

@@ -362,6 +362,18 @@ func (d *decoder) jobSpec(v any) *apiaryv1.JobSpec {
 		"data_class":   func(p string, v any) { d.str(p, v, &s.DataClass) },
 		"max_attempts": func(p string, v any) { d.positive32(p, v, &s.MaxAttempts, fmt.Sprint(DefaultMaxAttempts)) },
 		"scheduler":    func(p string, v any) { d.str(p, v, &s.Scheduler) },
+		"disconnect": func(p string, v any) {
+			dc := &apiaryv1.Disconnect{}
+			d.object(p, v, map[string]handler{
+				"lost_after": func(p string, v any) { d.duration(p, v, &dc.LostAfterMs) },
+				"replace": func(p string, v any) {
+					var b bool
+					d.boolean(p, v, &b)
+					dc.Replace = &b
+				},
+			})
+			s.Disconnect = dc
+		},
 		"tasks": func(p string, v any) {
 			d.list(p, v, func(p string, v any) { s.Tasks = append(s.Tasks, d.task(p, v)) })
 		},

@@ -38,6 +38,8 @@ const (
 	MaxGPUs     = 64
 	MaxGPUMilli = 999
 	MaxTimeout  = 7 * 24 * time.Hour
+	// MaxLostAfter bounds disconnect.lost_after.
+	MaxLostAfter = 24 * time.Hour
 
 	MaxArgs        = 1024
 	MaxArgsBytes   = 256 << 10
@@ -187,6 +189,11 @@ func Validate(spec *apiaryv1.JobSpec) error {
 	}
 	if s := spec.GetScheduler(); s != "" && !contains(Schedulers, s) {
 		c.add("scheduler", "must be one of %s (got %q)", strings.Join(Schedulers, ", "), s)
+	}
+	if d := spec.GetDisconnect(); d != nil {
+		if la := d.GetLostAfterMs(); la < 0 || la > MaxLostAfter.Milliseconds() {
+			c.add("disconnect.lost_after", "must be between 1ms and 24h, or 0 for the agent's --disconnect-grace (got %dms)", la)
+		}
 	}
 	checkName(&c, "jurisdiction", spec.GetJurisdiction(), 64, false)
 	checkName(&c, "data_class", spec.GetDataClass(), 64, false)

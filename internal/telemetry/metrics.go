@@ -135,6 +135,44 @@ func NewAgentMetrics(reg prometheus.Registerer, running func() float64, free fun
 	return m
 }
 
+// RegisterTaskUsage registers an agent's metrics of its tasks' usage, read
+// from the attempts' cgroups at scrape time by usage (ok false: the agent
+// runs without cgroups, and only apiary_agent_cgroup_version, 0, is
+// exported):
+//
+//   - apiary_agent_task_cpu_seconds_total (counter): CPU time of every
+//     attempt's processes since the agent started, finished attempts
+//     included;
+//   - apiary_agent_task_memory_bytes (gauge): memory charged to the cgroups
+//     of running attempts now, page cache included;
+//   - apiary_agent_cgroup_version (gauge): 1 or 2, 0 without cgroups.
+func RegisterTaskUsage(reg prometheus.Registerer, usage func() (cpuSeconds, memoryBytes float64, version int, ok bool)) {
+	reg.MustRegister(&usageCollector{usage: usage,
+		cpu:     prometheus.NewDesc("apiary_agent_task_cpu_seconds_total", "CPU time used by attempts' processes (their cgroups), finished attempts included.", nil, nil),
+		mem:     prometheus.NewDesc("apiary_agent_task_memory_bytes", "Memory charged to running attempts' cgroups, page cache included.", nil, nil),
+		version: prometheus.NewDesc("apiary_agent_cgroup_version", "cgroup version that contains attempts (1 or 2; 0: none).", nil, nil)})
+}
+
+type usageCollector struct {
+	usage             func() (float64, float64, int, bool)
+	cpu, mem, version *prometheus.Desc
+}
+
+func (c *usageCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.cpu
+	ch <- c.mem
+	ch <- c.version
+}
+
+func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
+	cpu, mem, version, ok := c.usage()
+	ch <- prometheus.MustNewConstMetric(c.version, prometheus.GaugeValue, float64(version))
+	if ok {
+		ch <- prometheus.MustNewConstMetric(c.cpu, prometheus.CounterValue, cpu)
+		ch <- prometheus.MustNewConstMetric(c.mem, prometheus.GaugeValue, mem)
+	}
+}
+
 type freeCollector struct {
 	free              func() map[string]float64
 	capacity          map[string]float64

@@ -68,6 +68,11 @@ const (
 	AttrLinkKind   = attribute.Key("apiary.link")
 	// AttrFault is who was at fault for a start failure: "node" or "job".
 	AttrFault = attribute.Key("apiary.failure.fault")
+	// AttrCPUSeconds and AttrMemoryPeak are an attempt's usage from its
+	// cgroup (task.run): CPU seconds of all its processes, and the most
+	// memory charged at once, in bytes. Absent without a cgroup.
+	AttrCPUSeconds = attribute.Key("apiary.usage.cpu_seconds")
+	AttrMemoryPeak = attribute.Key("apiary.usage.memory_peak_bytes")
 	// Semantic conventions.
 	AttrProcessPID   = attribute.Key("process.pid")
 	AttrExitCode     = attribute.Key("process.exit.code")

@@ -62,9 +62,15 @@ func startRegion(ctx context.Context, cfg Config, dir string, n int, agents []de
 // startRegionEnv is startRegion with env added to every process's
 // environment.
 func startRegionEnv(ctx context.Context, cfg Config, dir string, n int, agents []devcluster.AgentSpec, extra, env []string) (*devcluster.Cluster, *devcluster.Region, error) {
+	return startRegionSpec(ctx, cfg, dir, devcluster.RegionSpec{Coordinators: n, Agents: agents, ExtraArgs: extra}, env)
+}
+
+// startRegionSpec starts the region rs, named "bench", under dir.
+func startRegionSpec(ctx context.Context, cfg Config, dir string, rs devcluster.RegionSpec, env []string) (*devcluster.Cluster, *devcluster.Region, error) {
 	_ = os.RemoveAll(dir)
+	rs.Name = "bench"
 	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: cfg.Binary, Dir: dir, ExtraEnv: env,
-		Regions: []devcluster.RegionSpec{{Name: "bench", Coordinators: n, Agents: agents, ExtraArgs: extra}}})
+		Regions: []devcluster.RegionSpec{rs}})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -27,7 +27,7 @@ func main() {
 		bin          = flag.String("bin", "bin/apiary", "apiary binary")
 		out          = flag.String("out", "", "results directory (default loadtest/results/regional-<date>)")
 		work         = flag.String("work", "", "scratch directory for data dirs and logs (default: a temp dir, removed on success)")
-		only         = flag.String("only", "drain,submit,failover", "benchmarks to run, comma-separated")
+		only         = flag.String("only", "drain,submit,failover,agentfail,serfcpu,ownerdetect", "benchmarks to run, comma-separated")
 		drainTrials  = flag.Int("drain-trials", 5, "drain trials")
 		foTrials     = flag.Int("failover-trials", 20, "failover trials")
 		clients      = flag.Int("clients", 64, "submit: concurrent clients")
@@ -231,6 +231,7 @@ func main() {
 			bench.Summarize(disp), bench.Summarize(dispLeader), bench.Summarize(dispFollower), bench.Summarize(owner), bench.Summarize(rec), bench.Summarize(start), bench.Summarize(sub))
 	}
 	failed = runFederation(ctx, cfg, run, *out, &sum) || failed // federation.go: route-submit, region-kill (not in the default -only)
+	failed = runLAN(ctx, cfg, run, *out, &sum) || failed        // lan.go: agentfail, serfcpu, ownerdetect
 	check(os.WriteFile(filepath.Join(*out, "summary.md"), []byte(sum.String()), 0o644))
 	fmt.Print(sum.String())
 	if failed {

@@ -1,0 +1,225 @@
+package regional_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/testutil"
+)
+
+// lanLease is the node lease of the LAN tests: long, so that only the fast
+// path (serf → fast reclaim) can move a task within lanDeadline.
+const (
+	lanLease    = 10 * time.Second
+	lanDeadline = 5 * time.Second
+)
+
+// lanRegion starts a one-coordinator region with the LAN pool (devcluster's
+// default), two agents, a 10 s node lease, no failover grace (the owner of
+// a fresh region would otherwise hold every reclaim for its first 10 s)
+// and /metrics at the returned address.
+func lanRegion(t *testing.T) (*devcluster.Region, clients, string) {
+	metrics := testutil.FreeAddr(t)
+	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents(), ExtraArgs: []string{
+		"--node-lease-ttl", lanLease.String(), "--failover-grace", "-1s", "--metrics-addr", metrics}})
+	return r, dial(t, r), metrics
+}
+
+// gated is a one-task job whose attempts append "start N" to dir/L, wait
+// for dir/go, then append "effect N".
+func gated(t *testing.T, dir string) *apiaryv1.JobSpec {
+	return spec(t, fmt.Sprintf(`
+name: gated
+max_attempts: 3
+tasks:
+  - name: work
+    command: sh
+    args: ["-c", "echo start $APIARY_ATTEMPT >> %[1]s/L; while [ ! -e %[1]s/go ]; do sleep 0.05; done; echo effect $APIARY_ATTEMPT >> %[1]s/L"]
+`, dir))
+}
+
+// runningAttempt waits until the job's task runs attempt n (RUNNING) and
+// returns it.
+func runningAttempt(t *testing.T, c clients, id string, n int32, timeout time.Duration) *apiaryv1.Task {
+	t.Helper()
+	var tk *apiaryv1.Task
+	testutil.Eventually(t, timeout, fmt.Sprintf("attempt %d running", n), func() error {
+		j, err := getJob(c, id)
+		if err != nil {
+			return err
+		}
+		tk = j.GetTasks()[0]
+		if tk.GetAttempt() != n || tk.GetState() != apiaryv1.TaskState_TASK_STATE_RUNNING {
+			return fmt.Errorf("attempt %d %s on %s", tk.GetAttempt(), tk.GetState(), tk.GetNodeId())
+		}
+		return nil
+	})
+	return tk
+}
+
+func fastReclaims(t *testing.T, metrics string) float64 {
+	return testutil.MetricSum(testutil.ScrapeMetrics(t, "http://"+metrics+"/metrics")["apiary_lan_fast_reclaims_total"])
+}
+
+// TestLANAgentKilledRerunsBeforeLease: SIGKILL the agent running a task;
+// with a 10 s node lease, the task runs as attempt 2 on the other node
+// within 5 s, because the coordinator ended the node epoch when serf
+// declared the agent's member failed (apiary_lan_fast_reclaims_total).
+// Without the LAN pool it waits out the lease and fails.
+func TestLANAgentKilledRerunsBeforeLease(t *testing.T) {
+	r, c, metrics := lanRegion(t)
+	dir := t.TempDir()
+	id := submit(t, c, gated(t, dir))
+	first := runningAttempt(t, c, id, 1, 20*time.Second)
+	if err := r.Agent(first.GetNodeId()).Kill(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	second := runningAttempt(t, c, id, 2, lanDeadline)
+	took := time.Since(t0)
+	t.Logf("SIGKILL of %s → attempt 2 RUNNING on %s after %v (node lease %v)", first.GetNodeId(), second.GetNodeId(), took.Round(time.Millisecond), lanLease)
+	if second.GetNodeId() == first.GetNodeId() {
+		t.Fatalf("attempt 2 on the killed node %s", first.GetNodeId())
+	}
+	if n := fastReclaims(t, metrics); n < 1 {
+		t.Fatalf("apiary_lan_fast_reclaims_total = %v: the task moved, but not by the fast path", n)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
+	as := j.GetTasks()[0].GetAttempts()
+	if len(as) != 2 || as[0].GetOutcome() != "lost" || as[1].GetOutcome() != "complete" {
+		t.Fatalf("attempt history %v", as)
+	}
+	if n := completions(logs(t, c, id)); n[0] != 1 {
+		t.Fatalf("%d committed completions", n[0])
+	}
+}
+
+// TestLANFalseSuspicionCommitsOnce: SIGSTOP the agent running a task until
+// the coordinator has ended its epoch on serf's suspicion (about 1 s, far
+// shorter than the 10 s lease), then SIGCONT. The suspicion was wrong (the
+// agent was only paused), and it costs the agent a re-registration and the
+// attempt a rerun, never a duplicate: the agent kills the stale attempt as
+// soon as it runs again, the task's effect happens once (by attempt 2), and
+// exactly one attempt's result is committed.
+func TestLANFalseSuspicionCommitsOnce(t *testing.T) {
+	r, c, metrics := lanRegion(t)
+	dir := t.TempDir()
+	id := submit(t, c, gated(t, dir))
+	first := runningAttempt(t, c, id, 1, 20*time.Second)
+	victim := r.Agent(first.GetNodeId())
+	before := fastReclaims(t, metrics)
+	if err := victim.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	testutil.Eventually(t, lanDeadline, "fast reclaim of the paused agent", func() error {
+		if n := fastReclaims(t, metrics); n <= before {
+			return fmt.Errorf("apiary_lan_fast_reclaims_total = %v", n)
+		}
+		return nil
+	})
+	paused := time.Since(t0)
+	if err := victim.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s paused for %v (lease %v); its epoch %d was ended on suspicion", first.GetNodeId(), paused.Round(time.Millisecond), lanLease, first.GetNodeEpoch())
+	// The resumed agent hears its epoch ended and kills the stale attempt,
+	// before the gate opens.
+	testutil.Eventually(t, 10*time.Second, "attempt 1's processes killed by the resumed agent", func() error {
+		if ps := attemptProcs(id, 1); len(ps) > 0 {
+			return fmt.Errorf("still running: %v", ps)
+		}
+		return nil
+	})
+	runningAttempt(t, c, id, 2, 20*time.Second)
+	waitReady(t, c, first.GetNodeId(), first.GetNodeEpoch()) // re-registered: a new epoch
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
+	b, _ := os.ReadFile(filepath.Join(dir, "L"))
+	if got := strings.Count(string(b), "effect"); got != 1 || !strings.Contains(string(b), "effect 2") {
+		t.Fatalf("L holds %q: want one effect, by attempt 2", b)
+	}
+	tasks := logs(t, c, id)
+	if n := completions(tasks); n[0] != 1 {
+		t.Fatalf("%d committed completions", n[0])
+	}
+	as := j.GetTasks()[0].GetAttempts()
+	if len(as) != 2 || as[0].GetOutcome() != "lost" || as[1].GetOutcome() != "complete" {
+		t.Fatalf("attempt history %v: want attempt 1 lost, attempt 2 complete", as)
+	}
+}
+
+// TestLANDeposesPausedOwner: SIGSTOP the shard owner of a 3-coordinator
+// region with a 10 s owner lease. Its API port still accepts connections,
+// so the TCP probe (--suspect-after) never fires; a peer deposes it within
+// 5 s because its LAN member was declared failed (logged via=lan_failed).
+// Without the pool the owner keeps the shards until its lease expires.
+func TestLANDeposesPausedOwner(t *testing.T) {
+	_, r := cluster(t, devcluster.RegionSpec{Coordinators: 3, ExtraArgs: []string{"--owner-lease-ttl", "10s"}})
+	c := dial(t, r)
+	info := regionInfo(t, c)
+	var owner string
+	for _, co := range info.GetCoordinators() {
+		if co.GetScheduler() {
+			owner = co.GetId()
+		}
+	}
+	var victim *devcluster.Proc
+	for _, p := range r.Coords {
+		if p.Name == owner {
+			victim = p
+		}
+	}
+	if victim == nil {
+		t.Fatalf("no scheduler among %v", info.GetCoordinators())
+	}
+	if err := victim.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	var next string
+	testutil.Eventually(t, lanDeadline, "a peer deposes the paused owner", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		in, err := c.admin.GetRegionInfo(ctx, &apiaryv1.GetRegionInfoRequest{})
+		if err != nil {
+			return err
+		}
+		for _, co := range in.GetCoordinators() {
+			if co.GetScheduler() && co.GetId() != owner && in.GetSchedulerEpoch() > info.GetSchedulerEpoch() {
+				next = co.GetId()
+				return nil
+			}
+		}
+		return fmt.Errorf("scheduler epoch %d", in.GetSchedulerEpoch())
+	})
+	t.Logf("paused owner %s replaced by %s after %v (owner lease 10 s)", owner, next, time.Since(t0).Round(time.Millisecond))
+	var via bool
+	for _, p := range r.Coords {
+		if b, _ := os.ReadFile(p.LogPath); p != victim && strings.Contains(string(b), "deposed unreachable shard owner") && strings.Contains(string(b), "via=lan_failed") {
+			via = true
+		}
+	}
+	if !via {
+		t.Fatal("no survivor logged a deposition via=lan_failed")
+	}
+	if err := victim.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	after := regionInfo(t, c)
+	if after.GetSchedulerEpoch() <= info.GetSchedulerEpoch() {
+		t.Fatalf("scheduler epoch %d after the resume, was %d", after.GetSchedulerEpoch(), info.GetSchedulerEpoch())
+	}
+}
