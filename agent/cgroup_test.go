@@ -337,10 +337,12 @@ func TestCgroupSweepAtStart(t *testing.T) {
 			// No scan without cgroups would find it.
 			s := orphanScan{procRoot: "/proc", self: os.Getpid(), work: filepath.Join(data, "work") + "/",
 				marker: []byte(agentRunEnv + "=" + agentMarker(data)), groups: []attemptRecord{rec}}
+			// Once it is sleep, its shell has reaped mv: it is alone.
 			waitFor(t, 10*time.Second, func() bool {
 				cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", esc))
-				return cwd == "/"
-			}, "escapee out of the work dir")
+				comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", esc))
+				return cwd == "/" && strings.TrimSpace(string(comm)) == "sleep"
+			}, "escapee out of the work dir, sleeping")
 			if why, found := s.findOrphans()[esc]; found {
 				t.Fatalf("the scans without cgroups find the escapee (%s); the test proves nothing", why)
 			}

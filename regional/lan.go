@@ -278,7 +278,15 @@ func (c *Coordinator) lanMemberFailed(ctx context.Context, s *serf.Serf, m serf.
 			"node", at.NodeID, "epoch", at.Epoch, "failed_recently", n, "alive", alive)
 		return
 	}
-	c.lan.wg.Add(1)
+	c.lan.mu.Lock()
+	stopping := c.lan.serf == nil // stopLANPart waits only for reclaims added before it
+	if !stopping {
+		c.lan.wg.Add(1)
+	}
+	c.lan.mu.Unlock()
+	if stopping {
+		return
+	}
 	go func() {
 		defer c.lan.wg.Done()
 		c.fastReclaim(ctx, at, m.Name)

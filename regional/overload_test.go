@@ -43,14 +43,6 @@ func TestOverloadLosesNoAttempt(t *testing.T) {
 	_, r := cluster(t, devcluster.RegionSpec{Agents: []devcluster.AgentSpec{
 		{ID: "n1", CPUMillis: tasks * 100, MemoryMiB: tasks * 16, MaxTasks: 0}}})
 	c := dial(t, r)
-	t.Cleanup(func() { // XXXDEBUG
-		if t.Failed() {
-			for _, p := range append(r.Coords, r.Agents...) {
-				b, _ := os.ReadFile(p.LogPath)
-				_ = os.WriteFile("/tmp/ovdbg-"+p.Name+".log", b, 0o644)
-			}
-		}
-	})
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make bench` (after `make build`): the regional benchmarks of issue 2
-# (drain, submit, failover) against real `apiary` subprocesses on loopback,
+# (drain, submit, failover) and of issue 20's serf LAN pool (agentfail,
+# serfcpu, ownerdetect) against real `apiary` subprocesses on loopback,
 # then the load-test suite (issue 5), then the placement benchmark if
 # scripts/bench-placement.sh exists. LT_TRIALS sets the failover trials.
 # Results: loadtest/results/regional-<date>/ (CSV per trial + summary.md).

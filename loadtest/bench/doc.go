@@ -16,8 +16,20 @@
 //     3-member region under a steady trickle of jobs; time from the kill to
 //     the first task dispatch (plan commit) made under the successor's epoch.
 //
+// And three of the region's serf LAN pool (issue 20, lan.go):
+//
+//   - AgentFail: SIGKILL of the agent running a task, with and without the
+//     pool, default 2 s node lease; time until the task runs as attempt 2
+//     elsewhere, against serf's detection alone (the harness's own observer
+//     member of the pool) as the floor.
+//   - SerfCPU: 50 agent members and a coordinator member in one pool, in
+//     this process; CPU per agent per minute (getrusage).
+//   - OwnerDetect: the shard owner of a 3-member region killed or paused;
+//     time until it is deposed, with the TCP probe, the pool, or both.
+//
 // cmd/apiary-bench runs them and writes per-trial CSV rows and a summary.
 // The package owns measurement only: it must not change regional state
-// except through the public API (SubmitJob) and process signals, and it
-// never writes to etcd.
+// except through the public API (SubmitJob, CancelJob) and process
+// signals, and it never writes to etcd. Its serf observer publishes
+// role=observer, which coordinators and agents ignore.
 package bench
