@@ -182,6 +182,8 @@ func (a *Agent) Run(ctx context.Context) error {
 //   - data-dir: creates DataDir/work and kills orphans of a previous run.
 //   - metrics: /metrics over HTTP (with MetricsAddr).
 //   - janitor: removes finished attempts' work dirs (WorkRetention).
+//   - lan: the node's serf LAN member (lan.go), joined once registered,
+//     left after the sessions stop.
 //   - sessions: the coordinator connections, then register and serve one
 //     node epoch after another (heartbeats and the assignment stream); on
 //     stop it drains the node (liveness.go) and waits for the process
@@ -260,7 +262,7 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 		defer close(drained)
 		select {
 		case <-ctx.Done():
-			a.shutdownDrain(coords)
+			a.shutdownDrain(coords, stopSessions)
 		case <-sctx.Done():
 		}
 		stopSessions()
@@ -303,11 +305,8 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 }
 
 // serveEpoch runs one node epoch until it is lost or ctx ends. Attempts of
-// earlier epochs that still run are offered for adoption first. When the
-// epoch ends while the agent was in contact (a coordinator ended it:
-// revoked, suspected, re-registered), its attempts are killed at once; when
-// it ends after a disconnect of a lease TTL or more, they keep running for
-// the next epoch to adopt.
+// earlier epochs that still run (or still owe their final report) are
+// offered to it for adoption first.
 func (a *Agent) serveEpoch(ctx context.Context, sess *session, rep *reporter) error {
 	ectx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -330,27 +329,16 @@ func (a *Agent) serveEpoch(ctx context.Context, sess *session, rep *reporter) er
 	cancel()
 	<-errc
 
-	// No new attempt can start now (the stream loop has returned).
+	// No new attempt can start now (the stream loop has returned). The
+	// epoch's attempts keep running: the next epoch offers them for
+	// adoption, which keeps those whose tasks were not replaced meanwhile
+	// and kills the others (adoptSurvivors).
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.setEpochLocked(0)
-	if ctx.Err() != nil {
-		return err // stopping: the shutdown drain decides
-	}
-	if cut := time.Since(a.lastContact); cut >= sess.leaseTTL {
-		a.log.Warn("epoch ended after a disconnect; its attempts keep running until adopted or refused",
-			"epoch", sess.epoch, "disconnected_for", cut.Round(time.Millisecond))
-		return err
-	}
-	n := 0
-	for _, st := range a.seen {
-		if st.epoch == sess.epoch && !st.settled && !st.stale {
-			a.killStaleLocked(st, "epoch_ended")
-			n++
-		}
-	}
-	if n > 0 {
-		a.log.Warn("killed attempts of ended epoch", "epoch", sess.epoch, "attempts", n)
+	if ctx.Err() == nil {
+		a.log.Warn("epoch ended; its attempts run on until the next epoch adopts or refuses them",
+			"epoch", sess.epoch, "since_heartbeat", time.Since(a.lastContact).Round(time.Millisecond))
 	}
 	return err
 }

@@ -868,25 +868,36 @@ func TestAgentKillsAttemptsAfterDisconnectGrace(t *testing.T) {
 	}
 }
 
-func TestAgentKillsAtOnceWhenEpochEndedWhileConnected(t *testing.T) {
-	// A coordinator ends the epoch while the agent is in contact (revoked,
-	// suspected): its attempts are killed at once, not offered for adoption.
+func TestAgentEpochEndedWhileConnectedAdoptsOrKills(t *testing.T) {
+	// A coordinator ends the epoch while the agent is in contact (a serf
+	// suspicion, a revoke): the agent registers again at once and offers its
+	// attempts to the new epoch; one adopted keeps running, one refused is
+	// killed and never reported.
 	f, ta, epoch := startConnected(t, nil)
-	key := AttemptKey{JobID: "r1-revoked", TaskIndex: 0, Attempt: 1}
-	f.push(runAsg(epoch, key, `echo $$ > pids; exec sleep 100`))
-	f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_STARTED)
-	pid := readPids(t, filepath.Join(ta.workDir(key), "pids"), 1)[0]
+	keep := AttemptKey{JobID: "r1-revoked", TaskIndex: 0, Attempt: 1}
+	drop := AttemptKey{JobID: "r1-revoked", TaskIndex: 1, Attempt: 1}
+	for _, k := range []AttemptKey{keep, drop} {
+		f.push(runAsg(epoch, k, `echo $$ > pids; exec sleep 100`))
+		f.waitReport(t, k, apiaryv1.ReportKind_REPORT_KIND_STARTED)
+	}
+	keepPid := readPids(t, filepath.Join(ta.workDir(keep), "pids"), 1)[0]
+	dropPid := readPids(t, filepath.Join(ta.workDir(drop), "pids"), 1)[0]
 	f.mu.Lock()
-	f.adopt = func(*apiaryv1.AttemptRef) bool { return true }
+	f.adopt = func(r *apiaryv1.AttemptRef) bool { return r.GetTaskIndex() == 0 }
 	f.current = nil
 	f.mu.Unlock()
 	f.expire(epoch)
-	waitFor(t, 10*time.Second, func() bool { return processGone(pid) }, "attempt of the ended epoch killed")
-	ta.waitEpoch(t, epoch+1)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.adoptions) != 0 {
-		t.Fatalf("adoption asked for an epoch ended while connected: %v", f.adoptions)
+	waitFor(t, 10*time.Second, func() bool { return processGone(dropPid) }, "attempt not adopted killed")
+	e2 := ta.waitEpoch(t, epoch+1)
+	if processGone(keepPid) {
+		t.Fatal("adopted attempt killed")
+	}
+	syscall.Kill(keepPid, syscall.SIGKILL)
+	if r := f.waitReport(t, keep, apiaryv1.ReportKind_REPORT_KIND_EXITED); r.GetNodeEpoch() != e2 {
+		t.Fatalf("adopted attempt reported with epoch %d, want %d", r.GetNodeEpoch(), e2)
+	}
+	if ks := kinds(f.reportsFor(drop)); len(ks) != 1 {
+		t.Fatalf("refused attempt reports %v, want only STARTED", ks)
 	}
 }
 

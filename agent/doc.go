@@ -25,15 +25,23 @@
 //     read for CPU and memory usage; every task starts at nice +10 from a
 //     launcher thread, below the agent. A restarted agent kills its
 //     predecessor's attempt cgroups, then sweeps by records (orphans.go).
-//   - Reports (reporter.go): every report is retried with backoff on transport
-//     errors until the coordinator accepts or rejects it. A rejected report
-//     means the attempt is stale: the agent stops caring about it and kills it
-//     if it still runs.
-//   - Fencing on the node side (agent.go): assignments are deduplicated by
-//     (job, task index, attempt) and ignored unless they carry the current
-//     node epoch. When the epoch is lost (FAILED_PRECONDITION on heartbeat, or
-//     no successful heartbeat for a whole lease TTL) every attempt of that epoch
-//     is killed and never reported, and the agent registers again.
+//   - Reports (reporter.go, liveness.go): every report is retried with
+//     backoff on transport errors until the coordinator accepts or rejects
+//     it, with the attempt's current epoch. A rejection of an attempt of the
+//     current epoch, while in contact, means the attempt is stale: the agent
+//     stops caring about it and kills it if it still runs.
+//   - Fencing and liveness on the node side (agent.go, liveness.go):
+//     assignments are deduplicated by (job, task index, attempt) and ignored
+//     unless they carry the current node epoch. While no coordinator
+//     answers, attempts keep running up to their lost_after. When a
+//     coordinator answers that the epoch ended, the agent registers again
+//     and offers its attempts to the new epoch (AdoptAttempts); those
+//     refused are killed and never reported. A drain (the heartbeat answer,
+//     or the agent's own stop) stops attempts at its deadline and reports
+//     them DRAINED; a clean stop then deregisters.
+//   - The node's member of its region's serf LAN pool (lan.go): joined
+//     after registering, tagged with the node id, epoch and free capacity,
+//     left on a clean stop.
 //
 // # What it must not touch
 //

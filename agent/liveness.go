@@ -18,23 +18,28 @@ import (
 //     its lost_after (the job's disconnect.lost_after_ms, else
 //     Config.DisconnectGrace) counted from the last answered heartbeat, then
 //     they are killed (watchdog). Reports are held and retried.
-//   - A coordinator answers that the epoch ended: if the agent had been in
-//     contact within a lease TTL, a coordinator ended it on purpose
-//     (revoked, suspected): the epoch's attempts are killed at once. If it
-//     had been cut off for a lease TTL or more, the lease most likely
-//     lapsed meanwhile: the agent registers again and asks the new epoch to
-//     adopt the attempts it still runs (AdoptAttempts); those refused are
-//     killed, never reported.
+//   - A coordinator answers that the epoch ended (its lease lapsed while the
+//     agent was cut off, or a coordinator ended it: serf suspicion, a
+//     revoke): the agent registers again at once and asks the new epoch to
+//     adopt the attempts it still runs (AdoptAttempts). Adoption keeps
+//     exactly those whose tasks were not replaced meanwhile (one compared
+//     Txn each); the others are killed, never reported. So a replaced
+//     attempt dies within a registration round trip, and one that was not
+//     replaced (disconnect.replace: false, a false suspicion the owner had
+//     not acted on yet) is not lost.
 //   - Drain (an operator's, from the heartbeat answer, or the agent's own on
 //     stop): no new attempts are accepted; at the deadline those still
 //     running are stopped and reported DRAINED.
 
 // report delivers one report on st: with the attempt's current epoch on
 // every try, until accepted or rejected, or until st is killed as stale,
-// the agent stops, or giveUp closes. A rejection that arrives while the
-// agent has been cut off for a lease TTL may only mean that the epoch lapsed
-// meanwhile: then it waits until the session settles (a heartbeat answered,
-// or adoption decided) and tries again.
+// the agent stops, or giveUp closes. A rejection is final only when the
+// attempt belongs to the agent's current epoch and a coordinator answered a
+// heartbeat within the last lease TTL; otherwise it may only mean that the
+// attempt's epoch ended meanwhile, so the report waits until the session
+// settles (a heartbeat answered, a new epoch, adoption decided) and tries
+// again: adopted, it goes with the new epoch; refused, st is stale and the
+// report is dropped.
 func (a *Agent) report(rep *reporter, st *attemptState, req *apiaryv1.ReportTaskStatusRequest, giveUp <-chan struct{}) reportResult {
 	final := req.GetKind() != apiaryv1.ReportKind_REPORT_KIND_STARTED
 	if final {
@@ -49,11 +54,18 @@ func (a *Agent) report(rep *reporter, st *attemptState, req *apiaryv1.ReportTask
 			defer a.mu.Unlock()
 			return st.epoch
 		})
-		if !res.delivered || res.accepted || !a.cutOff() {
+		if !res.delivered || res.accepted {
 			return res
 		}
-		a.log.Info("report rejected while cut off; waiting for the session to settle",
-			"job", st.key.JobID, "task", st.key.TaskIndex, "attempt", st.key.Attempt, "reason", res.reason)
+		a.mu.Lock()
+		current := st.epoch == a.epoch && a.epoch != 0 && req.GetNodeEpoch() == st.epoch &&
+			!(a.leaseTTL > 0 && time.Since(a.lastContact) >= a.leaseTTL)
+		a.mu.Unlock()
+		if current {
+			return res
+		}
+		a.log.Info("report rejected while the attempt's epoch is in doubt; waiting for the session to settle",
+			"job", st.key.JobID, "task", st.key.TaskIndex, "attempt", st.key.Attempt, "epoch", req.GetNodeEpoch(), "reason", res.reason)
 		select {
 		case <-changed:
 		case <-st.ctx.Done():
@@ -71,13 +83,6 @@ func (a *Agent) settle(st *attemptState) {
 	st.settled = true
 	a.mu.Unlock()
 	st.stop()
-}
-
-// cutOff reports whether no coordinator has answered for a lease TTL.
-func (a *Agent) cutOff() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.leaseTTL > 0 && time.Since(a.lastContact) >= a.leaseTTL
 }
 
 // killStaleLocked kills st's processes and drops its reports: its task
@@ -225,9 +230,10 @@ func (a *Agent) adoptSurvivors(ctx context.Context, sess *session) {
 
 // shutdownDrain is the agent's stop (Run's ctx ended): mark the node
 // draining until now+DrainDeadline, let attempts finish until then, stop
-// the rest (reported DRAINED by their goroutines), then deregister. Each
-// step is bounded; a region that cannot be reached only makes it shorter.
-func (a *Agent) shutdownDrain(coords *coordinators) {
+// the rest (reported DRAINED by their goroutines), end the sessions (so
+// that the ended epoch is not registered again), then deregister. Each step
+// is bounded; a region that cannot be reached only makes it shorter.
+func (a *Agent) shutdownDrain(coords *coordinators, stopSessions func()) {
 	deadline := time.Now().Add(a.cfg.DrainDeadline)
 	a.mu.Lock()
 	a.stopping = true
@@ -273,6 +279,7 @@ func (a *Agent) shutdownDrain(coords *coordinators) {
 		case <-time.After(watchdogEvery):
 		}
 	}
+	stopSessions()
 	call("deregister", func(ctx context.Context, cl apiaryv1.AgentServiceClient) error {
 		_, err := cl.Deregister(ctx, &apiaryv1.DeregisterRequest{NodeId: a.cfg.NodeID, NodeEpoch: epoch})
 		return err

@@ -8,7 +8,8 @@ import (
 	"strings"
 )
 
-// Effect is one ledger line: an attempt of a task that really ran.
+// Effect is one ledger line: an attempt of a task that really ran (a start
+// line), or that really finished its work (a done line).
 type Effect struct {
 	JobID        string
 	Task         int32
@@ -16,6 +17,9 @@ type Effect struct {
 	FencingToken int64
 	Node         string
 	Region       string
+	// Done marks a done line (LedgerDoneCommand): the attempt's work
+	// completed, so its effect happened.
+	Done bool
 }
 
 // LedgerCommand is the shell snippet a load-test task runs first: it appends
@@ -25,9 +29,17 @@ func LedgerCommand(ledgerPath string) string {
 	return `printf '%s,%s,%s,%s,%s,%s\n' "$APIARY_JOB_ID" "$APIARY_TASK_INDEX" "$APIARY_ATTEMPT" "$APIARY_FENCING_TOKEN" "$APIARY_NODE_ID" "$APIARY_REGION" >> ` + shellQuote(ledgerPath)
 }
 
+// LedgerDoneCommand is the shell snippet a task of the liveness scenarios
+// runs after its work: the same identity as LedgerCommand plus a seventh
+// field "done". A task whose work completed twice has two done lines.
+func LedgerDoneCommand(ledgerPath string) string {
+	return `printf '%s,%s,%s,%s,%s,%s,done\n' "$APIARY_JOB_ID" "$APIARY_TASK_INDEX" "$APIARY_ATTEMPT" "$APIARY_FENCING_TOKEN" "$APIARY_NODE_ID" "$APIARY_REGION" >> ` + shellQuote(ledgerPath)
+}
+
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
-// ReadLedger parses a ledger; a malformed line is an error naming its number.
+// ReadLedger parses a ledger: lines of 6 fields (start) or 7 whose last is
+// "start" or "done"; a malformed line is an error naming its number.
 func ReadLedger(r io.Reader) ([]Effect, error) {
 	var out []Effect
 	sc := bufio.NewScanner(r)
@@ -37,8 +49,18 @@ func ReadLedger(r io.Reader) ([]Effect, error) {
 			continue
 		}
 		f := strings.Split(line, ",")
-		if len(f) != 6 {
-			return nil, fmt.Errorf("ledger line %d: want 6 fields, got %d: %q", n, len(f), line)
+		if len(f) != 6 && len(f) != 7 {
+			return nil, fmt.Errorf("ledger line %d: want 6 or 7 fields, got %d: %q", n, len(f), line)
+		}
+		done := false
+		if len(f) == 7 {
+			switch f[6] {
+			case "start":
+			case "done":
+				done = true
+			default:
+				return nil, fmt.Errorf("ledger line %d: field 7 must be start or done, got %q", n, f[6])
+			}
 		}
 		task, err1 := strconv.ParseInt(f[1], 10, 32)
 		att, err2 := strconv.ParseInt(f[2], 10, 32)
@@ -46,7 +68,7 @@ func ReadLedger(r io.Reader) ([]Effect, error) {
 		if err1 != nil || err2 != nil || err3 != nil {
 			return nil, fmt.Errorf("ledger line %d: task, attempt and token must be integers: %q", n, line)
 		}
-		out = append(out, Effect{JobID: f[0], Task: int32(task), Attempt: int32(att), FencingToken: tok, Node: f[4], Region: f[5]})
+		out = append(out, Effect{JobID: f[0], Task: int32(task), Attempt: int32(att), FencingToken: tok, Node: f[4], Region: f[5], Done: done})
 	}
 	return out, sc.Err()
 }

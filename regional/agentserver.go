@@ -163,11 +163,12 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 		}
 	}
 	c.log.Info("node registered", "node", rec.ID, "epoch", epoch, "labels", rec.Labels)
+	c.beats.note(rec.ID, epoch, time.Now()) // a registration is the epoch's first sign of life
 	// Admission judges "fits no node" from the capacity summary: include
 	// this node before the agent hears it is registered.
 	c.refreshCapacity(ctx)
 	return &apiaryv1.RegisterNodeResponse{NodeEpoch: epoch, LeaseTtlMs: ttl * 1000,
-		HeartbeatIntervalMs: ttl * 1000 / 4, Region: c.meta.Region, LanJoin: c.lanJoin()}, nil
+		HeartbeatIntervalMs: c.heartbeatInterval().Milliseconds(), Region: c.meta.Region, LanJoin: c.lanJoin()}, nil
 }
 
 // nodeLease checks that (node, epoch) is current and returns its lease.
@@ -202,6 +203,7 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 		}
 		return nil, status.Errorf(codes.Unavailable, "heartbeat: %v", err)
 	}
+	s.c.beats.note(req.GetNodeId(), req.GetNodeEpoch(), time.Now())
 	out := &apiaryv1.HeartbeatResponse{LeaseTtlMs: ka.TTL * 1000}
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
 		var rec nodeRecord

@@ -63,11 +63,14 @@ type Config struct {
 	// node before they are replaced (default 5 min, like the agent's
 	// --disconnect-grace; keep the two alike).
 	DisconnectGrace time.Duration
-	// FailoverGrace is how long a new shard owner waits before it replaces
-	// the attempts of node epochs it finds lost: after an outage of the
-	// region the node leases lapse although the agents kept running, and
-	// the agents need this long to reconnect, register again and have their
-	// attempts adopted (default 10 s; negative: no grace).
+	// FailoverGrace: for this long after the coordinator started, as shard
+	// owner it replaces no attempt of a lost node epoch (but those that
+	// left cleanly): after an outage of the region (etcd down with the
+	// coordinators) the node leases lapse although the agents kept running,
+	// and the agents need this long to reconnect, register again and have
+	// their attempts adopted. A coordinator that has run longer owns with no
+	// grace: etcd kept the leases while it ran. Default 10 s; negative: no
+	// grace.
 	FailoverGrace time.Duration
 	// JobRetention is how long a finished job is kept before its records are
 	// deleted (default 24 h; negative keeps jobs forever).
@@ -185,6 +188,9 @@ type Coordinator struct {
 	capState capacityState
 	wan      wanMember
 	lan      lanMember
+	beats    beatLog // last heartbeat per node (LAN fast reclaim's evidence)
+	// born is when New ran: the failover grace counts from it.
+	born time.Time
 
 	tracer     trace.Tracer
 	tracing    bool // spans are recorded (attributes worth computing)
@@ -204,7 +210,7 @@ func New(cfg Config) (*Coordinator, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	c := &Coordinator{cfg: cfg, log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
+	c := &Coordinator{born: time.Now(), cfg: cfg, log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
 		tracer: telemetry.Tracer(telemetry.OrNoop(cfg.TracerProvider)), tracing: telemetry.IsEnabled(cfg.TracerProvider),
 		metrics:  telemetry.NewRegionMetrics(cfg.Registry),
 		capState: capacityState{extra: map[string]localJob{}},

@@ -329,9 +329,41 @@ func (l *lanMember) noteAgentFailure(live map[string]bool, node string, now time
 func massFailure(failed, alive int) bool { return failed > massFailureMin && failed > alive }
 
 // fastReclaim ends the node epoch a failed agent member was tagged with, if
-// it is still current, and logs and counts what happened.
+// it is still current and its heartbeats stopped too, and logs and counts
+// what happened. serf only speeds the lease up, so its verdict needs the
+// lease's evidence: only the coordinator the agent heartbeats to (it has a
+// recent beat of that epoch) acts, and only once no beat has arrived for
+// heartbeatVeto; a beat that arrives after serf's verdict means a false
+// suspicion (an agent too busy to answer serf's probes in time, yet alive)
+// and the epoch is left alone.
 func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member string) {
 	met := c.lanMetrics()
+	failedAt := time.Now()
+	veto := c.heartbeatVeto()
+	for {
+		b, ok := c.beats.last(at.NodeID)
+		switch {
+		case !ok || b.epoch != at.Epoch || time.Since(b.at) > c.cfg.NodeLeaseTTL+veto:
+			met.FastReclaimSkips.WithLabelValues("not_heartbeat_coordinator").Inc()
+			c.log.Debug("LAN: agent member failed; its heartbeats go to another coordinator, which decides",
+				"node", at.NodeID, "epoch", at.Epoch, "member", member)
+			return
+		case b.at.After(failedAt):
+			met.FastReclaimSkips.WithLabelValues("heartbeats_arrive").Inc()
+			c.log.Info("LAN: agent member failed but its heartbeats still arrive; false suspicion, epoch kept",
+				"node", at.NodeID, "epoch", at.Epoch, "member", member, "last_heartbeat_ago", time.Since(b.at).Round(time.Millisecond))
+			return
+		}
+		wait := veto - time.Since(b.at)
+		if wait <= 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
 	ended, err := c.endNodeEpoch(ctx, at.NodeID, at.Epoch)
 	switch {
 	case err != nil:
@@ -345,8 +377,65 @@ func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member 
 	default:
 		met.FastReclaims.WithLabelValues("member_failed").Inc()
 		c.log.Warn("fast reclaim: node epoch ended before its lease", "node", at.NodeID, "epoch", at.Epoch,
-			"reason", "member_failed: serf declared the agent's LAN member failed", "member", member)
+			"reason", "member_failed: serf declared the agent's LAN member failed and its heartbeats stopped", "member", member,
+			"since_heartbeat", time.Since(c.mustBeat(at.NodeID)).Round(time.Millisecond))
 	}
+}
+
+// heartbeatVeto is how long without a heartbeat an agent serf declared
+// failed must have gone before its epoch is ended early: 1.5 heartbeat
+// intervals.
+func (c *Coordinator) heartbeatVeto() time.Duration { return 3 * c.heartbeatInterval() / 2 }
+
+// heartbeatInterval is how often agents heartbeat: a quarter of the node
+// lease, at most 500 ms (so that the fast reclaim's evidence, heartbeats
+// that stopped, is as quick as serf whatever the lease).
+func (c *Coordinator) heartbeatInterval() time.Duration {
+	return min(c.cfg.NodeLeaseTTL.Round(time.Second)/4, 500*time.Millisecond)
+}
+
+// mustBeat is the time of the node's last heartbeat here (zero if none).
+func (c *Coordinator) mustBeat(node string) time.Time {
+	b, _ := c.beats.last(node)
+	return b.at
+}
+
+// beat is a node's last heartbeat served by this coordinator.
+type beat struct {
+	epoch int64
+	at    time.Time
+}
+
+// beatLog remembers the last heartbeat each node sent this coordinator
+// (fastReclaim's evidence); entries older than a minute are dropped.
+type beatLog struct {
+	mu    sync.Mutex
+	beats map[string]beat
+	swept time.Time
+}
+
+func (l *beatLog) note(node string, epoch int64, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.beats == nil {
+		l.beats = map[string]beat{}
+	}
+	l.beats[node] = beat{epoch, now}
+	if now.Sub(l.swept) > time.Minute {
+		l.swept = now
+		for n, b := range l.beats {
+			if now.Sub(b.at) > time.Minute {
+				delete(l.beats, n)
+			}
+		}
+	}
+}
+
+func (l *beatLog) last(node string) (beat, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.beats[node]
+	return b, ok
 }
 
 // endNodeEpoch ends (node, epoch) if it is the node's current epoch: one Txn

@@ -61,9 +61,9 @@ type ownerDeps struct {
 	tracing bool
 	// disconnectGrace is lost_after for jobs that leave it unset.
 	disconnectGrace time.Duration
-	// failoverGrace: a new owner term reclaims no lost epoch (but those
-	// that left cleanly) this long after it began.
-	failoverGrace time.Duration
+	// graceUntil: before it, no lost epoch is reclaimed but those that left
+	// cleanly (Config.FailoverGrace).
+	graceUntil time.Time
 }
 
 // ownerDeps is what the owner loop of term needs from c.
@@ -79,7 +79,7 @@ func (c *Coordinator) ownerDeps(term *shards.Term) ownerDeps {
 	return ownerDeps{region: c.meta.Region, jurisdiction: c.meta.Jurisdiction, coordID: c.cfg.ID, placer: p,
 		retention: c.cfg.JobRetention, cli: c.cli, commit: &etcdCommitter{cli: c.cli, term: term, retry: c.txnRetry},
 		specs: &c.specs, log: c.log, metrics: c.metrics, skipped: skippedCounter(c.cfg.Registry),
-		tracer: c.tracer, tracing: c.tracing, disconnectGrace: c.cfg.DisconnectGrace, failoverGrace: c.cfg.FailoverGrace}
+		tracer: c.tracer, tracing: c.tracing, disconnectGrace: c.cfg.DisconnectGrace, graceUntil: c.born.Add(c.cfg.FailoverGrace)}
 }
 
 // scheduler is the shard owner's loop: a cache of jobs, tasks and nodes kept
@@ -101,8 +101,6 @@ type scheduler struct {
 	// lostSince is when this owner first saw each lost node epoch that
 	// still holds tasks (disconnect.replace: false waits from it).
 	lostSince map[nodeEpoch]time.Time
-	// started is when this owner term's loop was built (failover grace).
-	started time.Time
 }
 
 // newScheduler is the owner loop of term on c.
@@ -113,7 +111,7 @@ func newScheduler(c *Coordinator, term *shards.Term) *scheduler {
 // newOwnerLoop builds the loop over an empty cache (run fills it).
 func newOwnerLoop(d ownerDeps, term *shards.Term) *scheduler {
 	s := &scheduler{d: d, term: term, cache: newOwnerCache(d.specs), reasons: newReasonGate(),
-		skipLogged: map[string]time.Time{}, lostSince: map[nodeEpoch]time.Time{}, started: time.Now()}
+		skipLogged: map[string]time.Time{}, lostSince: map[nodeEpoch]time.Time{}}
 	s.snap = newNodeSnapshot(s.cache, d.jurisdiction)
 	s.cache.leftPending = s.reasons.forget
 	s.cache.skipped = s.skip
@@ -282,13 +280,13 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 			p, _ := c.jobPolicy(&ct.rec)
 			loss := taskstate.Loss{Alone: perEpoch[ct.rec.NodeEpoch] == 1,
 				Drained: n != nil && n.rec != nil && n.rec.Left && n.rec.Epoch == ct.rec.NodeEpoch}
-			if grace := s.started.Add(s.d.failoverGrace); !loss.Drained && now.Before(grace) {
-				// A new owner (often: the region just came back from an
-				// outage, in which node leases lapsed although their agents
-				// kept running) lets agents reconnect and adopt their
-				// attempts before it replaces them; Nomad resets node TTLs
-				// to failover_heartbeat_ttl on leader change for the same
-				// reason.
+			if grace := s.d.graceUntil; !loss.Drained && now.Before(grace) {
+				// A coordinator that just started (often: the region is
+				// back from an outage, in which node leases lapsed although
+				// their agents kept running) lets agents reconnect and adopt
+				// their attempts before it replaces them; Nomad resets node
+				// TTLs to failover_heartbeat_ttl on leader change for the
+				// same reason.
 				next = min(next, grace.Sub(now))
 				continue
 			}

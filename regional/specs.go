@@ -1,8 +1,8 @@
 package regional
 
 import (
-	"time"
 	"sync"
+	"time"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/jobspec"

@@ -10,8 +10,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"apiary.dev/apiary/agent"
+	"apiary.dev/apiary/internal/faulthook"
 	"apiary.dev/apiary/internal/lifecycle"
 	"apiary.dev/apiary/internal/telemetry"
 )
@@ -37,6 +40,7 @@ func newAgentCmd() *cobra.Command {
 		lanAddr                        string
 		cgroups                        string
 		reservedCPU                    int64
+		faultFile                      string
 		tel                            telemetryFlags
 	)
 	defaultAddr := os.Getenv("APIARY_ADDR")
@@ -84,6 +88,18 @@ running tasks; the region re-runs them elsewhere.`,
 			if cmd.Flags().Changed("tail-bytes") && tailBytes == 0 {
 				tailBytes = -1 // explicitly no tail; 0 means the default in agent.Config
 			}
+			var dialOpts []grpc.DialOption
+			if faultFile != "" {
+				hook, err := faulthook.New(faultFile, 0)
+				if err != nil {
+					return withCode(exitInvalid, err)
+				}
+				// The agent's transport is plain gRPC on the region's
+				// network: name it, as extra options replace the default.
+				dialOpts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, hook.DialOptions()...)
+				logger.Warn("fault hook installed: every gRPC call to the coordinators fails while the file exists (serf LAN traffic is not cut)",
+					"fault_file", faultFile)
+			}
 			tel.shipTo = addr // task.run spans go to the coordinators' span buffers (apiary trace)
 			tp, stopTracing, err := tel.setup("apiary-agent", nodeID)
 			if err != nil {
@@ -106,6 +122,7 @@ running tasks; the region re-runs them elsewhere.`,
 				DrainDeadline:    drainDeadline,
 				Logger:           logger,
 				LANAddr:          lanAddr,
+				DialOptions:      dialOpts,
 
 				// Containment of the tasks (agent/cgroup.go), the host's reserve.
 				Cgroups:           cgroups,
@@ -143,6 +160,8 @@ running tasks; the region re-runs them elsewhere.`,
 	f.StringVar(&lanAddr, "lan-addr", "", `host:port (UDP and TCP) of this agent's member of the region's serf LAN pool, joined through the addresses the coordinator returns at registration; a crash is then seen in about 1 s instead of a lease TTL (default: the local address of the route to the first --addr, port 0; "off": no member, the lease alone)`)
 	f.DurationVar(&disconnectGrace, "disconnect-grace", agent.DefaultDisconnectGrace, "keep attempts running this long while no coordinator answers (jobs' disconnect.lost_after overrides it), then kill them")
 	f.DurationVar(&drainDeadline, "drain-deadline", 0, "on SIGTERM/SIGINT: let running attempts finish this long, then stop the rest and hand them back (DRAINED, not charged) and release the lease (0: at once)")
+	f.StringVar(&faultFile, "fault-file", "", "fault tests only (internal/faulthook): while this file exists, every gRPC call to the coordinators fails with UNAVAILABLE and open streams are cut, as in a network partition (the serf LAN member is not cut); `apiary loadtest failover --scenario partition-agent` creates and removes it")
+	_ = f.MarkHidden("fault-file")
 	tel.add(cmd)
 	return cmd
 }

@@ -142,7 +142,7 @@ restarted from the same data dirs loses nothing.`,
 	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", 2*time.Second, "shard owner lease TTL (whole seconds, >= 1s)")
 	f.DurationVar(&cfg.SuspectAfter, "suspect-after", 300*time.Millisecond, "take the shards over when the owner's API refuses connections this long (negative: never; with --lan-addr, a failed LAN member still counts)")
 	f.StringVar(&cfg.LANAddr, "lan-addr", "", "host:port (UDP and TCP; port 0 picks one) of this coordinator's member of the region's serf LAN pool: peers are found through etcd, agents are told it when they register, and an agent whose member fails has its node epoch ended at once (empty: no LAN pool, leases only)")
-	f.DurationVar(&cfg.FailoverGrace, "failover-grace", regional.DefaultFailoverGrace, "a new shard owner waits this long before it replaces attempts of lost node epochs, so agents cut off by an outage can reconnect and keep them (negative: no grace)")
+	f.DurationVar(&cfg.FailoverGrace, "failover-grace", regional.DefaultFailoverGrace, "for this long after the coordinator starts, as shard owner it replaces no attempt of a lost node epoch, so agents cut off by an outage of the region can reconnect and keep them (negative: no grace)")
 	f.DurationVar(&cfg.DisconnectGrace, "disconnect-grace", regional.DefaultDisconnectGrace, "how long the attempts of a job with disconnect.replace: false (and no lost_after) wait on a lost node before they are replaced")
 	f.DurationVar(&cfg.JobRetention, "job-retention", 24*time.Hour, "keep finished jobs this long, then delete them (negative: forever)")
 	f.StringVar(&policy, "scheduler", "binpack", "default placement policy: binpack, spread or fragmentation")

@@ -37,6 +37,9 @@ type AgentSpec struct {
 	// GPUs and GPUModel are passed as --gpus and --gpu-model (0: none).
 	GPUs     int32
 	GPUModel string
+	// ExtraArgs are appended to this agent's `apiary agent` command line
+	// (kept across restarts), e.g. --metrics-addr or --fault-file.
+	ExtraArgs []string
 }
 
 // RegionSpec describes one region.
@@ -442,6 +445,7 @@ func (r *Region) startAgent(c *Cluster, i int) error {
 		lanAddr = fmt.Sprintf("127.0.0.1:%d", port) // kept across restarts
 	}
 	args = append(args, "--lan-addr", lanAddr)
+	args = append(args, as.ExtraArgs...)
 	p := &Proc{Name: as.ID, Args: args, LogPath: filepath.Join(c.opts.Dir, as.ID+".log"), env: c.opts.ExtraEnv, bin: c.opts.Binary}
 	if err := p.Start(); err != nil {
 		return err

@@ -107,9 +107,9 @@ func AgentFail(ctx context.Context, cfg Config, o AgentFailOptions) ([]AgentFail
 		}
 		defer obs.close()
 	}
-	// A new owner term replaces no lost epoch for its failover grace
-	// (regional.DefaultFailoverGrace): the region's first term began at
-	// start, so the trials begin after it.
+	// A coordinator replaces no lost epoch for its failover grace
+	// (regional.DefaultFailoverGrace) after it started, so the trials begin
+	// after it.
 	if wait := regional.DefaultFailoverGrace + time.Second - time.Since(started); wait > 0 {
 		cfg.logf("agentfail %s: waiting %s for the first owner term's failover grace", mode, wait.Round(time.Second))
 		select {
