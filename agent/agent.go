@@ -50,7 +50,7 @@ type Agent struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	epoch   int64 // current node epoch; 0 while unregistered
+	epoch   int64         // current node epoch; 0 while unregistered
 	changed chan struct{} // closed and replaced on epoch change, contact after a disconnect, adoption
 	region  string
 	// seen holds the attempts of every epoch (deduplication, and the

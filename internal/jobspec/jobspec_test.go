@@ -174,7 +174,7 @@ tasks:
 	want := &apiaryv1.JobSpec{
 		Name: "full", Priority: 70, Jurisdiction: "eu", DataClass: "personal", MaxAttempts: 5, Scheduler: "spread",
 		Disconnect: &apiaryv1.Disconnect{LostAfterMs: 600000, Replace: proto.Bool(false)},
-		Region: &apiaryv1.RegionSpec{Selector: map[string]string{"tier": "gold", "apiary.dev/zone": "a"}, Prefer: []string{"eu-west", "eu-central"}},
+		Region:     &apiaryv1.RegionSpec{Selector: map[string]string{"tier": "gold", "apiary.dev/zone": "a"}, Prefer: []string{"eu-west", "eu-central"}},
 		Tasks: []*apiaryv1.TaskGroup{{
 			Name: "main", Count: 3, Command: "/bin/sh", Args: []string{"-c", "echo hi"}, Env: map[string]string{"FOO": "bar"},
 			Resources: &apiaryv1.Resources{CpuMillis: 250, MemoryMb: 128, Gpus: 1, GpuModels: []string{"a100"}},

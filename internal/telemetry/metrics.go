@@ -51,7 +51,7 @@ type RegionMetrics struct {
 	EtcdTxn       *prometheus.HistogramVec // result: ok, error
 	Owner         prometheus.Gauge
 	OwnerEpoch    prometheus.Gauge
-	SerfMembers   *prometheus.GaugeVec // pool, state
+	SerfMembers   *prometheus.GaugeVec   // pool, state
 	Adoptions     *prometheus.CounterVec // result: adopted, refused
 	Drains        *prometheus.CounterVec // by: operator, agent; and deregister
 }
