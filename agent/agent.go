@@ -85,6 +85,7 @@ type attemptState struct {
 	lostAfter time.Duration // how long it runs while disconnected
 	drained   bool          // stopped by a drain: reported DRAINED
 	stale     bool          // killed as stale: never reported
+	why       string        // why it was killed as stale (metric reason)
 	settled   bool          // its final report was answered (or given up)
 	ctx       context.Context
 	stop      context.CancelFunc // ends ctx: stops the attempt's reports
@@ -511,6 +512,14 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 	}
 	res := exec.Wait()
 	finish()
+	a.mu.Lock()
+	switch {
+	case st.stale:
+		span.SetAttributes(telemetry.AttrReason.String("killed as stale: " + st.why))
+	case st.drained:
+		span.SetAttributes(telemetry.AttrReason.String("drained"))
+	}
+	a.mu.Unlock()
 	log.InfoContext(sctx, "attempt ended", "outcome", res.Outcome.String(), "exit_code", res.ExitCode,
 		"duration", res.Ended.Sub(res.Started), "err", res.Err, usageAttr(res.Usage))
 	a.endRun(span, nil, exec, &res, dir)

@@ -91,7 +91,7 @@ func (a *Agent) killStaleLocked(st *attemptState, reason string) {
 	if st.stale {
 		return
 	}
-	st.stale = true
+	st.stale, st.why = true, reason
 	if st.exec != nil && st.finished.IsZero() {
 		st.exec.Abandon()
 	}

@@ -94,15 +94,18 @@ func (c *Coordinator) adoptOne(ctx context.Context, nodeID string, epoch int64, 
 			return &apiaryv1.AdoptDecision{Attempt: ref, Adopted: true}, nil
 		}
 		nt, why := taskstate.Adopt(t, nodeID, ref.GetNodeEpoch(), ref.GetAttempt(), ref.GetFencingToken(), epoch)
-		if why != "" {
-			return refuse(why), nil
-		}
-		if len(akv) != 1 || akv[0].CreateRevision != ref.GetFencingToken() {
-			return refuse("assignment gone or re-issued"), nil
+		if why == "" && (len(akv) != 1 || akv[0].CreateRevision != ref.GetFencingToken()) {
+			why = "assignment gone or re-issued"
 		}
 		var a apiaryv1.Assignment
-		if err := proto.Unmarshal(akv[0].Value, &a); err != nil {
-			return nil, status.Errorf(codes.Internal, "assignment %s does not decode: %v", ak, err)
+		if len(akv) == 1 {
+			if err := proto.Unmarshal(akv[0].Value, &a); err != nil {
+				return nil, status.Errorf(codes.Internal, "assignment %s does not decode: %v", ak, err)
+			}
+		}
+		if why != "" {
+			c.adoptSpan(a.GetTraceparent(), nodeID, epoch, ref, why)
+			return refuse(why), nil
 		}
 		a.NodeEpoch = epoch
 		b, err := proto.Marshal(&a)
@@ -118,6 +121,7 @@ func (c *Coordinator) adoptOne(ctx context.Context, nodeID string, epoch int64, 
 			return nil, status.Errorf(codes.Unavailable, "adopt: %v", err)
 		}
 		if put.Succeeded {
+			c.adoptSpan(a.GetTraceparent(), nodeID, epoch, ref, "")
 			return &apiaryv1.AdoptDecision{Attempt: ref, Adopted: true}, nil
 		}
 		// The task, the epoch or the assignment changed meanwhile: decide

@@ -320,7 +320,7 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 					clientv3.OpDelete(keyAssign(nodeID, ct.rec.JobID, ct.rec.Index))},
 				keys: []string{key},
 				after: func(rev int64) {
-					s.observeReclaim(ct, &newRec, nodeID, now)
+					s.observeReclaim(ct, &newRec, nodeID, why, now)
 					c.setTask(key, &cTask{key: key, shard: ct.shard, rec: newRec, modRev: rev})
 				},
 			})

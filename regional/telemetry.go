@@ -153,7 +153,7 @@ func (s *scheduler) observePlacements(chunks []*placedChunk, byKey map[string]*c
 }
 
 // observeReclaim records one reclaimed attempt of a lost node epoch.
-func (s *scheduler) observeReclaim(ct *cTask, newRec *taskstate.Task, nodeID string, start time.Time) {
+func (s *scheduler) observeReclaim(ct *cTask, newRec *taskstate.Task, nodeID, why string, start time.Time) {
 	s.d.metrics.Reclaims.Inc()
 	s.d.metrics.TaskOutcomes.WithLabelValues(taskstate.OutcomeLost).Inc()
 	j := s.cache.jobs[ct.rec.JobID]
@@ -165,12 +165,15 @@ func (s *scheduler) observeReclaim(ct *cTask, newRec *taskstate.Task, nodeID str
 		telemetry.AttrAttempt.Int(int(ct.rec.Attempt)), telemetry.AttrRegion.String(s.d.region),
 		telemetry.AttrNodeID.String(nodeID), telemetry.AttrNodeEpoch.Int64(ct.rec.NodeEpoch),
 		telemetry.AttrShard.Int(ct.shard), telemetry.AttrEpoch.Int64(s.term.Epoch),
-		telemetry.AttrOutcome.String(newRec.State.String()), telemetry.AttrCoord.String(s.d.coordID))}
+		telemetry.AttrOutcome.String(newRec.State.String()), telemetry.AttrCoord.String(s.d.coordID),
+		telemetry.AttrReason.String(why))}
 	if l, ok := telemetry.AttemptLink(j.rec.Traceparent, ct.rec.JobID, ct.rec.Index, ct.rec.Attempt, "reclaims"); ok {
 		opts = append(opts, trace.WithLinks(l))
 	}
 	_, span := telemetry.StartFromTraceparent(context.Background(), s.d.tracer, j.rec.Traceparent, telemetry.SpanReclaim, opts...)
-	telemetry.RecordError(span, fmt.Errorf("node %s epoch %d lost", nodeID, ct.rec.NodeEpoch))
+	if newRec.State != apiaryv1.TaskState_TASK_STATE_PENDING || newRec.Used > ct.rec.Used {
+		telemetry.RecordError(span, fmt.Errorf("node %s epoch %d lost", nodeID, ct.rec.NodeEpoch))
+	}
 	span.End()
 }
 
@@ -246,6 +249,22 @@ func taskStateLabel(s apiaryv1.TaskState) string {
 // dispatchSpan starts the task.dispatch span of an assignment sent to its
 // agent and points the assignment's traceparent at it, so the agent's run
 // span is its child.
+// adoptSpan records one adoption decision as a task.adopt span in the job's
+// trace (traceparent: the assignment's), with the refusal's reason.
+func (c *Coordinator) adoptSpan(traceparent, nodeID string, newEpoch int64, ref *apiaryv1.AttemptRef, why string) {
+	if !c.tracing || traceparent == "" {
+		return
+	}
+	_, span := telemetry.StartFromTraceparent(context.Background(), c.tracer, traceparent, telemetry.SpanAdopt,
+		trace.WithAttributes(telemetry.AttrJobID.String(ref.GetJobId()), telemetry.AttrTaskIndex.Int(int(ref.GetTaskIndex())),
+			telemetry.AttrAttempt.Int(int(ref.GetAttempt())), telemetry.AttrRegion.String(c.meta.Region),
+			telemetry.AttrNodeID.String(nodeID), telemetry.AttrNodeEpoch.Int64(newEpoch),
+			telemetry.AttrToken.Int64(ref.GetFencingToken()), telemetry.AttrCoord.String(c.cfg.ID),
+			telemetry.AttrOutcome.String(map[bool]string{true: "adopted", false: "refused"}[why == ""]),
+			telemetry.AttrReason.String(why)))
+	span.End()
+}
+
 func (c *Coordinator) dispatchSpan(a *apiaryv1.Assignment) trace.Span {
 	if !c.tracing || a.GetKind() != apiaryv1.Assignment_KIND_RUN || a.GetTraceparent() == "" {
 		return nil

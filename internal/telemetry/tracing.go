@@ -97,6 +97,9 @@ const (
 	SpanRefused  = "task.refused"
 	SpanReclaim  = "task.reclaim"
 	SpanCancel   = "task.cancel"
+	// SpanAdopt: an attempt carried over to its node's new epoch (or
+	// refused) after the agent came back (apiary.reason says why not).
+	SpanAdopt = "task.adopt"
 )
 
 // Options configures Setup.
