@@ -270,6 +270,65 @@ func etcdLeaderName(ctx context.Context, endpoints []string) (string, error) {
 	return "", fmt.Errorf("leader %x not in member list", st.Leader)
 }
 
+// ownerView is what a trial that kills the shard owner reads first: the
+// owner coordinator (GetRegionInfo's scheduler) and its index, its epoch,
+// whether it is also the etcd leader, an etcd client on the other members
+// (to observe through the survivors only), and the owner election keys read
+// through it (read; key is the owner's, the oldest: concurrency.Election).
+type ownerView struct {
+	owner  string
+	idx    int
+	epoch  int64
+	leader bool
+	cli    *clientv3.Client
+	read   *clientv3.GetResponse
+	key    string
+	keys   map[string]int64
+}
+
+// viewOwner reads ownerView; the caller closes its cli.
+func viewOwner(ctx context.Context, r *devcluster.Region, admin apiaryv1.AdminServiceClient) (ownerView, error) {
+	var ov ownerView
+	info, err := admin.GetRegionInfo(ctx, &apiaryv1.GetRegionInfoRequest{})
+	if err != nil {
+		return ov, err
+	}
+	for _, c := range info.GetCoordinators() {
+		if c.GetScheduler() {
+			ov.owner = c.GetId()
+		}
+	}
+	if ov.idx = coordIndex(r, ov.owner); ov.idx < 0 {
+		return ov, fmt.Errorf("scheduler %q is not a coordinator of the region", ov.owner)
+	}
+	ov.epoch = info.GetSchedulerEpoch()
+	leader, err := etcdLeaderName(ctx, r.EtcdEndpoints)
+	if err != nil {
+		return ov, err
+	}
+	ov.leader = leader == ov.owner
+	if ov.cli, err = etcdClient(without(r.EtcdEndpoints, ov.idx)); err != nil {
+		return ov, err
+	}
+	gctx, gcancel := context.WithTimeout(ctx, 2*time.Second)
+	ov.read, err = ov.cli.Get(gctx, prefOwner+"/", clientv3.WithPrefix())
+	gcancel()
+	if err != nil {
+		ov.cli.Close()
+		return ov, err
+	}
+	ov.keys = map[string]int64{}
+	for _, kv := range ov.read.Kvs {
+		ov.keys[string(kv.Key)] = kv.CreateRevision
+	}
+	var rev int64
+	if ov.key, rev = oldest(ov.keys); ov.key == "" || rev != ov.epoch {
+		ov.cli.Close()
+		return ov, fmt.Errorf("owner keys %v do not match scheduler epoch %d", ov.keys, ov.epoch)
+	}
+	return ov, nil
+}
+
 func failoverTrial(ctx context.Context, cfg Config, r *devcluster.Region, admin apiaryv1.AdminServiceClient, tr *trickle, o FailoverOptions, n int) (FailoverTrial, error) {
 	res := FailoverTrial{Trial: n}
 	if err := healthy(ctx, r, admin, o.Agents); err != nil {
@@ -277,49 +336,13 @@ func failoverTrial(ctx context.Context, cfg Config, r *devcluster.Region, admin 
 	}
 	// Settle: the scheduler we are about to kill is the one GetRegionInfo
 	// names, and it has dispatched since the region became healthy.
-	info, err := admin.GetRegionInfo(ctx, &apiaryv1.GetRegionInfoRequest{})
+	ov, err := viewOwner(ctx, r, admin)
 	if err != nil {
 		return res, err
 	}
-	var killed string
-	for _, c := range info.GetCoordinators() {
-		if c.GetScheduler() {
-			killed = c.GetId()
-		}
-	}
-	idx := coordIndex(r, killed)
-	if idx < 0 {
-		return res, fmt.Errorf("scheduler %q is not a coordinator of the region", killed)
-	}
-	res.Killed, res.OldEpoch = killed, info.GetSchedulerEpoch()
-	leader, err := etcdLeaderName(ctx, r.EtcdEndpoints)
-	if err != nil {
-		return res, err
-	}
-	res.KilledLeader = leader == killed
-
-	// Observe through the survivors only, with one watch over the owner
-	// keys and the task records (one watch: events in revision order).
-	cli, err := etcdClient(without(r.EtcdEndpoints, idx))
-	if err != nil {
-		return res, err
-	}
-	defer cli.Close()
-	gctx, gcancel := context.WithTimeout(ctx, 2*time.Second)
-	g, err := cli.Get(gctx, prefOwner+"/", clientv3.WithPrefix())
-	gcancel()
-	if err != nil {
-		return res, err
-	}
-	// Election keys: the oldest one owns (concurrency.Election).
-	keys := map[string]int64{}
-	for _, kv := range g.Kvs {
-		keys[string(kv.Key)] = kv.CreateRevision
-	}
-	oldKey, _ := oldest(keys)
-	if oldKey == "" || keys[oldKey] != res.OldEpoch {
-		return res, fmt.Errorf("owner keys %v do not match scheduler epoch %d", keys, res.OldEpoch)
-	}
+	defer ov.cli.Close()
+	killed, idx, cli, g, oldKey, keys := ov.owner, ov.idx, ov.cli, ov.read, ov.key, ov.keys
+	res.Killed, res.OldEpoch, res.KilledLeader = killed, ov.epoch, ov.leader
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	w := cli.Watch(wctx, prefOwner+"/", clientv3.WithRange(prefTasks[:len(prefTasks)-1]+"0"), clientv3.WithRev(g.Header.Revision+1))

@@ -594,43 +594,13 @@ func ownerDetectTrial(ctx context.Context, r *devcluster.Region, admin apiaryv1.
 	if err := healthy(ctx, r, admin, 0); err != nil {
 		return res, err
 	}
-	info, err := admin.GetRegionInfo(ctx, &apiaryv1.GetRegionInfoRequest{})
+	ov, err := viewOwner(ctx, r, admin)
 	if err != nil {
 		return res, err
 	}
-	for _, c := range info.GetCoordinators() {
-		if c.GetScheduler() {
-			res.Owner = c.GetId()
-		}
-	}
-	idx := coordIndex(r, res.Owner)
-	if idx < 0 {
-		return res, fmt.Errorf("scheduler %q is not a coordinator of the region", res.Owner)
-	}
-	leader, err := etcdLeaderName(ctx, r.EtcdEndpoints)
-	if err != nil {
-		return res, err
-	}
-	res.KilledLeader = leader == res.Owner
-	cli, err := etcdClient(without(r.EtcdEndpoints, idx))
-	if err != nil {
-		return res, err
-	}
-	defer cli.Close()
-	gctx, gcancel := context.WithTimeout(ctx, 2*time.Second)
-	g, err := cli.Get(gctx, prefOwner+"/", clientv3.WithPrefix())
-	gcancel()
-	if err != nil {
-		return res, err
-	}
-	keys := map[string]int64{}
-	for _, kv := range g.Kvs {
-		keys[string(kv.Key)] = kv.CreateRevision
-	}
-	oldKey, rev := oldest(keys)
-	if oldKey == "" || rev != info.GetSchedulerEpoch() {
-		return res, fmt.Errorf("owner keys %v do not match scheduler epoch %d", keys, info.GetSchedulerEpoch())
-	}
+	defer ov.cli.Close()
+	idx, cli, g, oldKey := ov.idx, ov.cli, ov.read, ov.key
+	res.Owner, res.KilledLeader = ov.owner, ov.leader
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	w := cli.Watch(wctx, oldKey, clientv3.WithRev(g.Header.Revision+1))
