@@ -512,15 +512,18 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 	}
 	res := exec.Wait()
 	finish()
+	outcome := res.Outcome.String()
 	a.mu.Lock()
 	switch {
 	case st.stale:
 		span.SetAttributes(telemetry.AttrReason.String("killed as stale: " + st.why))
-	case st.drained:
+		outcome += " (killed as stale: " + st.why + ")"
+	case st.drained && !st.cancelled && res.Outcome == OutcomeCancelled:
 		span.SetAttributes(telemetry.AttrReason.String("drained"))
+		outcome = "drained"
 	}
 	a.mu.Unlock()
-	log.InfoContext(sctx, "attempt ended", "outcome", res.Outcome.String(), "exit_code", res.ExitCode,
+	log.InfoContext(sctx, "attempt ended", "outcome", outcome, "exit_code", res.ExitCode,
 		"duration", res.Ended.Sub(res.Started), "err", res.Err, usageAttr(res.Usage))
 	a.endRun(span, nil, exec, &res, dir)
 

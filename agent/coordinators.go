@@ -30,15 +30,20 @@ type coordinators struct {
 }
 
 // newCoordinators makes one lazy client connection per address. Its
-// reconnect backoff is capped at maxBackoff (gRPC's own default grows to
-// 120 s, far too slow to notice a restarted coordinator). extra options come
+// reconnect backoff is capped at min(maxBackoff, 1 s) (gRPC's own default
+// grows to 120 s, far too slow to notice a restarted coordinator). extra options come
 // after the defaults, so they may override them; with none, the transport is
 // insecure.
 func newCoordinators(addrs []string, minBackoff, maxBackoff time.Duration, extra []grpc.DialOption) (*coordinators, error) {
 	opts := []grpc.DialOption{
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: grpcbackoff.Config{
-				BaseDelay: minBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff,
+				// At most a second between reconnects, whatever maxBackoff:
+				// after an outage of the region the agent must be back
+				// within its lease (plus the etcd leader's extension) to
+				// keep its epoch, and a reconnect to loopback or a LAN
+				// address is cheap.
+				BaseDelay: minBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: min(maxBackoff, time.Second),
 			},
 			MinConnectTimeout: 2 * time.Second,
 		}),

@@ -159,7 +159,7 @@ func (a *Agent) watchdog(ctx context.Context) {
 			if !a.drainAt.IsZero() && !now.Before(a.drainAt) && !st.drained && !st.cancelled {
 				st.drained = true
 				st.exec.Cancel()
-				a.log.Info("drain deadline: stopping attempt", "job", st.key.JobID, "task", st.key.TaskIndex, "attempt", st.key.Attempt)
+				a.log.Info("draining: stopping attempt at the deadline", "job", st.key.JobID, "task", st.key.TaskIndex, "attempt", st.key.Attempt)
 			}
 		}
 		a.mu.Unlock()

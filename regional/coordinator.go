@@ -58,11 +58,12 @@ type Config struct {
 	// the default, negative disables this probe). With LANAddr, a follower
 	// also revokes it when the owner's LAN member fails (suspicion.go).
 	SuspectAfter time.Duration
-	// DisconnectGrace is how long the attempts of a job with
+	// DefaultLostAfter is how long the attempts of a job with
 	// disconnect.replace: false and no lost_after of its own stay on a lost
 	// node before they are replaced (default 5 min, like the agent's
-	// --disconnect-grace; keep the two alike).
-	DisconnectGrace time.Duration
+	// --disconnect-grace, which keeps them running that long; keep the two
+	// alike).
+	DefaultLostAfter time.Duration
 	// FailoverGrace: for this long after the coordinator started, as shard
 	// owner it replaces no attempt of a lost node epoch (but those that
 	// left cleanly): after an outage of the region (etcd down with the
@@ -109,8 +110,8 @@ type Config struct {
 // DefaultFailoverGrace is Config.FailoverGrace's default.
 const DefaultFailoverGrace = 10 * time.Second
 
-// DefaultDisconnectGrace is Config.DisconnectGrace's default.
-const DefaultDisconnectGrace = 5 * time.Minute
+// DefaultLostAfter is Config.DefaultLostAfter's default.
+const DefaultLostAfter = 5 * time.Minute
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
@@ -139,14 +140,14 @@ func (c *Config) validate() error {
 	if c.JobRetention == 0 {
 		c.JobRetention = 24 * time.Hour
 	}
-	if c.DisconnectGrace == 0 {
-		c.DisconnectGrace = DefaultDisconnectGrace
+	if c.DefaultLostAfter == 0 {
+		c.DefaultLostAfter = DefaultLostAfter
 	}
 	if c.FailoverGrace == 0 {
 		c.FailoverGrace = DefaultFailoverGrace
 	}
-	if c.DisconnectGrace < 0 {
-		return fmt.Errorf("disconnect-grace: must be > 0, got %s", c.DisconnectGrace)
+	if c.DefaultLostAfter < 0 {
+		return fmt.Errorf("default-lost-after: must be > 0, got %s", c.DefaultLostAfter)
 	}
 	if c.SuspectAfter == 0 {
 		c.SuspectAfter = 300 * time.Millisecond

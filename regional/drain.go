@@ -66,7 +66,8 @@ func (s *adminServer) DrainNode(ctx context.Context, req *apiaryv1.DrainNodeRequ
 }
 
 // SetNodeEligibility turns new placements on a node on or off (see the
-// RPC's doc in apiary.proto). Turning eligibility on does not end a drain.
+// RPC's doc in apiary.proto). Turning a draining node eligible is refused
+// (FAILED_PRECONDITION): the drain must be cancelled first.
 func (s *adminServer) SetNodeEligibility(ctx context.Context, req *apiaryv1.SetNodeEligibilityRequest) (*apiaryv1.SetNodeEligibilityResponse, error) {
 	if !nodeIDRE.MatchString(req.GetNodeId()) {
 		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
@@ -75,7 +76,12 @@ func (s *adminServer) SetNodeEligibility(ctx context.Context, req *apiaryv1.SetN
 		return nil, err
 	}
 	c := s.c
+	draining := false
 	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+		if req.GetEligible() && r.Draining {
+			draining = true
+			return false
+		}
 		if r.Ineligible == !req.GetEligible() {
 			return false
 		}
@@ -87,6 +93,10 @@ func (s *adminServer) SetNodeEligibility(ctx context.Context, req *apiaryv1.SetN
 	})
 	if err != nil {
 		return nil, err
+	}
+	if draining {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"eligible: node %s is draining; end the drain first (apiary node drain %s --cancel), as Nomad requires", req.GetNodeId(), req.GetNodeId())
 	}
 	if changed {
 		c.log.Info("node eligibility", "node", req.GetNodeId(), "eligible", req.GetEligible(), "by", req.GetBy())

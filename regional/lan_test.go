@@ -28,7 +28,7 @@ const (
 func lanRegion(t *testing.T) (*devcluster.Region, clients, string) {
 	metrics := testutil.FreeAddr(t)
 	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents(), ExtraArgs: []string{
-		"--node-lease-ttl", lanLease.String(), "--failover-grace", "-1s", "--metrics-addr", metrics}})
+		"--node-lease-ttl", lanLease.String(), "--failover-grace", "0s", "--metrics-addr", metrics}})
 	return r, dial(t, r), metrics
 }
 

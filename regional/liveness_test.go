@@ -292,7 +292,7 @@ func TestAgentPausedPastLease(t *testing.T) {
 // job has max_attempts: 1 and still completes), and its lease is released
 // so the node is DOWN without waiting for the lease.
 func TestAgentSIGTERMHandsBackWork(t *testing.T) {
-	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents(), ExtraArgs: []string{"--failover-grace", "-1s"}})
+	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents(), ExtraArgs: []string{"--failover-grace", "0s"}})
 	c := dial(t, r)
 	if err := r.WaitNodes(t.Context(), 2); err != nil {
 		t.Fatal(err)
@@ -360,6 +360,14 @@ func TestOperatorDrain(t *testing.T) {
 		}
 		return nil
 	})
+	res = runApiary(t, "node", "list", "--addr", addr)
+	if !regexp.MustCompile(`(?m)^\S+\s+`+victim+`\s+READY.*DRAINED since`).MatchString(res.stdout) {
+		t.Fatalf("node list does not show %s drained after the deadline:\n%s", victim, res.stdout)
+	}
+	res = runApiary(t, "node", "eligibility", victim, "--enable", "--addr", addr)
+	if res.code != 2 || !strings.Contains(res.stderr, "is draining; end the drain first") {
+		t.Fatalf("eligibility --enable while draining: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
 	res = runApiary(t, "node", "drain", victim, "--cancel", "--addr", addr)
 	if res.code != 0 || !strings.Contains(res.stdout, "stays ineligible") {
 		t.Fatalf("drain --cancel: exit %d\n%s%s", res.code, res.stdout, res.stderr)

@@ -59,8 +59,8 @@ type ownerDeps struct {
 	skipped *prometheus.CounterVec // what
 	tracer  trace.Tracer
 	tracing bool
-	// disconnectGrace is lost_after for jobs that leave it unset.
-	disconnectGrace time.Duration
+	// defaultLostAfter is lost_after for jobs that leave it unset.
+	defaultLostAfter time.Duration
 	// graceUntil: before it, no lost epoch is reclaimed but those that left
 	// cleanly (Config.FailoverGrace).
 	graceUntil time.Time
@@ -79,7 +79,7 @@ func (c *Coordinator) ownerDeps(term *shards.Term) ownerDeps {
 	return ownerDeps{region: c.meta.Region, jurisdiction: c.meta.Jurisdiction, coordID: c.cfg.ID, placer: p,
 		retention: c.cfg.JobRetention, cli: c.cli, commit: &etcdCommitter{cli: c.cli, term: term, retry: c.txnRetry},
 		specs: &c.specs, log: c.log, metrics: c.metrics, skipped: skippedCounter(c.cfg.Registry),
-		tracer: c.tracer, tracing: c.tracing, disconnectGrace: c.cfg.DisconnectGrace, graceUntil: c.born.Add(c.cfg.FailoverGrace)}
+		tracer: c.tracer, tracing: c.tracing, defaultLostAfter: c.cfg.DefaultLostAfter, graceUntil: c.born.Add(c.cfg.FailoverGrace)}
 }
 
 // scheduler is the shard owner's loop: a cache of jobs, tasks and nodes kept
@@ -278,7 +278,11 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 				s.lostSince[ne] = now
 			}
 			p, _ := c.jobPolicy(&ct.rec)
-			loss := taskstate.Loss{Alone: perEpoch[ct.rec.NodeEpoch] == 1,
+			// An epoch first seen lost while this coordinator was in its
+			// failover grace most likely lapsed while the region was down
+			// (its agent may have killed the attempt at lost_after): the
+			// control plane's outage is no task's doing, so it is not charged.
+			loss := taskstate.Loss{Alone: perEpoch[ct.rec.NodeEpoch] == 1 && !since.Before(s.d.graceUntil),
 				Drained: n != nil && n.rec != nil && n.rec.Left && n.rec.Epoch == ct.rec.NodeEpoch}
 			if grace := s.d.graceUntil; !loss.Drained && now.Before(grace) {
 				// A coordinator that just started (often: the region is
@@ -293,7 +297,7 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 			if !p.Replace && !loss.Drained && !ct.rec.CancelRequested {
 				wait := p.LostAfter
 				if wait <= 0 {
-					wait = s.d.disconnectGrace
+					wait = s.d.defaultLostAfter
 				}
 				if due := since.Add(wait); now.Before(due) {
 					next = min(next, due.Sub(now))

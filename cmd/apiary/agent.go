@@ -55,8 +55,11 @@ func newAgentCmd() *cobra.Command {
 attempt as a subprocess in its own working directory and process group under
 --data-dir/work/<job>/<task>/<attempt>/, where full stdout/stderr logs stay
 for --work-retention after the attempt ends (0 keeps them). Capacity is
-detected unless given. SIGINT or SIGTERM stops it, killing the
-running tasks; the region re-runs them elsewhere.`,
+detected unless given. While no coordinator answers, running tasks go on for
+--disconnect-grace (or their job's disconnect.lost_after). SIGINT or SIGTERM
+drains it: no new tasks, running ones stopped after --drain-deadline (default
+at once) and handed back to run elsewhere without using up their
+max_attempts, then the node's lease is released.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := agentLogger(logFormat)

@@ -123,10 +123,12 @@ router: as "node quarantine".`,
 		Long: `Drain a node (Nomad's node drain): it gets no new placements at once; its
 running attempts may finish until --deadline (default 0: stop them now),
 then its agent stops the rest and hands them back as DRAINED: they are
-requeued at once and not charged to their max_attempts. The drain is stored
-in the node's record (it survives coordinator restarts and the agent
-registering again) and leaves the node ineligible: after "--cancel" it
-still gets no placements until "apiary node eligibility NODE --enable".
+requeued at once and not charged to their max_attempts. "node list" shows
+DRAINING until the deadline, then DRAINED: the node stays drained (no new
+placements) until "--cancel". The drain is stored in the node's record (it
+survives coordinator restarts and the agent registering again) and leaves
+the node ineligible: after "--cancel" it still gets no placements until
+"apiary node eligibility NODE --enable".
 
 An agent stopped with SIGTERM drains itself the same way (its
 --drain-deadline), then releases its lease.
@@ -156,8 +158,10 @@ Against the global router: the one region that has the node.`,
 			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
 				n := resp.GetNode()
 				switch {
+				case !n.GetDraining() && n.GetIneligible():
+					fmt.Fprintf(w, "node %s is not draining; it stays ineligible until \"apiary node eligibility %s --enable\"\n", n.GetId(), n.GetId())
 				case !n.GetDraining():
-					fmt.Fprintf(w, "node %s: drain ended; it stays ineligible until \"apiary node eligibility %s --enable\"\n", n.GetId(), n.GetId())
+					fmt.Fprintf(w, "node %s is not draining and is eligible\n", n.GetId())
 				case n.GetDrainDeadlineMs() == 0:
 					fmt.Fprintf(w, "node %s draining: running attempts are being stopped and requeued\n", n.GetId())
 				default:
@@ -175,7 +179,8 @@ Against the global router: the one region that has the node.`,
 		Short: "Turn new placements on a node on or off (running attempts are not touched)",
 		Long: `Turn new placements on a node on (--enable) or off (--disable), as Nomad's
 node eligibility does; running attempts are not touched. Stored in the
-node's record. Enabling does not end a drain. Against the global router: the
+node's record. A draining node cannot be made eligible: end the drain
+first ("apiary node drain NODE --cancel"). Against the global router: the
 one region that has the node.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -236,8 +241,13 @@ func printNodes(w, errw io.Writer, nodes []*apiaryv1.Node) {
 		var sched []string
 		if n.GetDraining() {
 			d := "DRAINING"
-			if ms := n.GetDrainDeadlineMs(); ms > 0 {
+			switch ms := n.GetDrainDeadlineMs(); {
+			case ms > 0 && ms > time.Now().UnixMilli():
 				d += " until " + fmtTime(ms)
+			case ms > 0:
+				d = "DRAINED since " + fmtTime(ms)
+			default:
+				d = "DRAINED"
 			}
 			sched = append(sched, d)
 		} else if n.GetIneligible() {

@@ -71,6 +71,15 @@ restarted from the same data dirs loses nothing.`,
 				return withCode(exitInvalid, err)
 			}
 			cfg.Labels = l
+			if cfg.FailoverGrace < 0 {
+				return withCode(exitInvalid, fmt.Errorf("--failover-grace: must be >= 0 (0: no grace), got %s", cfg.FailoverGrace))
+			}
+			if cfg.FailoverGrace == 0 {
+				cfg.FailoverGrace = -1 // no grace; 0 means the default in regional.Config
+			}
+			if cfg.DefaultLostAfter <= 0 {
+				return withCode(exitInvalid, fmt.Errorf("--default-lost-after: must be > 0, got %s", cfg.DefaultLostAfter))
+			}
 			cfg.SchedulerPolicy = placement.Policy(policy)
 			switch cfg.SchedulerPolicy {
 			case placement.PolicyBinpack, placement.PolicySpread, placement.PolicyFragmentation:
@@ -142,8 +151,8 @@ restarted from the same data dirs loses nothing.`,
 	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", 2*time.Second, "shard owner lease TTL (whole seconds, >= 1s)")
 	f.DurationVar(&cfg.SuspectAfter, "suspect-after", 300*time.Millisecond, "take the shards over when the owner's API refuses connections this long (negative: never; with --lan-addr, a failed LAN member still counts)")
 	f.StringVar(&cfg.LANAddr, "lan-addr", "", "host:port (UDP and TCP; port 0 picks one) of this coordinator's member of the region's serf LAN pool: peers are found through etcd, agents are told it when they register, and an agent whose member fails has its node epoch ended at once (empty: no LAN pool, leases only)")
-	f.DurationVar(&cfg.FailoverGrace, "failover-grace", regional.DefaultFailoverGrace, "for this long after the coordinator starts, as shard owner it replaces no attempt of a lost node epoch, so agents cut off by an outage of the region can reconnect and keep them (negative: no grace)")
-	f.DurationVar(&cfg.DisconnectGrace, "disconnect-grace", regional.DefaultDisconnectGrace, "how long the attempts of a job with disconnect.replace: false (and no lost_after) wait on a lost node before they are replaced")
+	f.DurationVar(&cfg.FailoverGrace, "failover-grace", regional.DefaultFailoverGrace, "for this long after the coordinator starts, as shard owner it replaces no task of a lost node epoch (nor charges its loss), so agents cut off by an outage of the region can reconnect and keep them (0: no grace)")
+	f.DurationVar(&cfg.DefaultLostAfter, "default-lost-after", regional.DefaultLostAfter, "how long the tasks of a job with disconnect.replace: false and no lost_after of its own stay on a lost node before they are replaced (keep it equal to the agents' --disconnect-grace)")
 	f.DurationVar(&cfg.JobRetention, "job-retention", 24*time.Hour, "keep finished jobs this long, then delete them (negative: forever)")
 	f.StringVar(&policy, "scheduler", "binpack", "default placement policy: binpack, spread or fragmentation")
 	f.StringVar(&workloadPath, "gpu-workload", "", "task list CSV of the expected GPU task mix for the fragmentation policy (columns name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec, as in the Alibaba GPU trace; default: the trace's own mix)")

@@ -37,7 +37,7 @@ func (t *telemetryFlags) add(cmd *cobra.Command) {
 	// an agent sends its spans to its coordinators' buffers instead.
 	if cmd.Name() == "region" || cmd.Name() == "global" {
 		f.IntVar(&t.buffer, "trace-buffer", telemetry.DefaultBufferSpans, fmt.Sprintf(
-			"keep the last N spans in memory (about %d bytes each) for `apiary trace JOB_ID`; 0: off", telemetry.BufferSpanBytes))
+			"keep the last N spans in memory (about %d bytes each) for \"apiary trace JOB_ID\"; 0: off", telemetry.BufferSpanBytes))
 	}
 }
 

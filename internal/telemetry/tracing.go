@@ -13,6 +13,7 @@
 package telemetry
 
 import (
+	"log/slog"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -184,7 +185,15 @@ func Setup(ctx context.Context, opts Options) (*Provider, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	setPropagator.Do(func() { otel.SetTextMapPropagator(Propagator) })
+	setPropagator.Do(func() {
+		otel.SetTextMapPropagator(Propagator)
+		// OpenTelemetry's own errors (an exporter that cannot reach its
+		// endpoint) go to the process's structured log, not to the
+		// standard library's logger, which would break --log-format json.
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+			slog.Debug("tracing: export or SDK error", "err", err)
+		}))
+	})
 	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") {
 		return Noop(), nil
 	}

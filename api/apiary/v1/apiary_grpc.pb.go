@@ -947,7 +947,8 @@ type AdminServiceClient interface {
 	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error)
 	// SetNodeEligibility turns new placements on a node off or on (Nomad's
 	// node eligibility); running attempts are not touched. Errors as
-	// QuarantineNode.
+	// QuarantineNode, and FAILED_PRECONDITION for eligible=true on a draining
+	// node (cancel the drain first).
 	SetNodeEligibility(ctx context.Context, in *SetNodeEligibilityRequest, opts ...grpc.CallOption) (*SetNodeEligibilityResponse, error)
 }
 
@@ -1057,7 +1058,8 @@ type AdminServiceServer interface {
 	DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error)
 	// SetNodeEligibility turns new placements on a node off or on (Nomad's
 	// node eligibility); running attempts are not touched. Errors as
-	// QuarantineNode.
+	// QuarantineNode, and FAILED_PRECONDITION for eligible=true on a draining
+	// node (cancel the drain first).
 	SetNodeEligibility(context.Context, *SetNodeEligibilityRequest) (*SetNodeEligibilityResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
