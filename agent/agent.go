@@ -30,6 +30,10 @@ import (
 // was in flight at that moment.
 const seenRetention = 10 * time.Minute
 
+// quickEpoch: an epoch that ends sooner than this after it began makes the
+// next registration wait (backoff).
+const quickEpoch = 5 * time.Second
+
 // Agent is a node agent. Create it with New and start it with Run.
 type Agent struct {
 	cfg     Config
@@ -84,6 +88,7 @@ type attemptState struct {
 	token     int64         // fencing token
 	lostAfter time.Duration // how long it runs while disconnected
 	drained   bool          // stopped by a drain: reported DRAINED
+	lost      bool          // killed after lost_after without contact: reported LOST
 	stale     bool          // killed as stale: never reported
 	why       string        // why it was killed as stale (metric reason)
 	settled   bool          // its final report was answered (or given up)
@@ -269,6 +274,11 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 		stopSessions()
 	}()
 	var failed error
+	// Epochs that end soon after they began (another agent registering the
+	// same node id, a coordinator that keeps ending them) are registered
+	// again with backoff, not in a tight loop.
+	quick := backoff.New(sctx, a.backoff)
+	quickEnds := 0
 	for {
 		sess, err := register(sctx, coords, req, a.cfg.RPCTimeout, a.backoff, a.log)
 		if sctx.Err() != nil {
@@ -281,11 +291,22 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 		}
 		a.metrics.Registrations.Inc()
 		a.metrics.Epoch.Set(float64(sess.epoch))
+		began := time.Now()
 		err = a.serveEpoch(sctx, sess, rep)
 		if sctx.Err() != nil {
 			break
 		}
+		if time.Since(began) > quickEpoch {
+			quick.Reset()
+			quickEnds = 0
+		} else if quickEnds++; quickEnds >= 3 {
+			a.log.Warn("node epochs keep ending right after they begin; is another agent running with this node id?",
+				"node", a.cfg.NodeID, "in_a_row", quickEnds)
+		}
 		a.log.Warn("re-registering", "old_epoch", sess.epoch, "reason", err)
+		if quickEnds > 0 {
+			quick.Wait()
+		}
 	}
 	stopSessions()
 	<-drained
@@ -521,6 +542,9 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 	case st.drained && !st.cancelled && res.Outcome == OutcomeCancelled:
 		span.SetAttributes(telemetry.AttrReason.String("drained"))
 		outcome = "drained"
+	case st.lost && !st.cancelled && res.Outcome == OutcomeCancelled:
+		span.SetAttributes(telemetry.AttrReason.String("lost_after passed without contact"))
+		outcome = "lost (lost_after passed without contact)"
 	}
 	a.mu.Unlock()
 	log.InfoContext(sctx, "attempt ended", "outcome", outcome, "exit_code", res.ExitCode,
@@ -534,8 +558,14 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 		a.settle(st)
 		return // stale: nobody wants to hear about it
 	}
+	a.mu.Lock()
+	lost := st.lost
+	a.mu.Unlock()
 	var kind apiaryv1.ReportKind
 	switch {
+	case res.Outcome == OutcomeCancelled && lost && !cancelled:
+		kind = apiaryv1.ReportKind_REPORT_KIND_LOST
+		res.Err = fmt.Errorf("killed by the agent: no coordinator answered for the attempt's lost_after")
 	case res.Outcome == OutcomeTimedOut:
 		kind = apiaryv1.ReportKind_REPORT_KIND_TIMED_OUT
 	case res.Outcome == OutcomeCancelled && drained && !cancelled:

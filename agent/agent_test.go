@@ -861,10 +861,13 @@ func TestAgentKillsAttemptsNotAdopted(t *testing.T) {
 }
 
 func TestAgentKillsAttemptsAfterDisconnectGrace(t *testing.T) {
-	f, _, _, key, pid := cutOff(t, func(c *Config) { c.DisconnectGrace = 1500 * time.Millisecond })
+	f, _, e1, key, pid := cutOff(t, func(c *Config) { c.DisconnectGrace = 1500 * time.Millisecond })
 	waitFor(t, 10*time.Second, func() bool { return processGone(pid) }, "attempt killed after the disconnect grace")
-	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
-		t.Fatalf("reports %v, want only STARTED", ks)
+	// Killed, it is not stale: its task is still this node's, so it is
+	// handed back (LOST: requeued, not charged) with its epoch, which
+	// still lives here (only heartbeats were failing).
+	if r := f.waitReport(t, key, apiaryv1.ReportKind_REPORT_KIND_LOST); r.GetNodeEpoch() != e1 {
+		t.Fatalf("LOST report with epoch %d, want %d", r.GetNodeEpoch(), e1)
 	}
 }
 

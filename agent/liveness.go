@@ -17,7 +17,8 @@ import (
 //   - Cut off (no coordinator answers): attempts keep running, each up to
 //     its lost_after (the job's disconnect.lost_after_ms, else
 //     Config.DisconnectGrace) counted from the last answered heartbeat, then
-//     they are killed (watchdog). Reports are held and retried.
+//     they are killed (watchdog) and reported LOST once a coordinator
+//     answers (requeued, not charged). Reports are held and retried.
 //   - A coordinator answers that the epoch ended (its lease lapsed while the
 //     agent was cut off, or a coordinator ended it: serf suspicion, a
 //     revoke): the agent registers again at once and asks the new epoch to
@@ -152,8 +153,15 @@ func (a *Agent) watchdog(ctx context.Context) {
 			if lost <= 0 {
 				lost = a.cfg.DisconnectGrace
 			}
-			if disconnected && cut >= lost {
-				a.killStaleLocked(st, "disconnect_grace")
+			if disconnected && cut >= lost && !st.lost {
+				// Not stale: its task is still this node's. Killed now, it is
+				// reported LOST (requeued, not charged) once a coordinator
+				// answers, with the epoch that then holds it.
+				st.lost = true
+				st.exec.Cancel()
+				a.metrics.StaleKills.WithLabelValues("disconnect_grace").Inc()
+				a.log.Warn("no coordinator answered for the attempt's lost_after; killing it (reported LOST once one answers)",
+					"job", st.key.JobID, "task", st.key.TaskIndex, "attempt", st.key.Attempt, "lost_after", lost, "disconnected_for", cut.Round(time.Millisecond))
 				continue
 			}
 			if !a.drainAt.IsZero() && !now.Before(a.drainAt) && !st.drained && !st.cancelled {
@@ -244,16 +252,18 @@ func (a *Agent) shutdownDrain(coords *coordinators, stopSessions func()) {
 	a.mu.Unlock()
 	_, running := a.ledger.Used()
 	a.log.Info("stopping: draining the node", "epoch", epoch, "deadline", deadline, "running", running)
-	call := func(what string, f func(context.Context, apiaryv1.AgentServiceClient) error) {
+	call := func(what string, f func(context.Context, apiaryv1.AgentServiceClient) error) bool {
 		if epoch == 0 {
-			return
+			return false
 		}
 		_, cl := coords.client()
 		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.RPCTimeout)
 		defer cancel()
 		if err := f(ctx, cl); err != nil {
 			a.log.Warn(what+" failed", "epoch", epoch, "err", err)
+			return false
 		}
+		return true
 	}
 	call("drain", func(ctx context.Context, cl apiaryv1.AgentServiceClient) error {
 		_, err := cl.DrainSelf(ctx, &apiaryv1.DrainSelfRequest{NodeId: a.cfg.NodeID, NodeEpoch: epoch, DeadlineMs: deadline.UnixMilli()})
@@ -280,9 +290,14 @@ func (a *Agent) shutdownDrain(coords *coordinators, stopSessions func()) {
 		}
 	}
 	stopSessions()
-	call("deregister", func(ctx context.Context, cl apiaryv1.AgentServiceClient) error {
+	released := call("deregister", func(ctx context.Context, cl apiaryv1.AgentServiceClient) error {
 		_, err := cl.Deregister(ctx, &apiaryv1.DeregisterRequest{NodeId: a.cfg.NodeID, NodeEpoch: epoch})
 		return err
 	})
-	a.log.Info("drained; lease released", "epoch", epoch)
+	if released {
+		a.log.Info("drained; lease released", "epoch", epoch)
+	} else if epoch != 0 {
+		a.log.Warn("stopping without releasing the lease (no coordinator took the deregistration); the region requeues this node's tasks when the lease lapses",
+			"epoch", epoch)
+	}
 }

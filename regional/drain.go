@@ -111,8 +111,8 @@ func (s *agentServer) DrainSelf(ctx context.Context, req *apiaryv1.DrainSelfRequ
 	if !nodeIDRE.MatchString(req.GetNodeId()) {
 		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
 	}
-	if req.GetDeadlineMs() < 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "deadline_ms: must be >= 0 (got %d)", req.GetDeadlineMs())
+	if d := req.GetDeadlineMs(); d < 0 || d > time.Now().Add(maxDrainAhead).UnixMilli() {
+		return nil, status.Errorf(codes.InvalidArgument, "deadline_ms: must be 0 (at once) or a Unix ms time at most 7 days ahead (got %d)", d)
 	}
 	c := s.c
 	stale := false

@@ -383,9 +383,9 @@ func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member 
 }
 
 // heartbeatVeto is how long without a heartbeat an agent serf declared
-// failed must have gone before its epoch is ended early: 1.5 heartbeat
-// intervals.
-func (c *Coordinator) heartbeatVeto() time.Duration { return 3 * c.heartbeatInterval() / 2 }
+// failed must have gone before its epoch is ended early: 2 heartbeat
+// intervals (1.5 let a busy agent starting a batch of tasks be ended).
+func (c *Coordinator) heartbeatVeto() time.Duration { return 2 * c.heartbeatInterval() }
 
 // heartbeatInterval is how often agents heartbeat: a quarter of the node
 // lease, at most 500 ms (so that the fast reclaim's evidence, heartbeats

@@ -122,6 +122,58 @@ func TestRegionOutageKeepsRunningWork(t *testing.T) {
 	}
 }
 
+// TestRegionOutageLongerThanLostAfter: the region is down longer than the
+// job's lost_after: the agents kill the tasks at lost_after and, once the
+// region is back, hand them back (LOST); they are requeued, not charged (the
+// job has max_attempts: 1) and complete once each. Before, the killed
+// attempts were never reported and their tasks stayed RUNNING forever on
+// the surviving epoch.
+func TestRegionOutageLongerThanLostAfter(t *testing.T) {
+	t.Parallel()
+	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents()})
+	c := dial(t, r)
+	dir := t.TempDir()
+	const n = 3
+	id := submit(t, c, spec(t, gatedJob(dir, n, "disconnect: {lost_after: 3s}")))
+	waitRunning(t, c, id, n)
+	for _, p := range r.Coords {
+		if err := p.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, 20*time.Second, "agents kill the tasks at lost_after", func() error {
+		for i := 0; i < n; i++ {
+			if ps := taskProcs(id, i, 1); len(ps) > 0 {
+				return fmt.Errorf("task %d attempt 1 still runs: %v", i, ps)
+			}
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := r.RestartCoordinators(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second)
+	done := completions(logs(t, c, id))
+	for _, tk := range j.GetTasks() {
+		i := int(tk.GetIndex())
+		if tk.GetAttempt() != 2 || done[int32(i)] != 1 {
+			t.Errorf("task %d: attempt %d, %d completions; want attempt 2, one completion", i, tk.GetAttempt(), done[int32(i)])
+		}
+		if o := attemptOutcome(t, c, id, i, 1); o != "lost" {
+			t.Errorf("task %d attempt 1 outcome %q, want lost", i, o)
+		}
+		b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("L.%d", i)))
+		if string(b) != "start\nstart\ndone\n" {
+			t.Errorf("task %d wrote %q, want two starts and one done", i, b)
+		}
+	}
+}
+
 // taskProcs is attemptProcs for task index idx.
 func taskProcs(id string, idx, attempt int) []int {
 	return procsWithEnv("APIARY_JOB_ID="+id, fmt.Sprintf("APIARY_ATTEMPT=%d", attempt), fmt.Sprintf("APIARY_TASK_INDEX=%d", idx))

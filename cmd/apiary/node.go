@@ -137,8 +137,8 @@ Against the global router: the one region that has the node.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			resp, err := unaryCall(cmd, o, func() error {
-				if deadline < 0 {
-					return withCode(exitInvalid, fmt.Errorf("--deadline: must be >= 0 (got %s)", deadline))
+				if deadline < 0 || deadline > 7*24*time.Hour {
+					return withCode(exitInvalid, fmt.Errorf("--deadline: must be between 0 (stop now) and 168h (7 days), got %s", deadline))
 				}
 				if cancelDrain && cmd.Flags().Changed("deadline") {
 					return withCode(exitInvalid, errors.New("--deadline and --cancel: give one or the other"))

@@ -322,7 +322,9 @@ func (d *decoder) strMap(path string, v any, dst *map[string]string) {
 	*dst = out
 }
 
-func (d *decoder) duration(path string, v any, dstMs *int64) {
+// duration decodes a duration string into ms; zero says what 0 means (for
+// the error of a duration below 1 ms).
+func (d *decoder) duration(path string, v any, dstMs *int64, zero string) {
 	s, ok := v.(string)
 	if !ok {
 		if isZero(v) {
@@ -338,7 +340,7 @@ func (d *decoder) duration(path string, v any, dstMs *int64) {
 		return
 	}
 	if dur != 0 && dur > -time.Millisecond && dur < time.Millisecond {
-		d.errs.add(path, "must be at least 1ms, or 0 for no limit (got %s)", dur)
+		d.errs.add(path, "must be at least 1ms, or 0 for %s (got %s)", zero, dur)
 		return
 	}
 	*dstMs = dur.Milliseconds()
@@ -365,7 +367,7 @@ func (d *decoder) jobSpec(v any) *apiaryv1.JobSpec {
 		"disconnect": func(p string, v any) {
 			dc := &apiaryv1.Disconnect{}
 			d.object(p, v, map[string]handler{
-				"lost_after": func(p string, v any) { d.duration(p, v, &dc.LostAfterMs) },
+				"lost_after": func(p string, v any) { d.duration(p, v, &dc.LostAfterMs, "the agent's --disconnect-grace") },
 				"replace": func(p string, v any) {
 					var b bool
 					d.boolean(p, v, &b)
@@ -437,7 +439,7 @@ func (d *decoder) task(path string, v any) *apiaryv1.TaskGroup {
 				t.Datasets = append(t.Datasets, ds)
 			})
 		},
-		"timeout": func(p string, v any) { d.duration(p, v, &t.TimeoutMs) },
+		"timeout": func(p string, v any) { d.duration(p, v, &t.TimeoutMs, "no limit") },
 		"retryable_exit_codes": func(p string, v any) {
 			d.list(p, v, func(p string, v any) {
 				var x int32

@@ -100,9 +100,10 @@ type AgentMetrics struct {
 	AttemptDuration prometheus.Histogram
 	Registrations   prometheus.Counter
 	Epoch           prometheus.Gauge
-	// StaleKills counts attempts the agent killed without reporting them,
-	// by reason: epoch_ended, not_adopted, disconnect_grace,
-	// report_rejected.
+	// StaleKills counts attempts the agent killed on its own, by reason:
+	// not_adopted and report_rejected (never reported: their task is
+	// someone else's), disconnect_grace (lost_after passed without contact;
+	// reported LOST once a coordinator answers).
 	StaleKills   *prometheus.CounterVec
 	Disconnected prometheus.Gauge
 	Drained      prometheus.Counter
@@ -119,7 +120,7 @@ func NewAgentMetrics(reg prometheus.Registerer, running func() float64, free fun
 		Registrations:   f.counter("apiary_agent_registrations_total", "Node registrations (each one is a new node epoch)."),
 		Epoch:           f.gauge("apiary_agent_node_epoch", "Current node epoch (0 while unregistered)."),
 		StaleKills: f.counterVec("apiary_agent_stale_attempt_kills_total",
-			"Attempts killed and never reported, by reason (epoch_ended, not_adopted, disconnect_grace, report_rejected).", "reason"),
+			"Attempts the agent killed on its own, by reason (not_adopted, report_rejected: never reported; disconnect_grace: reported LOST once a coordinator answers).", "reason"),
 		Disconnected: f.gauge("apiary_agent_disconnected", "1 while no coordinator has answered for a whole lease TTL (attempts keep running up to their lost_after)."),
 		Drained:      f.counter("apiary_agent_drained_attempts_total", "Attempts stopped by a drain and handed back (DRAINED)."),
 	}

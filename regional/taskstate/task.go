@@ -274,6 +274,14 @@ func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng 
 		return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
 	case apiaryv1.ReportKind_REPORT_KIND_DRAINED:
 		return drained(t, end)
+	case apiaryv1.ReportKind_REPORT_KIND_LOST:
+		// The agent killed it after lost_after without contact: a loss of
+		// the node's contact, not the task's doing (never charged).
+		if t.CancelRequested {
+			t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
+			return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
+		}
+		return nodeLoss(t, p, t.NodeID, false, end)
 	}
 	return Result{Task: t, Rejected: fmt.Sprintf("unknown report kind %s", r.Kind)}
 }
@@ -307,24 +315,30 @@ func NodeLost(t Task, p Policy, nodeID string, epoch int64, loss Loss, nowMs int
 	if loss.Drained {
 		return drained(t, nowMs), true
 	}
+	return nodeLoss(t, p, nodeID, loss.Alone, nowMs), true
+}
+
+// nodeLoss applies the loss of the task's node (its lease, or its agent's
+// contact with the region): NodeFailures counts it; only a charged loss
+// (the task ran alone there) counts in Used and FailedOn, so that an
+// uncharged loss neither spends the budget nor bars the node.
+func nodeLoss(t Task, p Policy, nodeID string, charged bool, nowMs int64) Result {
 	t.NodeFailures++
-	if loss.Alone {
+	if charged {
 		t = countFailure(t)
-	} else {
-		t = countNodeFailure(t)
 	}
 	if limit := killedWorkerLimit(p); t.NodeFailures >= limit {
 		res := failed(t, nowMs, fmt.Sprintf("killed worker: the node running this task was lost %d times (last: %s, attempt %d); not retried", t.NodeFailures, nodeID, t.Attempt))
 		res.Outcome = OutcomeLost
-		return res, true
+		return res
 	}
 	if t.Used >= p.MaxAttempts {
 		res := failed(t, nowMs, fmt.Sprintf("node %s lost during attempt %d, the only task on it; max_attempts %d reached", nodeID, t.Attempt, p.MaxAttempts))
 		res.Outcome = OutcomeLost
-		return res, true
+		return res
 	}
 	t = toPending(t, 0)
-	return Result{Task: t, Outcome: OutcomeLost, Released: true}, true
+	return Result{Task: t, Outcome: OutcomeLost, Released: true}
 }
 
 // drained requeues an active task at once without charging it (a drained
@@ -342,7 +356,9 @@ func drained(t Task, endMs int64) Result {
 // one: the agent was cut off, its lease lapsed, it registered again and
 // still runs the attempt. It is refused (reason set, t unchanged) unless the
 // task is still ASSIGNED or RUNNING on nodeID at oldEpoch with the same
-// attempt and fencing token, i.e. it was not reclaimed meanwhile.
+// attempt and fencing token (a task whose token no report has recorded yet,
+// 0, takes the caller's, which the caller compares with the assignment's
+// CreateRevision), i.e. it was not reclaimed meanwhile.
 func Adopt(t Task, nodeID string, oldEpoch int64, attempt int32, token, newEpoch int64) (Task, string) {
 	switch {
 	case !Active(t.State):
@@ -351,10 +367,12 @@ func Adopt(t Task, nodeID string, oldEpoch int64, attempt int32, token, newEpoch
 		return t, fmt.Sprintf("attempt %d superseded by attempt %d", attempt, t.Attempt)
 	case t.NodeID != nodeID || t.NodeEpoch != oldEpoch:
 		return t, fmt.Sprintf("attempt runs on %s epoch %d, not %s epoch %d", t.NodeID, t.NodeEpoch, nodeID, oldEpoch)
-	case t.FencingToken != token:
+	case t.FencingToken != 0 && t.FencingToken != token:
+		// 0: no report has recorded the token yet; the caller compares the
+		// assignment's CreateRevision (the token) in the same Txn.
 		return t, fmt.Sprintf("fencing token %d is not the attempt's %d", token, t.FencingToken)
 	}
-	t.NodeEpoch = newEpoch
+	t.NodeEpoch, t.FencingToken = newEpoch, token
 	return t, ""
 }
 

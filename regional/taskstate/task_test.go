@@ -553,7 +553,7 @@ func TestNodeLost(t *testing.T) {
 			if got.State == sPending && (got.NotBeforeMs != 0 || got.NodeID != "" || got.NodeEpoch != 0) {
 				t.Errorf("PENDING after node loss: NotBeforeMs %d node %s/%d", got.NotBeforeMs, got.NodeID, got.NodeEpoch)
 			}
-			if want := map[bool]int{true: 0, false: 1}[c.state == sCancelled || c.loss.Drained]; got.FailedOn[node] != want {
+			if want := map[bool]int{true: 1, false: 0}[c.loss.Alone && c.state != sCancelled && !c.loss.Drained]; got.FailedOn[node] != want {
 				t.Errorf("FailedOn = %v", got.FailedOn)
 			}
 			if Terminal(got.State) && got.FinishedMs != now {
@@ -607,6 +607,15 @@ func TestDrainedReport(t *testing.T) {
 	}
 }
 
+func TestLostReport(t *testing.T) {
+	in := active(sRunning, 1, 0)
+	res := ApplyReport(in, Policy{MaxAttempts: 1}, report(in, apiaryv1.ReportKind_REPORT_KIND_LOST, 0), epoch, now, newRNG(1))
+	got := res.Task
+	if res.Rejected != "" || got.State != sPending || got.Used != 0 || got.NodeFailures != 1 || got.FailedOn[node] != 0 || res.Outcome != OutcomeLost {
+		t.Fatalf("LOST: %+v outcome %q rejected %q", got, res.Outcome, res.Rejected)
+	}
+}
+
 func TestAdopt(t *testing.T) {
 	in := active(sRunning, 2, 0)
 	in.FencingToken = 77
@@ -616,6 +625,12 @@ func TestAdopt(t *testing.T) {
 	}
 	if in.NodeEpoch != epoch {
 		t.Fatal("Adopt modified its input")
+	}
+	// A task no report has given its token yet (0) takes the agent's.
+	fresh := in
+	fresh.FencingToken = 0
+	if got, why := Adopt(fresh, node, epoch, 2, 77, epoch+10); why != "" || got.FencingToken != 77 || got.NodeEpoch != epoch+10 {
+		t.Fatalf("Adopt of a token-less task: %+v %q", got, why)
 	}
 	pending := in
 	pending.State = sPending

@@ -170,6 +170,11 @@ const (
 	// past its deadline, or the agent shutting down): the task returns to
 	// PENDING at once and the attempt is not charged.
 	ReportKind_REPORT_KIND_DRAINED ReportKind = 7
+	// The agent killed the attempt because no coordinator answered for its
+	// lost_after (disconnect tolerance ran out): the task returns to PENDING
+	// at once without charging max_attempts; it counts toward the killed-
+	// worker limit like a node loss.
+	ReportKind_REPORT_KIND_LOST ReportKind = 8
 )
 
 // Enum value maps for ReportKind.
@@ -183,6 +188,7 @@ var (
 		5: "REPORT_KIND_START_FAILED",
 		6: "REPORT_KIND_CANCELLED",
 		7: "REPORT_KIND_DRAINED",
+		8: "REPORT_KIND_LOST",
 	}
 	ReportKind_value = map[string]int32{
 		"REPORT_KIND_UNSPECIFIED":  0,
@@ -193,6 +199,7 @@ var (
 		"REPORT_KIND_START_FAILED": 5,
 		"REPORT_KIND_CANCELLED":    6,
 		"REPORT_KIND_DRAINED":      7,
+		"REPORT_KIND_LOST":         8,
 	}
 )
 
@@ -5667,7 +5674,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x12TASK_STATE_RUNNING\x10\x03\x12\x17\n" +
 	"\x13TASK_STATE_COMPLETE\x10\x04\x12\x15\n" +
 	"\x11TASK_STATE_FAILED\x10\x05\x12\x18\n" +
-	"\x14TASK_STATE_CANCELLED\x10\x06*\xe0\x01\n" +
+	"\x14TASK_STATE_CANCELLED\x10\x06*\xf6\x01\n" +
 	"\n" +
 	"ReportKind\x12\x1b\n" +
 	"\x17REPORT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
@@ -5677,7 +5684,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x15REPORT_KIND_TIMED_OUT\x10\x04\x12\x1c\n" +
 	"\x18REPORT_KIND_START_FAILED\x10\x05\x12\x19\n" +
 	"\x15REPORT_KIND_CANCELLED\x10\x06\x12\x17\n" +
-	"\x13REPORT_KIND_DRAINED\x10\a*\\\n" +
+	"\x13REPORT_KIND_DRAINED\x10\a\x12\x14\n" +
+	"\x10REPORT_KIND_LOST\x10\b*\\\n" +
 	"\fFailureFault\x12\x1d\n" +
 	"\x19FAILURE_FAULT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FAILURE_FAULT_NODE\x10\x01\x12\x15\n" +
