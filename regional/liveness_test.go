@@ -413,7 +413,7 @@ func TestOperatorDrain(t *testing.T) {
 		return nil
 	})
 	res = runApiary(t, "node", "list", "--addr", addr)
-	if !regexp.MustCompile(`(?m)^\S+\s+`+victim+`\s+READY.*DRAINED since`).MatchString(res.stdout) {
+	if !regexp.MustCompile(`(?m)^\S+\s+` + victim + `\s+READY.*DRAINED since`).MatchString(res.stdout) {
 		t.Fatalf("node list does not show %s drained after the deadline:\n%s", victim, res.stdout)
 	}
 	res = runApiary(t, "node", "eligibility", victim, "--enable", "--addr", addr)

@@ -13,12 +13,12 @@
 package telemetry
 
 import (
-	"log/slog"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
