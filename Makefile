@@ -5,7 +5,7 @@ PKGS    ?= ./...
 # Tests run with the race detector off by default (2-core CI budget); `make race` runs it.
 TESTFLAGS ?= -count=1 -timeout 9m
 
-.PHONY: all deps build test race proto proto-check lint demo bench clean
+.PHONY: all deps build test race proto proto-check lint demo bench loadtest-liveness clean
 
 all: build
 
@@ -43,6 +43,12 @@ demo: build
 
 bench: build
 	./scripts/bench.sh
+
+# Issue 20's liveness load tests (partition-agent, outage-region) with small
+# trial counts, about 4 minutes; results in loadtest/results/. Not part of
+# `make test` (short versions of both are, in ./loadtest).
+loadtest-liveness: build
+	./scripts/loadtest-liveness.sh
 
 clean:
 	rm -rf bin

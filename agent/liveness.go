@@ -54,7 +54,7 @@ func (a *Agent) report(rep *reporter, st *attemptState, req *apiaryv1.ReportTask
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			return st.epoch
-		})
+		}, changed)
 		if !res.delivered || res.accepted {
 			return res
 		}

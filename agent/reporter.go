@@ -34,8 +34,11 @@ type reportResult struct {
 // (nil never closes). A non-transient gRPC error counts as a rejection: the
 // coordinator answered and will not take the report. epoch, if not nil,
 // gives the node epoch to send each try with (an attempt adopted by a new
-// epoch while its report waited is reported with the new one).
-func (r *reporter) send(ctx context.Context, req *apiaryv1.ReportTaskStatusRequest, giveUp <-chan struct{}, epoch func() int64) reportResult {
+// epoch while its report waited is reported with the new one). wake, if not
+// nil, cuts one backoff wait short when it closes (the coordinators answer
+// again after a disconnect: held reports go at once, not up to a backoff
+// later).
+func (r *reporter) send(ctx context.Context, req *apiaryv1.ReportTaskStatusRequest, giveUp <-chan struct{}, epoch func() int64, wake <-chan struct{}) reportResult {
 	b := backoff.New(ctx, r.backoff)
 	for b.Ongoing() {
 		if epoch != nil {
@@ -67,6 +70,10 @@ func (r *reporter) send(ctx context.Context, req *apiaryv1.ReportTaskStatusReque
 			return reportResult{}
 		case <-ctx.Done():
 			t.Stop()
+		case <-wake:
+			t.Stop()
+			wake = nil
+			b.Reset()
 		case <-t.C:
 		}
 	}

@@ -1,7 +1,9 @@
 // Package loadtest is Apiary's load-test harness: open-loop load (each
 // submission has an intended send time and its latency is measured from it,
 // so coordinated omission is counted), fault scenarios on real processes
-// (kill or pause the scheduling coordinator or an agent), and a verifier that
+// (kill or pause the scheduling coordinator or an agent, kill a region of a
+// federation, cut an agent off through its fault hook, take every
+// coordinator of a region down; liveness.go), and a verifier that
 // reads every job back after a run and checks Apiary's promises: nothing
 // accepted is lost, no task has two committed completions, every stale
 // attempt's effect carries a lower fencing token than the committed one, and

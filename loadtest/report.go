@@ -52,6 +52,27 @@ func WriteResults(dir string, res *Result, command string) error {
 	if err := plotLatency(filepath.Join(dir, "submit-latency.png"), res, start); err != nil {
 		return err
 	}
+	if res.Liveness != nil {
+		if err := writeCSV(filepath.Join(dir, "liveness.csv"), []string{"trial", "target", "at_ms", "valid", "note",
+			"active_jobs", "spanning_tasks", "held_reports", "flush_ms", "restart_to_ready_ms", "down_ms", "tasks_killed", "killed_running", "attempts_charged",
+			"old_epoch", "new_epoch", "epoch_ended_ms", "heal_to_new_epoch_ms", "replaced", "adopted", "reexecuted_effects", "stale_survivors",
+			"replace_ms", "stale_kills"}, func(w func([]string)) {
+			for _, t := range res.TrialDetails {
+				l := t.Liveness
+				if l == nil {
+					continue
+				}
+				f := func(v float64) string { return fmt.Sprintf("%.0f", v) }
+				i := strconv.Itoa
+				w([]string{i(t.N), t.Target, ms(t.At.Sub(start)), strconv.FormatBool(t.Valid), t.Note,
+					i(l.ActiveJobs), i(l.SpanningTasks), i(l.HeldReports), f(l.FlushMs), f(l.RestartToReadyMs), f(l.DownMs), i(l.TasksKilled), i(l.KilledRunning), i(l.AttemptsCharged),
+					strconv.FormatInt(l.OldEpoch, 10), strconv.FormatInt(l.NewEpoch, 10), f(l.EpochEndedMs), f(l.HealToNewEpochMs), i(l.Replaced), i(l.Adopted),
+					i(l.ReexecutedEffects), strings.Join(l.StaleSurvivors, " "), f(t.FaultToDispatchMs), i(l.StaleKills)})
+			}
+		}); err != nil {
+			return err
+		}
+	}
 	o := res.Config
 	host, _ := os.Hostname()
 	readme := fmt.Sprintf(`# loadtest %s
@@ -87,7 +108,89 @@ trials.csv, result.json, submit-latency.png.
 		res.Submitted, res.Accepted, res.Completed, res.Failed, res.Lost, res.Duplicates, res.SovereigntyViolations,
 		res.ThroughputTasksPerS, q(res.SubmitLatencyMs), q(res.ScheduleLatencyMs), res.ValidTrials, res.Trials, q(res.FaultToDispatchMs), q(res.GeneratorLagMs),
 		verdictLine(res.Verdict))
+	if res.Liveness != nil {
+		readme += livenessReadme(res)
+	}
 	return os.WriteFile(filepath.Join(dir, "README.md"), []byte(readme), 0o644)
+}
+
+// livenessReadme is the README section of a liveness scenario: its figures
+// and what they rest on.
+func livenessReadme(res *Result) string {
+	var b strings.Builder
+	b.WriteString("\n## Liveness figures\n\n")
+	for _, l := range LivenessLines(res) {
+		b.WriteString("- " + l + "\n")
+	}
+	o := res.Config
+	switch Scenario(res.Scenario) {
+	case OutageRegion:
+		fmt.Fprintf(&b, `
+How: every coordinator of the region SIGKILLed for %s while the agents run their tasks, then all restarted
+at once (internal/devcluster Region.RestartCoordinators); the region is "back" when every coordinator has
+written its ready file. The first outage comes %s after the load starts and the tasks sleep %s, longer than
+the outage, so the tasks running at the kill started at every point of a task's life: some end during the
+outage (their final reports are held by the agents: "held reports") and some run through it ("ran through
+an outage"). A trial with neither proves nothing and is marked invalid. Killed: tasks with an attempt that
+ended without completing (lost, failed, retry, timeout) from the kill until the next trial's kill, also
+those placed after the region was back (the aftermath counts), and of them those already running at the
+kill; charged: such tasks dispatched again (the attempt counter is the max_attempts budget); the agents'
+stale kills are apiary_agent_stale_attempt_kills_total scraped from every agent. Flush: from the region
+back until the last job of a held report was seen terminal through WatchJob on a fresh connection
+(resolution: one etcd watch event plus the server's 20 ms coalescing).
+The floor is the coordinators' restart-to-ready time in the same trials. The verifier also requires every
+job COMPLETE and no task's work done twice (two done lines in the ledger). liveness.csv has one row per
+trial.
+`, o.Outage, o.FirstFault, o.TaskSleep)
+	case PartitionAgent:
+		fmt.Fprintf(&b, `
+How: the agent running the most tasks has its gRPC traffic to the coordinators cut for %s (its
+--fault-file exists: every call fails UNAVAILABLE, its assignment stream is cut; internal/faulthook), then
+healed. Its serf LAN member is not cut, so the region ends its epoch when the %s lease lapses, not through
+serf's suspicion (a real partition would also fail the member, in about 1 s). The agent and its tasks keep
+running, unlike SIGSTOP. Tasks sleep %s, longer than the cut, so every task cut off still runs at the heal
+unless it ended during the cut. Replaced: attempts of the old epoch recorded lost and run again; adopted:
+attempts started before the cut that completed on the node's new epoch. A replaced attempt that ended
+during the cut did its work once more than needed (re-executed effect; its fencing token is lower than the
+committed one's, so a consumer can reject it); one that still finished its work more than %s after the heal
+is a stale survivor, a violation (its agent should have killed it). The verifier requires every job
+COMPLETE, no committed duplicate and no stale effect with a token as high as the committed one's.
+liveness.csv has one row per trial.
+`, o.Partition, o.NodeLeaseTTL, o.TaskSleep, staleKillBound)
+	}
+	return b.String()
+}
+
+// LivenessLines are the text lines of a liveness scenario's figures
+// (none for other scenarios).
+func LivenessLines(res *Result) []string {
+	lv := res.Liveness
+	if lv == nil {
+		return nil
+	}
+	o := res.Config
+	switch Scenario(res.Scenario) {
+	case OutageRegion:
+		return []string{
+			fmt.Sprintf("outage %s x %d trials (%d valid), %d coordinator(s), tasks of %s: %d ran through an outage, %d ended during one (reports held)",
+				o.Outage, res.Trials, res.ValidTrials, o.Coordinators, o.TaskSleep, lv.SpanningTasks, lv.HeldReports),
+			fmt.Sprintf("tasks killed %d (target 0; %d of them running at the kill, the others placed after), attempts charged %d (target 0), agents' stale kills %d",
+				lv.TasksKilled, lv.KilledRunning, lv.AttemptsCharged, lv.StaleKills),
+			fmt.Sprintf("region back -> held reports committed: %s", q(lv.FlushMs)),
+			fmt.Sprintf("floor: coordinator restart -> all ready: %s", q(lv.RestartToReadyMs)),
+		}
+	case PartitionAgent:
+		return []string{
+			fmt.Sprintf("partition %s (lease %s) x %d trials (%d valid), tasks of %s; gRPC cut by the agent's fault file, serf LAN not cut",
+				o.Partition, o.NodeLeaseTTL, res.Trials, res.ValidTrials, o.TaskSleep),
+			fmt.Sprintf("replaced attempts %d, adopted %d, committed duplicates %d, re-executed effects (finished while cut off, lower token) %d, stale survivors %d, agents' stale kills %d",
+				lv.Replaced, lv.Adopted, res.Duplicates, lv.ReexecutedEffects, lv.StaleSurvivors, lv.StaleKills),
+			fmt.Sprintf("cut -> epoch ended (seen by the region): %s", q(lv.EpochEndedMs)),
+			fmt.Sprintf("cut -> every replaced task running elsewhere: %s", q(res.FaultToDispatchMs)),
+			fmt.Sprintf("heal -> agent READY on a new epoch: %s", q(lv.HealToNewEpochMs)),
+		}
+	}
+	return nil
 }
 
 func verdictLine(v Verdict) string {

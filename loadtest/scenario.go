@@ -36,10 +36,26 @@ const (
 	// (global router + regions lt-a and lt-b in jurisdiction eu, lt-us in
 	// us) and times how soon new submissions are accepted elsewhere.
 	KillRegion Scenario = "kill-region"
+	// PartitionAgent cuts the gRPC traffic of the agent running the most
+	// tasks to its coordinators for Options.Partition, longer than its
+	// lease, then heals it (the agent's --fault-file, internal/faulthook;
+	// its serf LAN member is not cut). See liveness.go.
+	PartitionAgent Scenario = "partition-agent"
+	// OutageRegion SIGKILLs every coordinator of the region for
+	// Options.Outage while the agents keep running their tasks, then
+	// restarts them all at once. See liveness.go.
+	OutageRegion Scenario = "outage-region"
 )
 
-// Scenarios lists the scenarios this harness runs on one region.
-var Scenarios = []Scenario{Steady, KillScheduler, PauseScheduler, KillAgent, PauseAgent, KillRegion}
+// Scenarios lists the scenarios this harness runs.
+var Scenarios = []Scenario{Steady, KillScheduler, PauseScheduler, KillAgent, PauseAgent, KillRegion, PartitionAgent, OutageRegion}
+
+// Liveness reports whether s is one of issue 20's liveness scenarios
+// (partition-agent, outage-region): tasks that span the fault, a done line
+// in the ledger after each task's work, every agent's metrics scraped, and
+// the stricter checks (every job COMPLETE; for outage-region no work done
+// twice).
+func (s Scenario) Liveness() bool { return s == PartitionAgent || s == OutageRegion }
 
 // Options configure a run.
 type Options struct {
@@ -79,17 +95,46 @@ type Options struct {
 	// process stays stopped (default 2.5 s, longer than both leases).
 	NodeLeaseTTL time.Duration
 	Pause        time.Duration
+	// Partition is how long partition-agent cuts the agent off (default
+	// 3 s; must be longer than NodeLeaseTTL, so that its epoch ends).
+	Partition time.Duration
+	// Outage is how long outage-region keeps every coordinator down
+	// (default 20 s, at most 10 min).
+	Outage time.Duration
+	// SubmitTimeout bounds one submission with its retries (default 10 s;
+	// outage-region: Outage + 30 s, so that submissions sent during the
+	// outage are accepted, with their request ids, once the region is back).
+	SubmitTimeout time.Duration
+	// FirstFault is when the first fault is injected, after the load
+	// starts (default TrialEvery/3; kill-agent, pause-agent and
+	// partition-agent: at least the region's failover grace of 10 s plus
+	// 1 s, during which a coordinator that just started replaces nothing;
+	// outage-region: TaskSleep + 2 s, so that the tasks running at the fault
+	// started at every point of a task's life).
+	FirstFault time.Duration
 	// DrainTimeout bounds the wait for every accepted job to finish.
 	DrainTimeout time.Duration
 	Logf         func(format string, args ...any)
 	OnSample     func(Sample)
 }
 
+// regionFailoverGrace is `apiary region --failover-grace`'s default (the
+// harness's regions keep it): for this long after a coordinator starts it
+// replaces no task of a lost node epoch.
+const regionFailoverGrace = 10 * time.Second
+
+// Defaults fills the options' defaults (per scenario) and checks them, as
+// Run does; an error names the option and the rule.
+func (o *Options) Defaults() error { return o.defaults() }
+
 func (o *Options) defaults() error {
 	switch o.Scenario {
-	case Steady, KillScheduler, PauseScheduler, KillAgent, PauseAgent, KillRegion:
+	case Steady, KillScheduler, PauseScheduler, KillAgent, PauseAgent, KillRegion, PartitionAgent, OutageRegion:
 	default:
 		return fmt.Errorf("scenario: must be one of %v, got %q", Scenarios, o.Scenario)
+	}
+	if err := o.livenessDefaults(); err != nil {
+		return err
 	}
 	if o.Rate <= 0 && o.Trace == "" {
 		return fmt.Errorf("rate: must be > 0, got %v", o.Rate)
@@ -129,7 +174,27 @@ func (o *Options) defaults() error {
 		if o.TrialEvery == 0 {
 			o.TrialEvery = 6 * time.Second
 		}
-		o.Duration = time.Duration(o.Trials) * o.TrialEvery
+		if o.TrialEvery < 0 {
+			return fmt.Errorf("trial-every: must be > 0, got %s", o.TrialEvery)
+		}
+		if o.FirstFault == 0 {
+			o.FirstFault = o.TrialEvery / 3
+			if o.Scenario == KillAgent || o.Scenario == PauseAgent {
+				// A coordinator replaces no task of a lost epoch during its
+				// failover grace after it started.
+				o.FirstFault = max(o.FirstFault, regionFailoverGrace+time.Second)
+			}
+		}
+		// Load goes on for 2/3 of a trial after the last fault (TrialEvery
+		// per trial when the first fault comes after a third of one), for
+		// outage-region through the last outage and 10 s after it.
+		o.Duration = o.FirstFault + time.Duration(o.Trials)*o.TrialEvery - o.TrialEvery/3
+		if o.Scenario == OutageRegion {
+			o.Duration = o.FirstFault + time.Duration(o.Trials-1)*o.TrialEvery + o.Outage + 10*time.Second
+		}
+	}
+	if o.SubmitTimeout == 0 {
+		o.SubmitTimeout = 10 * time.Second
 	}
 	if o.TasksPerJob == 0 {
 		o.TasksPerJob = 1
@@ -149,6 +214,9 @@ func (o *Options) defaults() error {
 	if o.Slots == 0 {
 		o.Slots = 32
 	}
+	if err := o.checkLivenessLoad(); err != nil {
+		return err
+	}
 	if o.NodeLeaseTTL == 0 {
 		o.NodeLeaseTTL = time.Second
 	}
@@ -157,6 +225,10 @@ func (o *Options) defaults() error {
 	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = 60 * time.Second
+	}
+	if o.Scenario.Liveness() {
+		// The last tasks run TaskSleep after the load ends.
+		o.DrainTimeout = max(o.DrainTimeout, o.TaskSleep+30*time.Second)
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
@@ -194,10 +266,13 @@ type Trial struct {
 	FaultToDispatchMs float64 `json:"fault_to_dispatch_ms"`
 	Valid             bool    `json:"valid"`
 	Note              string  `json:"note,omitempty"`
+	// Liveness holds the figures of partition-agent and outage-region.
+	Liveness *TrialLiveness `json:"liveness,omitempty"`
 	// internal: the revision just before a scheduler fault
 	newEpoch int64
 	node     string
 	epoch    int64
+	live     *trialWatch
 }
 
 // Result is a run's outcome, with stable JSON field names.
@@ -221,9 +296,11 @@ type Result struct {
 	FaultToDispatchMs     Quantiles `json:"fault_to_dispatch_ms"`
 	GeneratorLagMs        Quantiles `json:"generator_lag_ms"`
 	Verdict               Verdict   `json:"verdict"`
-	TrialDetails          []Trial   `json:"trial_details"`
-	Config                Options   `json:"-"`
-	Samples               []Sample  `json:"-"`
+	// Liveness sums up partition-agent and outage-region (nil otherwise).
+	Liveness     *LivenessSummary `json:"liveness,omitempty"`
+	TrialDetails []Trial          `json:"trial_details"`
+	Config       Options          `json:"-"`
+	Samples      []Sample         `json:"-"`
 }
 
 const region = "lt-eu"
@@ -242,9 +319,18 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	ledgerPath := filepath.Join(o.WorkDir, "ledger.csv")
 	_ = os.Remove(ledgerPath)
 	var agents []devcluster.AgentSpec
+	probe := &agentProbe{faults: map[string]string{}, metrics: map[string]string{}}
 	for i := 0; i < o.Agents; i++ {
-		agents = append(agents, devcluster.AgentSpec{ID: fmt.Sprintf("lt-n%d", i+1), Labels: map[string]string{"zone": fmt.Sprintf("z%d", i%3)},
-			CPUMillis: int64(o.Slots) * 100, MemoryMiB: int64(o.Slots) * 64, MaxTasks: o.Slots})
+		as := devcluster.AgentSpec{ID: fmt.Sprintf("lt-n%d", i+1), Labels: map[string]string{"zone": fmt.Sprintf("z%d", i%3)},
+			CPUMillis: int64(o.Slots) * 100, MemoryMiB: int64(o.Slots) * 64, MaxTasks: o.Slots}
+		if o.Scenario.Liveness() {
+			extra, err := probe.add(as.ID, filepath.Join(o.WorkDir, "faults"), o.Scenario == PartitionAgent)
+			if err != nil {
+				return nil, err
+			}
+			as.ExtraArgs = extra
+		}
+		agents = append(agents, as)
 	}
 	var r *devcluster.Region
 	var fed *devcluster.Cluster
@@ -355,9 +441,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			}
 			rs = &apiaryv1.RegionSpec{Prefer: []string{"lt-a"}}
 		}
+		script := LedgerCommand(ledgerPath) + "; sleep " + sleep
+		if o.Scenario.Liveness() {
+			script += " && " + LedgerDoneCommand(ledgerPath)
+		}
 		return &apiaryv1.JobSpec{Name: "loadtest", Jurisdiction: jur, Region: rs, MaxAttempts: 10, Tasks: []*apiaryv1.TaskGroup{{
 			Name: "t", Count: int32(o.TasksPerJob), Command: "sh",
-			Args:      []string{"-c", LedgerCommand(ledgerPath) + "; sleep " + sleep},
+			Args:      []string{"-c", script},
 			Resources: &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 16}}}}
 	}
 	res := &Result{Scenario: string(o.Scenario), Trials: o.Trials, Config: o}
@@ -367,21 +457,32 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	runID := fmt.Sprintf("%s-%d", o.Scenario, time.Now().UnixNano())
 	go func() {
 		defer close(genDone)
-		samples, genErr = Generate(ctx, js, LoadOptions{Rate: o.Rate, Duration: o.Duration, Offsets: offsets, Spec: spec, RunID: runID, OnSample: o.OnSample})
+		samples, genErr = Generate(ctx, js, LoadOptions{Rate: o.Rate, Duration: o.Duration, Offsets: offsets, Spec: spec, RunID: runID,
+			SubmitTimeout: o.SubmitTimeout, OnSample: o.OnSample})
 	}()
 	start := time.Now()
 	for k := 0; k < o.Trials; k++ {
-		at := start.Add(time.Duration(k)*o.TrialEvery + o.TrialEvery/3)
+		at := start.Add(o.FirstFault + time.Duration(k)*o.TrialEvery)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(time.Until(at)):
 		}
+		if o.Scenario.Liveness() {
+			// The agents' stale kills since the last mark belong to the
+			// previous trial.
+			probe.mark(ctx, res.TrialDetails)
+		}
 		var tr Trial
 		var err error
-		if o.Scenario == KillRegion {
+		switch o.Scenario {
+		case KillRegion:
 			tr, err = killRegion(ctx, o, fed, k+1)
-		} else {
+		case PartitionAgent:
+			tr, err = partitionAgent(ctx, o, r, admin, probe, k+1)
+		case OutageRegion:
+			tr, err = outageRegion(ctx, o, r, js, k+1, at.Add(o.TrialEvery-time.Second))
+		default:
 			tr, err = inject(ctx, o, r, admin, k+1)
 		}
 		if err != nil {
@@ -422,13 +523,23 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 	}
-	res.Verdict = Verify(accepted, jobs, ledger, jurisdictionOf)
+	res.Verdict = VerifyWith(accepted, jobs, ledger, jurisdictionOf,
+		Checks{AllComplete: o.Scenario.Liveness(), EffectOnce: o.Scenario == OutageRegion})
+	if o.Scenario.Liveness() {
+		// The last trial's agent counters: after every job has finished.
+		probe.closeTrial(&res.TrialDetails)
+	}
 	res.Completed, res.Failed = res.Verdict.Completed, res.Verdict.Failed
 	res.Lost, res.Duplicates = len(res.Verdict.Lost), len(res.Verdict.Duplicates)
 	res.SovereigntyViolations = len(res.Verdict.SovereigntyViolations)
 	measure(res, jobs)
-	if o.Scenario == KillRegion {
+	switch o.Scenario {
+	case KillRegion:
 		measureReroute(res)
+	case PartitionAgent:
+		measurePartition(res, jobs, ledger, o.TaskSleep)
+	case OutageRegion:
+		measureOutage(res, jobs)
 	}
 	return res, nil
 }
@@ -690,7 +801,7 @@ func measure(res *Result, jobs map[string]*apiaryv1.Job) {
 	var f2d []float64
 	for i := range res.TrialDetails {
 		tr := &res.TrialDetails[i]
-		if tr.At.IsZero() || tr.Note != "" {
+		if tr.At.IsZero() || tr.Note != "" || res.Scenario == string(OutageRegion) {
 			continue
 		}
 		atMs := tr.At.UnixMilli()
@@ -706,7 +817,7 @@ func measure(res *Result, jobs map[string]*apiaryv1.Job) {
 					}
 				}
 			}
-		case string(KillAgent), string(PauseAgent):
+		case string(KillAgent), string(PauseAgent), string(PartitionAgent):
 			for _, j := range jobs {
 				for _, t := range j.GetTasks() {
 					as := t.GetAttempts()

@@ -26,7 +26,7 @@ type Verdict struct {
 	// allowed jurisdiction ("job/index@region").
 	SovereigntyViolations []string `json:"sovereignty_violations"`
 	// Incomplete are accepted jobs that ended FAILED or CANCELLED, with
-	// Checks.AllComplete.
+	// Checks.AllComplete: "job (task i: its error)", or "job (STATE)".
 	Incomplete []string `json:"incomplete,omitempty"`
 	// DoubleEffects are tasks ("job/index") whose work completed more than
 	// once (two done lines in the ledger), with Checks.EffectOnce.
@@ -102,7 +102,14 @@ func VerifyWith(accepted []string, jobs map[string]*apiaryv1.Job, ledger []Effec
 		case apiaryv1.JobState_JOB_STATE_FAILED, apiaryv1.JobState_JOB_STATE_CANCELLED:
 			v.Failed++
 			if c.AllComplete {
-				v.Incomplete = append(v.Incomplete, id)
+				why := j.GetState().String()
+				for _, t := range j.GetTasks() {
+					if t.GetError() != "" {
+						why = fmt.Sprintf("task %d: %s", t.GetIndex(), t.GetError())
+						break
+					}
+				}
+				v.Incomplete = append(v.Incomplete, id+" ("+why+")")
 			}
 		default:
 			v.Lost = append(v.Lost, id)

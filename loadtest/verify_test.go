@@ -111,4 +111,11 @@ func TestReadLedger(t *testing.T) {
 	if _, err := ReadLedger(strings.NewReader("j1,x,1,42,n1,eu\n")); err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("bad number: %v", err)
 	}
+	l, err = ReadLedger(strings.NewReader("j1,0,1,42,n1,eu-west\nj1,0,1,42,n1,eu-west,done\nj1,0,2,43,n1,eu-west,start\n"))
+	if err != nil || len(l) != 3 || l[0].Done || !l[1].Done || l[2].Done {
+		t.Fatalf("done lines: %v %v", l, err)
+	}
+	if _, err := ReadLedger(strings.NewReader("j1,0,1,42,n1,eu-west,finished\n")); err == nil || !strings.Contains(err.Error(), "line 1: field 7") {
+		t.Fatalf("bad phase: %v", err)
+	}
 }

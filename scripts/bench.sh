@@ -32,6 +32,9 @@ done
 for sc in pause-scheduler pause-agent kill-region; do
 	"$BIN" loadtest failover --scenario "$sc" --trials 5 --rate 50 --results-dir "$LT_RESULTS" || rc=$?
 done
+# Issue 20's liveness scenarios (partition-agent, outage-region 20 s).
+LIVENESS_PARTITION_TRIALS="${LIVENESS_PARTITION_TRIALS:-10}" LIVENESS_OUTAGE_TRIALS="${LIVENESS_OUTAGE_TRIALS:-5}" \
+	APIARY_BIN="$BIN" LT_RESULTS="$LT_RESULTS" bash scripts/loadtest-liveness.sh || rc=$?
 if [ -f scripts/bench-placement.sh ]; then
 	bash scripts/bench-placement.sh || rc=$?
 fi

@@ -60,7 +60,7 @@ func (f *loadtestFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.coords, "coordinators", 0, "coordinators (default 3 for scheduler faults, else 1)")
 	fl.StringVarP(&f.output, "output", "o", "text", "text or json")
 	fl.StringVar(&f.resultsDir, "results-dir", "loadtest/results", "write <timestamp>-<scenario>/ here (empty: do not write)")
-	fl.DurationVar(&f.drain, "drain-timeout", 60*time.Second, "how long to wait after the load for every accepted job to finish (an unfinished job counts as lost)")
+	fl.DurationVar(&f.drain, "drain-timeout", 60*time.Second, "how long to wait after the load for every accepted job to finish (an unfinished job counts as lost; partition-agent and outage-region wait at least task-sleep + 30s)")
 	fl.StringVar(&f.workDir, "work-dir", "", "scratch dir for data, logs and the ledger (default: a temp dir, removed)")
 }
 
@@ -103,7 +103,7 @@ func newLoadtestFailoverCmd() *cobra.Command {
 	var f loadtestFlags
 	var scenario string
 	var trials int
-	var every time.Duration
+	var every, partition, outage time.Duration
 	cmd := &cobra.Command{
 		Use:   "failover",
 		Short: "Inject a fault per trial under load and time what users wait on",
@@ -112,17 +112,39 @@ func newLoadtestFailoverCmd() *cobra.Command {
 SIGCONT), kill-agent (SIGKILL an agent running tasks), pause-agent (SIGSTOP an
 agent longer than its lease, then SIGCONT), kill-region (SIGKILL every
 coordinator of one region of a federation behind a global router; measures
-how soon new submissions are accepted by another region).`,
-		Example: `  apiary loadtest failover --scenario kill-scheduler --trials 20 --output json`,
-		Args:    cobra.NoArgs,
+how soon new submissions are accepted by another region), partition-agent
+(cut the gRPC traffic of the agent running the most tasks to its
+coordinators for --partition, longer than its 1 s lease, through the agent's
+fault file, then heal: replaced attempts, time to replacement, duplicates)
+and outage-region (SIGKILL every coordinator of a 3-coordinator region for
+--outage with the agents up, then restart them all at once: tasks killed,
+attempts charged, time from the region back to the held reports committed).
+
+partition-agent and outage-region run tasks longer than the fault (by
+default: partition + 5s, outage x 1.5), so that some tasks end during the
+fault and others run through it, and they require every job to COMPLETE;
+outage-region also fails when any task's work completed twice. Their
+defaults for --rate, --task-sleep, --trial-every and --slots (and 3
+coordinators for outage-region) apply unless those flags are given.`,
+		Example: `  apiary loadtest failover --scenario kill-scheduler --trials 20 --output json
+  apiary loadtest failover --scenario partition-agent --trials 5 --partition 3s
+  apiary loadtest failover --scenario outage-region --trials 5 --outage 20s`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runLoadtest(cmd, f, loadtest.Options{Scenario: loadtest.Scenario(scenario), Trials: trials, TrialEvery: every})
+			o := loadtest.Options{Scenario: loadtest.Scenario(scenario), Trials: trials, TrialEvery: every,
+				Partition: partition, Outage: outage}
+			if o.Scenario.Liveness() && !cmd.Flags().Changed("trial-every") {
+				o.TrialEvery = 0 // the scenario's default
+			}
+			return runLoadtest(cmd, f, o)
 		},
 	}
 	f.register(cmd)
-	cmd.Flags().StringVar(&scenario, "scenario", "kill-scheduler", "kill-scheduler, pause-scheduler, kill-agent, pause-agent or kill-region")
+	cmd.Flags().StringVar(&scenario, "scenario", "kill-scheduler", "kill-scheduler, pause-scheduler, kill-agent, pause-agent, kill-region, partition-agent or outage-region")
 	cmd.Flags().IntVar(&trials, "trials", 5, "faults to inject (1..200)")
-	cmd.Flags().DurationVar(&every, "trial-every", 6*time.Second, "load time per trial")
+	cmd.Flags().DurationVar(&every, "trial-every", 6*time.Second, "load time per trial (partition-agent: partition + 9s; outage-region: outage + task-sleep + 10s)")
+	cmd.Flags().DurationVar(&partition, "partition", 3*time.Second, "partition-agent: how long the agent is cut off (longer than its 1s lease)")
+	cmd.Flags().DurationVar(&outage, "outage", 20*time.Second, "outage-region: how long every coordinator stays down")
 	return cmd
 }
 
@@ -136,7 +158,7 @@ func runLoadtest(cmd *cobra.Command, f loadtestFlags, o loadtest.Options) error 
 			ok = ok || (s == o.Scenario && s != loadtest.Steady)
 		}
 		if !ok {
-			return withCode(exitInvalid, fmt.Errorf("--scenario: must be kill-scheduler, pause-scheduler, kill-agent, pause-agent or kill-region, got %q", o.Scenario))
+			return withCode(exitInvalid, fmt.Errorf("--scenario: must be kill-scheduler, pause-scheduler, kill-agent, pause-agent, kill-region, partition-agent or outage-region, got %q", o.Scenario))
 		}
 	}
 	bin, err := os.Executable()
@@ -154,15 +176,22 @@ func runLoadtest(cmd *cobra.Command, f loadtestFlags, o loadtest.Options) error 
 	o.Rate, o.TasksPerJob, o.TaskSleep = f.rate, f.tasksPerJob, f.taskSleep
 	o.Agents, o.Slots, o.Coordinators = f.agents, f.slots, f.coords
 	o.DrainTimeout = f.drain
+	if o.Scenario.Liveness() {
+		// Flags left at their defaults take the scenario's (liveness.go).
+		for name, v := range map[string]func(){"rate": func() { o.Rate = 0 }, "task-sleep": func() { o.TaskSleep = 0 }, "slots": func() { o.Slots = 0 }} {
+			if !cmd.Flags().Changed(name) {
+				v()
+			}
+		}
+	}
 	stderr := cmd.ErrOrStderr()
 	o.Logf = func(format string, args ...any) {
 		fmt.Fprintf(stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 	}
-	total := o.Duration
-	if o.Scenario != loadtest.Steady {
-		total = time.Duration(o.Trials) * o.TrialEvery
+	if err := o.Defaults(); err != nil {
+		return withCode(exitInvalid, err)
 	}
-	expected := int64(o.Rate * total.Seconds())
+	expected := int64(o.Rate * o.Duration.Seconds())
 	if o.Trace != "" {
 		expected = int64(o.TraceLimit)
 	}
@@ -210,6 +239,11 @@ func runLoadtest(cmd *cobra.Command, f loadtestFlags, o loadtest.Options) error 
 			q    loadtest.Quantiles
 		}{{"submit latency", res.SubmitLatencyMs}, {"schedule latency", res.ScheduleLatencyMs}, {"fault to dispatch", res.FaultToDispatchMs}, {"generator lag", res.GeneratorLagMs}} {
 			fmt.Fprintf(w, "%-18s n=%d p50 %.1f ms  p95 %.1f ms  p99 %.1f ms  max %.1f ms\n", l.name, l.q.N, l.q.P50, l.q.P95, l.q.P99, l.q.Max)
+		}
+		if lv := res.Liveness; lv != nil {
+			for _, l := range loadtest.LivenessLines(res) {
+				fmt.Fprintln(w, l)
+			}
 		}
 	}
 	if !res.Verdict.OK() {
