@@ -32,8 +32,8 @@ const maxAdoptAttempts = 10000
 // the new epoch).
 func (s *agentServer) AdoptAttempts(ctx context.Context, req *apiaryv1.AdoptAttemptsRequest) (*apiaryv1.AdoptAttemptsResponse, error) {
 	c := s.c
-	if !nodeIDRE.MatchString(req.GetNodeId()) {
-		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	if err := checkNodeID(req.GetNodeId()); err != nil {
+		return nil, err
 	}
 	if n := len(req.GetAttempts()); n > maxAdoptAttempts {
 		return nil, status.Errorf(codes.InvalidArgument, "attempts: at most %d (got %d)", maxAdoptAttempts, n)

@@ -34,10 +34,19 @@ var (
 	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$`)
 )
 
+// checkNodeID is INVALID_ARGUMENT naming node_id unless id is a valid node
+// id.
+func checkNodeID(id string) error {
+	if !nodeIDRE.MatchString(id) {
+		return status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	}
+	return nil
+}
+
 func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNodeRequest) (*apiaryv1.RegisterNodeResponse, error) {
 	c := s.c
-	if !nodeIDRE.MatchString(req.GetNodeId()) {
-		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	if err := checkNodeID(req.GetNodeId()); err != nil {
+		return nil, err
 	}
 	cp := req.GetCapacity()
 	if cp.GetCpuMillis() <= 0 || cp.GetMemoryMb() <= 0 || cp.GetGpus() < 0 {
@@ -133,7 +142,7 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 			if json.Unmarshal(prev.Kvs[0].Value, &old) == nil {
 				rec.Quarantined, rec.QuarantineReason = old.Quarantined, old.QuarantineReason
 				rec.QuarantinedBy, rec.QuarantinedMs = old.QuarantinedBy, old.QuarantinedMs
-				rec.Ineligible, rec.IneligibleBy = old.Ineligible, old.IneligibleBy
+				rec.Ineligible = old.Ineligible
 				if old.Draining && old.DrainBy != drainByAgent {
 					// An operator's drain outlives the agent's restarts; the
 					// agent's own shutdown drain ends with that run.

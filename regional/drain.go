@@ -22,34 +22,42 @@ import (
 // maxDrainAhead bounds a drain deadline: a week from now.
 const maxDrainAhead = 7 * 24 * time.Hour
 
+// checkDrainDeadline is INVALID_ARGUMENT naming deadline_ms unless d is 0
+// (at once) or a Unix ms time at most maxDrainAhead from now.
+func checkDrainDeadline(d int64) error {
+	if d < 0 || d > time.Now().Add(maxDrainAhead).UnixMilli() {
+		return status.Errorf(codes.InvalidArgument, "deadline_ms: must be 0 (at once) or a Unix ms time at most 7 days ahead (got %d)", d)
+	}
+	return nil
+}
+
 // DrainNode starts or ends an operator's drain (see the RPC's doc in
 // apiary.proto). Draining a draining node replaces its deadline and who
 // asked. Ending a drain leaves the node ineligible until SetNodeEligibility
 // turns it back on, as Nomad does.
 func (s *adminServer) DrainNode(ctx context.Context, req *apiaryv1.DrainNodeRequest) (*apiaryv1.DrainNodeResponse, error) {
-	if !nodeIDRE.MatchString(req.GetNodeId()) {
-		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	if err := checkNodeID(req.GetNodeId()); err != nil {
+		return nil, err
 	}
 	if err := checkFreeText("by", req.GetBy(), maxQuarantineBy, false); err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	if d := req.GetDeadlineMs(); d < 0 || d > now.Add(maxDrainAhead).UnixMilli() {
-		return nil, status.Errorf(codes.InvalidArgument, "deadline_ms: must be 0 (at once) or a Unix ms time at most 7 days ahead (got %d)", d)
+	if err := checkDrainDeadline(req.GetDeadlineMs()); err != nil {
+		return nil, err
 	}
 	c := s.c
-	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) (bool, error) {
 		if req.GetCancel() {
 			if !r.Draining {
-				return false
+				return false, nil
 			}
 			r.Draining, r.DrainDeadlineMs, r.DrainBy = false, 0, ""
-			r.Ineligible, r.IneligibleBy = true, "drain cancelled by "+req.GetBy()
-			return true
+			r.Ineligible = true
+			return true, nil
 		}
 		r.Draining, r.DrainDeadlineMs, r.DrainBy = true, req.GetDeadlineMs(), "operator "+req.GetBy()
-		r.Ineligible, r.IneligibleBy = true, "drain by "+req.GetBy()
-		return true
+		r.Ineligible = true
+		return true, nil
 	})
 	if err != nil {
 		return nil, err
@@ -69,34 +77,26 @@ func (s *adminServer) DrainNode(ctx context.Context, req *apiaryv1.DrainNodeRequ
 // RPC's doc in apiary.proto). Turning a draining node eligible is refused
 // (FAILED_PRECONDITION): the drain must be cancelled first.
 func (s *adminServer) SetNodeEligibility(ctx context.Context, req *apiaryv1.SetNodeEligibilityRequest) (*apiaryv1.SetNodeEligibilityResponse, error) {
-	if !nodeIDRE.MatchString(req.GetNodeId()) {
-		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	if err := checkNodeID(req.GetNodeId()); err != nil {
+		return nil, err
 	}
 	if err := checkFreeText("by", req.GetBy(), maxQuarantineBy, false); err != nil {
 		return nil, err
 	}
 	c := s.c
-	draining := false
-	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) (bool, error) {
 		if req.GetEligible() && r.Draining {
-			draining = true
-			return false
+			return false, status.Errorf(codes.FailedPrecondition,
+				"eligible: node %s is draining; end the drain first (apiary node drain %s --cancel), as Nomad requires", req.GetNodeId(), req.GetNodeId())
 		}
 		if r.Ineligible == !req.GetEligible() {
-			return false
+			return false, nil
 		}
-		r.Ineligible, r.IneligibleBy = !req.GetEligible(), ""
-		if r.Ineligible {
-			r.IneligibleBy = req.GetBy()
-		}
-		return true
+		r.Ineligible = !req.GetEligible()
+		return true, nil
 	})
 	if err != nil {
 		return nil, err
-	}
-	if draining {
-		return nil, status.Errorf(codes.FailedPrecondition,
-			"eligible: node %s is draining; end the drain first (apiary node drain %s --cancel), as Nomad requires", req.GetNodeId(), req.GetNodeId())
 	}
 	if changed {
 		c.log.Info("node eligibility", "node", req.GetNodeId(), "eligible", req.GetEligible(), "by", req.GetBy())
@@ -108,34 +108,29 @@ func (s *adminServer) SetNodeEligibility(ctx context.Context, req *apiaryv1.SetN
 // operator's drain already in force keeps its owner; its deadline only moves
 // earlier.
 func (s *agentServer) DrainSelf(ctx context.Context, req *apiaryv1.DrainSelfRequest) (*apiaryv1.DrainSelfResponse, error) {
-	if !nodeIDRE.MatchString(req.GetNodeId()) {
-		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	if err := checkNodeID(req.GetNodeId()); err != nil {
+		return nil, err
 	}
-	if d := req.GetDeadlineMs(); d < 0 || d > time.Now().Add(maxDrainAhead).UnixMilli() {
-		return nil, status.Errorf(codes.InvalidArgument, "deadline_ms: must be 0 (at once) or a Unix ms time at most 7 days ahead (got %d)", d)
+	if err := checkDrainDeadline(req.GetDeadlineMs()); err != nil {
+		return nil, err
 	}
 	c := s.c
-	stale := false
-	_, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+	_, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) (bool, error) {
 		if r.Epoch != req.GetNodeEpoch() {
-			stale = true
-			return false
+			return false, status.Errorf(codes.FailedPrecondition, "node %s epoch %d is gone", req.GetNodeId(), req.GetNodeEpoch())
 		}
 		if r.Draining && r.DrainBy != drainByAgent {
 			if r.DrainDeadlineMs != 0 && r.DrainDeadlineMs <= req.GetDeadlineMs() {
-				return false
+				return false, nil
 			}
 			r.DrainDeadlineMs = req.GetDeadlineMs()
-			return true
+			return true, nil
 		}
 		r.Draining, r.DrainDeadlineMs, r.DrainBy = true, req.GetDeadlineMs(), drainByAgent
-		return true
+		return true, nil
 	})
 	if err != nil {
 		return nil, err
-	}
-	if stale {
-		return nil, status.Errorf(codes.FailedPrecondition, "node %s epoch %d is gone", req.GetNodeId(), req.GetNodeEpoch())
 	}
 	if changed {
 		c.metrics.Drains.WithLabelValues("agent").Inc()
@@ -149,8 +144,8 @@ func (s *agentServer) DrainSelf(ctx context.Context, req *apiaryv1.DrainSelfRequ
 // epoch and the record's ModRevision; then the lease is revoked. The owner's
 // reclaim requeues any task the epoch still held without charge.
 func (s *agentServer) Deregister(ctx context.Context, req *apiaryv1.DeregisterRequest) (*apiaryv1.DeregisterResponse, error) {
-	if !nodeIDRE.MatchString(req.GetNodeId()) {
-		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	if err := checkNodeID(req.GetNodeId()); err != nil {
+		return nil, err
 	}
 	c := s.c
 	cctx, cancel := etcdCtx(ctx)

@@ -24,8 +24,8 @@ const (
 // the RPC's doc in apiary.proto). Quarantining a quarantined node replaces
 // its reason and who asked, and keeps since when.
 func (s *adminServer) QuarantineNode(ctx context.Context, req *apiaryv1.QuarantineNodeRequest) (*apiaryv1.QuarantineNodeResponse, error) {
-	if !nodeIDRE.MatchString(req.GetNodeId()) {
-		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	if err := checkNodeID(req.GetNodeId()); err != nil {
+		return nil, err
 	}
 	if err := checkFreeText("reason", req.GetReason(), maxQuarantineReason, true); err != nil {
 		return nil, err
@@ -34,12 +34,12 @@ func (s *adminServer) QuarantineNode(ctx context.Context, req *apiaryv1.Quaranti
 		return nil, err
 	}
 	c := s.c
-	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) (bool, error) {
 		if !r.Quarantined {
 			r.QuarantinedMs = time.Now().UnixMilli()
 		}
 		r.Quarantined, r.QuarantineReason, r.QuarantinedBy = true, req.GetReason(), req.GetBy()
-		return true
+		return true, nil
 	})
 	if err != nil {
 		return nil, err
@@ -54,21 +54,21 @@ func (s *adminServer) QuarantineNode(ctx context.Context, req *apiaryv1.Quaranti
 // ReleaseNode clears a node's quarantine (see the RPC's doc in
 // apiary.proto).
 func (s *adminServer) ReleaseNode(ctx context.Context, req *apiaryv1.ReleaseNodeRequest) (*apiaryv1.ReleaseNodeResponse, error) {
-	if !nodeIDRE.MatchString(req.GetNodeId()) {
-		return nil, status.Errorf(codes.InvalidArgument, "node_id: must match %s", nodeIDRE)
+	if err := checkNodeID(req.GetNodeId()); err != nil {
+		return nil, err
 	}
 	if err := checkFreeText("by", req.GetBy(), maxQuarantineBy, false); err != nil {
 		return nil, err
 	}
 	c := s.c
 	var was nodeRecord
-	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) bool {
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) (bool, error) {
 		was = *r
 		if !r.Quarantined {
-			return false
+			return false, nil
 		}
 		r.Quarantined, r.QuarantineReason, r.QuarantinedBy, r.QuarantinedMs = false, "", "", 0
-		return true
+		return true, nil
 	})
 	if err != nil {
 		return nil, err
@@ -98,10 +98,11 @@ func checkFreeText(field, v string, max int, required bool) error {
 // updateNodeRecord applies edit to the node's record and writes it in one
 // Txn compared on the record's ModRevision (retried from a fresh read when
 // the record changed meanwhile, e.g. by a registration). edit returns false
-// to write nothing. It returns the node as stored and whether it wrote.
+// to write nothing, or an error (a gRPC status) to refuse: it is returned
+// as is. It returns the node as stored and whether it wrote.
 // Errors: NOT_FOUND when the region has no record of the node, ABORTED when
 // the record kept changing, UNAVAILABLE when etcd failed.
-func (c *Coordinator) updateNodeRecord(ctx context.Context, id string, edit func(*nodeRecord) bool) (*apiaryv1.Node, bool, error) {
+func (c *Coordinator) updateNodeRecord(ctx context.Context, id string, edit func(*nodeRecord) (bool, error)) (*apiaryv1.Node, bool, error) {
 	cctx, cancel := etcdCtx(ctx)
 	defer cancel()
 	key := keyNode(id)
@@ -123,7 +124,9 @@ func (c *Coordinator) updateNodeRecord(ctx context.Context, id string, edit func
 		if nv == nil || nv.rec == nil {
 			return nil, false, status.Errorf(codes.Internal, "node %s: its record does not decode", id)
 		}
-		if !edit(nv.rec) {
+		if write, err := edit(nv.rec); err != nil {
+			return nil, false, err
+		} else if !write {
 			return c.nodeProto(id, nv), false, nil
 		}
 		put, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", recKVs[0].ModRevision)).

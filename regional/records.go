@@ -66,8 +66,7 @@ type nodeRecord struct {
 	DrainBy         string `json:"drain_by,omitempty"`
 	// Ineligible nodes get no new placements (SetNodeEligibility; kept
 	// across registrations).
-	Ineligible   bool   `json:"ineligible,omitempty"`
-	IneligibleBy string `json:"ineligible_by,omitempty"`
+	Ineligible bool `json:"ineligible,omitempty"`
 	// Left is set by Deregister, with the ending of the epoch, when the
 	// agent shut down cleanly: the tasks it still held are requeued without
 	// charge.

@@ -261,14 +261,17 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 	seenLost := map[nodeEpoch]bool{}
 	for nodeID, keys := range c.byNode {
 		n := c.nodes[nodeID]
-		perEpoch := map[int64]int{}
-		for key := range keys {
-			perEpoch[c.tasks[key].rec.NodeEpoch]++
-		}
+		var perEpoch map[int64]int // active tasks per epoch, counted once a lost one is found
 		for key := range keys {
 			ct := c.tasks[key]
 			if n != nil && n.alive != 0 && n.alive == ct.rec.NodeEpoch {
 				continue
+			}
+			if perEpoch == nil {
+				perEpoch = map[int64]int{}
+				for k := range keys {
+					perEpoch[c.tasks[k].rec.NodeEpoch]++
+				}
 			}
 			ne := nodeEpoch{nodeID, ct.rec.NodeEpoch}
 			seenLost[ne] = true

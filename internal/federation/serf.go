@@ -43,7 +43,7 @@ type MemberConfig struct {
 // memberlist config, so every instance needs its own) with the tuned
 // timings and both log outputs routed to logger.
 func NewSerfConfig(mc MemberConfig) (*serf.Config, error) {
-	host, port, err := splitHostPort(mc.Bind, "wan-bind")
+	host, port, err := SplitHostPort(mc.Bind, "wan-bind")
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +60,7 @@ func NewSerfConfig(mc MemberConfig) (*serf.Config, error) {
 	ml.BindAddr, ml.BindPort = host, port
 	ml.AdvertiseAddr, ml.AdvertisePort = "", 0
 	if mc.Advertise != "" {
-		ah, ap, err := splitHostPort(mc.Advertise, "wan-advertise")
+		ah, ap, err := SplitHostPort(mc.Advertise, "wan-advertise")
 		if err != nil {
 			return nil, err
 		}
@@ -77,7 +77,9 @@ func NewSerfConfig(mc MemberConfig) (*serf.Config, error) {
 	return conf, nil
 }
 
-func splitHostPort(hp, field string) (string, int, error) {
+// SplitHostPort parses a serf bind or advertise address (an empty host is
+// 0.0.0.0, port 0..65535); errors name field and the rule.
+func SplitHostPort(hp, field string) (string, int, error) {
 	host, p, err := net.SplitHostPort(hp)
 	if err != nil {
 		return "", 0, fmt.Errorf("%s: %q must be host:port: %v", field, hp, err)

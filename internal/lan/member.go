@@ -66,11 +66,11 @@ type MemberConfig struct {
 // federation.NewSerfConfig's member, re-tuned for the LAN. Errors name the
 // field (lan-addr, lan-advertise, lan-key) and the rule.
 func NewSerfConfig(mc MemberConfig) (*serf.Config, error) {
-	if err := checkHostPort(mc.Bind, "lan-addr"); err != nil {
+	if _, _, err := federation.SplitHostPort(mc.Bind, "lan-addr"); err != nil {
 		return nil, err
 	}
 	if mc.Advertise != "" {
-		if err := checkHostPort(mc.Advertise, "lan-advertise"); err != nil {
+		if _, _, err := federation.SplitHostPort(mc.Advertise, "lan-advertise"); err != nil {
 			return nil, err
 		}
 	}
@@ -94,17 +94,6 @@ func NewSerfConfig(mc MemberConfig) (*serf.Config, error) {
 	ml.GossipInterval = GossipInterval
 	ml.SecretKey = mc.SecretKey
 	return conf, nil
-}
-
-func checkHostPort(hp, field string) error {
-	_, p, err := net.SplitHostPort(hp)
-	if err != nil {
-		return fmt.Errorf("%s: %q must be host:port: %v", field, hp, err)
-	}
-	if port, err := strconv.Atoi(p); err != nil || port < 0 || port > 65535 {
-		return fmt.Errorf("%s: port of %q must be 0..65535", field, hp)
-	}
-	return nil
 }
 
 // MemberName returns "<role>.<id>.<8 hex digits>", a name of its own for
