@@ -77,13 +77,3 @@ tasks:
 		t.Fatalf("escapee %d outlived the restart", esc)
 	}
 }
-
-// alive reports whether pid runs (not a zombie).
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
-}

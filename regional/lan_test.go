@@ -32,38 +32,6 @@ func lanRegion(t *testing.T) (*devcluster.Region, clients, string) {
 	return r, dial(t, r), metrics
 }
 
-// gated is a one-task job whose attempts append "start N" to dir/L, wait
-// for dir/go, then append "effect N".
-func gated(t *testing.T, dir string) *apiaryv1.JobSpec {
-	return spec(t, fmt.Sprintf(`
-name: gated
-max_attempts: 3
-tasks:
-  - name: work
-    command: sh
-    args: ["-c", "echo start $APIARY_ATTEMPT >> %[1]s/L; while [ ! -e %[1]s/go ]; do sleep 0.05; done; echo effect $APIARY_ATTEMPT >> %[1]s/L"]
-`, dir))
-}
-
-// runningAttempt waits until the job's task runs attempt n (RUNNING) and
-// returns it.
-func runningAttempt(t *testing.T, c clients, id string, n int32, timeout time.Duration) *apiaryv1.Task {
-	t.Helper()
-	var tk *apiaryv1.Task
-	testutil.Eventually(t, timeout, fmt.Sprintf("attempt %d running", n), func() error {
-		j, err := getJob(c, id)
-		if err != nil {
-			return err
-		}
-		tk = j.GetTasks()[0]
-		if tk.GetAttempt() != n || tk.GetState() != apiaryv1.TaskState_TASK_STATE_RUNNING {
-			return fmt.Errorf("attempt %d %s on %s", tk.GetAttempt(), tk.GetState(), tk.GetNodeId())
-		}
-		return nil
-	})
-	return tk
-}
-
 func fastReclaims(t *testing.T, metrics string) float64 {
 	return testutil.MetricSum(testutil.ScrapeMetrics(t, "http://"+metrics+"/metrics")["apiary_lan_fast_reclaims_total"])
 }
@@ -76,13 +44,13 @@ func fastReclaims(t *testing.T, metrics string) float64 {
 func TestLANAgentKilledRerunsBeforeLease(t *testing.T) {
 	r, c, metrics := lanRegion(t)
 	dir := t.TempDir()
-	id := submit(t, c, gated(t, dir))
-	first := runningAttempt(t, c, id, 1, 20*time.Second)
+	id := submit(t, c, spec(t, gatedJob(dir, 1, "max_attempts: 3")))
+	first := waitAttemptRunning(t, c, id, 0, 1, 20*time.Second)
 	if err := r.Agent(first.GetNodeId()).Kill(); err != nil {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	second := runningAttempt(t, c, id, 2, lanDeadline)
+	second := waitAttemptRunning(t, c, id, 0, 2, lanDeadline)
 	took := time.Since(t0)
 	t.Logf("SIGKILL of %s → attempt 2 RUNNING on %s after %v (node lease %v)", first.GetNodeId(), second.GetNodeId(), took.Round(time.Millisecond), lanLease)
 	if second.GetNodeId() == first.GetNodeId() {
@@ -91,9 +59,7 @@ func TestLANAgentKilledRerunsBeforeLease(t *testing.T) {
 	if n := fastReclaims(t, metrics); n < 1 {
 		t.Fatalf("apiary_lan_fast_reclaims_total = %v: the task moved, but not by the fast path", n)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	openGate(t, dir)
 	j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
 	as := j.GetTasks()[0].GetAttempts()
 	if len(as) != 2 || as[0].GetOutcome() != "lost" || as[1].GetOutcome() != "complete" {
@@ -114,8 +80,8 @@ func TestLANAgentKilledRerunsBeforeLease(t *testing.T) {
 func TestLANFalseSuspicionCommitsOnce(t *testing.T) {
 	r, c, metrics := lanRegion(t)
 	dir := t.TempDir()
-	id := submit(t, c, gated(t, dir))
-	first := runningAttempt(t, c, id, 1, 20*time.Second)
+	id := submit(t, c, spec(t, gatedJob(dir, 1, "max_attempts: 3")))
+	first := waitAttemptRunning(t, c, id, 0, 1, 20*time.Second)
 	victim := r.Agent(first.GetNodeId())
 	before := fastReclaims(t, metrics)
 	if err := victim.Pause(); err != nil {
@@ -141,15 +107,13 @@ func TestLANFalseSuspicionCommitsOnce(t *testing.T) {
 		}
 		return nil
 	})
-	runningAttempt(t, c, id, 2, 20*time.Second)
+	waitAttemptRunning(t, c, id, 0, 2, 20*time.Second)
 	waitReady(t, c, first.GetNodeId(), first.GetNodeEpoch()) // re-registered: a new epoch
-	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	openGate(t, dir)
 	j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
-	b, _ := os.ReadFile(filepath.Join(dir, "L"))
-	if got := strings.Count(string(b), "effect"); got != 1 || !strings.Contains(string(b), "effect 2") {
-		t.Fatalf("L holds %q: want one effect, by attempt 2", b)
+	b, _ := os.ReadFile(filepath.Join(dir, "L.0"))
+	if got := strings.Count(string(b), "done"); got != 1 || !strings.Contains(string(b), "done 2") {
+		t.Fatalf("L.0 holds %q: want one effect (done), by attempt 2", b)
 	}
 	tasks := logs(t, c, id)
 	if n := completions(tasks); n[0] != 1 {

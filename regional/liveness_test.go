@@ -15,10 +15,11 @@ import (
 	"apiary.dev/apiary/internal/testutil"
 )
 
-// gatedJob is a job of n tasks that each write "start" to <dir>/L.<index>,
-// wait until <dir>/go exists, then write "done": they run for as long as a
-// test needs them to and end when it says so. extra is more top-level YAML
-// (max_attempts is 1 unless extra sets it).
+// gatedJob is a job of n tasks whose attempts each write "start <attempt>"
+// to <dir>/L.<index>, wait until <dir>/go exists (openGate), then write
+// "done <attempt>": they run for as long as a test needs them to and end
+// when it says so. extra is more top-level YAML (max_attempts is 1 unless
+// extra sets it).
 func gatedJob(dir string, n int, extra string) string {
 	if !strings.Contains(extra, "max_attempts") {
 		extra += "\nmax_attempts: 1"
@@ -30,8 +31,32 @@ tasks:
   - name: work
     count: %[2]d
     command: sh
-    args: ["-c", "echo start >> %[1]s/L.$APIARY_TASK_INDEX; while [ ! -e %[1]s/go ]; do sleep 0.05; done; echo done >> %[1]s/L.$APIARY_TASK_INDEX"]
+    args: ["-c", "echo start $APIARY_ATTEMPT >> %[1]s/L.$APIARY_TASK_INDEX; while [ ! -e %[1]s/go ]; do sleep 0.05; done; echo done $APIARY_ATTEMPT >> %[1]s/L.$APIARY_TASK_INDEX"]
 `, dir, n, extra)
+}
+
+// oneGatedTask starts a region of two agents (region flags args), waits
+// for both nodes, submits a one-task gatedJob (extra YAML) and waits until
+// attempt 1 runs; it returns the region, its clients, the job's dir and id,
+// and the node running the task.
+func oneGatedTask(t *testing.T, extra string, args ...string) (*devcluster.Region, clients, string, string, string) {
+	t.Helper()
+	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents(), ExtraArgs: args})
+	c := dial(t, r)
+	if err := r.WaitNodes(t.Context(), 2); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	id := submit(t, c, spec(t, gatedJob(dir, 1, extra)))
+	return r, c, dir, id, waitAttemptRunning(t, c, id, 0, 1, 30*time.Second).GetNodeId()
+}
+
+// openGate lets gatedJob's tasks finish.
+func openGate(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // waitRunning waits until all n tasks of job id are RUNNING.
@@ -62,8 +87,8 @@ func checkOnce(t *testing.T, c clients, id, dir string, n int) {
 	done := completions(logs(t, c, id))
 	for i := 0; i < n; i++ {
 		b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("L.%d", i)))
-		if string(b) != "start\ndone\n" {
-			t.Errorf("task %d wrote %q, want one start and one done", i, b)
+		if string(b) != "start 1\ndone 1\n" {
+			t.Errorf("task %d wrote %q, want one start and one done, by attempt 1", i, b)
 		}
 		if done[int32(i)] != 1 {
 			t.Errorf("task %d has %d committed completions", i, done[int32(i)])
@@ -113,9 +138,7 @@ func TestRegionOutageKeepsRunningWork(t *testing.T) {
 			// kept, or adopted by new ones) and their tasks stay RUNNING.
 			waitRunning(t, c, id, n)
 			t.Logf("running again after %s", time.Since(t0))
-			if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			openGate(t, dir)
 			checkOnce(t, c, id, dir, n)
 			t.Logf("complete after %s", time.Since(t0))
 		})
@@ -154,9 +177,7 @@ func TestRegionOutageLongerThanLostAfter(t *testing.T) {
 	if err := r.RestartCoordinators(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	openGate(t, dir)
 	j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second)
 	done := completions(logs(t, c, id))
 	for _, tk := range j.GetTasks() {
@@ -168,8 +189,8 @@ func TestRegionOutageLongerThanLostAfter(t *testing.T) {
 			t.Errorf("task %d attempt 1 outcome %q, want lost", i, o)
 		}
 		b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("L.%d", i)))
-		if string(b) != "start\nstart\ndone\n" {
-			t.Errorf("task %d wrote %q, want two starts and one done", i, b)
+		if string(b) != "start 1\nstart 2\ndone 2\n" {
+			t.Errorf("task %d wrote %q, want two starts and one done, by attempt 2", i, b)
 		}
 	}
 }
@@ -205,24 +226,23 @@ func attemptOutcome(t *testing.T, c clients, id string, idx int, a int32) string
 	return ""
 }
 
-// waitAttemptRunning waits until task idx of job id runs attempt a and
-// returns its node.
-func waitAttemptRunning(t *testing.T, c clients, id string, idx int, a int32, timeout time.Duration) string {
+// waitAttemptRunning waits until task idx of job id runs attempt a
+// (RUNNING) and returns the task.
+func waitAttemptRunning(t *testing.T, c clients, id string, idx int, a int32, timeout time.Duration) *apiaryv1.Task {
 	t.Helper()
-	var node string
+	var tk *apiaryv1.Task
 	testutil.Eventually(t, timeout, fmt.Sprintf("task %d attempt %d running", idx, a), func() error {
 		j, err := getJob(c, id)
 		if err != nil {
 			return err
 		}
-		tk := j.GetTasks()[idx]
+		tk = j.GetTasks()[idx]
 		if tk.GetAttempt() != a || tk.GetState() != apiaryv1.TaskState_TASK_STATE_RUNNING {
 			return fmt.Errorf("task %d: attempt %d %s on %s", idx, tk.GetAttempt(), tk.GetState(), tk.GetNodeId())
 		}
-		node = tk.GetNodeId()
 		return nil
 	})
-	return node
+	return tk
 }
 
 // TestAgentPausedPastLease: an agent SIGSTOPped past its lease while the
@@ -234,21 +254,14 @@ func waitAttemptRunning(t *testing.T, c clients, id string, idx int, a int32, ti
 func TestAgentPausedPastLease(t *testing.T) {
 	t.Run("replaced", func(t *testing.T) {
 		t.Parallel()
-		_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents()})
-		c := dial(t, r)
-		if err := r.WaitNodes(t.Context(), 2); err != nil {
-			t.Fatal(err)
-		}
-		dir := t.TempDir()
 		// A node lost while the task ran alone on it is charged: give it a
 		// second attempt.
-		id := submit(t, c, spec(t, gatedJob(dir, 1, "max_attempts: 2")))
-		victim := waitAttemptRunning(t, c, id, 0, 1, 30*time.Second)
+		r, c, dir, id, victim := oneGatedTask(t, "max_attempts: 2")
 		p := r.Agent(victim)
 		if err := p.Pause(); err != nil {
 			t.Fatal(err)
 		}
-		other := waitAttemptRunning(t, c, id, 0, 2, 30*time.Second)
+		other := waitAttemptRunning(t, c, id, 0, 2, 30*time.Second).GetNodeId()
 		if other == victim {
 			t.Fatalf("attempt 2 placed on the paused node %s", victim)
 		}
@@ -264,9 +277,7 @@ func TestAgentPausedPastLease(t *testing.T) {
 			}
 			return nil
 		})
-		if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		openGate(t, dir)
 		j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
 		if a := j.GetTasks()[0].GetAttempt(); a != 2 {
 			t.Fatalf("completed by attempt %d, want 2", a)
@@ -278,20 +289,13 @@ func TestAgentPausedPastLease(t *testing.T) {
 			t.Fatalf("attempt 1 outcome %q, want lost", o)
 		}
 		b, _ := os.ReadFile(filepath.Join(dir, "L.0"))
-		if strings.Count(string(b), "done") != 1 {
-			t.Fatalf("L.0 = %q, want one done (the stale attempt must not finish)", b)
+		if strings.Count(string(b), "done") != 1 || !strings.Contains(string(b), "done 2") {
+			t.Fatalf("L.0 = %q, want one done, by attempt 2 (the stale attempt must not finish)", b)
 		}
 	})
 	t.Run("not_replaced", func(t *testing.T) {
 		t.Parallel()
-		_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents()})
-		c := dial(t, r)
-		if err := r.WaitNodes(t.Context(), 2); err != nil {
-			t.Fatal(err)
-		}
-		dir := t.TempDir()
-		id := submit(t, c, spec(t, gatedJob(dir, 1, "disconnect: {lost_after: 20s, replace: false}")))
-		victim := waitAttemptRunning(t, c, id, 0, 1, 30*time.Second)
+		r, c, dir, id, victim := oneGatedTask(t, "disconnect: {lost_after: 20s, replace: false}")
 		pids := taskProcs(id, 0, 1)
 		p := r.Agent(victim)
 		if err := p.Pause(); err != nil {
@@ -322,9 +326,7 @@ func TestAgentPausedPastLease(t *testing.T) {
 			}
 			return nil
 		})
-		if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		openGate(t, dir)
 		j = waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
 		if tk := j.GetTasks()[0]; tk.GetAttempt() != 1 || tk.GetNodeId() != victim {
 			t.Fatalf("completed by attempt %d on %s, want the original attempt 1 on %s", tk.GetAttempt(), tk.GetNodeId(), victim)
@@ -333,7 +335,7 @@ func TestAgentPausedPastLease(t *testing.T) {
 			t.Fatalf("attempt 1 processes before %v, after completion %v", pids, still)
 		}
 		b, _ := os.ReadFile(filepath.Join(dir, "L.0"))
-		if string(b) != "start\ndone\n" {
+		if string(b) != "start 1\ndone 1\n" {
 			t.Fatalf("L.0 = %q, want the one attempt's start and done", b)
 		}
 	})
@@ -344,14 +346,7 @@ func TestAgentPausedPastLease(t *testing.T) {
 // job has max_attempts: 1 and still completes), and its lease is released
 // so the node is DOWN without waiting for the lease.
 func TestAgentSIGTERMHandsBackWork(t *testing.T) {
-	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents(), ExtraArgs: []string{"--failover-grace", "0s"}})
-	c := dial(t, r)
-	if err := r.WaitNodes(t.Context(), 2); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	id := submit(t, c, spec(t, gatedJob(dir, 1, "")))
-	victim := waitAttemptRunning(t, c, id, 0, 1, 30*time.Second)
+	r, c, dir, id, victim := oneGatedTask(t, "", "--failover-grace", "0s")
 	p := r.Agent(victim)
 	p.Stop(20 * time.Second)
 	if p.Running() {
@@ -364,9 +359,7 @@ func TestAgentSIGTERMHandsBackWork(t *testing.T) {
 	if o := attemptOutcome(t, c, id, 0, 1); o != "drained" {
 		t.Fatalf("attempt 1 outcome %q, want drained", o)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	openGate(t, dir)
 	waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
 }
 
@@ -376,15 +369,8 @@ func TestAgentSIGTERMHandsBackWork(t *testing.T) {
 // the agent registering again; --cancel leaves the node ineligible until
 // `node eligibility --enable`.
 func TestOperatorDrain(t *testing.T) {
-	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents()})
-	c := dial(t, r)
-	if err := r.WaitNodes(t.Context(), 2); err != nil {
-		t.Fatal(err)
-	}
+	r, c, dir, id, victim := oneGatedTask(t, "")
 	addr := r.Addr()
-	dir := t.TempDir()
-	id := submit(t, c, spec(t, gatedJob(dir, 1, "")))
-	victim := waitAttemptRunning(t, c, id, 0, 1, 30*time.Second)
 	res := runApiary(t, "node", "drain", victim, "--deadline", "2s", "--addr", addr)
 	if res.code != 0 || !strings.Contains(res.stdout, "draining: running attempts stop at") {
 		t.Fatalf("node drain: exit %d\n%s%s", res.code, res.stdout, res.stderr)
@@ -394,7 +380,7 @@ func TestOperatorDrain(t *testing.T) {
 	if res.code != 0 || !regexp.MustCompile(`(?m)^\S+\s+`+victim+`\s+READY.*DRAINING until`).MatchString(res.stdout) {
 		t.Fatalf("node list does not show %s draining: exit %d\n%s%s", victim, res.code, res.stdout, res.stderr)
 	}
-	other := waitAttemptRunning(t, c, id, 0, 2, 30*time.Second)
+	other := waitAttemptRunning(t, c, id, 0, 2, 30*time.Second).GetNodeId()
 	if other == victim || time.Since(drainedAt) < 2*time.Second {
 		t.Fatalf("attempt 2 on %s %s after the drain (deadline 2s)", other, time.Since(drainedAt))
 	}
@@ -435,9 +421,7 @@ func TestOperatorDrain(t *testing.T) {
 	if res.code != 0 || !strings.Contains(res.stdout, "is eligible") {
 		t.Fatalf("eligibility --enable: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	openGate(t, dir)
 	j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
 	if done := completions(logs(t, c, id)); done[0] != 1 || j.GetTasks()[0].GetAttempt() != 2 {
 		t.Fatalf("completions %v, attempt %d", done, j.GetTasks()[0].GetAttempt())

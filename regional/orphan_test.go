@@ -105,12 +105,19 @@ func procsWithEnv(entries ...string) []int {
 		if !match {
 			continue
 		}
-		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
-			if i := bytes.LastIndexByte(st, ')'); i >= 0 && i+2 < len(st) && (st[i+2] == 'Z' || st[i+2] == 'X') {
-				continue
-			}
+		if alive(pid) {
+			pids = append(pids, pid)
 		}
-		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// alive reports whether pid runs (exists and is not a zombie).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
