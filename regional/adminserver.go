@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"sort"
+	"time"
 
 	"github.com/hashicorp/serf/serf"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -52,6 +53,14 @@ func (c *Coordinator) nodeProto(id string, nv *nodeView) *apiaryv1.Node {
 		Draining: r.Draining, DrainDeadlineMs: r.DrainDeadlineMs, Ineligible: r.Ineligible,
 		Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{},
 		Region: c.meta.Region}
+	if h := nv.health; nv.autoQuarantined() {
+		q := h.Quarantine
+		n.Quarantined, n.QuarantineReason, n.QuarantinedBy, n.QuarantinedTimeMs = true, q.Reason, autoQuarantineBy, q.SinceMs
+		n.QuarantineAutomatic, n.QuarantineProbeTimeMs = true, q.ProbeAtMs
+	}
+	n.QuarantineStrikes = nv.health.Strikes
+	tot := nv.health.Totals(c.cfg.Quarantine, time.Now().UnixMilli())
+	n.RecentAttempts, n.RecentFailures = int32(tot.Attempts), int32(tot.Failures)
 	if nv.ready() {
 		n.Status = apiaryv1.NodeStatus_NODE_STATUS_READY
 		if u := nv.usage; u != nil && u.Epoch == r.Epoch {

@@ -19,6 +19,7 @@ import (
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/priority"
+	"apiary.dev/apiary/regional/nodehealth"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
@@ -96,7 +97,13 @@ type capacityState struct {
 	sizes     []federation.Res // distinct capacities of registered nodes
 	gpuModels map[string]bool  // GPU models of registered nodes
 	nodesSeen int
-	pending   map[string]int64 // by class, from the last read (-1 unknown)
+	// live counts the ready nodes and health holds every node's
+	// attribution record, from the last read: the rest of the region
+	// that nodehealth's outlier rule compares a node with, and the share
+	// guard's denominator.
+	live    int
+	health  map[string]nodehealth.Record
+	pending map[string]int64 // by class, from the last read (-1 unknown)
 	// extra holds the jobs this coordinator accepted that the last read
 	// did not see yet (job id → class and task count).
 	extra map[string]localJob
@@ -157,9 +164,16 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	var sum federation.Capacity
 	seen := map[federation.Res]bool{}
 	var sizes []federation.Res
-	nodesSeen := 0
+	nodesSeen, live := 0, 0
 	models := map[string]bool{}
-	for _, nv := range decodeNodes(resp.Responses[0].GetResponseRange().Kvs) {
+	health := map[string]nodehealth.Record{}
+	for id, nv := range decodeNodes(resp.Responses[0].GetResponseRange().Kvs) {
+		if nv.healthRev != 0 {
+			health[id] = nv.health
+		}
+		if nv.ready() {
+			live++
+		}
 		r := nv.rec
 		if r == nil || r.Capacity == nil {
 			continue
@@ -176,7 +190,7 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		sum.Largest.CPUMillis = max(sum.Largest.CPUMillis, size.CPUMillis)
 		sum.Largest.MemoryMiB = max(sum.Largest.MemoryMiB, size.MemoryMiB)
 		sum.Largest.GPUs = max(sum.Largest.GPUs, size.GPUs)
-		if !nv.ready() || r.noPlacements() {
+		if !nv.ready() || nv.noPlacements() {
 			continue
 		}
 		sum.NodesReady++
@@ -211,6 +225,7 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	}
 	st.mu.Lock()
 	st.readOK, st.readAt, st.cap, st.sizes, st.gpuModels, st.nodesSeen, st.pending = true, time.Now(), sum, sizes, models, nodesSeen, pending
+	st.live, st.health = live, health
 	st.lastSeen = seenJobs
 	if !bounded {
 		clear(st.extra)

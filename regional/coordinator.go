@@ -30,6 +30,7 @@ import (
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/nodehealth"
 	"apiary.dev/apiary/shards"
 )
 
@@ -76,6 +77,10 @@ type Config struct {
 	// JobRetention is how long a finished job is kept before its records are
 	// deleted (default 24 h; negative keeps jobs forever).
 	JobRetention time.Duration
+	// Quarantine is the per-node failure attribution and automatic
+	// quarantine policy (docs/architecture.md, "Bad nodes"); zero fields
+	// take nodehealth.DefaultConfig's values.
+	Quarantine nodehealth.Config
 	// Placer overrides the placement engine (tests).
 	Placer placement.Placer
 	// SchedulerPolicy is the region's default scoring policy.
@@ -146,6 +151,10 @@ func (c *Config) validate() error {
 	if c.FailoverGrace == 0 {
 		c.FailoverGrace = DefaultFailoverGrace
 	}
+	if err := c.Quarantine.Validate(); err != nil {
+		return err
+	}
+	c.Quarantine = c.Quarantine.WithDefaults()
 	if c.DefaultLostAfter < 0 {
 		return fmt.Errorf("default-lost-after: must be > 0, got %s", c.DefaultLostAfter)
 	}

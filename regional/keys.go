@@ -19,21 +19,25 @@ import (
 //	/apiary/nodes/<nodeID>                    node record: labels, capacity, epoch, lease
 //	/apiary/nodes/<nodeID>/alive              under the node's lease; CreateRevision = node epoch
 //	/apiary/nodes/<nodeID>/usage              allocated resources; ModRevision is the placement CAS version
+//	/apiary/nodes/<nodeID>/health             attempt outcomes in the attribution window, automatic quarantine (nodehealth.Record)
+//	/apiary/quarantine                        ids of the automatically quarantined nodes (the share guard's count)
 //	/apiary/dedup/<clientID>/<requestID>      job id and payload hash of a submission
 const (
-	root         = "/apiary/"
-	keyMeta      = root + "meta"
-	prefMembers  = root + "members/"
-	prefOwner    = root + "shards/owner"
-	prefJobs     = root + "jobs/"
-	prefTasks    = root + "tasks/"
-	prefResults  = root + "results/"
-	prefAssign   = root + "assign/"
-	prefNodes    = root + "nodes/"
-	prefDedup    = root + "dedup/"
-	suffixAlive  = "/alive"
-	suffixUsage  = "/usage"
-	shardPadding = 5
+	root             = "/apiary/"
+	keyMeta          = root + "meta"
+	prefMembers      = root + "members/"
+	prefOwner        = root + "shards/owner"
+	prefJobs         = root + "jobs/"
+	prefTasks        = root + "tasks/"
+	prefResults      = root + "results/"
+	prefAssign       = root + "assign/"
+	prefNodes        = root + "nodes/"
+	prefDedup        = root + "dedup/"
+	keyQuarantineSet = root + "quarantine"
+	suffixAlive      = "/alive"
+	suffixUsage      = "/usage"
+	suffixHealth     = "/health"
+	shardPadding     = 5
 )
 
 func shardStr(s int) string { return fmt.Sprintf("%0*d", shardPadding, s) }
@@ -65,6 +69,7 @@ func keyAssign(nodeID, jobID string, index int32) string {
 func keyNode(nodeID string) string       { return prefNodes + nodeID }
 func keyNodeAlive(nodeID string) string  { return prefNodes + nodeID + suffixAlive }
 func keyNodeUsage(nodeID string) string  { return prefNodes + nodeID + suffixUsage }
+func keyNodeHealth(nodeID string) string { return prefNodes + nodeID + suffixHealth }
 func keyMember(coordID string) string    { return prefMembers + coordID }
 func keyDedup(client, req string) string { return prefDedup + client + "/" + req }
 
@@ -76,6 +81,7 @@ const (
 	nodeRecordKey nodeKind = "record" // /apiary/nodes/<id>
 	nodeAliveKey  nodeKind = "alive"  // /apiary/nodes/<id>/alive
 	nodeUsageKey  nodeKind = "usage"  // /apiary/nodes/<id>/usage
+	nodeHealthKey nodeKind = "health" // /apiary/nodes/<id>/health
 )
 
 // nodeKeyKind splits a key under /apiary/nodes/ into node id and kind; ok is
@@ -93,6 +99,8 @@ func nodeKeyKind(key string) (nodeID string, kind nodeKind, ok bool) {
 		return id, nodeAliveKey, true
 	case "/"+sub == suffixUsage:
 		return id, nodeUsageKey, true
+	case "/"+sub == suffixHealth:
+		return id, nodeHealthKey, true
 	}
 	return "", "", false
 }

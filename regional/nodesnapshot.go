@@ -2,6 +2,7 @@ package regional
 
 import (
 	"sort"
+	"time"
 
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/taskstate"
@@ -26,6 +27,9 @@ type nodeSnapshot struct {
 	// use caches each node's usage, recomputed for the nodes in
 	// cache.useDirty and for all when the node set changes.
 	use map[string]nodeUse
+	// auto lists the entries of the nodes under an automatic quarantine
+	// (canaries decides, each round, whether one may take its canary).
+	auto []*placement.Node
 }
 
 func newNodeSnapshot(cache *ownerCache, jurisdiction string) *nodeSnapshot {
@@ -158,12 +162,15 @@ func (ns *nodeSnapshot) build() *placement.Snapshot {
 			}
 		}
 		sort.Strings(ids)
-		ns.nodes = ns.nodes[:0]
+		ns.nodes, ns.auto = ns.nodes[:0], ns.auto[:0]
 		ns.idx = make(map[string]*placement.Node, len(ids))
 		for _, id := range ids {
 			pn := placementNode(c.nodes[id], ns.jurisdiction)
 			ns.nodes = append(ns.nodes, pn)
 			ns.idx[id] = pn
+			if c.nodes[id].autoQuarantined() {
+				ns.auto = append(ns.auto, pn)
+			}
 		}
 		// Every node's usage is recomputed: the cache may hold nodes that
 		// left and epochs that moved.
@@ -181,6 +188,41 @@ func (ns *nodeSnapshot) build() *placement.Snapshot {
 		}
 	}
 	return &placement.Snapshot{Generation: ns.gen, Nodes: ns.nodes}
+}
+
+// canaries applies the automatic quarantines to the snapshot at nowMs: a
+// quarantined node whose canary is due (nodehealth.Quarantine.CanaryDue:
+// the backoff passed and none of its active attempts was assigned since)
+// is offered for exactly one more task, the canary, whose outcome releases
+// it or pushes the next canary out (health.go); the others stay
+// quarantined. It returns how long until the next canary falls due (0:
+// none), so that the round after it is not later.
+func (ns *nodeSnapshot) canaries(nowMs int64) time.Duration {
+	c := ns.cache
+	var next time.Duration
+	for _, pn := range ns.auto {
+		n := c.nodes[pn.ID]
+		q := n.health.Quarantine
+		latest := int64(0)
+		for key := range c.byNode[n.id] {
+			if ct := c.tasks[key]; ct != nil && ct.rec.NodeEpoch == n.alive && taskstate.Active(ct.rec.State) {
+				latest = max(latest, ct.rec.AssignedMs)
+			}
+		}
+		pn.Quarantined, pn.MaxTasks = true, int(n.rec.MaxTasks)
+		switch {
+		case q.CanaryDue(nowMs, latest):
+			pn.Quarantined, pn.MaxTasks = false, pn.RunningTasks+1
+			if n.rec.MaxTasks > 0 {
+				pn.MaxTasks = min(pn.MaxTasks, int(n.rec.MaxTasks))
+			}
+		case q.ProbeAtMs > nowMs:
+			if d := time.Duration(q.ProbeAtMs-nowMs) * time.Millisecond; next == 0 || d < next {
+				next = d
+			}
+		}
+	}
+	return next
 }
 
 // setUsage copies a node's usage into its snapshot entry.

@@ -159,18 +159,20 @@ func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 		if !ok {
 			return
 		}
-		if kind != nodeUsageKey {
-			// Node set, labels or capacity may change: the placement
-			// engine must rebuild its per-snapshot indexes.
-			c.nodesGen++
-		}
 		n := c.nodes[id]
 		if n == nil {
 			n = &cNode{id: id}
 			c.nodes[id] = n
 		}
+		q := n.health.Quarantine
 		if err := n.apply(kind, kv, deleted); err != nil {
 			c.skip("node", key, err)
+		}
+		// Node set, labels, capacity or quarantine may change: the
+		// placement engine must rebuild its per-snapshot indexes. Usage
+		// and the outcomes a health record counts do not change them.
+		if kind != nodeUsageKey && (kind != nodeHealthKey || (q == nil) != (n.health.Quarantine == nil)) {
+			c.nodesGen++
 		}
 	}
 }

@@ -25,6 +25,9 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		return next, nil
 	}
 	snap := s.snap.build()
+	if d := s.snap.canaries(nowMs); d > 0 && d < next {
+		next = d
+	}
 	// used accumulates the usage of the nodes this round's plan writes.
 	used := map[string]usageRecord{}
 	if len(snap.Nodes) == 0 {

@@ -24,7 +24,7 @@ func placementNode(n *cNode, jurisdiction string) *placement.Node {
 	}
 	return &placement.Node{ID: n.id, Labels: labels,
 		Capacity: placement.Resources{CPUMillis: n.rec.Capacity.GetCpuMillis(), MemoryMiB: n.rec.Capacity.GetMemoryMb(), GPUs: int(n.rec.Capacity.GetGpus())},
-		GPUModel: n.rec.GPUModel, MaxTasks: int(n.rec.MaxTasks), Quarantined: n.rec.Quarantined,
+		GPUModel: n.rec.GPUModel, MaxTasks: int(n.rec.MaxTasks), Quarantined: n.rec.Quarantined || n.health.Quarantine != nil,
 		Ineligible: n.rec.Draining || n.rec.Ineligible}
 }
 

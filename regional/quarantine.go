@@ -2,6 +2,7 @@ package regional
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/nodehealth"
 )
 
 // Limits of the operator's quarantine fields (bytes).
@@ -51,8 +53,10 @@ func (s *adminServer) QuarantineNode(ctx context.Context, req *apiaryv1.Quaranti
 	return &apiaryv1.QuarantineNodeResponse{Node: n}, nil
 }
 
-// ReleaseNode clears a node's quarantine (see the RPC's doc in
-// apiary.proto).
+// ReleaseNode clears a node's quarantine, an operator's and an automatic
+// one alike (see the RPC's doc in apiary.proto); an automatic quarantine's
+// strikes are kept, so that a node quarantined again soon waits longer for
+// its canary.
 func (s *adminServer) ReleaseNode(ctx context.Context, req *apiaryv1.ReleaseNodeRequest) (*apiaryv1.ReleaseNodeResponse, error) {
 	if err := checkNodeID(req.GetNodeId()); err != nil {
 		return nil, err
@@ -62,9 +66,12 @@ func (s *adminServer) ReleaseNode(ctx context.Context, req *apiaryv1.ReleaseNode
 	}
 	c := s.c
 	var was nodeRecord
-	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) (bool, error) {
-		was = *r
-		if !r.Quarantined {
+	var wasAuto *nodehealth.Quarantine
+	n, changed, err := c.updateNode(ctx, req.GetNodeId(), func(r *nodeRecord, h *nodehealth.Record) (bool, error) {
+		was, wasAuto = *r, h.Quarantine
+		released := false
+		*h, released = h.Release(time.Now().UnixMilli())
+		if !r.Quarantined && !released {
 			return false, nil
 		}
 		r.Quarantined, r.QuarantineReason, r.QuarantinedBy, r.QuarantinedMs = false, "", "", 0
@@ -74,8 +81,12 @@ func (s *adminServer) ReleaseNode(ctx context.Context, req *apiaryv1.ReleaseNode
 		return nil, err
 	}
 	if changed {
-		c.log.Info("node released from quarantine", "node", req.GetNodeId(), "by", req.GetBy(),
-			"reason_was", was.QuarantineReason, "quarantined_for", time.Since(time.UnixMilli(was.QuarantinedMs)).Round(time.Second).String())
+		reason, since := was.QuarantineReason, was.QuarantinedMs
+		if !was.Quarantined && wasAuto != nil {
+			reason, since = wasAuto.Reason, wasAuto.SinceMs
+		}
+		c.log.Info("node released from quarantine", "node", req.GetNodeId(), "by", req.GetBy(), "automatic", wasAuto != nil,
+			"reason_was", reason, "quarantined_for", time.Since(time.UnixMilli(since)).Round(time.Second).String())
 	}
 	return &apiaryv1.ReleaseNodeResponse{Node: n, WasQuarantined: changed}, nil
 }
@@ -103,17 +114,26 @@ func checkFreeText(field, v string, max int, required bool) error {
 // Errors: NOT_FOUND when the region has no record of the node, ABORTED when
 // the record kept changing, UNAVAILABLE when etcd failed.
 func (c *Coordinator) updateNodeRecord(ctx context.Context, id string, edit func(*nodeRecord) (bool, error)) (*apiaryv1.Node, bool, error) {
+	return c.updateNode(ctx, id, func(r *nodeRecord, _ *nodehealth.Record) (bool, error) { return edit(r) })
+}
+
+// updateNode is updateNodeRecord whose edit may also change the node's
+// health record (nodehealth); when an automatic quarantine begins or ends
+// the region's quarantine set follows, in the same Txn, compared on the
+// ModRevision of all three.
+func (c *Coordinator) updateNode(ctx context.Context, id string, edit func(*nodeRecord, *nodehealth.Record) (bool, error)) (*apiaryv1.Node, bool, error) {
 	cctx, cancel := etcdCtx(ctx)
 	defer cancel()
 	key := keyNode(id)
-	read := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(keyNodeAlive(id)), clientv3.OpGet(keyNodeUsage(id))}
+	read := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(keyNodeAlive(id)), clientv3.OpGet(keyNodeUsage(id)),
+		clientv3.OpGet(keyNodeHealth(id)), clientv3.OpGet(keyQuarantineSet)}
 	for i := 0; i < 4; i++ {
 		resp, err := c.cli.Txn(cctx).Then(read...).Commit()
 		if err != nil {
 			return nil, false, status.Errorf(codes.Unavailable, "read node %s: %v", id, err)
 		}
 		var kvs []*mvccpb.KeyValue
-		for _, r := range resp.Responses {
+		for _, r := range resp.Responses[:4] {
 			kvs = append(kvs, r.GetResponseRange().Kvs...)
 		}
 		recKVs := resp.Responses[0].GetResponseRange().Kvs
@@ -124,13 +144,37 @@ func (c *Coordinator) updateNodeRecord(ctx context.Context, id string, edit func
 		if nv == nil || nv.rec == nil {
 			return nil, false, status.Errorf(codes.Internal, "node %s: its record does not decode", id)
 		}
-		if write, err := edit(nv.rec); err != nil {
+		hs := newHealthState()
+		for _, kv := range resp.Responses[4].GetResponseRange().Kvs {
+			if _, err := hs.fold(string(kv.Key), kv.Value, kv.ModRevision); err != nil {
+				return nil, false, status.Errorf(codes.Internal, "node %s: %v", id, err)
+			}
+		}
+		healthWas := nv.health
+		if write, err := edit(nv.rec, &nv.health); err != nil {
 			return nil, false, err
 		} else if !write {
 			return c.nodeProto(id, nv), false, nil
 		}
-		put, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", recKVs[0].ModRevision)).
-			Then(clientv3.OpPut(key, mustJSON(nv.rec))).Commit()
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", recKVs[0].ModRevision)}
+		ops := []clientv3.Op{clientv3.OpPut(key, mustJSON(nv.rec))}
+		if !reflect.DeepEqual(healthWas, nv.health) {
+			nh := hs.node(id)
+			nh.rec, nh.rev, nh.changed = nv.health, nv.healthRev, true
+			if _, in := hs.set.Nodes[id]; in != (nv.health.Quarantine != nil) {
+				if nv.health.Quarantine == nil {
+					delete(hs.set.Nodes, id)
+				} else {
+					if hs.set.Nodes == nil {
+						hs.set.Nodes = map[string]int64{}
+					}
+					hs.set.Nodes[id] = nv.health.Quarantine.SinceMs
+				}
+				hs.setMod = true
+			}
+			cmps, ops = hs.writes(cmps, ops)
+		}
+		put, err := c.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			return nil, false, status.Errorf(codes.Unavailable, "write node %s: %v", id, err)
 		}

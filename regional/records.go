@@ -9,6 +9,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/nodehealth"
 )
 
 // jobRecord is /apiary/jobs/<s>/<jobID>. Its state is never stored: it is
@@ -156,6 +157,24 @@ type nodeView struct {
 	alive    int64
 	usage    *usageRecord
 	usageRev int64
+	// health is the node's attribution record (zero when it has none) and
+	// healthRev its ModRevision (0: no key).
+	health    nodehealth.Record
+	healthRev int64
+}
+
+// autoQuarantined reports whether the node is quarantined automatically
+// (and no operator's quarantine holds it: that one wins and is never
+// probed).
+func (n *nodeView) autoQuarantined() bool {
+	return n.health.Quarantine != nil && (n.rec == nil || !n.rec.Quarantined)
+}
+
+// noPlacements reports whether the node takes no new placements: its
+// record's reasons (noPlacements) or an automatic quarantine (whose
+// canary is the placement input's business, nodeSnapshot).
+func (n *nodeView) noPlacements() bool {
+	return n.rec == nil || n.rec.noPlacements() || n.health.Quarantine != nil
 }
 
 // ready reports whether the node may take placements: its lease is alive and
@@ -197,6 +216,16 @@ func (n *nodeView) apply(kind nodeKind, kv *mvccpb.KeyValue, deleted bool) error
 			return fmt.Errorf("node usage %s: %w", kv.Key, err)
 		}
 		n.usage, n.usageRev = &u, kv.ModRevision
+	case nodeHealthKey:
+		if deleted {
+			n.health, n.healthRev = nodehealth.Record{}, 0
+			return nil
+		}
+		var h nodehealth.Record
+		if err := json.Unmarshal(kv.Value, &h); err != nil {
+			return fmt.Errorf("node health %s: %w", kv.Key, err)
+		}
+		n.health, n.healthRev = h, kv.ModRevision
 	}
 	return nil
 }

@@ -58,6 +58,7 @@ type reportRead struct {
 	order  []string
 	alive  map[string]int64 // node id -> current epoch
 	tokens map[string]int64 // assignment key -> CreateRevision
+	health *healthState     // the reporting nodes' health (health.go)
 }
 
 // reportTaskKey is the key of the task a report is about.
@@ -133,7 +134,7 @@ func (c *Coordinator) commitReports(batch []*reportItem, answer bool) (bool, err
 		return fail(err)
 	}
 	answers, outcomes := c.decideReports(batch, rd, time.Now().UnixMilli())
-	if cmps, ops := rd.writes(); len(ops) > 0 {
+	if cmps, ops := rd.health.writes(rd.writes()); len(ops) > 0 {
 		wresp, err := c.txnRetry(ctx, func(actx context.Context) (*clientv3.TxnResponse, error) {
 			return c.cli.Txn(actx).If(cmps...).Then(ops...).Commit()
 		})
@@ -144,6 +145,7 @@ func (c *Coordinator) commitReports(batch []*reportItem, answer bool) (bool, err
 			return false, nil
 		}
 	}
+	c.announce(rd.health)
 	for i, it := range batch {
 		c.observeReport(it.req, answers[i], rd.states[c.reportTaskKey(it.req)], outcomes[i], start)
 		it.done <- answers[i]
@@ -156,9 +158,11 @@ func (c *Coordinator) commitReports(batch []*reportItem, answer bool) (bool, err
 // reporting node's alive key. A task or job record that does not decode
 // fails the batch.
 func (c *Coordinator) readReports(ctx context.Context, batch []*reportItem) (*reportRead, error) {
-	rd := &reportRead{states: map[string]*reportState{}, alive: map[string]int64{}, tokens: map[string]int64{}}
+	rd := &reportRead{states: map[string]*reportState{}, alive: map[string]int64{}, tokens: map[string]int64{},
+		health: newHealthState()}
 	var reads []clientv3.Op
 	nodes := map[string]bool{}
+	var nodeIDs []string
 	for _, it := range batch {
 		shard := shards.Of(it.req.GetJobId(), c.meta.ShardCount)
 		k := keyTask(shard, it.req.GetJobId(), it.req.GetTaskIndex())
@@ -173,9 +177,11 @@ func (c *Coordinator) readReports(ctx context.Context, batch []*reportItem) (*re
 		}
 		if !nodes[it.req.GetNodeId()] {
 			nodes[it.req.GetNodeId()] = true
+			nodeIDs = append(nodeIDs, it.req.GetNodeId())
 			reads = append(reads, clientv3.OpGet(keyNodeAlive(it.req.GetNodeId())))
 		}
 	}
+	reads = append(reads, healthReads(nodeIDs)...)
 	resp, err := c.txnRetry(ctx, func(actx context.Context) (*clientv3.TxnResponse, error) {
 		return c.cli.Txn(actx).Then(reads...).Commit()
 	})
@@ -201,6 +207,12 @@ func (c *Coordinator) readReports(ctx context.Context, batch []*reportItem) (*re
 			case isAssignKey(key):
 				rd.tokens[key] = kv.CreateRevision
 			default:
+				if ok, err := rd.health.fold(key, kv.Value, kv.ModRevision); ok {
+					if err != nil {
+						return nil, err
+					}
+					continue
+				}
 				if id, kind, ok := nodeKeyKind(key); ok && kind == nodeAliveKey {
 					rd.alive[id] = kv.CreateRevision
 				}
@@ -230,16 +242,20 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: "job record not found"}
 			continue
 		}
+		blame := c.blame(rd.health, r, nowMs)
 		reportRNG.Lock()
 		res := taskstate.ApplyReport(st.task, policyOf(st.job.Spec, st.task.Group), taskstate.Report{
 			Kind: r.GetKind(), NodeID: r.GetNodeId(), NodeEpoch: r.GetNodeEpoch(), Attempt: r.GetAttempt(),
 			ExitCode: r.GetExitCode(), Error: r.GetError(), StartMs: r.GetStartTimeMs(), EndMs: r.GetEndTimeMs(),
-			Fault: r.GetFault(),
+			Fault: r.GetFault(), Blame: blame,
 		}, rd.alive[r.GetNodeId()], nowMs, reportRNG.r)
 		reportRNG.Unlock()
 		if res.Rejected != "" {
 			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: res.Rejected}
 			continue
+		}
+		if failed := res.Fault != apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED; failed || res.Outcome == taskstate.OutcomeComplete {
+			c.observe(rd.health, r.GetNodeId(), r.GetJobId(), failed, st.task.AssignedMs, nowMs)
 		}
 		token := rd.tokens[keyAssign(r.GetNodeId(), r.GetJobId(), r.GetTaskIndex())]
 		if res.Task.FencingToken == 0 && taskstate.Active(res.Task.State) {
@@ -253,7 +269,7 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 				NodeEpoch: r.GetNodeEpoch(), FencingToken: token, Outcome: res.Outcome, ExitCode: r.GetExitCode(),
 				Error: firstNonEmpty(r.GetError(), res.Task.Error), StdoutTail: r.GetStdoutTail(), StderrTail: r.GetStderrTail(),
 				StartTimeMs: firstNonZero(r.GetStartTimeMs(), st.task.StartedMs), EndTimeMs: firstNonZero(r.GetEndTimeMs(), nowMs),
-				Fault: attemptFault(r)})
+				Fault: res.Fault})
 		}
 		st.task, st.changed = res.Task, true
 		st.release = st.release || res.Released
@@ -289,19 +305,6 @@ func (rd *reportRead) writes() ([]clientv3.Cmp, []clientv3.Op) {
 		}
 	}
 	return cmps, ops
-}
-
-// attemptFault is the fault recorded on the attempt result of report r: the
-// agent's classification of a start failure, JOB for an unclassified one
-// (older agents; the rule taskstate applies), UNSPECIFIED for other kinds.
-func attemptFault(r *apiaryv1.ReportTaskStatusRequest) apiaryv1.FailureFault {
-	if r.GetKind() != apiaryv1.ReportKind_REPORT_KIND_START_FAILED {
-		return apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED
-	}
-	if r.GetFault() == apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED {
-		return apiaryv1.FailureFault_FAILURE_FAULT_JOB
-	}
-	return r.GetFault()
 }
 
 func firstNonEmpty(a, b string) string {

@@ -211,7 +211,7 @@ func (s *scheduler) updateGauges(now time.Time) {
 		} else if n.rec != nil {
 			lost++
 		}
-		if n.rec != nil && n.rec.Quarantined {
+		if n.rec != nil && (n.rec.Quarantined || n.health.Quarantine != nil) {
 			quarantined++
 		}
 	}

@@ -725,12 +725,7 @@ func printLogs(w io.Writer, tasks []*apiaryv1.Task) {
 			if outcome == "" {
 				outcome = "running"
 			}
-			switch a.GetFault() {
-			case apiaryv1.FailureFault_FAILURE_FAULT_NODE:
-				outcome += " (could not start: node fault)"
-			case apiaryv1.FailureFault_FAILURE_FAULT_JOB:
-				outcome += " (could not start: job fault)"
-			}
+			outcome += faultNote(a)
 			fmt.Fprintf(w, "--- attempt %d on %s: %s, exit %d%s", a.GetAttempt(), cell(a.GetNodeId(), 0), outcome, a.GetExitCode(), dur)
 			if a.GetError() != "" {
 				fmt.Fprintf(w, " (%s)", cell(a.GetError(), 200))
@@ -740,6 +735,20 @@ func printLogs(w io.Writer, tasks []*apiaryv1.Task) {
 			printTail(w, "stderr", a.GetStderrTail())
 		}
 	}
+}
+
+// faultNote says whose fault a failed attempt was (AttemptResult.fault);
+// the attempt's error says what failed.
+func faultNote(a *apiaryv1.AttemptResult) string {
+	switch a.GetFault() {
+	case apiaryv1.FailureFault_FAILURE_FAULT_NODE:
+		return " (node fault, not charged)"
+	case apiaryv1.FailureFault_FAILURE_FAULT_JOB:
+		return " (job fault)"
+	case apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED:
+		return " (unconfirmed: retried on another node to confirm, not charged)"
+	}
+	return ""
 }
 
 func printTail(w io.Writer, name, s string) {

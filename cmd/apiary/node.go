@@ -31,7 +31,10 @@ func newNodeCmd() *cobra.Command {
 		Short: "List nodes with region, status, capacity, allocation and scheduling state",
 		Long: `List nodes with their region, status, capacity, allocation and scheduling
 state: eligible, DRAINING (until when), INELIGIBLE, QUARANTINED (since when,
-why).
+why; "automatic" with its strike and when its canary is due when the region
+quarantined it for failing attempts of several jobs far more often than the
+rest of the region). FAILED is failed/ended attempts on the node within the
+attribution window (--quarantine-window of the region).
 
 Against a region's coordinators: that region's nodes. Against the global
 router: every region's nodes (the router asks each region); regions that did
@@ -235,7 +238,7 @@ func operatorName() string {
 // printNodes writes a table of nodes to w; "no nodes" to errw when there are none.
 func printNodes(w, errw io.Writer, nodes []*apiaryv1.Node) {
 	t := newTable(w)
-	fmt.Fprintln(t, "REGION\tID\tSTATUS\tEPOCH\tCPU (m)\tMEMORY (MiB)\tGPUS\tTASKS\tSCHEDULING\tLABELS")
+	fmt.Fprintln(t, "REGION\tID\tSTATUS\tEPOCH\tCPU (m)\tMEMORY (MiB)\tGPUS\tTASKS\tFAILED\tSCHEDULING\tLABELS")
 	for _, n := range nodes {
 		st := strings.TrimPrefix(n.GetStatus().String(), "NODE_STATUS_")
 		var sched []string
@@ -255,11 +258,23 @@ func printNodes(w, errw io.Writer, nodes []*apiaryv1.Node) {
 		}
 		if n.GetQuarantined() {
 			q := "QUARANTINED"
+			width := 60
+			if n.GetQuarantineAutomatic() {
+				// The rule's own reason is the point: keep it whole.
+				q += " (automatic, strike " + fmt.Sprint(n.GetQuarantineStrikes())
+				if ms := n.GetQuarantineProbeTimeMs(); ms > time.Now().UnixMilli() {
+					q += ", canary in " + time.Until(time.UnixMilli(ms)).Round(time.Second).String()
+				} else {
+					q += ", canary due"
+				}
+				q += ")"
+				width = 160
+			}
 			if ms := n.GetQuarantinedTimeMs(); ms > 0 {
 				q += " since " + fmtTime(ms)
 			}
 			if r := n.GetQuarantineReason(); r != "" {
-				q += ": " + cell(r, 60)
+				q += ": " + cell(r, width)
 			}
 			sched = append(sched, q)
 		}
@@ -281,10 +296,12 @@ func printNodes(w, errw io.Writer, nodes []*apiaryv1.Node) {
 		if m := n.GetMaxTasks(); m > 0 {
 			tasks += fmt.Sprintf("/%d", m)
 		}
-		fmt.Fprintf(t, "%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\t%s\n", cell(n.GetRegion(), 0), n.GetId(), st, n.GetEpoch(),
+		// FAILED: failed of ended attempts in the attribution window.
+		failed := fmt.Sprintf("%d/%d", n.GetRecentFailures(), n.GetRecentAttempts())
+		fmt.Fprintf(t, "%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\t%s\t%s\n", cell(n.GetRegion(), 0), n.GetId(), st, n.GetEpoch(),
 			n.GetAllocated().GetCpuMillis(), n.GetCapacity().GetCpuMillis(),
 			n.GetAllocated().GetMemoryMb(), n.GetCapacity().GetMemoryMb(),
-			gpus, tasks, q, cell(fmtLabels(n.GetLabels()), 80))
+			gpus, tasks, failed, q, cell(fmtLabels(n.GetLabels()), 80))
 	}
 	t.Flush()
 	if len(nodes) == 0 {

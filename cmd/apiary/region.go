@@ -17,6 +17,7 @@ import (
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/placement/sim"
 	"apiary.dev/apiary/regional"
+	"apiary.dev/apiary/regional/nodehealth"
 )
 
 func init() { register(newRegionCmd) }
@@ -154,6 +155,12 @@ restarted from the same data dirs loses nothing.`,
 	f.DurationVar(&cfg.FailoverGrace, "failover-grace", regional.DefaultFailoverGrace, "for this long after the coordinator starts, as shard owner it replaces no task of a lost node epoch (nor charges its loss), so agents cut off by an outage of the region can reconnect and keep them (0: no grace)")
 	f.DurationVar(&cfg.DefaultLostAfter, "default-lost-after", regional.DefaultLostAfter, "how long the tasks of a job with disconnect.replace: false and no lost_after of its own stay on a lost node before they are replaced (keep it equal to the agents' --disconnect-grace)")
 	f.DurationVar(&cfg.JobRetention, "job-retention", 24*time.Hour, "keep finished jobs this long, then delete them (negative: forever)")
+	qd := nodehealth.DefaultConfig()
+	f.BoolVar(&cfg.Quarantine.Off, "no-auto-quarantine", false, "never quarantine a node automatically (outcomes are still counted and shown in node list)")
+	f.DurationVar(&cfg.Quarantine.Window, "quarantine-window", qd.Window, "how far back attempt outcomes count toward a node's and the region's failure rates")
+	f.DurationVar(&cfg.Quarantine.ProbeAfter, "quarantine-probe-after", qd.ProbeAfter, "how long an automatically quarantined node waits for its first canary (doubles with each failed canary, up to --quarantine-max-probe-after)")
+	f.DurationVar(&cfg.Quarantine.MaxProbeAfter, "quarantine-max-probe-after", qd.MaxProbeAfter, "longest wait between canaries of a quarantined node")
+	f.Float64Var(&cfg.Quarantine.MaxShare, "quarantine-max-share", qd.MaxShare, "largest share of the region's live nodes quarantined automatically at once (at least 1 node, never the last one)")
 	f.StringVar(&policy, "scheduler", "binpack", "default placement policy: binpack, spread or fragmentation")
 	f.StringVar(&workloadPath, "gpu-workload", "", "task list CSV of the expected GPU task mix for the fragmentation policy (columns name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec, as in the Alibaba GPU trace; default: the trace's own mix)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")

@@ -41,19 +41,23 @@ type RegionMetrics struct {
 	Tasks         *prometheus.GaugeVec // state
 	Nodes         *prometheus.GaugeVec // state: ready, lost
 	Quarantined   prometheus.Gauge     // the region's nodes under quarantine
-	LeaseExpiries prometheus.Counter
-	Reclaims      prometheus.Counter
-	Reports       *prometheus.CounterVec // kind, result: accepted, rejected
-	Retries       prometheus.Counter
-	TaskOutcomes  *prometheus.CounterVec // outcome of committed attempts
-	ToDispatch    prometheus.Histogram
-	ToComplete    prometheus.Histogram
-	EtcdTxn       *prometheus.HistogramVec // result: ok, error
-	Owner         prometheus.Gauge
-	OwnerEpoch    prometheus.Gauge
-	SerfMembers   *prometheus.GaugeVec   // pool, state
-	Adoptions     *prometheus.CounterVec // result: adopted, refused
-	Drains        *prometheus.CounterVec // by: operator, agent; and deregister
+	// QuarantineEvents counts automatic quarantine decisions, by event:
+	// quarantined, refused (the share guard), released, requarantined (a
+	// canary failed).
+	QuarantineEvents *prometheus.CounterVec
+	LeaseExpiries    prometheus.Counter
+	Reclaims         prometheus.Counter
+	Reports          *prometheus.CounterVec // kind, result: accepted, rejected
+	Retries          prometheus.Counter
+	TaskOutcomes     *prometheus.CounterVec // outcome of committed attempts
+	ToDispatch       prometheus.Histogram
+	ToComplete       prometheus.Histogram
+	EtcdTxn          *prometheus.HistogramVec // result: ok, error
+	Owner            prometheus.Gauge
+	OwnerEpoch       prometheus.Gauge
+	SerfMembers      *prometheus.GaugeVec   // pool, state
+	Adoptions        *prometheus.CounterVec // result: adopted, refused
+	Drains           *prometheus.CounterVec // by: operator, agent; and deregister
 }
 
 // NewRegionMetrics registers a coordinator's metrics on reg.
@@ -65,12 +69,14 @@ func NewRegionMetrics(reg prometheus.Registerer) *RegionMetrics {
 		Placements:  f.counter("apiary_placements_total", "Task placements committed (each one is a dispatch of an attempt)."),
 		PlanConflicts: f.counter("apiary_plan_conflicts_total",
 			"Plan transactions whose compares failed (another writer changed a task or node first)."),
-		Requeues:      f.counter("apiary_plan_requeues_total", "Tasks of a conflicting plan returned to the queue to be placed again."),
-		Unplaced:      f.counter("apiary_placement_unplaced_total", "Tasks that a placement pass could not place anywhere."),
-		PendingTasks:  f.gaugeVec("apiary_pending_tasks", "PENDING tasks per shard (shard owner only).", "shard"),
-		Tasks:         f.gaugeVec("apiary_tasks", "Tasks known to the shard owner, by state.", "state"),
-		Nodes:         f.gaugeVec("apiary_nodes", "Nodes known to the shard owner, by state (ready, lost).", "state"),
-		Quarantined:   f.gauge("apiary_nodes_quarantined", "Nodes of the region under quarantine, ready or not: no new placements (shard owner only)."),
+		Requeues:     f.counter("apiary_plan_requeues_total", "Tasks of a conflicting plan returned to the queue to be placed again."),
+		Unplaced:     f.counter("apiary_placement_unplaced_total", "Tasks that a placement pass could not place anywhere."),
+		PendingTasks: f.gaugeVec("apiary_pending_tasks", "PENDING tasks per shard (shard owner only).", "shard"),
+		Tasks:        f.gaugeVec("apiary_tasks", "Tasks known to the shard owner, by state.", "state"),
+		Nodes:        f.gaugeVec("apiary_nodes", "Nodes known to the shard owner, by state (ready, lost).", "state"),
+		Quarantined:  f.gauge("apiary_nodes_quarantined", "Nodes of the region under quarantine (an operator's or automatic), ready or not: no new placements but a due canary (shard owner only)."),
+		QuarantineEvents: f.counterVec("apiary_node_quarantine_events_total",
+			"Automatic quarantine decisions committed with reports, by event: quarantined, refused (the share guard kept an outlier out of quarantine), released (a canary succeeded), requarantined (a canary failed).", "event"),
 		LeaseExpiries: f.counter("apiary_node_lease_expiries_total", "Node epochs whose lease was seen gone (expired or revoked) with tasks on them."),
 		Reclaims:      f.counter("apiary_task_reclaims_total", "Active tasks reclaimed from lost node epochs."),
 		Reports:       f.counterVec("apiary_task_reports_total", "Agent reports, by kind and result (accepted, rejected).", "kind", "result"),

@@ -41,8 +41,10 @@ type Task struct {
 	// NodeFaults counts start failures that were the node's fault; they are
 	// not charged to Used but are bounded by NodeFaultLimit.
 	NodeFaults int32 `json:"node_faults,omitempty"`
-	// JobFaultOn lists the distinct nodes on which the task failed to start
-	// by its own fault (command missing or not executable), in order.
+	// JobFaultOn lists the distinct nodes on which the task failed by what
+	// looks like its own fault before that was confirmed (a command that
+	// could not start, a non-retryable exit on a node with no recent
+	// success), in order; the failure is final on JobFaultNodes of them.
 	JobFaultOn []string `json:"job_fault_on,omitempty"`
 	// NodeFailures counts attempts lost with their node (KilledWorker rule).
 	NodeFailures   int32  `json:"node_failures,omitempty"`
@@ -150,7 +152,28 @@ type Report struct {
 	// Fault is whose fault a START_FAILED was; UNSPECIFIED (older agents)
 	// is treated as JOB.
 	Fault apiaryv1.FailureFault
+	// Blame is what the region holds against the reporting node (package
+	// nodehealth's verdict), for a report of a failure.
+	Blame Blame
 }
+
+// Blame is what the region holds against a node when one of its attempts
+// fails (docs/architecture.md, "Bad nodes").
+type Blame int
+
+const (
+	// BlameNone: the node is trusted (a recent success vouches for it); a
+	// failure is the task's by the job's rules.
+	BlameNone Blame = iota
+	// BlameUnproven: the node has no recent success. A failure that would
+	// be final (an exit code outside retryable_exit_codes) is confirmed on
+	// another node first: retried once, not charged.
+	BlameUnproven
+	// BlameNode: the node is quarantined, or this failure makes it an
+	// outlier: any failure is the node's, retried elsewhere without charge
+	// (bounded by NodeFaultLimit, as a node-fault start failure).
+	BlameNode
+)
 
 // Outcome values recorded for an attempt.
 const (
@@ -175,14 +198,19 @@ type Result struct {
 	Rejected string
 	// Released is true when the attempt stopped holding node resources.
 	Released bool
+	// Fault is who was at fault for a failed attempt (a non-zero exit, a
+	// timeout, a start failure): NODE, UNCONFIRMED or JOB; UNSPECIFIED for
+	// any other outcome.
+	Fault apiaryv1.FailureFault
 }
 
 // RefusalExclusion is how long a node that refused a task stays excluded.
 const RefusalExclusion = 30 * time.Second
 
 // JobFaultNodes is on how many distinct nodes a task must fail to start by
-// its own fault (command missing or not executable) before that is terminal:
-// one broken PATH must not fail a job.
+// its own fault (command missing or not executable), or fail with a
+// non-retryable exit on nodes that no recent success vouches for, before
+// that is terminal: one broken PATH or bad host must not fail a job.
 const JobFaultNodes = 2
 
 // NodeFaultLimit is how many start failures that were the node's fault a
@@ -234,18 +262,31 @@ func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng 
 			t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
 			return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
 		}
-		t = countFailure(t)
-		if !slices.Contains(p.RetryableCodes, r.ExitCode) {
-			return failed(t, end, fmt.Sprintf("attempt %d exited with code %d, which is not in retryable_exit_codes", t.Attempt, r.ExitCode))
+		what := fmt.Sprintf("exited with code %d", r.ExitCode)
+		if r.Blame == BlameNode {
+			return nodeFault(t, p, end, nowMs, rng, what+" on a node quarantined as an outlier")
 		}
-		return retryOrFail(t, p, end, nowMs, rng, fmt.Sprintf("exit code %d", r.ExitCode))
+		if !slices.Contains(p.RetryableCodes, r.ExitCode) {
+			what += ", which is not in retryable_exit_codes"
+			if r.Blame == BlameUnproven {
+				return unconfirmed(t, p, end, nowMs, rng, what)
+			}
+			t = countFailure(t)
+			return withFault(failed(t, end, fmt.Sprintf("attempt %d %s", t.Attempt, what)), apiaryv1.FailureFault_FAILURE_FAULT_JOB)
+		}
+		t = countFailure(t)
+		return withFault(retryOrFail(t, p, end, nowMs, rng, fmt.Sprintf("exit code %d", r.ExitCode)), apiaryv1.FailureFault_FAILURE_FAULT_JOB)
 	case apiaryv1.ReportKind_REPORT_KIND_TIMED_OUT:
 		if t.CancelRequested {
 			t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, end
 			return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
 		}
-		t = countFailure(t)
-		res := retryOrFail(t, p, end, nowMs, rng, "timed out")
+		var res Result
+		if r.Blame == BlameNode {
+			res = nodeFault(t, p, end, nowMs, rng, "timed out on a node quarantined as an outlier")
+		} else {
+			res = withFault(retryOrFail(countFailure(t), p, end, nowMs, rng, "timed out"), apiaryv1.FailureFault_FAILURE_FAULT_JOB)
+		}
 		if res.Outcome == OutcomeRetry {
 			res.Outcome = OutcomeTimeout
 		}
@@ -394,34 +435,87 @@ func Cancel(t Task, nowMs int64) (out Task, changed, kill bool) {
 }
 
 // startFailed applies a START_FAILED report (see the Fault rules in
-// docs/architecture.md): a node fault returns the task to PENDING without
-// charging Used, up to NodeFaultLimit(p) times; a job fault (or an
-// unclassified one) charges Used and is terminal once it happened on
-// JobFaultNodes distinct nodes, else it retries like a retryable exit.
+// docs/architecture.md): a node fault (the agent's classification, or any
+// start failure on a node the region blames) is nodeFault; a job fault (or
+// an unclassified one) is terminal once it happened on JobFaultNodes
+// distinct nodes, and before that retried without charge (one broken PATH
+// must not fail a job, whatever its max_attempts); again on a node where it
+// happened before, it is charged like a retryable exit.
 func startFailed(t Task, p Policy, r Report, endMs, nowMs int64, rng *rand.Rand) Result {
 	nodeID := t.NodeID
-	if r.Fault == apiaryv1.FailureFault_FAILURE_FAULT_NODE {
-		t = countNodeFailure(t)
-		t.NodeFaults++
-		if limit := NodeFaultLimit(p); t.NodeFaults > limit {
-			return failed(t, endMs, fmt.Sprintf("attempt %d could not start on node %s (node fault): %s; %d node-fault start failures exceed the limit of %d (max(10, 3 x max_attempts)); not retried",
-				t.Attempt, nodeID, r.Error, t.NodeFaults, limit))
-		}
-		delay := p.Backoff.Delay(t.NodeFaults, rng)
-		attempt := t.Attempt
-		t = toPending(t, nowMs+delay.Milliseconds())
-		t.Error = fmt.Sprintf("attempt %d could not start on node %s (node fault): %s; retrying on another node, not charged to max_attempts", attempt, nodeID, r.Error)
-		return Result{Task: t, Outcome: OutcomeRetry, Released: true}
+	if r.Fault == apiaryv1.FailureFault_FAILURE_FAULT_NODE || r.Blame == BlameNode {
+		return nodeFault(t, p, endMs, nowMs, rng, fmt.Sprintf("could not start (node fault): %s", r.Error))
 	}
-	t = countFailure(t)
-	if !slices.Contains(t.JobFaultOn, nodeID) {
-		t.JobFaultOn = append(slices.Clip(t.JobFaultOn), nodeID)
+	if slices.Contains(t.JobFaultOn, nodeID) {
+		// Again on a node it failed on this way: no news, so charged
+		// (else a task that only that node can take would loop).
+		return withFault(retryOrFail(countFailure(t), p, endMs, nowMs, rng, fmt.Sprintf("could not start on node %s again (job fault): %s", nodeID, r.Error)),
+			apiaryv1.FailureFault_FAILURE_FAULT_JOB)
 	}
+	t = countNodeFailure(t)
+	t.JobFaultOn = append(slices.Clip(t.JobFaultOn), nodeID)
 	if len(t.JobFaultOn) >= JobFaultNodes {
-		return failed(t, endMs, fmt.Sprintf("attempt %d could not start (job fault): %s; the command failed to start on %d distinct nodes (%s); not retried",
-			t.Attempt, r.Error, len(t.JobFaultOn), strings.Join(t.JobFaultOn, ", ")))
+		t.Used++
+		return withFault(failed(t, endMs, fmt.Sprintf("attempt %d could not start (job fault): %s; the command failed to start on %d distinct nodes (%s); not retried",
+			t.Attempt, r.Error, len(t.JobFaultOn), strings.Join(t.JobFaultOn, ", "))), apiaryv1.FailureFault_FAILURE_FAULT_JOB)
 	}
-	return retryOrFail(t, p, endMs, nowMs, rng, fmt.Sprintf("could not start on node %s (job fault): %s", nodeID, r.Error))
+	delay := p.Backoff.Delay(int32(len(t.JobFaultOn)), rng)
+	attempt := t.Attempt
+	t = toPending(t, nowMs+delay.Milliseconds())
+	t.Error = fmt.Sprintf("attempt %d could not start on node %s (job fault): %s; retrying on another node to confirm, not charged to max_attempts", attempt, nodeID, r.Error)
+	return Result{Task: t, Outcome: OutcomeRetry, Released: true, Fault: apiaryv1.FailureFault_FAILURE_FAULT_JOB}
+}
+
+// nodeFault applies a failure that is the node's (what it did, e.g.
+// "exited with code 1 on a node quarantined as an outlier"): the task
+// returns to PENDING without charging Used, after a backoff, up to
+// NodeFaultLimit(p) times; FailedOn counts it so that the retry goes to
+// another node.
+func nodeFault(t Task, p Policy, endMs, nowMs int64, rng *rand.Rand, what string) Result {
+	nodeID := t.NodeID
+	t = countNodeFailure(t)
+	t.NodeFaults++
+	if limit := NodeFaultLimit(p); t.NodeFaults > limit {
+		return withFault(failed(t, endMs, fmt.Sprintf("attempt %d on node %s %s; %d node faults exceed the limit of %d (max(10, 3 x max_attempts)); not retried",
+			t.Attempt, nodeID, what, t.NodeFaults, limit)), apiaryv1.FailureFault_FAILURE_FAULT_NODE)
+	}
+	delay := p.Backoff.Delay(t.NodeFaults, rng)
+	attempt := t.Attempt
+	t = toPending(t, nowMs+delay.Milliseconds())
+	t.Error = fmt.Sprintf("attempt %d on node %s %s; retrying on another node, not charged to max_attempts", attempt, nodeID, what)
+	return Result{Task: t, Outcome: OutcomeRetry, Released: true, Fault: apiaryv1.FailureFault_FAILURE_FAULT_NODE}
+}
+
+// unconfirmed applies a failure that would be final (what: "exited with
+// code 1, which is not in retryable_exit_codes") on a node with no recent
+// success: the first time it is retried on another node without charge;
+// once it happened on JobFaultNodes distinct nodes, or twice on one node
+// (no other could take it), it is final.
+func unconfirmed(t Task, p Policy, endMs, nowMs int64, rng *rand.Rand, what string) Result {
+	nodeID := t.NodeID
+	if slices.Contains(t.JobFaultOn, nodeID) {
+		// Again on the same node (no other could take it): final.
+		t = countFailure(t)
+		return withFault(failed(t, endMs, fmt.Sprintf("attempt %d on node %s %s; it failed this way on that node before; not retried",
+			t.Attempt, nodeID, what)), apiaryv1.FailureFault_FAILURE_FAULT_JOB)
+	}
+	t.JobFaultOn = append(slices.Clip(t.JobFaultOn), nodeID)
+	if len(t.JobFaultOn) >= JobFaultNodes {
+		t = countFailure(t)
+		return withFault(failed(t, endMs, fmt.Sprintf("attempt %d %s; confirmed on %d distinct nodes (%s); not retried",
+			t.Attempt, what, len(t.JobFaultOn), strings.Join(t.JobFaultOn, ", "))), apiaryv1.FailureFault_FAILURE_FAULT_JOB)
+	}
+	t = countNodeFailure(t)
+	delay := p.Backoff.Delay(int32(len(t.JobFaultOn)), rng)
+	attempt := t.Attempt
+	t = toPending(t, nowMs+delay.Milliseconds())
+	t.Error = fmt.Sprintf("attempt %d on node %s %s; the node has no recent success to vouch for it, so the task is retried once on another node to confirm (not charged to max_attempts)", attempt, nodeID, what)
+	return Result{Task: t, Outcome: OutcomeRetry, Released: true, Fault: apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED}
+}
+
+func withFault(res Result, f apiaryv1.FailureFault) Result {
+	res.Fault = f
+	return res
 }
 
 // countNodeFailure counts a failure of the task on its node (FailedOn)

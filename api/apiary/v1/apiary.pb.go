@@ -240,8 +240,14 @@ const (
 	// the agent's directories), fork or memory limits (EAGAIN, ENOMEM), a
 	// missing GPU device.
 	FailureFault_FAILURE_FAULT_NODE FailureFault = 1
-	// The job: its command is missing or not executable.
+	// The job: its command is missing or not executable, or (for any
+	// failure) the job's own doing as far as the region can tell.
 	FailureFault_FAILURE_FAULT_JOB FailureFault = 2
+	// Not yet known: a failure that would be final (an exit code outside
+	// retryable_exit_codes, a command that could not start) on a node that
+	// has no recent success to vouch for it; the task is retried once on
+	// another node (not charged to max_attempts) to confirm it.
+	FailureFault_FAILURE_FAULT_UNCONFIRMED FailureFault = 3
 )
 
 // Enum value maps for FailureFault.
@@ -250,11 +256,13 @@ var (
 		0: "FAILURE_FAULT_UNSPECIFIED",
 		1: "FAILURE_FAULT_NODE",
 		2: "FAILURE_FAULT_JOB",
+		3: "FAILURE_FAULT_UNCONFIRMED",
 	}
 	FailureFault_value = map[string]int32{
 		"FAILURE_FAULT_UNSPECIFIED": 0,
 		"FAILURE_FAULT_NODE":        1,
 		"FAILURE_FAULT_JOB":         2,
+		"FAILURE_FAULT_UNCONFIRMED": 3,
 	}
 )
 
@@ -1552,8 +1560,11 @@ type AttemptResult struct {
 	StderrTail  string `protobuf:"bytes,9,opt,name=stderr_tail,json=stderrTail,proto3" json:"stderr_tail,omitempty"`
 	StartTimeMs int64  `protobuf:"varint,10,opt,name=start_time_ms,json=startTimeMs,proto3" json:"start_time_ms,omitempty"`
 	EndTimeMs   int64  `protobuf:"varint,11,opt,name=end_time_ms,json=endTimeMs,proto3" json:"end_time_ms,omitempty"`
-	// Who was at fault when the attempt could not start (start failures
-	// only; UNSPECIFIED otherwise).
+	// Who was at fault for a failed attempt (a non-zero exit, a timeout or
+	// a start failure; UNSPECIFIED for other outcomes): NODE when the node
+	// was (or by this failure became) quarantined or the agent classified a
+	// start failure as the node's, UNCONFIRMED when the failure is retried
+	// elsewhere to confirm it, JOB otherwise.
 	Fault         FailureFault `protobuf:"varint,12,opt,name=fault,proto3,enum=apiary.v1.FailureFault" json:"fault,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4406,9 +4417,24 @@ type Node struct {
 	DrainDeadlineMs int64 `protobuf:"varint,17,opt,name=drain_deadline_ms,json=drainDeadlineMs,proto3" json:"drain_deadline_ms,omitempty"`
 	// False when new placements were turned off (SetNodeEligibility, or a
 	// finished drain).
-	Ineligible    bool `protobuf:"varint,18,opt,name=ineligible,proto3" json:"ineligible,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Ineligible bool `protobuf:"varint,18,opt,name=ineligible,proto3" json:"ineligible,omitempty"`
+	// Automatic quarantine (per-node failure attribution, docs/architecture.md
+	// "Bad nodes"): quarantined is set too, with the rule's reason, and
+	// quarantined_by "apiary (automatic)". An operator's quarantine wins
+	// over it and is never probed.
+	QuarantineAutomatic bool `protobuf:"varint,19,opt,name=quarantine_automatic,json=quarantineAutomatic,proto3" json:"quarantine_automatic,omitempty"`
+	// When the automatically quarantined node may take its next canary
+	// (Unix ms); a canary is running or due once it is past.
+	QuarantineProbeTimeMs int64 `protobuf:"varint,20,opt,name=quarantine_probe_time_ms,json=quarantineProbeTimeMs,proto3" json:"quarantine_probe_time_ms,omitempty"`
+	// Automatic quarantines in a row (the probe backoff doubles with each;
+	// reset after the node stayed released for an hour).
+	QuarantineStrikes int32 `protobuf:"varint,21,opt,name=quarantine_strikes,json=quarantineStrikes,proto3" json:"quarantine_strikes,omitempty"`
+	// Attempts that ended on the node within the attribution window, and how
+	// many of them failed (every job, every shard).
+	RecentAttempts int32 `protobuf:"varint,22,opt,name=recent_attempts,json=recentAttempts,proto3" json:"recent_attempts,omitempty"`
+	RecentFailures int32 `protobuf:"varint,23,opt,name=recent_failures,json=recentFailures,proto3" json:"recent_failures,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -4565,6 +4591,41 @@ func (x *Node) GetIneligible() bool {
 		return x.Ineligible
 	}
 	return false
+}
+
+func (x *Node) GetQuarantineAutomatic() bool {
+	if x != nil {
+		return x.QuarantineAutomatic
+	}
+	return false
+}
+
+func (x *Node) GetQuarantineProbeTimeMs() int64 {
+	if x != nil {
+		return x.QuarantineProbeTimeMs
+	}
+	return 0
+}
+
+func (x *Node) GetQuarantineStrikes() int32 {
+	if x != nil {
+		return x.QuarantineStrikes
+	}
+	return 0
+}
+
+func (x *Node) GetRecentAttempts() int32 {
+	if x != nil {
+		return x.RecentAttempts
+	}
+	return 0
+}
+
+func (x *Node) GetRecentFailures() int32 {
+	if x != nil {
+		return x.RecentFailures
+	}
+	return 0
 }
 
 type ListNodesResponse struct {
@@ -5574,7 +5635,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x13ReleaseNodeResponse\x12#\n" +
 	"\x04node\x18\x01 \x01(\v2\x0f.apiary.v1.NodeR\x04node\x12'\n" +
 	"\x0fwas_quarantined\x18\x02 \x01(\bR\x0ewasQuarantined\"\x12\n" +
-	"\x10ListNodesRequest\"\xe4\x05\n" +
+	"\x10ListNodesRequest\"\xd1\a\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
 	"\x06labels\x18\x02 \x03(\v2\x1b.apiary.v1.Node.LabelsEntryR\x06labels\x120\n" +
@@ -5596,7 +5657,12 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x11drain_deadline_ms\x18\x11 \x01(\x03R\x0fdrainDeadlineMs\x12\x1e\n" +
 	"\n" +
 	"ineligible\x18\x12 \x01(\bR\n" +
-	"ineligible\x1a9\n" +
+	"ineligible\x121\n" +
+	"\x14quarantine_automatic\x18\x13 \x01(\bR\x13quarantineAutomatic\x127\n" +
+	"\x18quarantine_probe_time_ms\x18\x14 \x01(\x03R\x15quarantineProbeTimeMs\x12-\n" +
+	"\x12quarantine_strikes\x18\x15 \x01(\x05R\x11quarantineStrikes\x12'\n" +
+	"\x0frecent_attempts\x18\x16 \x01(\x05R\x0erecentAttempts\x12'\n" +
+	"\x0frecent_failures\x18\x17 \x01(\x05R\x0erecentFailures\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"k\n" +
@@ -5685,11 +5751,12 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x18REPORT_KIND_START_FAILED\x10\x05\x12\x19\n" +
 	"\x15REPORT_KIND_CANCELLED\x10\x06\x12\x17\n" +
 	"\x13REPORT_KIND_DRAINED\x10\a\x12\x14\n" +
-	"\x10REPORT_KIND_LOST\x10\b*\\\n" +
+	"\x10REPORT_KIND_LOST\x10\b*{\n" +
 	"\fFailureFault\x12\x1d\n" +
 	"\x19FAILURE_FAULT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FAILURE_FAULT_NODE\x10\x01\x12\x15\n" +
-	"\x11FAILURE_FAULT_JOB\x10\x02*V\n" +
+	"\x11FAILURE_FAULT_JOB\x10\x02\x12\x1d\n" +
+	"\x19FAILURE_FAULT_UNCONFIRMED\x10\x03*V\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +

@@ -1,0 +1,252 @@
+package regional
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/nodehealth"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// Per-node failure attribution in the report path (the rules are package
+// nodehealth's; docs/architecture.md, "Bad nodes"). Each report batch reads
+// the health record of every reporting node and the region's set of
+// automatically quarantined nodes in its read Txn; a failure is judged
+// against the node's record before taskstate applies it (Blame); every
+// ended attempt's outcome is added to the node's window and may quarantine
+// it, release it (a canary's success) or push its next canary out (a
+// canary's failure); the records are written in the batch's write Txn,
+// compared on their ModRevision, so two coordinators committing reports of
+// one node conflict and redo, and the share guard's count cannot be
+// overtaken.
+
+// autoQuarantineBy is Node.quarantined_by for an automatic quarantine.
+const autoQuarantineBy = "apiary (automatic)"
+
+// quarantineSet is /apiary/quarantine: the automatically quarantined nodes
+// (id → since, Unix ms), kept with their health records in one Txn so that
+// the share guard counts them exactly.
+type quarantineSet struct {
+	Nodes map[string]int64 `json:"nodes,omitempty"`
+}
+
+// healthState is what a report batch holds of node health.
+type healthState struct {
+	nodes  map[string]*nodeHealth // node id ->
+	set    quarantineSet
+	setRev int64 // ModRevision of the set (0: none yet)
+	setMod bool
+	events []healthEvent
+}
+
+// nodeHealth is one reporting node's record inside a batch.
+type nodeHealth struct {
+	rec     nodehealth.Record
+	rev     int64 // its ModRevision (0: none yet)
+	changed bool
+}
+
+// healthEvent is a quarantine decision, logged and counted once the batch
+// committed.
+type healthEvent struct {
+	node   string
+	event  nodehealth.Event
+	reason string
+	rec    nodehealth.Record
+}
+
+func newHealthState() *healthState { return &healthState{nodes: map[string]*nodeHealth{}} }
+
+// healthReads are the read ops for a batch's nodes (besides their alive
+// keys): each node's health record and the region's quarantine set.
+func healthReads(nodes []string) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpGet(keyQuarantineSet)}
+	for _, id := range nodes {
+		ops = append(ops, clientv3.OpGet(keyNodeHealth(id)))
+	}
+	return ops
+}
+
+// fold takes a key from the batch's read Txn; it returns false for keys
+// that are not health keys. A record that does not decode is an error: the
+// batch fails rather than overwrite what it cannot read.
+func (h *healthState) fold(key string, value []byte, modRev int64) (bool, error) {
+	if key == keyQuarantineSet {
+		if err := json.Unmarshal(value, &h.set); err != nil {
+			return true, fmt.Errorf("decode %s: %w", key, err)
+		}
+		h.setRev = modRev
+		return true, nil
+	}
+	id, kind, ok := nodeKeyKind(key)
+	if !ok || kind != nodeHealthKey {
+		return false, nil
+	}
+	nh := h.node(id)
+	if err := json.Unmarshal(value, &nh.rec); err != nil {
+		return true, fmt.Errorf("decode %s: %w", key, err)
+	}
+	nh.rev = modRev
+	return true, nil
+}
+
+func (h *healthState) node(id string) *nodeHealth {
+	nh := h.nodes[id]
+	if nh == nil {
+		nh = &nodeHealth{}
+		h.nodes[id] = nh
+	}
+	return nh
+}
+
+// restOf sums the rest of the region's outcomes over the window (every
+// node but id), from the coordinator's last read of the nodes (at most a
+// capacity refresh old) and, for the nodes of this batch, their records
+// as read with it.
+func (c *Coordinator) restOf(h *healthState, id string, nowMs int64) (nodehealth.Stats, int) {
+	cfg := c.cfg.Quarantine
+	st := &c.capState
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var rest nodehealth.Stats
+	add := func(r nodehealth.Record) {
+		s := r.Totals(cfg, nowMs)
+		rest.Attempts += s.Attempts
+		rest.Failures += s.Failures
+	}
+	for other, r := range st.health {
+		if other == id {
+			continue
+		}
+		if nh := h.nodes[other]; nh != nil {
+			r = nh.rec
+		}
+		add(r)
+	}
+	for other, nh := range h.nodes {
+		if _, cached := st.health[other]; !cached && other != id {
+			add(nh.rec)
+		}
+	}
+	return rest, st.live
+}
+
+// guardAllows is the share guard for quarantining node id now.
+func (c *Coordinator) guardAllows(h *healthState, id string, live int) bool {
+	n := len(h.set.Nodes)
+	if _, in := h.set.Nodes[id]; in {
+		n--
+	}
+	return nodehealth.GuardAllows(c.cfg.Quarantine, n, max(live, len(h.set.Nodes)+1))
+}
+
+// failureKind reports whether a report may end its attempt in a failure
+// that the node could be blamed for.
+func failureKind(r *apiaryv1.ReportTaskStatusRequest) bool {
+	switch r.GetKind() {
+	case apiaryv1.ReportKind_REPORT_KIND_EXITED:
+		return r.GetExitCode() != 0
+	case apiaryv1.ReportKind_REPORT_KIND_TIMED_OUT, apiaryv1.ReportKind_REPORT_KIND_START_FAILED:
+		return true
+	}
+	return false
+}
+
+// blame is the region's verdict on the reporting node for a failure of a
+// task of job, before it is applied.
+func (c *Coordinator) blame(h *healthState, r *apiaryv1.ReportTaskStatusRequest, nowMs int64) taskstate.Blame {
+	if !failureKind(r) {
+		return taskstate.BlameNone
+	}
+	id := r.GetNodeId()
+	rest, live := c.restOf(h, id, nowMs)
+	switch nodehealth.Judge(c.cfg.Quarantine, h.node(id).rec, r.GetJobId(), rest, c.guardAllows(h, id, live), nowMs) {
+	case nodehealth.Faulty:
+		return taskstate.BlameNode
+	case nodehealth.Unproven:
+		return taskstate.BlameUnproven
+	}
+	return taskstate.BlameNone
+}
+
+// observe counts the outcome of an attempt of job that ended on node id
+// (assigned at assignedMs) and applies the quarantine rules.
+func (c *Coordinator) observe(h *healthState, id, job string, failed bool, assignedMs, nowMs int64) {
+	nh := h.node(id)
+	rest, live := c.restOf(h, id, nowMs)
+	rec, ev, reason := nodehealth.Apply(c.cfg.Quarantine, nh.rec, nodehealth.Outcome{AtMs: nowMs, Job: job, Failed: failed},
+		assignedMs, rest, c.guardAllows(h, id, live), nowMs)
+	nh.rec, nh.changed = rec, true
+	switch ev {
+	case nodehealth.Quarantined:
+		if h.set.Nodes == nil {
+			h.set.Nodes = map[string]int64{}
+		}
+		h.set.Nodes[id], h.setMod = nowMs, true
+	case nodehealth.Released:
+		delete(h.set.Nodes, id)
+		h.setMod = true
+	}
+	if ev != nodehealth.None {
+		h.events = append(h.events, healthEvent{node: id, event: ev, reason: reason, rec: rec})
+	}
+}
+
+// writes adds the batch's health records (and the set, when it changed) to
+// its write Txn, each compared on the ModRevision it was read at.
+func (h *healthState) writes(cmps []clientv3.Cmp, ops []clientv3.Op) ([]clientv3.Cmp, []clientv3.Op) {
+	ids := make([]string, 0, len(h.nodes))
+	for id, nh := range h.nodes {
+		if nh.changed {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		k := keyNodeHealth(id)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", h.nodes[id].rev))
+		ops = append(ops, clientv3.OpPut(k, mustJSON(&h.nodes[id].rec)))
+	}
+	if h.setMod {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(keyQuarantineSet), "=", h.setRev))
+		ops = append(ops, clientv3.OpPut(keyQuarantineSet, mustJSON(&h.set)))
+	}
+	return cmps, ops
+}
+
+// announce logs and counts the batch's quarantine decisions once they are
+// committed.
+func (c *Coordinator) announce(h *healthState) {
+	for _, e := range h.events {
+		name := "none"
+		switch e.event {
+		case nodehealth.Quarantined:
+			name = "quarantined"
+			c.log.Warn("node quarantined automatically", "node", e.node, "reason", e.reason, "strikes", e.rec.Strikes,
+				"canary_in", probeIn(e.rec))
+		case nodehealth.Refused:
+			name = "refused"
+			c.log.Warn("node is an outlier but the quarantine share guard refused to quarantine it",
+				"node", e.node, "reason", e.reason, "quarantined", len(h.set.Nodes), "max_share", c.cfg.Quarantine.MaxShare)
+		case nodehealth.Released:
+			name = "released"
+			c.log.Info("node released from automatic quarantine: its canary succeeded", "node", e.node, "strikes", e.rec.Strikes)
+		case nodehealth.Requarantined:
+			name = "requarantined"
+			c.log.Warn("node stays quarantined: its canary failed", "node", e.node, "strikes", e.rec.Strikes, "next_canary_in", probeIn(e.rec))
+		}
+		c.metrics.QuarantineEvents.WithLabelValues(name).Inc()
+	}
+}
+
+func probeIn(r nodehealth.Record) string {
+	if r.Quarantine == nil {
+		return ""
+	}
+	return time.Until(time.UnixMilli(r.Quarantine.ProbeAtMs)).Round(time.Second).String()
+}
