@@ -182,8 +182,14 @@ func (c *Config) validate() error {
 // Coordinator is one `apiary region` process: an embedded etcd member, the
 // gRPC API, and (while it owns the shards) the scheduling loop.
 type Coordinator struct {
-	cfg    Config
-	log    *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// refusedLogged: when each node's last share-guard refusal was logged
+	// (health.go logs one per node per minute).
+	refusedLogged struct {
+		sync.Mutex
+		at map[string]time.Time
+	}
 	etcd   *embed.Etcd
 	cli    *clientv3.Client
 	grpc   *grpc.Server

@@ -231,8 +231,10 @@ func (c *Coordinator) announce(h *healthState) {
 				"canary_in", probeIn(e.rec))
 		case nodehealth.Refused:
 			name = "refused"
-			c.log.Warn("node is an outlier but the quarantine share guard refused to quarantine it",
-				"node", e.node, "reason", e.reason, "quarantined", len(h.set.Nodes), "max_share", c.cfg.Quarantine.MaxShare)
+			if c.refusedOnce(e.node) {
+				c.log.Warn("node is an outlier but the quarantine share guard refused to quarantine it (logged once a minute per node)",
+					"node", e.node, "reason", e.reason, "quarantined", len(h.set.Nodes), "max_share", c.cfg.Quarantine.MaxShare)
+			}
 		case nodehealth.Released:
 			name = "released"
 			c.log.Info("node released from automatic quarantine: its canary succeeded", "node", e.node, "strikes", e.rec.Strikes)
@@ -242,6 +244,22 @@ func (c *Coordinator) announce(h *healthState) {
 		}
 		c.metrics.QuarantineEvents.WithLabelValues(name).Inc()
 	}
+}
+
+// refusedOnce reports whether a share-guard refusal of node id should be
+// logged: once a minute per node (every failure there is refused again).
+func (c *Coordinator) refusedOnce(id string) bool {
+	r := &c.refusedLogged
+	r.Lock()
+	defer r.Unlock()
+	if r.at == nil {
+		r.at = map[string]time.Time{}
+	}
+	if t, ok := r.at[id]; ok && time.Since(t) < time.Minute {
+		return false
+	}
+	r.at[id] = time.Now()
+	return true
 }
 
 func probeIn(r nodehealth.Record) string {

@@ -323,6 +323,11 @@ func (c *Coordinator) observeReport(r *apiaryv1.ReportTaskStatusRequest, ans *ap
 		}
 		telemetry.RecordError(span, errors.New(msg))
 	}
+	for _, a := range st.results {
+		if a.GetAttempt() == r.GetAttempt() && a.GetFault() != apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED {
+			span.SetAttributes(telemetry.AttrFault.String(strings.ToLower(strings.TrimPrefix(a.GetFault().String(), "FAILURE_FAULT_"))))
+		}
+	}
 	if name == telemetry.SpanRetry && st.task.NotBeforeMs > 0 {
 		span.SetAttributes(attribute.Int64("apiary.retry.not_before_ms", st.task.NotBeforeMs))
 	}

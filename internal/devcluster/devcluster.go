@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +41,10 @@ type AgentSpec struct {
 	// ExtraArgs are appended to this agent's `apiary agent` command line
 	// (kept across restarts), e.g. --metrics-addr or --fault-file.
 	ExtraArgs []string
+	// Env is added to this agent's environment after Options.ExtraEnv
+	// (kept across restarts); its attempts inherit it (the agent's
+	// environment is their base), e.g. a PATH that makes one host bad.
+	Env []string
 }
 
 // RegionSpec describes one region.
@@ -446,7 +451,8 @@ func (r *Region) startAgent(c *Cluster, i int) error {
 	}
 	args = append(args, "--lan-addr", lanAddr)
 	args = append(args, as.ExtraArgs...)
-	p := &Proc{Name: as.ID, Args: args, LogPath: filepath.Join(c.opts.Dir, as.ID+".log"), env: c.opts.ExtraEnv, bin: c.opts.Binary}
+	env := append(slices.Clip(c.opts.ExtraEnv), as.Env...)
+	p := &Proc{Name: as.ID, Args: args, LogPath: filepath.Join(c.opts.Dir, as.ID+".log"), env: env, bin: c.opts.Binary}
 	if err := p.Start(); err != nil {
 		return err
 	}

@@ -67,7 +67,9 @@ const (
 	AttrCoord      = attribute.Key("apiary.coordinator.id")
 	AttrReason     = attribute.Key("apiary.reason")
 	AttrLinkKind   = attribute.Key("apiary.link")
-	// AttrFault is who was at fault for a start failure: "node" or "job".
+	// AttrFault is who was at fault for a failed attempt: "node" or
+	// "job" (the agent's start-failure classification on task.run; the
+	// region's AttemptResult.fault on its task spans, "unconfirmed" too).
 	AttrFault = attribute.Key("apiary.failure.fault")
 	// AttrCPUSeconds and AttrMemoryPeak are an attempt's usage from its
 	// cgroup (task.run): CPU seconds of all its processes, and the most
