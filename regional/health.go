@@ -169,7 +169,10 @@ func (c *Coordinator) blame(h *healthState, r *apiaryv1.ReportTaskStatusRequest,
 	case nodehealth.Faulty:
 		return taskstate.BlameNode
 	case nodehealth.Unproven:
-		return taskstate.BlameUnproven
+		if live > 1 {
+			// Only another node can confirm a failure.
+			return taskstate.BlameUnproven
+		}
 	}
 	return taskstate.BlameNone
 }

@@ -311,7 +311,18 @@ tasks:
 		}
 	})
 
-	t.Run("NonRetryableExitIsNeverRetried", func(t *testing.T) {
+	t.Run("NonRetryableExitOnATrustedNodeIsNeverRetried", func(t *testing.T) {
+		// A success on n1 vouches for it (docs/architecture.md, "Bad
+		// nodes"): a non-retryable exit there is the job's, final at once.
+		ok := submit(t, c, spec(t, `
+name: vouch
+tasks:
+  - name: fine
+    command: "true"
+    constraints:
+      - {label: zone, op: "=", values: [a]}
+`))
+		waitState(t, c, ok, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
 		id := submit(t, c, spec(t, `
 name: terminal
 max_attempts: 5
@@ -320,11 +331,16 @@ tasks:
     command: sh
     args: ["-c", "exit 3"]
     retryable_exit_codes: [75]
+    constraints:
+      - {label: zone, op: "=", values: [a]}
 `))
 		j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_FAILED, 30*time.Second)
 		tk := j.GetTasks()[0]
 		if tk.GetAttempt() != 1 || len(tk.GetAttempts()) != 1 || !strings.Contains(tk.GetError(), "not in retryable_exit_codes") {
 			t.Fatalf("non-retryable exit retried or unexplained: %+v", tk)
+		}
+		if f := tk.GetAttempts()[0].GetFault(); f != apiaryv1.FailureFault_FAILURE_FAULT_JOB {
+			t.Fatalf("fault %s, want JOB", f)
 		}
 	})
 
