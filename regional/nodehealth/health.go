@@ -134,8 +134,12 @@ func (c Config) WithDefaults() Config {
 // (flag names, since a region's operator sets them).
 func (c Config) Validate() error {
 	switch {
-	case c.Window < 0 || c.ProbeAfter < 0 || c.MaxProbeAfter < 0:
-		return fmt.Errorf("--quarantine-window, --quarantine-probe-after: must not be negative")
+	case c.Window < 0:
+		return fmt.Errorf("--quarantine-window: must not be negative (got %s)", c.Window)
+	case c.ProbeAfter < 0:
+		return fmt.Errorf("--quarantine-probe-after: must not be negative (got %s)", c.ProbeAfter)
+	case c.MaxProbeAfter < 0:
+		return fmt.Errorf("--quarantine-max-probe-after: must not be negative (got %s)", c.MaxProbeAfter)
 	case c.MaxShare < 0 || c.MaxShare > 1:
 		return fmt.Errorf("--quarantine-max-share: must be between 0 and 1 (got %g)", c.MaxShare)
 	case c.Window > 0 && c.Window < time.Second:
@@ -211,7 +215,13 @@ func (r Record) Recent(c Config, nowMs int64) Stats {
 // not modified.
 func (r Record) Observe(c Config, o Outcome, nowMs int64) Record {
 	c = c.WithDefaults()
-	w := append(slices.Clone(r.live(c, nowMs)), o)
+	w := slices.Clone(r.live(c, nowMs))
+	if n := len(w); n > 0 && o.AtMs < w[n-1].AtMs {
+		// Kept in time order (a coordinator whose clock is behind the
+		// last writer's): trimming takes the oldest from the front.
+		o.AtMs = w[n-1].AtMs
+	}
+	w = append(w, o)
 	if len(w) > c.MaxEntries {
 		w = w[len(w)-c.MaxEntries:]
 	}
@@ -273,7 +283,9 @@ func Backoff(c Config, strikes int32) time.Duration {
 // that is not quarantined.
 func GuardAllows(c Config, quarantined, live int) bool {
 	c = c.WithDefaults()
-	limit := max(1, int(math.Floor(c.MaxShare*float64(live))))
+	// The epsilon keeps 0.29 x 100 at 29 (binary floating point makes it
+	// 28.999...).
+	limit := max(1, int(math.Floor(c.MaxShare*float64(live)+1e-9)))
 	return quarantined+1 <= limit && live-(quarantined+1) >= 1
 }
 
@@ -296,15 +308,16 @@ const (
 // Judge is the verdict on a failure of job's attempt on the node: Faulty
 // when it is quarantined or when this failure makes it an outlier (rest as
 // in Outlier) that the guard allows to quarantine, else Trusted when one of
-// its recent outcomes is a success, else Unproven. With c.Off it is always
-// Trusted.
+// its recent outcomes is a success, else Unproven. With c.Off it is
+// Faulty for a node still quarantined from before (whose canary Apply still
+// decides) and Trusted otherwise.
 func Judge(c Config, r Record, job string, rest Stats, guardAllows bool, nowMs int64) Verdict {
 	c = c.WithDefaults()
-	if c.Off {
-		return Trusted
-	}
 	if r.Quarantine != nil {
 		return Faulty
+	}
+	if c.Off {
+		return Trusted
 	}
 	next := r.Observe(c, Outcome{AtMs: nowMs, Job: job, Failed: true}, nowMs)
 	if out, _ := Outlier(c, next.Recent(c, nowMs), rest); out && guardAllows {

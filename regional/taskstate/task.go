@@ -463,7 +463,7 @@ func startFailed(t Task, p Policy, r Report, endMs, nowMs int64, rng *rand.Rand)
 	attempt := t.Attempt
 	t = toPending(t, nowMs+delay.Milliseconds())
 	t.Error = fmt.Sprintf("attempt %d could not start on node %s (job fault): %s; retrying on another node to confirm, not charged to max_attempts", attempt, nodeID, r.Error)
-	return Result{Task: t, Outcome: OutcomeRetry, Released: true, Fault: apiaryv1.FailureFault_FAILURE_FAULT_JOB}
+	return Result{Task: t, Outcome: OutcomeRetry, Released: true, Fault: apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED}
 }
 
 // nodeFault applies a failure that is the node's (what it did, e.g.

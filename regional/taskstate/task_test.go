@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
-	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"pgregory.net/rapid"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 )
 
 const (
@@ -28,6 +29,11 @@ const (
 	kTimedOut    = apiaryv1.ReportKind_REPORT_KIND_TIMED_OUT
 	kStartFailed = apiaryv1.ReportKind_REPORT_KIND_START_FAILED
 	kCancelled   = apiaryv1.ReportKind_REPORT_KIND_CANCELLED
+
+	fNone        = apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED
+	fNode        = apiaryv1.FailureFault_FAILURE_FAULT_NODE
+	fJob         = apiaryv1.FailureFault_FAILURE_FAULT_JOB
+	fUnconfirmed = apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED
 )
 
 const (
@@ -179,8 +185,10 @@ func TestApplyReportTransitions(t *testing.T) {
 		released bool
 		used     int32
 		err      []string // substrings of Task.Error
-		backoff  bool     // NotBeforeMs in the backoff window of Used
+		backoff  bool     // NotBeforeMs in the backoff window of Used (of backoffN when set)
+		backoffN int32
 		finished int64
+		fault    apiaryv1.FailureFault // Result.Fault
 	}
 	cancelReq := func(t Task) Task { t.CancelRequested = true; return t }
 	cases := []struct {
@@ -204,59 +212,81 @@ func TestApplyReportTransitions(t *testing.T) {
 			want{state: sComplete, outcome: OutcomeComplete, released: true, used: 2, finished: now}},
 		{"retryable exit → PENDING with backoff", active(sRunning, 1, 0), testPolicy,
 			func(t Task) Report { return report(t, kExited, 75) },
-			want{state: sPending, outcome: OutcomeRetry, released: true, used: 1, backoff: true, err: []string{"exit code 75", "retrying"}}},
+			want{state: sPending, outcome: OutcomeRetry, released: true, used: 1, backoff: true, err: []string{"exit code 75", "retrying"}, fault: fJob}},
 		{"second retryable exit → PENDING, longer backoff", active(sRunning, 2, 1), testPolicy,
 			func(t Task) Report { return report(t, kExited, 76) },
-			want{state: sPending, outcome: OutcomeRetry, released: true, used: 2, backoff: true, err: []string{"exit code 76"}}},
+			want{state: sPending, outcome: OutcomeRetry, released: true, used: 2, backoff: true, err: []string{"exit code 76"}, fault: fJob}},
 		{"non-retryable exit → FAILED", active(sRunning, 1, 0), testPolicy,
 			func(t Task) Report { return report(t, kExited, 1) },
-			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 1, finished: now, err: []string{"code 1", "not in retryable_exit_codes"}}},
+			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 1, finished: now, err: []string{"code 1", "not in retryable_exit_codes"}, fault: fJob}},
 		{"non-retryable exit with no retryable codes → FAILED", active(sRunning, 1, 0), Policy{MaxAttempts: 5},
 			func(t Task) Report { return report(t, kExited, 75) },
-			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 1, finished: now, err: []string{"not in retryable_exit_codes"}}},
+			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 1, finished: now, err: []string{"not in retryable_exit_codes"}, fault: fJob}},
 		{"retryable exit at max_attempts → FAILED", active(sRunning, 3, 2), testPolicy,
 			func(t Task) Report { return report(t, kExited, 75) },
-			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 3, finished: now, err: []string{"max_attempts 3 reached"}}},
+			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 3, finished: now, err: []string{"max_attempts 3 reached"}, fault: fJob}},
 		{"max_attempts 1: retryable exit → FAILED", active(sRunning, 1, 0), Policy{MaxAttempts: 1, RetryableCodes: []int32{75}},
 			func(t Task) Report { return report(t, kExited, 75) },
-			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 1, finished: now, err: []string{"max_attempts 1 reached"}}},
+			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 1, finished: now, err: []string{"max_attempts 1 reached"}, fault: fJob}},
 		{"TIMED_OUT within budget → PENDING", active(sRunning, 1, 0), testPolicy,
 			func(t Task) Report { return report(t, kTimedOut, -1) },
-			want{state: sPending, outcome: OutcomeTimeout, released: true, used: 1, backoff: true, err: []string{"timed out", "retrying"}}},
+			want{state: sPending, outcome: OutcomeTimeout, released: true, used: 1, backoff: true, err: []string{"timed out", "retrying"}, fault: fJob}},
 		{"TIMED_OUT at max_attempts → FAILED", active(sRunning, 3, 2), testPolicy,
 			func(t Task) Report { return report(t, kTimedOut, -1) },
-			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 3, finished: now, err: []string{"timed out", "max_attempts 3 reached"}}},
-		{"START_FAILED job fault on a first node → PENDING with backoff", active(sAssigned, 1, 0), testPolicy,
+			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 3, finished: now, err: []string{"timed out", "max_attempts 3 reached"}, fault: fJob}},
+		{"START_FAILED job fault on a first node → PENDING with backoff, not charged", active(sAssigned, 1, 0), testPolicy,
 			func(t Task) Report {
 				r := report(t, kStartFailed, 0)
 				r.Error, r.Fault = "exec: no such file", apiaryv1.FailureFault_FAILURE_FAULT_JOB
 				return r
 			},
-			want{state: sPending, outcome: OutcomeRetry, released: true, used: 1, backoff: true, err: []string{"could not start", "job fault", "exec: no such file", "retrying"}}},
+			want{state: sPending, outcome: OutcomeRetry, released: true, used: 0, backoff: true, backoffN: 1, fault: apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED,
+				err: []string{"could not start on node n1", "job fault", "exec: no such file", "retrying on another node", "not charged to max_attempts"}}},
 		{"START_FAILED unclassified (older agent) → treated as a job fault", active(sAssigned, 1, 0), testPolicy,
 			func(t Task) Report { r := report(t, kStartFailed, 0); r.Error = "exec: no such file"; return r },
-			want{state: sPending, outcome: OutcomeRetry, released: true, used: 1, backoff: true, err: []string{"job fault", "retrying"}}},
+			want{state: sPending, outcome: OutcomeRetry, released: true, used: 0, backoff: true, backoffN: 1, fault: apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED, err: []string{"job fault", "not charged"}}},
+		{"START_FAILED job fault with max_attempts 1 → PENDING, not charged", active(sAssigned, 1, 0), Policy{MaxAttempts: 1},
+			func(t Task) Report {
+				r := report(t, kStartFailed, 0)
+				r.Fault = apiaryv1.FailureFault_FAILURE_FAULT_JOB
+				return r
+			},
+			want{state: sPending, outcome: OutcomeRetry, released: true, used: 0, backoff: true, backoffN: 1, fault: apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED, err: []string{"job fault"}}},
 		{"START_FAILED job fault on a second distinct node → FAILED", jobFaultOn(active(sAssigned, 2, 1), "n0"), testPolicy,
 			func(t Task) Report {
 				r := report(t, kStartFailed, 0)
 				r.Error, r.Fault = "exec: no such file", apiaryv1.FailureFault_FAILURE_FAULT_JOB
 				return r
 			},
-			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 2, finished: now, err: []string{"could not start", "exec: no such file", "2 distinct nodes (n0, n1)", "not retried"}}},
-		{"START_FAILED job fault again on the same node → PENDING", jobFaultOn(active(sAssigned, 2, 1), node), testPolicy,
+			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 2, finished: now, fault: fJob, err: []string{"could not start", "exec: no such file", "2 distinct nodes (n0, n1)", "not retried"}}},
+		{"START_FAILED job fault on a second node with max_attempts 1 → FAILED, charged", jobFaultOn(active(sAssigned, 2, 0), "n0"), Policy{MaxAttempts: 1},
 			func(t Task) Report {
 				r := report(t, kStartFailed, 0)
 				r.Fault = apiaryv1.FailureFault_FAILURE_FAULT_JOB
 				return r
 			},
-			want{state: sPending, outcome: OutcomeRetry, released: true, used: 2, backoff: true, err: []string{"job fault", "retrying"}}},
-		{"START_FAILED job fault at max_attempts → FAILED", active(sAssigned, 3, 2), testPolicy,
+			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 1, finished: now, fault: fJob, err: []string{"2 distinct nodes (n0, n1)"}}},
+		{"START_FAILED job fault again on the same node → PENDING, charged", jobFaultOn(active(sAssigned, 2, 0), node), testPolicy,
+			func(t Task) Report {
+				r := report(t, kStartFailed, 0)
+				r.Error, r.Fault = "exec: no such file", apiaryv1.FailureFault_FAILURE_FAULT_JOB
+				return r
+			},
+			want{state: sPending, outcome: OutcomeRetry, released: true, used: 1, backoff: true, fault: fJob, err: []string{"on node n1 again", "job fault", "exec: no such file", "retrying"}}},
+		{"START_FAILED job fault again on the same node at max_attempts → FAILED", jobFaultOn(active(sAssigned, 3, 2), node), testPolicy,
 			func(t Task) Report {
 				r := report(t, kStartFailed, 0)
 				r.Fault = apiaryv1.FailureFault_FAILURE_FAULT_JOB
 				return r
 			},
-			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 3, finished: now, err: []string{"job fault", "max_attempts 3 reached"}}},
+			want{state: sFailed, outcome: OutcomeFailed, released: true, used: 3, finished: now, fault: fJob, err: []string{"again", "max_attempts 3 reached"}}},
+		{"START_FAILED first job fault with one attempt left → PENDING, not charged", active(sAssigned, 3, 2), testPolicy,
+			func(t Task) Report {
+				r := report(t, kStartFailed, 0)
+				r.Fault = apiaryv1.FailureFault_FAILURE_FAULT_JOB
+				return r
+			},
+			want{state: sPending, outcome: OutcomeRetry, released: true, used: 2, backoff: true, backoffN: 1, fault: apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED, err: []string{"job fault", "not charged"}}},
 		{"cancel requested, START_FAILED → CANCELLED", cancelReq(active(sAssigned, 1, 0)), testPolicy,
 			func(t Task) Report {
 				r := report(t, kStartFailed, 0)
@@ -315,8 +345,15 @@ func TestApplyReportTransitions(t *testing.T) {
 						t.Errorf("PENDING task keeps its placement: %+v", got)
 					}
 				}
+				if res.Fault != c.want.fault {
+					t.Errorf("Fault = %s, want %s", res.Fault, c.want.fault)
+				}
 				if c.want.backoff {
-					d := boundOf(c.pol.Backoff, got.Used)
+					n := got.Used
+					if c.want.backoffN != 0 {
+						n = c.want.backoffN
+					}
+					d := boundOf(c.pol.Backoff, n)
 					lo, hi := now+(d/2).Milliseconds(), now+d.Milliseconds()
 					if got.NotBeforeMs < lo || got.NotBeforeMs > hi {
 						t.Errorf("NotBeforeMs = now%+d, want in [now%+d, now%+d]", got.NotBeforeMs-now, lo-now, hi-now)
@@ -342,8 +379,8 @@ func TestApplyReportStartFailedNodeFault(t *testing.T) {
 		in.FailedOn = map[string]int{node: 1, "n0": 1}
 		res := ApplyReport(in, testPolicy, nodeFault(in), epoch, now, newRNG(1))
 		got := res.Task
-		if got.State != sPending || res.Outcome != OutcomeRetry || !res.Released {
-			t.Fatalf("got %s outcome %q released %v, want PENDING retry released", got.State, res.Outcome, res.Released)
+		if got.State != sPending || res.Outcome != OutcomeRetry || !res.Released || res.Fault != fNode {
+			t.Fatalf("got %s outcome %q released %v fault %s, want PENDING retry released NODE", got.State, res.Outcome, res.Released, res.Fault)
 		}
 		if got.Used != 1 || got.NodeFaults != 1 || got.FailedOn[node] != 2 || got.FailedOn["n0"] != 1 || len(got.JobFaultOn) != 0 {
 			t.Fatalf("used %d nodeFaults %d failedOn %v jobFaultOn %v; want used 1 (not charged), nodeFaults 1, failedOn[n1] 2",
@@ -395,9 +432,12 @@ func TestApplyReportStartFailedNodeFault(t *testing.T) {
 				if task.State != sFailed || res.Outcome != OutcomeFailed {
 					t.Fatalf("node fault %d (limit %d): %s, want FAILED", i, c.limit, task.State)
 				}
-				want := fmt.Sprintf("%d node-fault start failures exceed the limit of %d", c.limit+1, c.limit)
+				want := fmt.Sprintf("%d node faults exceed the limit of %d", c.limit+1, c.limit)
 				if !strings.Contains(task.Error, want) {
 					t.Fatalf("error %q does not say %q", task.Error, want)
+				}
+				if task.Used != 0 || res.Fault != fNode || task.NodeFaults != c.limit+1 {
+					t.Fatalf("past the limit: used %d fault %s nodeFaults %d; want used 0, NODE, %d", task.Used, res.Fault, task.NodeFaults, c.limit+1)
 				}
 				return
 			}
@@ -418,6 +458,275 @@ func boundOf(b Backoff, n int32) time.Duration {
 		}
 	}
 	return min(d, b.Max)
+}
+
+// ---- ApplyReport: Blame (the region's verdict on the node) ----------------------
+
+// blamed is a current report of kind/code on t with the region's blame b
+// (and, for a start failure, the agent's fault f).
+func blamed(t Task, kind apiaryv1.ReportKind, code int32, b Blame, f apiaryv1.FailureFault) Report {
+	r := report(t, kind, code)
+	r.Blame, r.Fault = b, f
+	if kind == kStartFailed {
+		r.Error = "exec: \"run.sh\": executable file not found in $PATH"
+	}
+	return r
+}
+
+// onNode assigns a PENDING task to nodeID (epoch) at now.
+func onNode(t *testing.T, task Task, nodeID string) Task {
+	t.Helper()
+	out, err := Assign(task, nodeID, epoch, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A failure on a node the region blames (quarantined, or made an outlier by
+// this failure) is the node's: retried elsewhere uncharged, counted against
+// the node, bounded by NodeFaultLimit.
+func TestApplyReportBlameNode(t *testing.T) {
+	cases := []struct {
+		name    string
+		state   apiaryv1.TaskState
+		kind    apiaryv1.ReportKind
+		code    int32
+		f       apiaryv1.FailureFault
+		outcome string
+		err     string
+	}{
+		{"non-retryable exit 1", sRunning, kExited, 1, fNone, OutcomeRetry, "exited with code 1 on a node quarantined as an outlier"},
+		{"retryable exit 75", sRunning, kExited, 75, fNone, OutcomeRetry, "exited with code 75 on a node quarantined as an outlier"},
+		{"timeout", sRunning, kTimedOut, -1, fNone, OutcomeTimeout, "timed out on a node quarantined as an outlier"},
+		{"job-fault start failure", sAssigned, kStartFailed, 0, fJob, OutcomeRetry, "could not start (node fault): exec"},
+		{"unclassified start failure", sAssigned, kStartFailed, 0, fNone, OutcomeRetry, "could not start (node fault)"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for _, pol := range []Policy{testPolicy, {MaxAttempts: 1, RetryableCodes: []int32{75}, Backoff: testPolicy.Backoff}} {
+				used := pol.MaxAttempts - 1 // one attempt left: a charge would fail it
+				in := active(c.state, 2, used)
+				in.FailedOn = map[string]int{node: 1, "n0": 1}
+				in.JobFaultOn = []string{"n0"} // a second job fault would be final
+				res := ApplyReport(in, pol, blamed(in, c.kind, c.code, BlameNode, c.f), epoch, now, newRNG(7))
+				got := res.Task
+				if res.Rejected != "" || got.State != sPending || res.Outcome != c.outcome || !res.Released || res.Fault != fNode {
+					t.Fatalf("max_attempts %d: got %s outcome %q released %v fault %s rejected %q; want PENDING %q released NODE",
+						pol.MaxAttempts, got.State, res.Outcome, res.Released, res.Fault, res.Rejected, c.outcome)
+				}
+				if got.Used != used || got.NodeFaults != 1 || got.FailedOn[node] != 2 || got.FailedOn["n0"] != 1 ||
+					!slices.Equal(got.JobFaultOn, []string{"n0"}) || got.NodeFailures != 0 {
+					t.Fatalf("used %d nodeFaults %d failedOn %v jobFaultOn %v nodeFailures %d; want used %d (uncharged), nodeFaults 1, failedOn[n1] 2, jobFaultOn [n0]",
+						got.Used, got.NodeFaults, got.FailedOn, got.JobFaultOn, got.NodeFailures, used)
+				}
+				if got.NodeID != "" || got.NodeEpoch != 0 || got.Attempt != 2 {
+					t.Fatalf("PENDING task keeps its placement or changed attempt: %+v", got)
+				}
+				if d := boundOf(pol.Backoff, 1); got.NotBeforeMs < now+(d/2).Milliseconds() || got.NotBeforeMs > now+d.Milliseconds() {
+					t.Errorf("NotBeforeMs now%+d, want the first backoff window (%v)", got.NotBeforeMs-now, d)
+				}
+				for _, s := range []string{c.err, "attempt 2 on node n1", "retrying on another node", "not charged to max_attempts"} {
+					if !strings.Contains(got.Error, s) {
+						t.Errorf("error %q does not contain %q", got.Error, s)
+					}
+				}
+			}
+		})
+		t.Run(c.name+", bounded by NodeFaultLimit", func(t *testing.T) {
+			pol := Policy{MaxAttempts: 2, RetryableCodes: []int32{75}}
+			limit := NodeFaultLimit(pol) // 10
+			task := Task{JobID: "j1", Index: 4, State: sPending}
+			for i := int32(1); i <= limit+1; i++ {
+				task = onNode(t, task, fmt.Sprintf("n%d", i%4))
+				if c.state == sRunning {
+					task = ApplyReport(task, pol, report(task, kStarted, 0), epoch, now, newRNG(1)).Task
+				}
+				res := ApplyReport(task, pol, blamed(task, c.kind, c.code, BlameNode, c.f), epoch, now, newRNG(uint64(i)))
+				task = res.Task
+				if res.Fault != fNode || task.Used != 0 || task.NodeFaults != i {
+					t.Fatalf("node fault %d: fault %s used %d nodeFaults %d; want NODE, 0, %d", i, res.Fault, task.Used, task.NodeFaults, i)
+				}
+				if i <= limit {
+					if task.State != sPending {
+						t.Fatalf("node fault %d of limit %d: %s, want PENDING", i, limit, task.State)
+					}
+					continue
+				}
+				want := fmt.Sprintf("%d node faults exceed the limit of %d", limit+1, limit)
+				if task.State != sFailed || res.Outcome != OutcomeFailed || !strings.Contains(task.Error, want) {
+					t.Fatalf("node fault %d (limit %d): %s outcome %q error %q; want FAILED saying %q", i, limit, task.State, res.Outcome, task.Error, want)
+				}
+			}
+		})
+	}
+}
+
+// A non-retryable exit on a node with no recent success (BlameUnproven) is
+// confirmed on a second distinct node before it is final.
+func TestApplyReportBlameUnproven(t *testing.T) {
+	pol := Policy{MaxAttempts: 1, RetryableCodes: []int32{75}, Backoff: testPolicy.Backoff}
+	exit1 := func(t *testing.T, task Task, nodeID string, b Blame) Result {
+		t.Helper()
+		task = onNode(t, task, nodeID)
+		res := ApplyReport(task, pol, blamed(task, kExited, 1, b, fNone), epoch, now, newRNG(3))
+		if res.Rejected != "" {
+			t.Fatalf("rejected: %s", res.Rejected)
+		}
+		return res
+	}
+	fresh := Task{JobID: "j1", Index: 4, State: sPending}
+
+	first := exit1(t, fresh, "n1", BlameUnproven)
+	t.Run("first node: retried, not charged", func(t *testing.T) {
+		got := first.Task
+		if got.State != sPending || first.Outcome != OutcomeRetry || !first.Released || first.Fault != fUnconfirmed {
+			t.Fatalf("got %s outcome %q released %v fault %s; want PENDING retry released UNCONFIRMED", got.State, first.Outcome, first.Released, first.Fault)
+		}
+		if got.Used != 0 || got.NodeFaults != 0 || got.FailedOn["n1"] != 1 || !slices.Equal(got.JobFaultOn, []string{"n1"}) {
+			t.Fatalf("used %d nodeFaults %d failedOn %v jobFaultOn %v; want 0, 0, n1:1, [n1]", got.Used, got.NodeFaults, got.FailedOn, got.JobFaultOn)
+		}
+		if d := boundOf(pol.Backoff, 1); got.NotBeforeMs < now+(d/2).Milliseconds() || got.NotBeforeMs > now+d.Milliseconds() {
+			t.Errorf("NotBeforeMs now%+d, want the first backoff window", got.NotBeforeMs-now)
+		}
+		for _, s := range []string{"attempt 1 on node n1", "exited with code 1", "not in retryable_exit_codes", "no recent success", "not charged to max_attempts"} {
+			if !strings.Contains(got.Error, s) {
+				t.Errorf("error %q does not contain %q", got.Error, s)
+			}
+		}
+	})
+	t.Run("second distinct node: FAILED, charged, both nodes named", func(t *testing.T) {
+		res := exit1(t, first.Task, "n2", BlameUnproven)
+		got := res.Task
+		if got.State != sFailed || res.Outcome != OutcomeFailed || res.Fault != fJob || got.Used != 1 || got.FinishedMs != now {
+			t.Fatalf("got %s outcome %q fault %s used %d finished %d; want FAILED failed JOB used 1", got.State, res.Outcome, res.Fault, got.Used, got.FinishedMs)
+		}
+		if !slices.Equal(got.JobFaultOn, []string{"n1", "n2"}) || got.FailedOn["n1"] != 1 || got.FailedOn["n2"] != 1 {
+			t.Fatalf("jobFaultOn %v failedOn %v", got.JobFaultOn, got.FailedOn)
+		}
+		for _, s := range []string{"attempt 2", "exited with code 1", "confirmed on 2 distinct nodes (n1, n2)", "not retried"} {
+			if !strings.Contains(got.Error, s) {
+				t.Errorf("error %q does not contain %q", got.Error, s)
+			}
+		}
+	})
+	t.Run("second node trusted: FAILED at once", func(t *testing.T) {
+		res := exit1(t, first.Task, "n2", BlameNone)
+		if res.Task.State != sFailed || res.Fault != fJob || res.Task.Used != 1 || !slices.Equal(res.Task.JobFaultOn, []string{"n1"}) {
+			t.Fatalf("got %s fault %s used %d jobFaultOn %v; want FAILED JOB used 1 [n1]", res.Task.State, res.Fault, res.Task.Used, res.Task.JobFaultOn)
+		}
+	})
+	t.Run("second node blamed: a node fault, still uncharged", func(t *testing.T) {
+		res := exit1(t, first.Task, "n2", BlameNode)
+		if res.Task.State != sPending || res.Fault != fNode || res.Task.Used != 0 || res.Task.NodeFaults != 1 {
+			t.Fatalf("got %s fault %s used %d nodeFaults %d; want PENDING NODE used 0 nodeFaults 1", res.Task.State, res.Fault, res.Task.Used, res.Task.NodeFaults)
+		}
+	})
+	t.Run("the same node again: final (no other node could confirm)", func(t *testing.T) {
+		res := exit1(t, first.Task, "n1", BlameUnproven)
+		got := res.Task
+		if got.State != sFailed || res.Outcome != OutcomeFailed || res.Fault != fJob || got.Used != 1 {
+			t.Fatalf("got %s outcome %q fault %s used %d; want FAILED failed JOB used 1", got.State, res.Outcome, res.Fault, got.Used)
+		}
+		if !slices.Equal(got.JobFaultOn, []string{"n1"}) || got.FailedOn["n1"] != 2 {
+			t.Fatalf("jobFaultOn %v failedOn %v; want [n1], n1:2", got.JobFaultOn, got.FailedOn)
+		}
+		for _, s := range []string{"attempt 2 on node n1", "exited with code 1", "failed this way on that node before", "not retried"} {
+			if !strings.Contains(got.Error, s) {
+				t.Errorf("error %q does not contain %q", got.Error, s)
+			}
+		}
+	})
+	t.Run("after a job-fault start failure on another node: confirmed", func(t *testing.T) {
+		task := onNode(t, fresh, "n1")
+		sf := ApplyReport(task, pol, blamed(task, kStartFailed, 0, BlameNone, fJob), epoch, now, newRNG(1))
+		if sf.Task.State != sPending || sf.Task.Used != 0 {
+			t.Fatalf("first job-fault start failure: %s used %d", sf.Task.State, sf.Task.Used)
+		}
+		res := exit1(t, sf.Task, "n2", BlameUnproven)
+		if res.Task.State != sFailed || res.Fault != fJob || !strings.Contains(res.Task.Error, "(n1, n2)") {
+			t.Fatalf("got %s fault %s error %q; want FAILED JOB on (n1, n2)", res.Task.State, res.Fault, res.Task.Error)
+		}
+	})
+	t.Run("retryable exit and timeout: charged as usual", func(t *testing.T) {
+		for _, c := range []struct {
+			kind apiaryv1.ReportKind
+			code int32
+		}{{kExited, 75}, {kTimedOut, -1}} {
+			// One attempt left: charged, so FAILED at max_attempts.
+			task := onNode(t, fresh, "n1")
+			res := ApplyReport(task, pol, blamed(task, c.kind, c.code, BlameUnproven, fNone), epoch, now, newRNG(1))
+			if res.Task.State != sFailed || res.Task.Used != 1 || res.Fault != fJob || len(res.Task.JobFaultOn) != 0 ||
+				!strings.Contains(res.Task.Error, "max_attempts 1 reached") {
+				t.Errorf("%s %d, max_attempts 1: got %s used %d fault %s jobFaultOn %v error %q; want FAILED used 1 JOB",
+					c.kind, c.code, res.Task.State, res.Task.Used, res.Fault, res.Task.JobFaultOn, res.Task.Error)
+			}
+			// Budget left: retried, charged.
+			res = ApplyReport(task, testPolicy, blamed(task, c.kind, c.code, BlameUnproven, fNone), epoch, now, newRNG(1))
+			if res.Task.State != sPending || res.Task.Used != 1 || res.Fault != fJob || len(res.Task.JobFaultOn) != 0 {
+				t.Errorf("%s %d, max_attempts 3: got %s used %d fault %s jobFaultOn %v; want PENDING used 1 JOB",
+					c.kind, c.code, res.Task.State, res.Task.Used, res.Fault, res.Task.JobFaultOn)
+			}
+		}
+	})
+	t.Run("job-fault start failure: as when trusted", func(t *testing.T) {
+		task := onNode(t, fresh, "n1")
+		for _, f := range []apiaryv1.FailureFault{fJob, fNone} {
+			want := ApplyReport(task, pol, blamed(task, kStartFailed, 0, BlameNone, f), epoch, now, newRNG(1))
+			got := ApplyReport(task, pol, blamed(task, kStartFailed, 0, BlameUnproven, f), epoch, now, newRNG(1))
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("agent fault %s: unproven %+v, trusted %+v", f, got, want)
+			}
+			if got.Task.State != sPending || got.Task.Used != 0 || got.Fault != apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED {
+				t.Errorf("agent fault %s: %s used %d fault %s; want PENDING used 0 UNCONFIRMED", f, got.Task.State, got.Task.Used, got.Fault)
+			}
+		}
+	})
+}
+
+// A task whose job was cancelled ends CANCELLED on any failure report,
+// whatever the blame: nothing is charged or counted, and there is no Fault.
+// Reports that are not failures ignore the blame.
+func TestApplyReportBlameIgnored(t *testing.T) {
+	failures := []struct {
+		kind apiaryv1.ReportKind
+		code int32
+		f    apiaryv1.FailureFault
+	}{{kExited, 1, fNone}, {kExited, 75, fNone}, {kExited, 137, fNone}, {kTimedOut, -1, fNone}, {kStartFailed, 0, fJob}, {kStartFailed, 0, fNode}, {kStartFailed, 0, fNone}}
+	for _, b := range []Blame{BlameNone, BlameUnproven, BlameNode} {
+		for _, c := range failures {
+			in := active(sRunning, 2, 1)
+			in.CancelRequested = true
+			in.FailedOn = map[string]int{node: 1}
+			in.JobFaultOn = []string{"n0"}
+			res := ApplyReport(in, testPolicy, blamed(in, c.kind, c.code, b, c.f), epoch, now, newRNG(1))
+			got := res.Task
+			if got.State != sCancelled || res.Outcome != OutcomeCancelled || !res.Released || res.Fault != fNone {
+				t.Errorf("blame %d, %s %d: got %s outcome %q fault %s; want CANCELLED cancelled, no fault", b, c.kind, c.code, got.State, res.Outcome, res.Fault)
+			}
+			if got.Used != 1 || got.NodeFaults != 0 || got.FailedOn[node] != 1 || !slices.Equal(got.JobFaultOn, []string{"n0"}) {
+				t.Errorf("blame %d, %s %d: used %d nodeFaults %d failedOn %v jobFaultOn %v; want nothing counted",
+					b, c.kind, c.code, got.Used, got.NodeFaults, got.FailedOn, got.JobFaultOn)
+			}
+		}
+	}
+	others := []struct {
+		kind  apiaryv1.ReportKind
+		state apiaryv1.TaskState
+	}{
+		{kStarted, sAssigned}, {kExited, sRunning}, {kRefused, sAssigned}, {kCancelled, sRunning},
+		{apiaryv1.ReportKind_REPORT_KIND_DRAINED, sRunning}, {apiaryv1.ReportKind_REPORT_KIND_LOST, sRunning},
+	}
+	for _, b := range []Blame{BlameUnproven, BlameNode} {
+		for _, c := range others {
+			in := active(c.state, 2, 1)
+			want := ApplyReport(in, testPolicy, blamed(in, c.kind, 0, BlameNone, fNone), epoch, now, newRNG(1))
+			got := ApplyReport(in, testPolicy, blamed(in, c.kind, 0, b, fNone), epoch, now, newRNG(1))
+			if !reflect.DeepEqual(got, want) || got.Fault != fNone || got.Rejected != "" {
+				t.Errorf("blame %d, %s: %+v; want as unblamed %+v, no fault", b, c.kind, got, want)
+			}
+		}
+	}
 }
 
 func TestApplyReportStarted(t *testing.T) {
@@ -492,6 +801,22 @@ func TestInputNotModified(t *testing.T) {
 		ApplyReport(in, testPolicy, report(in, k.kind, k.code), epoch, now, newRNG(1))
 		if !reflect.DeepEqual(in, base) {
 			t.Errorf("ApplyReport %s/%d modified its input: %+v", k.kind, k.code, in)
+		}
+	}
+	// Appending to JobFaultOn must not write into the caller's array, spare
+	// capacity included (a node-fault, unconfirmed and job-fault failure each
+	// record the node).
+	for _, b := range []Blame{BlameNone, BlameUnproven, BlameNode} {
+		for _, k := range []apiaryv1.ReportKind{kExited, kStartFailed, kTimedOut} {
+			backing := []string{"n0", "spare"}
+			in := clone(base)
+			in.JobFaultOn = backing[:1]
+			r := report(in, k, 1)
+			r.Blame = b
+			res := ApplyReport(in, testPolicy, r, epoch, now, newRNG(1))
+			if backing[1] != "spare" || len(in.JobFaultOn) != 1 || in.FailedOn[node] != 1 {
+				t.Errorf("ApplyReport %s blame %d wrote into its input: backing %v, FailedOn %v (result jobFaultOn %v)", k, b, backing, in.FailedOn, res.Task.JobFaultOn)
+			}
 		}
 	}
 	in := clone(base)
@@ -866,7 +1191,8 @@ func TestPropertySequences(t *testing.T) {
 					NodeEpoch: task.NodeEpoch,
 					Attempt:   task.Attempt,
 					ExitCode:  int32(rapid.IntRange(0, 5).Draw(rt, "code")),
-					Fault:     rapid.SampledFrom([]apiaryv1.FailureFault{apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED, apiaryv1.FailureFault_FAILURE_FAULT_NODE, apiaryv1.FailureFault_FAILURE_FAULT_NODE, apiaryv1.FailureFault_FAILURE_FAULT_JOB}).Draw(rt, "fault"),
+					Fault:     rapid.SampledFrom([]apiaryv1.FailureFault{fNone, fNode, fNode, fJob}).Draw(rt, "fault"),
+					Blame:     rapid.SampledFrom([]Blame{BlameNone, BlameUnproven, BlameNode}).Draw(rt, "blame"),
 				}
 				if rapid.Bool().Draw(rt, "stale") {
 					switch rapid.IntRange(0, 2).Draw(rt, "stale_kind") {
@@ -888,17 +1214,8 @@ func TestPropertySequences(t *testing.T) {
 				if rejected && res.Rejected == "" {
 					rt.Fatalf("rejected without a reason")
 				}
-				if !rejected && r.Kind == kStartFailed && !task.CancelRequested {
-					if r.Fault == apiaryv1.FailureFault_FAILURE_FAULT_NODE {
-						if next.Used != task.Used || next.NodeFaults != task.NodeFaults+1 {
-							rt.Fatalf("node-fault start failure: used %d → %d, nodeFaults %d → %d", task.Used, next.Used, task.NodeFaults, next.NodeFaults)
-						}
-					} else if next.Used != task.Used+1 || !slices.Contains(next.JobFaultOn, task.NodeID) {
-						rt.Fatalf("job-fault start failure: used %d → %d, jobFaultOn %v on %s", task.Used, next.Used, next.JobFaultOn, task.NodeID)
-					}
-					if next.FailedOn[task.NodeID] != task.FailedOn[task.NodeID]+1 {
-						rt.Fatalf("start failure not counted against %s: %v → %v", task.NodeID, task.FailedOn, next.FailedOn)
-					}
+				if !rejected {
+					checkFailure(rt, pol, task, r, res)
 				}
 			case 3: // node loss: lease gone, reclaim its tasks of that epoch
 				n := rapid.SampledFrom(nodes).Draw(rt, "lost_node")
@@ -907,6 +1224,9 @@ func TestPropertySequences(t *testing.T) {
 				loss := Loss{Alone: rapid.Bool().Draw(rt, "alone"), Drained: rapid.Bool().Draw(rt, "drained")}
 				res, ok := NodeLost(in, pol, n, lostEpoch, loss, clock)
 				next, rejected = res.Task, !ok
+				if res.Fault != fNone {
+					rt.Fatalf("node loss has Fault %s", res.Fault)
+				}
 				if ok != (Active(task.State) && task.NodeID == n && task.NodeEpoch == lostEpoch && lostEpoch != 0) {
 					rt.Fatalf("NodeLost(%s, %d) ok=%v on %+v", n, lostEpoch, ok, task)
 				}
@@ -964,4 +1284,71 @@ func TestPropertySequences(t *testing.T) {
 			task = next
 		}
 	})
+}
+
+// checkFailure checks an accepted report r's result res on task (the
+// property's step): who is charged for a failed attempt, and Result.Fault.
+func checkFailure(rt *rapid.T, pol Policy, task Task, r Report, res Result) {
+	next, node := res.Task, task.NodeID
+	failure := !task.CancelRequested &&
+		(r.Kind == kExited && r.ExitCode != 0 || r.Kind == kTimedOut || r.Kind == kStartFailed)
+	if failure != (res.Fault != fNone) {
+		rt.Fatalf("%s (exit %d, cancel %v): Fault %s, outcome %q; want a fault iff the attempt failed",
+			r.Kind, r.ExitCode, task.CancelRequested, res.Fault, res.Outcome)
+	}
+	if !failure {
+		if next.NodeFaults != task.NodeFaults || !slices.Equal(next.JobFaultOn, task.JobFaultOn) {
+			rt.Fatalf("%s that is not a failure counted a fault: nodeFaults %d → %d, jobFaultOn %v → %v",
+				r.Kind, task.NodeFaults, next.NodeFaults, task.JobFaultOn, next.JobFaultOn)
+		}
+		return
+	}
+	if next.FailedOn[node] != task.FailedOn[node]+1 {
+		rt.Fatalf("%s not counted against %s: %v → %v", r.Kind, node, task.FailedOn, next.FailedOn)
+	}
+	retryable := r.Kind == kExited && slices.Contains(pol.RetryableCodes, r.ExitCode)
+	wantUsed := task.Used + 1
+	want := fJob
+	switch {
+	case r.Blame == BlameNode || r.Kind == kStartFailed && r.Fault == fNode:
+		wantUsed, want = task.Used, fNode
+		if next.NodeFaults != task.NodeFaults+1 {
+			rt.Fatalf("node fault: nodeFaults %d → %d", task.NodeFaults, next.NodeFaults)
+		}
+	case r.Kind == kStartFailed:
+		// A job fault: uncharged on a first node, final on a second
+		// distinct one, charged as usual again on the same node.
+		if !slices.Contains(task.JobFaultOn, node) {
+			if !slices.Contains(next.JobFaultOn, node) {
+				rt.Fatalf("job-fault start failure on %s not recorded: %v", node, next.JobFaultOn)
+			}
+			if len(next.JobFaultOn) < JobFaultNodes {
+				wantUsed, want = task.Used, fUnconfirmed
+				if next.State != sPending {
+					rt.Fatalf("first job-fault start failure: %s, want PENDING", next.State)
+				}
+			} else if next.State != sFailed {
+				rt.Fatalf("job-fault start failure on %v: %s, want FAILED", next.JobFaultOn, next.State)
+			}
+		}
+	case r.Kind == kExited && r.Blame == BlameUnproven && !retryable:
+		if !slices.Contains(task.JobFaultOn, node) && len(task.JobFaultOn)+1 < JobFaultNodes {
+			wantUsed, want = task.Used, fUnconfirmed
+			if next.State != sPending {
+				rt.Fatalf("unconfirmed exit %d: %s, want PENDING", r.ExitCode, next.State)
+			}
+		} else if next.State != sFailed {
+			rt.Fatalf("exit %d confirmed (jobFaultOn %v, on %s): %s, want FAILED", r.ExitCode, task.JobFaultOn, node, next.State)
+		}
+	}
+	if r.Blame == BlameNode && next.Used != task.Used {
+		rt.Fatalf("%s blamed on the node charged the task: used %d → %d", r.Kind, task.Used, next.Used)
+	}
+	if next.Used != wantUsed || res.Fault != want {
+		rt.Fatalf("%s (exit %d, blame %d, agent fault %s, jobFaultOn %v): used %d → %d, Fault %s; want used %d, Fault %s",
+			r.Kind, r.ExitCode, r.Blame, r.Fault, task.JobFaultOn, task.Used, next.Used, res.Fault, wantUsed, want)
+	}
+	if want != fNode && next.NodeFaults != task.NodeFaults {
+		rt.Fatalf("%s not blamed on the node counted a node fault: %d → %d", r.Kind, task.NodeFaults, next.NodeFaults)
+	}
 }
