@@ -59,7 +59,10 @@ func (a *Agent) report(rep *reporter, st *attemptState, req *apiaryv1.ReportTask
 			return res
 		}
 		a.mu.Lock()
-		current := st.epoch == a.epoch && a.epoch != 0 && req.GetNodeEpoch() == st.epoch &&
+		// The region saying the epoch ended puts it in doubt too, even
+		// before a heartbeat tells this agent so: a report dropped then
+		// would leave its task to the reclaim.
+		current := st.epoch == a.epoch && a.epoch != 0 && req.GetNodeEpoch() == st.epoch && !res.epochEnded &&
 			!(a.leaseTTL > 0 && time.Since(a.lastContact) >= a.leaseTTL)
 		a.mu.Unlock()
 		if current {

@@ -25,6 +25,9 @@ type reporter struct {
 type reportResult struct {
 	accepted bool
 	reason   string // why it was rejected
+	// epochEnded: rejected because the report's node epoch is no longer
+	// the node's (ReportTaskStatusResponse.node_epoch_ended).
+	epochEnded bool
 	// delivered is false when ctx ended or giveUp fired first; the report's
 	// fate is then unknown.
 	delivered bool
@@ -49,7 +52,7 @@ func (r *reporter) send(ctx context.Context, req *apiaryv1.ReportTaskStatusReque
 		resp, err := cl.ReportTaskStatus(cctx, req)
 		cancel()
 		if err == nil {
-			return reportResult{accepted: resp.GetAccepted(), reason: resp.GetReason(), delivered: true}
+			return reportResult{accepted: resp.GetAccepted(), reason: resp.GetReason(), epochEnded: resp.GetNodeEpochEnded(), delivered: true}
 		}
 		if ctx.Err() != nil {
 			break

@@ -293,6 +293,23 @@ func (c *Coordinator) lanMemberFailed(ctx context.Context, s *serf.Serf, m serf.
 	}()
 }
 
+// lanAgentAlive reports whether the pool holds an alive member of the
+// agent at its tagged epoch (false without a pool).
+func (c *Coordinator) lanAgentAlive(at lan.AgentTags) bool {
+	c.lan.mu.Lock()
+	s := c.lan.serf
+	c.lan.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	for _, m := range s.Members() {
+		if t, ok := lan.DecodeAgentTags(m.Tags); ok && t.NodeID == at.NodeID && t.Epoch == at.Epoch && m.Status == serf.StatusAlive {
+			return true
+		}
+	}
+	return false
+}
+
 // liveNodes are the nodes with an alive agent member in s.
 func liveNodes(s *serf.Serf) map[string]bool {
 	live := map[string]bool{}
@@ -363,6 +380,13 @@ func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member 
 			return
 		case <-time.After(wait):
 		}
+	}
+	if c.lanAgentAlive(at) {
+		// The member came back (serf refuted its own failure) while the
+		// veto ran: serf no longer says anything against the node.
+		met.FastReclaimSkips.WithLabelValues("member_alive_again").Inc()
+		c.log.Info("LAN: agent member failed but is alive again; epoch kept", "node", at.NodeID, "epoch", at.Epoch, "member", member)
+		return
 	}
 	ended, err := c.endNodeEpoch(ctx, at.NodeID, at.Epoch)
 	switch {

@@ -31,6 +31,12 @@ type ownerCache struct {
 	dirtyCancel map[string]bool
 	// nodesGen counts node record and liveness changes (Snapshot.Generation).
 	nodesGen uint64
+	// nodesRev is the etcd revision up to which the node keys are known
+	// (the load's revision, then each node event's): the region's
+	// quarantine set changes only with a node's health record, so a set
+	// ModRevision above it is a quarantine this cache has not seen yet
+	// (planWrite compares it).
+	nodesRev int64
 	// useDirty holds the nodes where a task changed since their usage was
 	// last computed (nodeSnapshot.usage).
 	useDirty map[string]bool
@@ -86,6 +92,7 @@ func (c *ownerCache) load(ctx context.Context, kv clientv3.KV) (int64, error) {
 			c.apply(kv, false)
 		}
 	}
+	c.nodesRev = max(c.nodesRev, resp.Header.Revision)
 	return resp.Header.Revision, nil
 }
 
@@ -159,6 +166,7 @@ func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 		if !ok {
 			return
 		}
+		c.nodesRev = max(c.nodesRev, kv.ModRevision)
 		n := c.nodes[id]
 		if n == nil {
 			n = &cNode{id: id}

@@ -143,7 +143,8 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 }
 
 // planWrite builds the fenced, compared write for placements on one node:
-// it compares the node's alive epoch and usage ModRevision and each task's
+// it compares the node's alive epoch and usage ModRevision, that the
+// region's automatic quarantines are those the cache knows, and each task's
 // ModRevision. A placement whose task cannot be assigned or whose
 // assignment cannot be encoded is left out (counted and logged by skip); the
 // task stays PENDING.
@@ -161,6 +162,10 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 	w := write{cmps: []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(aliveKey), "=", n.alive),
 		clientv3.Compare(clientv3.ModRevision(usageKey), "=", n.usageRev),
+		// No automatic quarantine (or release) committed since the
+		// cache's view: a report that quarantines the node must stop a
+		// plan computed before it (health.go).
+		clientv3.Compare(clientv3.ModRevision(keyQuarantineSet), "<", c.nodesRev+1),
 	}, keys: []string{aliveKey, usageKey}}
 	type upd struct {
 		ct  *cTask

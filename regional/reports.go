@@ -251,7 +251,7 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 		}, rd.alive[r.GetNodeId()], nowMs, reportRNG.r)
 		reportRNG.Unlock()
 		if res.Rejected != "" {
-			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: res.Rejected}
+			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: res.Rejected, NodeEpochEnded: rd.alive[r.GetNodeId()] != r.GetNodeEpoch()}
 			continue
 		}
 		if failed := res.Fault != apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED; failed || res.Outcome == taskstate.OutcomeComplete {

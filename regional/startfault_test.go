@@ -40,9 +40,16 @@ tasks:
 			t.Fatalf("%d tasks", len(tasks))
 		}
 		nodes := map[string]bool{}
-		for _, a := range tasks[0].GetAttempts() {
-			if a.GetFault() != apiaryv1.FailureFault_FAILURE_FAULT_JOB {
-				t.Fatalf("attempt %d on %s: fault %s (error %q), want JOB", a.GetAttempt(), a.GetNodeId(), a.GetFault(), a.GetError())
+		attempts := tasks[0].GetAttempts()
+		for i, a := range attempts {
+			// The first node's failure is unconfirmed (retried elsewhere,
+			// not charged); the second node's confirms it: the job's fault.
+			want := apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED
+			if i == len(attempts)-1 {
+				want = apiaryv1.FailureFault_FAILURE_FAULT_JOB
+			}
+			if a.GetFault() != want {
+				t.Fatalf("attempt %d on %s: fault %s (error %q), want %s", a.GetAttempt(), a.GetNodeId(), a.GetFault(), a.GetError(), want)
 			}
 			nodes[a.GetNodeId()] = true
 		}

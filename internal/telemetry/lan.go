@@ -17,7 +17,9 @@ type LANMetrics struct {
 	// current one: already ended, re-registered, or another coordinator
 	// ended it first), unregistered (tagged epoch 0), mass_failure (too
 	// many agents failed at once for this coordinator's view to be trusted;
-	// the leases decide), error (etcd did not answer).
+	// the leases decide), error (etcd did not answer),
+	// not_heartbeat_coordinator, heartbeats_arrive (a false suspicion) and
+	// member_alive_again (serf refuted the failure during the veto).
 	FastReclaimSkips *prometheus.CounterVec
 	// OwnerDepositions counts shard owners this coordinator deposed on
 	// suspicion, by what it saw: tcp_refused (the owner's API port refused
@@ -35,7 +37,7 @@ func NewLANMetrics(reg prometheus.Registerer) *LANMetrics {
 		FastReclaims: f.counterVec("apiary_lan_fast_reclaims_total",
 			"Node epochs this coordinator ended on a LAN suspicion before their lease expired, by reason (member_failed).", "reason"),
 		FastReclaimSkips: f.counterVec("apiary_lan_fast_reclaim_skips_total",
-			"Agent suspicions that ended no node epoch, by reason (epoch_changed, unregistered, mass_failure, error).", "reason"),
+			"Agent suspicions that ended no node epoch, by reason (epoch_changed, unregistered, mass_failure, error, not_heartbeat_coordinator, heartbeats_arrive, member_alive_again).", "reason"),
 		OwnerDepositions: f.counterVec("apiary_owner_depositions_total",
 			"Shard owners this coordinator deposed on suspicion, by what it saw (tcp_refused, lan_failed).", "via"),
 	}

@@ -3873,9 +3873,14 @@ type ReportTaskStatusResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Accepted bool                   `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	// Why a report was rejected ("stale attempt", "stale node epoch", ...).
-	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Set on a rejection when the report's node epoch is no longer the
+	// node's current one (its lease lapsed or was ended): the agent's session
+	// is in doubt, so it holds the report until it has registered again and
+	// its attempts' adoption is decided, instead of dropping it.
+	NodeEpochEnded bool `protobuf:"varint,3,opt,name=node_epoch_ended,json=nodeEpochEnded,proto3" json:"node_epoch_ended,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReportTaskStatusResponse) Reset() {
@@ -3920,6 +3925,13 @@ func (x *ReportTaskStatusResponse) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *ReportTaskStatusResponse) GetNodeEpochEnded() bool {
+	if x != nil {
+		return x.NodeEpochEnded
+	}
+	return false
 }
 
 type DrainNodeRequest struct {
@@ -5605,10 +5617,11 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\vspans_jsonl\x18\x02 \x01(\fR\n" +
 	"spansJsonl\")\n" +
 	"\x13ExportSpansResponse\x12\x12\n" +
-	"\x04kept\x18\x01 \x01(\x05R\x04kept\"N\n" +
+	"\x04kept\x18\x01 \x01(\x05R\x04kept\"x\n" +
 	"\x18ReportTaskStatusResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"t\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12(\n" +
+	"\x10node_epoch_ended\x18\x03 \x01(\bR\x0enodeEpochEnded\"t\n" +
 	"\x10DrainNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vdeadline_ms\x18\x02 \x01(\x03R\n" +
