@@ -5,7 +5,7 @@ PKGS    ?= ./...
 # Tests run with the race detector off by default (2-core CI budget); `make race` runs it.
 TESTFLAGS ?= -count=1 -timeout 9m
 
-.PHONY: all deps build test race proto proto-check lint demo bench loadtest-liveness clean
+.PHONY: all deps build test race proto proto-check lint demo bench bench-badnode loadtest-liveness clean
 
 all: build
 
@@ -43,6 +43,11 @@ demo: build
 
 bench: build
 	./scripts/bench.sh
+
+# Issue 11's bad-node benchmark (one bad agent of four against a healthy
+# control, 5 trials per setup, a few minutes); results in loadtest/results/.
+bench-badnode: build
+	$(GO) run ./loadtest/bench/cmd/apiary-bench -bin $(BIN) -out loadtest/results/badnode-$$(date +%F) -only badnode
 
 # Issue 20's liveness load tests (partition-agent, outage-region) with small
 # trial counts, about 4 minutes; results in loadtest/results/. Not part of

@@ -27,6 +27,15 @@
 //   - OwnerDetect: the shard owner of a 3-member region killed or paused;
 //     time until it is deposed, with the TCP probe, the pool, or both.
 //
+// And one of per-node failure attribution (issue 11, badnode.go, not in
+// the default set): BadNode, 4 agents x 1000 m and 3 jobs x 20 tasks of
+// `sleep 1` submitted at once, one agent bad (a `sleep` first in its PATH
+// that exits 75 or 1, or its work dir broken) against a healthy control, a
+// fresh region per trial; failed tasks and jobs, whether and how soon the
+// bad node is quarantined, the attempts it absorbed before, and the wall
+// time over the control's (with the harness spawning the sleeps itself as
+// a floor).
+//
 // cmd/apiary-bench runs them and writes per-trial CSV rows and a summary.
 // The package owns measurement only: it must not change regional state
 // except through the public API (SubmitJob, CancelJob) and process
