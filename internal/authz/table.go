@@ -1,0 +1,86 @@
+package authz
+
+import (
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// access is the rule a method falls under; Policy.decide spells out what
+// each one admits on a region server and on the router.
+type access int
+
+const (
+	// accessAgent: AgentService. On a region server, an agent certificate
+	// of the server's region whose id is the request's node_id; refused on
+	// the router.
+	accessAgent access = iota + 1
+	// accessAPI: JobService and AdminService as users call them. On a
+	// region server: clients (unscoped, or scoped to this region), routers
+	// and the coordinators of this region. On the router: clients.
+	accessAPI
+	// accessRouterOnly: calls only a router makes on a region
+	// (ForwardRequest, LookupRequest: they write and read the region's
+	// cross-region idempotency records). Refused on the router, which does
+	// not serve them.
+	accessRouterOnly
+	// accessAnyone: grpc health; any verified identity.
+	accessAnyone
+)
+
+// rule is one method's entry.
+type rule struct {
+	// service is the gRPC service's full name (the metric's service label)
+	// and short its last element, as messages name it ("JobService").
+	service, short string
+	access         access
+}
+
+const (
+	jobService    = "apiary.v1.JobService"
+	agentService  = "apiary.v1.AgentService"
+	adminService  = "apiary.v1.AdminService"
+	healthService = "grpc.health.v1.Health"
+)
+
+func job(a access) rule   { return rule{service: jobService, short: "JobService", access: a} }
+func admin(a access) rule { return rule{service: adminService, short: "AdminService", access: a} }
+func agent() rule         { return rule{service: agentService, short: "AgentService", access: accessAgent} }
+func health() rule        { return rule{service: healthService, short: "Health", access: accessAnyone} }
+
+// methods is the table: every method a server of ours may serve, by full
+// method name ("/apiary.v1.JobService/SubmitJob"). Adding an RPC to the
+// proto fails TestEveryMethodHasARule until it is added here, with the
+// rule chosen on purpose.
+var methods = map[string]rule{
+	apiaryv1.JobService_SubmitJob_FullMethodName:      job(accessAPI),
+	apiaryv1.JobService_GetJob_FullMethodName:         job(accessAPI),
+	apiaryv1.JobService_ListJobs_FullMethodName:       job(accessAPI),
+	apiaryv1.JobService_CancelJob_FullMethodName:      job(accessAPI),
+	apiaryv1.JobService_WatchJob_FullMethodName:       job(accessAPI),
+	apiaryv1.JobService_GetJobLogs_FullMethodName:     job(accessAPI),
+	apiaryv1.JobService_GetJobTrace_FullMethodName:    job(accessAPI), // also coordinator -> peer coordinator (local_only)
+	apiaryv1.JobService_ForwardRequest_FullMethodName: job(accessRouterOnly),
+	apiaryv1.JobService_LookupRequest_FullMethodName:  job(accessRouterOnly),
+
+	apiaryv1.AgentService_RegisterNode_FullMethodName:      agent(),
+	apiaryv1.AgentService_Heartbeat_FullMethodName:         agent(),
+	apiaryv1.AgentService_StreamAssignments_FullMethodName: agent(),
+	apiaryv1.AgentService_ReportTaskStatus_FullMethodName:  agent(),
+	apiaryv1.AgentService_AdoptAttempts_FullMethodName:     agent(),
+	apiaryv1.AgentService_DrainSelf_FullMethodName:         agent(),
+	apiaryv1.AgentService_Deregister_FullMethodName:        agent(),
+	apiaryv1.AgentService_ExportSpans_FullMethodName:       agent(),
+
+	apiaryv1.AdminService_ListNodes_FullMethodName:          admin(accessAPI),
+	apiaryv1.AdminService_GetRegionInfo_FullMethodName:      admin(accessAPI),
+	apiaryv1.AdminService_ListRegions_FullMethodName:        admin(accessAPI), // also router -> region (peer view)
+	apiaryv1.AdminService_QuarantineNode_FullMethodName:     admin(accessAPI),
+	apiaryv1.AdminService_ReleaseNode_FullMethodName:        admin(accessAPI),
+	apiaryv1.AdminService_DrainNode_FullMethodName:          admin(accessAPI),
+	apiaryv1.AdminService_SetNodeEligibility_FullMethodName: admin(accessAPI),
+
+	healthpb.Health_Check_FullMethodName: health(),
+	healthpb.Health_Watch_FullMethodName: health(),
+	healthpb.Health_List_FullMethodName:  health(),
+}
