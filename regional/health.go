@@ -158,21 +158,24 @@ func failureKind(r *apiaryv1.ReportTaskStatusRequest) bool {
 }
 
 // blame is the region's verdict on the reporting node for a failure of a
-// task of job, before it is applied.
+// task of job, before it is applied: BlameNode when nodehealth.Judge finds
+// it Faulty, else BlameUnproven (a failure that would be final is confirmed
+// on a second node) when the region has another live node, else BlameNone.
 func (c *Coordinator) blame(h *healthState, r *apiaryv1.ReportTaskStatusRequest, nowMs int64) taskstate.Blame {
 	if !failureKind(r) {
 		return taskstate.BlameNone
 	}
 	id := r.GetNodeId()
 	rest, live := c.restOf(h, id, nowMs)
-	switch nodehealth.Judge(c.cfg.Quarantine, h.node(id).rec, r.GetJobId(), rest, c.guardAllows(h, id, live), nowMs) {
-	case nodehealth.Faulty:
+	if nodehealth.Judge(c.cfg.Quarantine, h.node(id).rec, r.GetJobId(), rest, c.guardAllows(h, id, live), nowMs) == nodehealth.Faulty {
 		return taskstate.BlameNode
-	case nodehealth.Unproven:
-		if live > 1 {
-			// Only another node can confirm a failure.
-			return taskstate.BlameUnproven
-		}
+	}
+	if live > 1 && !c.cfg.Quarantine.Off {
+		// A failure that would be final is confirmed on another node: a
+		// host that just broke has no record against it yet, and its
+		// earlier successes prove nothing now. Only another node can
+		// confirm, hence not in a region of one.
+		return taskstate.BlameUnproven
 	}
 	return taskstate.BlameNone
 }

@@ -311,18 +311,10 @@ tasks:
 		}
 	})
 
-	t.Run("NonRetryableExitOnATrustedNodeIsNeverRetried", func(t *testing.T) {
-		// A success on n1 vouches for it (docs/architecture.md, "Bad
-		// nodes"): a non-retryable exit there is the job's, final at once.
-		ok := submit(t, c, spec(t, `
-name: vouch
-tasks:
-  - name: fine
-    command: "true"
-    constraints:
-      - {label: zone, op: "=", values: [a]}
-`))
-		waitState(t, c, ok, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
+	t.Run("NonRetryableExitIsConfirmedOnASecondNodeThenFinal", func(t *testing.T) {
+		// A non-retryable exit is the job's once a second node confirms it
+		// (docs/architecture.md, "Bad nodes"): one bad host cannot fail a
+		// job, and a bad job costs one more attempt, never more.
 		id := submit(t, c, spec(t, `
 name: terminal
 max_attempts: 5
@@ -331,16 +323,16 @@ tasks:
     command: sh
     args: ["-c", "exit 3"]
     retryable_exit_codes: [75]
-    constraints:
-      - {label: zone, op: "=", values: [a]}
 `))
 		j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_FAILED, 30*time.Second)
 		tk := j.GetTasks()[0]
-		if tk.GetAttempt() != 1 || len(tk.GetAttempts()) != 1 || !strings.Contains(tk.GetError(), "not in retryable_exit_codes") {
-			t.Fatalf("non-retryable exit retried or unexplained: %+v", tk)
+		as := logs(t, c, id)[0].GetAttempts()
+		if tk.GetAttempt() != 2 || len(as) != 2 || as[0].GetNodeId() == as[1].GetNodeId() ||
+			!strings.Contains(tk.GetError(), "not in retryable_exit_codes") || !strings.Contains(tk.GetError(), "confirmed on 2 distinct nodes") {
+			t.Fatalf("non-retryable exit: want 2 attempts on 2 nodes and a confirmed error, got %+v", tk)
 		}
-		if f := tk.GetAttempts()[0].GetFault(); f != apiaryv1.FailureFault_FAILURE_FAULT_JOB {
-			t.Fatalf("fault %s, want JOB", f)
+		if as[0].GetFault() != apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED || as[1].GetFault() != apiaryv1.FailureFault_FAILURE_FAULT_JOB {
+			t.Fatalf("faults %s, %s; want UNCONFIRMED then JOB", as[0].GetFault(), as[1].GetFault())
 		}
 	})
 

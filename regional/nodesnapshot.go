@@ -193,13 +193,14 @@ func (ns *nodeSnapshot) build() *placement.Snapshot {
 // canaries applies the automatic quarantines to the snapshot at nowMs: a
 // quarantined node whose canary is due (nodehealth.Quarantine.CanaryDue:
 // the backoff passed and none of its active attempts was assigned since)
-// is offered for exactly one more task, the canary, whose outcome releases
-// it or pushes the next canary out (health.go); the others stay
-// quarantined. It returns how long until the next canary falls due (0:
-// none), so that the round after it is not later.
-func (ns *nodeSnapshot) canaries(nowMs int64) time.Duration {
+// is returned in due, offered for exactly one more task (MaxTasks =
+// running + 1), which place gives it first, so that a canary runs even
+// when other nodes would score better (its outcome releases the node or
+// pushes the next canary out, health.go); the others stay quarantined.
+// next is how long until the next canary falls due (0: none), so that the
+// round after it is not later.
+func (ns *nodeSnapshot) canaries(nowMs int64) (due []*placement.Node, next time.Duration) {
 	c := ns.cache
-	var next time.Duration
 	for _, pn := range ns.auto {
 		n := c.nodes[pn.ID]
 		q := n.health.Quarantine
@@ -216,13 +217,14 @@ func (ns *nodeSnapshot) canaries(nowMs int64) time.Duration {
 			if n.rec.MaxTasks > 0 {
 				pn.MaxTasks = min(pn.MaxTasks, int(n.rec.MaxTasks))
 			}
+			due = append(due, pn)
 		case q.ProbeAtMs > nowMs:
 			if d := time.Duration(q.ProbeAtMs-nowMs) * time.Millisecond; next == 0 || d < next {
 				next = d
 			}
 		}
 	}
-	return next
+	return due, next
 }
 
 // setUsage copies a node's usage into its snapshot entry.

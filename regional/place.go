@@ -2,6 +2,7 @@ package regional
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -25,7 +26,8 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		return next, nil
 	}
 	snap := s.snap.build()
-	if d := s.snap.canaries(nowMs); d > 0 && d < next {
+	due, d := s.snap.canaries(nowMs)
+	if d > 0 && d < next {
 		next = d
 	}
 	// used accumulates the usage of the nodes this round's plan writes.
@@ -68,7 +70,9 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		byKey[ct.key] = ct
 	}
 	snap.Existing = s.snap.existing(cands)
+	canaries, ptasks := s.placeCanaries(snap, due, ptasks)
 	plan := s.d.placer.Place(snap, ptasks)
+	plan.Placements = append(canaries, plan.Placements...)
 
 	// Group placements by node so a chunk carries whole nodes.
 	byNode := map[string][]placement.Placement{}
@@ -140,6 +144,41 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		return 0, nil // more may fit right away
 	}
 	return next, nil
+}
+
+// placeCanaries gives each node whose canary is due (nodeSnapshot.canaries)
+// its one task first: the engine places the candidates on a snapshot of
+// that node alone (it takes one, by the engine's own order), and the node
+// is then closed for the round's main pass. Without this a quarantined
+// node's canary would wait until the healthy nodes were full, since they
+// score better. It returns the canary placements and the tasks left for
+// the main pass.
+func (s *scheduler) placeCanaries(snap *placement.Snapshot, due []*placement.Node, ptasks []placement.Task) ([]placement.Placement, []placement.Task) {
+	var out []placement.Placement
+	for _, pn := range due {
+		if len(ptasks) == 0 {
+			break
+		}
+		// Not a task that failed there already: alone in this snapshot
+		// the node would be its only choice, and the engine falls back to
+		// failed-on nodes then.
+		fresh := slices.DeleteFunc(slices.Clone(ptasks), func(t placement.Task) bool { return t.FailedOn[pn.ID] > 0 })
+		pn.Quarantined = true // the main pass leaves it alone
+		if len(fresh) == 0 {
+			continue
+		}
+		pn.Quarantined = false
+		// Generation 0: a node set of its own, nothing reused.
+		cp := s.d.placer.Place(&placement.Snapshot{Nodes: []*placement.Node{pn}, Existing: snap.Existing}, fresh)
+		pn.Quarantined = true
+		if len(cp.Placements) == 0 {
+			continue
+		}
+		p := cp.Placements[0]
+		out = append(out, p)
+		ptasks = slices.DeleteFunc(ptasks, func(t placement.Task) bool { return t.ID == p.TaskID })
+	}
+	return out, ptasks
 }
 
 // planWrite builds the fenced, compared write for placements on one node:

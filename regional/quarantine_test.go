@@ -206,26 +206,36 @@ tasks:
 	}
 }
 
-// node returns the region's view of one node.
+// node returns the region's view of one node (waiting until it is listed).
 func node(t *testing.T, c clients, id string) *apiaryv1.Node {
 	t.Helper()
 	var out *apiaryv1.Node
 	testutil.Eventually(t, 10*time.Second, "list nodes", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		resp, err := c.admin.ListNodes(ctx, &apiaryv1.ListNodesRequest{})
+		nodes, err := listNodesOnce(c)
 		if err != nil {
 			return err
 		}
-		for _, n := range resp.GetNodes() {
-			if n.GetId() == id {
-				out = n
-				return nil
-			}
+		if out = nodes[id]; out == nil {
+			return fmt.Errorf("no node %s", id)
 		}
-		return fmt.Errorf("no node %s", id)
+		return nil
 	})
 	return out
+}
+
+// listNodesOnce is one ListNodes call: the region's nodes by id.
+func listNodesOnce(c clients) (map[string]*apiaryv1.Node, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	resp, err := c.admin.ListNodes(ctx, &apiaryv1.ListNodesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*apiaryv1.Node{}
+	for _, n := range resp.GetNodes() {
+		out[n.GetId()] = n
+	}
+	return out, nil
 }
 
 // waitReady waits until the node is READY at an epoch above after.

@@ -265,15 +265,12 @@ func BadNode(ctx context.Context, cfg Config, o BadNodeOptions, setup string, tr
 		return res, err
 	}
 	defer cli.Close()
-	gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
-	g, err := cli.Get(gctx, "/apiary/meta")
-	gcancel()
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	w, err := watchRegion(wctx, cli)
 	if err != nil {
 		return res, err
 	}
-	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
-	w := cli.Watch(wctx, "/apiary/", clientv3.WithPrefix(), clientv3.WithRev(g.Header.Revision+1))
 
 	// Submit every job at once.
 	ids := make([]string, o.Jobs)

@@ -82,6 +82,18 @@ func etcdClient(endpoints []string) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 }
 
+// watchRegion watches the region's whole keyspace from now on (every event
+// after the current revision), until ctx ends.
+func watchRegion(ctx context.Context, cli *clientv3.Client) (clientv3.WatchChan, error) {
+	gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
+	g, err := cli.Get(gctx, "/apiary/meta")
+	gcancel()
+	if err != nil {
+		return nil, err
+	}
+	return cli.Watch(ctx, "/apiary/", clientv3.WithPrefix(), clientv3.WithRev(g.Header.Revision+1)), nil
+}
+
 // agentProc is an agent started by the harness itself (the drain benchmark
 // needs agents that start after the jobs were submitted).
 type agentProc struct {

@@ -173,16 +173,13 @@ func agentFailTrial(ctx context.Context, r *devcluster.Region, js apiaryv1.JobSe
 	if victim == nil {
 		return res, fmt.Errorf("task runs on %q, not an agent of the region", res.Victim)
 	}
-	gctx, gcancel := context.WithTimeout(ctx, 2*time.Second)
-	g, err := cli.Get(gctx, "/apiary/meta")
-	gcancel()
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	w, err := watchRegion(wctx, cli)
 	if err != nil {
 		return res, err
 	}
-	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
 	alive := prefNodes + res.Victim + "/alive"
-	w := cli.Watch(wctx, "/apiary/", clientv3.WithPrefix(), clientv3.WithRev(g.Header.Revision+1))
 	before := metricSum(metrics, "apiary_lan_fast_reclaims_total")
 	t0 := time.Now()
 	if err := victim.Kill(); err != nil {

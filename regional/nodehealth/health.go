@@ -251,8 +251,12 @@ func Outlier(c Config, node, rest Stats) (bool, string) {
 		return false, ""
 	}
 	span := time.Duration(node.LastFailMs-node.FirstFailMs) * time.Millisecond
-	return true, fmt.Sprintf("%d failures of %d jobs in %s (%d of its last %d attempts; the rest of the region failed %.0f%% of %d)",
-		node.Failures, node.Jobs, roundSpan(span), node.Failures, node.Attempts, 100*rest.Rate(), rest.Attempts)
+	restSays := "the rest of the region has no outcomes yet"
+	if rest.Attempts > 0 {
+		restSays = fmt.Sprintf("the rest of the region failed %.0f%% of %d", 100*rest.Rate(), rest.Attempts)
+	}
+	return true, fmt.Sprintf("%d failures of %d jobs in %s (%d of its last %d attempts; %s)",
+		node.Failures, node.Jobs, roundSpan(span), node.Failures, node.Attempts, restSays)
 }
 
 // RestPrior is how many successes the rest of the region's rate is
@@ -294,12 +298,11 @@ func GuardAllows(c Config, quarantined, live int) bool {
 type Verdict int
 
 const (
-	// Trusted: a recent success vouches for the node; a failure that is
-	// final by the job's rules is final.
-	Trusted Verdict = iota
-	// Unproven: no recent success; a failure that would be final is
-	// confirmed on another node first.
-	Unproven
+	// NotBlamed: nothing the region knows puts the failure on the node; the
+	// job's rules decide (package regional still confirms a failure that
+	// would be final on a second node: a host that just broke has no
+	// record yet, and no recent success proves it still works).
+	NotBlamed Verdict = iota
 	// Faulty: the node is quarantined (or this failure makes it an
 	// outlier): the failure is the node's, not the task's.
 	Faulty
@@ -307,26 +310,22 @@ const (
 
 // Judge is the verdict on a failure of job's attempt on the node: Faulty
 // when it is quarantined or when this failure makes it an outlier (rest as
-// in Outlier) that the guard allows to quarantine, else Trusted when one of
-// its recent outcomes is a success, else Unproven. With c.Off it is
-// Faulty for a node still quarantined from before (whose canary Apply still
-// decides) and Trusted otherwise.
+// in Outlier) that the guard allows to quarantine, else NotBlamed. With
+// c.Off it is Faulty for a node still quarantined from before (whose canary
+// Apply still decides) and NotBlamed otherwise.
 func Judge(c Config, r Record, job string, rest Stats, guardAllows bool, nowMs int64) Verdict {
 	c = c.WithDefaults()
 	if r.Quarantine != nil {
 		return Faulty
 	}
 	if c.Off {
-		return Trusted
+		return NotBlamed
 	}
 	next := r.Observe(c, Outcome{AtMs: nowMs, Job: job, Failed: true}, nowMs)
 	if out, _ := Outlier(c, next.Recent(c, nowMs), rest); out && guardAllows {
 		return Faulty
 	}
-	if s := r.Recent(c, nowMs); s.Attempts > s.Failures {
-		return Trusted
-	}
-	return Unproven
+	return NotBlamed
 }
 
 // Event is what Apply did to the quarantine.
@@ -388,12 +387,14 @@ func Apply(c Config, r Record, o Outcome, assignedMs int64, rest Stats, guardAll
 }
 
 // Release ends an automatic quarantine by an operator's hand: the window is
-// cleared, the strikes are kept. It returns false when there was none.
+// cleared and the strikes are forgotten (the operator vouches for the node;
+// a canary's release keeps them, so that a flapping node waits longer each
+// time). It returns false when there was none.
 func (r Record) Release(nowMs int64) (Record, bool) {
 	if r.Quarantine == nil {
 		return r, false
 	}
-	r.Quarantine, r.ReleasedMs, r.Window = nil, nowMs, nil
+	r.Quarantine, r.ReleasedMs, r.Window, r.Strikes = nil, nowMs, nil, 0
 	return r, true
 }
 

@@ -268,7 +268,7 @@ func TestOutlierReason(t *testing.T) {
 		{Stats{Attempts: 10, Failures: 5, Jobs: 3, FirstFailMs: t0, LastFailMs: t0 + 60_000}, Stats{Attempts: 200, Failures: 10},
 			"5 failures of 3 jobs in 1m0s (5 of its last 10 attempts; the rest of the region failed 5% of 200)"},
 		{Stats{Attempts: 3, Failures: 3, Jobs: 2, FirstFailMs: t0, LastFailMs: t0 + 400}, Stats{},
-			"3 failures of 2 jobs in under 1s (3 of its last 3 attempts; the rest of the region failed 0% of 0)"},
+			"3 failures of 2 jobs in under 1s (3 of its last 3 attempts; the rest of the region has no outcomes yet)"},
 		{Stats{Attempts: 4, Failures: 4, Jobs: 4, FirstFailMs: t0, LastFailMs: t0 + 90_400}, Stats{Attempts: 3, Failures: 1},
 			"4 failures of 4 jobs in 1m30s (4 of its last 4 attempts; the rest of the region failed 33% of 3)"},
 	} {
@@ -327,24 +327,24 @@ func TestJudge(t *testing.T) {
 		guard bool
 		want  Verdict
 	}{
-		{"empty window", def, Record{}, "a", healthy, true, Unproven},
-		{"a recent success", def, observed(def, ok(t0, "a")), "b", healthy, true, Trusted},
-		{"a recent success among failures", def, observed(def, fail(t0, "a"), ok(t0+1, "b"), fail(t0+2, "a")), "a", healthy, true, Trusted},
-		{"only failures, not an outlier yet", def, observed(def, fail(t0, "a")), "b", healthy, true, Unproven},
+		{"empty window", def, Record{}, "a", healthy, true, NotBlamed},
+		{"a recent success proves nothing", def, observed(def, ok(t0, "a")), "b", healthy, true, NotBlamed},
+		{"a recent success among failures", def, observed(def, fail(t0, "a"), ok(t0+1, "b"), fail(t0+2, "a")), "a", healthy, true, NotBlamed},
+		{"only failures, not an outlier yet", def, observed(def, fail(t0, "a")), "b", healthy, true, NotBlamed},
 		{"this failure tips it, guard allows", def, twoFailures, "c", healthy, true, Faulty},
-		{"this failure tips it, guard refuses", def, twoFailures, "c", healthy, false, Unproven},
+		{"this failure tips it, guard refuses", def, twoFailures, "c", healthy, false, NotBlamed},
 		{"tips it with a success in the window, guard allows", def, mixed, "c", healthy, true, Faulty},
-		{"tips it with a success in the window, guard refuses", def, mixed, "c", healthy, false, Trusted},
-		{"would tip it but the rest fails too", def, twoFailures, "c", Stats{Attempts: 100, Failures: 50}, true, Unproven},
-		{"third failure of the same job as both others", def, observed(def, fail(t0, "a"), fail(t0+1, "a")), "a", healthy, true, Unproven},
-		{"success older than the last Recent outcomes", def, oneJob, "bad", healthy, true, Unproven},
-		{"success older than the window", Config{Window: time.Second}, observed(def, ok(t0, "a")), "b", healthy, true, Unproven},
+		{"tips it with a success in the window, guard refuses", def, mixed, "c", healthy, false, NotBlamed},
+		{"would tip it but the rest fails too", def, twoFailures, "c", Stats{Attempts: 100, Failures: 50}, true, NotBlamed},
+		{"third failure of the same job as both others", def, observed(def, fail(t0, "a"), fail(t0+1, "a")), "a", healthy, true, NotBlamed},
+		{"success older than the last Recent outcomes", def, oneJob, "bad", healthy, true, NotBlamed},
+		{"success older than the window", Config{Window: time.Second}, observed(def, ok(t0, "a")), "b", healthy, true, NotBlamed},
 		{"quarantined", def, quarantined, "a", healthy, true, Faulty},
 		{"quarantined, guard refuses", def, quarantined, "a", healthy, false, Faulty},
 		{"quarantined with a recent success", def, Record{Window: []Outcome{ok(now-1, "a")}, Quarantine: quarantined.Quarantine}, "a", healthy, true, Faulty},
 		{"off: still quarantined from before (its canary decides)", Config{Off: true}, quarantined, "a", healthy, true, Faulty},
-		{"off: tips it", Config{Off: true}, twoFailures, "c", healthy, true, Trusted},
-		{"off: empty window", Config{Off: true}, Record{}, "a", healthy, true, Trusted},
+		{"off: tips it", Config{Off: true}, twoFailures, "c", healthy, true, NotBlamed},
+		{"off: empty window", Config{Off: true}, Record{}, "a", healthy, true, NotBlamed},
 	}
 	for _, c := range cases {
 		was := deepCopy(c.r)
@@ -515,8 +515,8 @@ func TestRelease(t *testing.T) {
 	q := quarantinedAt(def, t0)
 	strikes := q.Strikes
 	got, ok := q.Release(t0 + 1_000)
-	if !ok || got.Quarantine != nil || got.ReleasedMs != t0+1_000 || len(got.Window) != 0 || got.Strikes != strikes {
-		t.Errorf("Release: %+v %v; want no quarantine, releasedMs, empty window, strikes %d kept", got, ok, strikes)
+	if !ok || got.Quarantine != nil || got.ReleasedMs != t0+1_000 || len(got.Window) != 0 || got.Strikes != 0 || strikes == 0 {
+		t.Errorf("Release: %+v %v; want no quarantine, releasedMs, empty window, strikes %d forgotten", got, ok, strikes)
 	}
 	if q.Quarantine == nil {
 		t.Error("Release modified its receiver")
@@ -673,7 +673,7 @@ func TestPropertyApply(t *testing.T) {
 			if oneBad && (ev == Quarantined || ev == Refused) {
 				rt.Fatalf("failures of one job only: event %d (%s)", ev, reason)
 			}
-			if c.Off && (ev == Quarantined || ev == Refused || verdict != Trusted) {
+			if c.Off && (ev == Quarantined || ev == Refused || (verdict != NotBlamed && r.Quarantine == nil)) {
 				rt.Fatalf("off: event %d verdict %d", ev, verdict)
 			}
 			if next.Strikes < 0 {

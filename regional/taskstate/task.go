@@ -509,7 +509,7 @@ func unconfirmed(t Task, p Policy, endMs, nowMs int64, rng *rand.Rand, what stri
 	delay := p.Backoff.Delay(int32(len(t.JobFaultOn)), rng)
 	attempt := t.Attempt
 	t = toPending(t, nowMs+delay.Milliseconds())
-	t.Error = fmt.Sprintf("attempt %d on node %s %s; the node has no recent success to vouch for it, so the task is retried once on another node to confirm (not charged to max_attempts)", attempt, nodeID, what)
+	t.Error = fmt.Sprintf("attempt %d on node %s %s; retrying once on another node to confirm (not charged)", attempt, nodeID, what)
 	return Result{Task: t, Outcome: OutcomeRetry, Released: true, Fault: apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED}
 }
 

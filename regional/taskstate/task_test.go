@@ -589,7 +589,7 @@ func TestApplyReportBlameUnproven(t *testing.T) {
 		if d := boundOf(pol.Backoff, 1); got.NotBeforeMs < now+(d/2).Milliseconds() || got.NotBeforeMs > now+d.Milliseconds() {
 			t.Errorf("NotBeforeMs now%+d, want the first backoff window", got.NotBeforeMs-now)
 		}
-		for _, s := range []string{"attempt 1 on node n1", "exited with code 1", "not in retryable_exit_codes", "no recent success", "not charged to max_attempts"} {
+		for _, s := range []string{"attempt 1 on node n1", "exited with code 1", "not in retryable_exit_codes", "retrying once on another node to confirm", "not charged"} {
 			if !strings.Contains(got.Error, s) {
 				t.Errorf("error %q does not contain %q", got.Error, s)
 			}
