@@ -97,13 +97,17 @@ type capacityState struct {
 	sizes     []federation.Res // distinct capacities of registered nodes
 	gpuModels map[string]bool  // GPU models of registered nodes
 	nodesSeen int
-	// live counts the ready nodes and health holds every node's
-	// attribution record, from the last read: the rest of the region
-	// that nodehealth's outlier rule compares a node with, and the share
-	// guard's denominator.
-	live    int
-	health  map[string]nodehealth.Record
-	pending map[string]int64 // by class, from the last read (-1 unknown)
+	// From the last read (health also from this coordinator's report
+	// commits since, health.go): live counts the ready nodes (the share
+	// guard's denominator); ready and eligible (ready and taking
+	// placements) name them; held names the nodes an operator
+	// quarantined; health holds every node's attribution record (the rest
+	// of the region that nodehealth's outlier rule compares a node with).
+	live            int
+	ready, eligible map[string]bool
+	held            map[string]bool
+	health          map[string]nodehealth.Record
+	pending         map[string]int64 // by class, from the last read (-1 unknown)
 	// extra holds the jobs this coordinator accepted that the last read
 	// did not see yet (job id → class and task count).
 	extra map[string]localJob
@@ -167,12 +171,18 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	nodesSeen, live := 0, 0
 	models := map[string]bool{}
 	health := map[string]nodehealth.Record{}
+	ready, eligible, held := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for id, nv := range decodeNodes(resp.Responses[0].GetResponseRange().Kvs) {
 		if nv.healthRev != 0 {
 			health[id] = nv.health
 		}
 		if nv.ready() {
 			live++
+			ready[id] = true
+			eligible[id] = !nv.noPlacements()
+		}
+		if nv.rec != nil && nv.rec.Quarantined {
+			held[id] = true
 		}
 		r := nv.rec
 		if r == nil || r.Capacity == nil {
@@ -225,7 +235,7 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	}
 	st.mu.Lock()
 	st.readOK, st.readAt, st.cap, st.sizes, st.gpuModels, st.nodesSeen, st.pending = true, time.Now(), sum, sizes, models, nodesSeen, pending
-	st.live, st.health = live, health
+	st.live, st.health, st.ready, st.eligible, st.held = live, health, ready, eligible, held
 	st.lastSeen = seenJobs
 	if !bounded {
 		clear(st.extra)

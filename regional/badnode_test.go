@@ -850,3 +850,65 @@ tasks:
 		t.Fatalf("second release: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 }
+
+// TestBadNodeSpendsNoLastAttempt: a host that breaks after running other
+// work fine (n1 ran a healthy job first) must not fail a job whatever its
+// max_attempts: with max_attempts 1, a retryable exit (75) and a
+// non-retryable one (1) on n1, before any quarantine, are confirmed on
+// another node instead of spending the task's only attempt. A job of one
+// task fails only where a second node confirms it.
+func TestBadNodeSpendsNoLastAttempt(t *testing.T) {
+	for _, code := range []int{75, 1} {
+		t.Run(fmt.Sprintf("exit%d", code), func(t *testing.T) {
+			env, script := badSleep(t, code)
+			if err := os.Rename(script, script+".off"); err != nil { // healthy at first
+				t.Fatal(err)
+			}
+			_, r := cluster(t, devcluster.RegionSpec{Agents: []devcluster.AgentSpec{
+				{ID: "n1", CPUMillis: 1000, Env: env}, {ID: "n2", CPUMillis: 1000}, {ID: "n3", CPUMillis: 1000},
+			}})
+			c := dial(t, r)
+			if err := r.WaitNodes(t.Context(), 3); err != nil {
+				t.Fatal(err)
+			}
+			warm := submit(t, c, sleepers(t, "history", 30, "    resources: {cpu_millis: 100}\n"))
+			waitState(t, c, warm, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second)
+			if n := node(t, c, "n1"); n.GetRecentAttempts() == 0 || n.GetRecentFailures() != 0 {
+				t.Fatalf("n1 before it breaks: %d of %d failed; want successes only", n.GetRecentFailures(), n.GetRecentAttempts())
+			}
+			if err := os.Rename(script+".off", script); err != nil { // n1 breaks
+				t.Fatal(err)
+			}
+			id := submit(t, c, spec(t, `
+name: one-shot
+max_attempts: 1
+tasks:
+  - name: s
+    count: 20
+    command: sleep
+    args: ["1"]
+    retryable_exit_codes: [75]
+`))
+			j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 90*time.Second)
+			if j.GetCounts().GetFailed() != 0 || j.GetCounts().GetComplete() != 20 {
+				t.Fatalf("counts %v: a host that broke after running fine failed tasks with max_attempts 1", j.GetCounts())
+			}
+			onN1 := 0
+			for _, tk := range logs(t, c, id) {
+				for _, a := range ended(tk.GetAttempts()) {
+					if a.GetNodeId() != "n1" {
+						continue
+					}
+					onN1++
+					if f := a.GetFault(); a.GetOutcome() != "retry" || (f != apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED && f != apiaryv1.FailureFault_FAILURE_FAULT_NODE) {
+						t.Fatalf("task %d attempt %d on n1: %s fault %s (%s); want an uncharged retry", tk.GetIndex(), a.GetAttempt(), a.GetOutcome(), f, a.GetError())
+					}
+				}
+			}
+			if onN1 == 0 {
+				t.Fatal("no attempt ran on n1 after it broke: the test exercised nothing")
+			}
+			t.Logf("exit %d: %d attempts on n1 after it broke, none charged; n1 quarantined: %v", code, onN1, node(t, c, "n1").GetQuarantineAutomatic())
+		})
+	}
+}

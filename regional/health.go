@@ -104,45 +104,69 @@ func (h *healthState) node(id string) *nodeHealth {
 	return nh
 }
 
-// restOf sums the rest of the region's outcomes over the window (every
-// node but id), from the coordinator's last read of the nodes (at most a
-// capacity refresh old) and, for the nodes of this batch, their records
-// as read with it.
-func (c *Coordinator) restOf(h *healthState, id string, nowMs int64) (nodehealth.Stats, int) {
+// restOf sums the rest of the region's outcomes over the window: every
+// node but id that is ready and not quarantined (a dead or quarantined
+// node's failures would raise the bar for the others), from the
+// coordinator's last read of the nodes and the records it committed since
+// (noteHealth) and, for the nodes of this batch, their records as read
+// with it. It also returns the region's ready nodes, and whether another
+// node could take the task (ready and taking placements).
+func (c *Coordinator) restOf(h *healthState, id string, nowMs int64) (rest nodehealth.Stats, live int, other bool) {
 	cfg := c.cfg.Quarantine
 	st := &c.capState
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	var rest nodehealth.Stats
-	add := func(r nodehealth.Record) {
+	for n := range st.ready {
+		if n == id {
+			continue
+		}
+		other = other || st.eligible[n]
+		r, ok := st.health[n]
+		if nh := h.nodes[n]; nh != nil {
+			r, ok = nh.rec, true
+		}
+		if !ok || r.Quarantine != nil || st.held[n] {
+			continue
+		}
 		s := r.Totals(cfg, nowMs)
 		rest.Attempts += s.Attempts
 		rest.Failures += s.Failures
 	}
-	for other, r := range st.health {
-		if other == id {
-			continue
-		}
-		if nh := h.nodes[other]; nh != nil {
-			r = nh.rec
-		}
-		add(r)
-	}
-	for other, nh := range h.nodes {
-		if _, cached := st.health[other]; !cached && other != id {
-			add(nh.rec)
-		}
-	}
-	return rest, st.live
+	return rest, st.live, other
 }
 
-// guardAllows is the share guard for quarantining node id now.
+// guardAllows is the share guard for quarantining node id now: it counts
+// the automatically quarantined nodes that still hold a place (ready and
+// not held by an operator's quarantine, which wins and is never probed).
 func (c *Coordinator) guardAllows(h *healthState, id string, live int) bool {
-	n := len(h.set.Nodes)
-	if _, in := h.set.Nodes[id]; in {
-		n--
+	st := &c.capState
+	st.mu.Lock()
+	n := 0
+	for q := range h.set.Nodes {
+		if q != id && st.ready[q] && !st.held[q] {
+			n++
+		}
 	}
-	return nodehealth.GuardAllows(c.cfg.Quarantine, n, max(live, len(h.set.Nodes)+1))
+	st.mu.Unlock()
+	return nodehealth.GuardAllows(c.cfg.Quarantine, n, max(live, n+1))
+}
+
+// noteHealth keeps the coordinator's view of the region's health records
+// (capacityState.health, re-read every refresh) current with the records
+// it just committed, so that the next batch compares with them rather than
+// with a read up to a second old.
+func (c *Coordinator) noteHealth(h *healthState) {
+	st := &c.capState
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.health == nil {
+		st.health = map[string]nodehealth.Record{}
+	}
+	for id, nh := range h.nodes {
+		if nh.changed {
+			st.health[id] = nh.rec
+		}
+	}
 }
 
 // failureKind reports whether a report may end its attempt in a failure
@@ -160,21 +184,21 @@ func failureKind(r *apiaryv1.ReportTaskStatusRequest) bool {
 // blame is the region's verdict on the reporting node for a failure of a
 // task of job, before it is applied: BlameNode when nodehealth.Judge finds
 // it Faulty, else BlameUnproven (a failure that would be final is confirmed
-// on a second node) when the region has another live node, else BlameNone.
+// on a second node) when another node takes placements, else BlameNone.
 func (c *Coordinator) blame(h *healthState, r *apiaryv1.ReportTaskStatusRequest, nowMs int64) taskstate.Blame {
 	if !failureKind(r) {
 		return taskstate.BlameNone
 	}
 	id := r.GetNodeId()
-	rest, live := c.restOf(h, id, nowMs)
+	rest, live, other := c.restOf(h, id, nowMs)
 	if nodehealth.Judge(c.cfg.Quarantine, h.node(id).rec, r.GetJobId(), rest, c.guardAllows(h, id, live), nowMs) == nodehealth.Faulty {
 		return taskstate.BlameNode
 	}
-	if live > 1 && !c.cfg.Quarantine.Off {
+	if other && !c.cfg.Quarantine.Off {
 		// A failure that would be final is confirmed on another node: a
 		// host that just broke has no record against it yet, and its
-		// earlier successes prove nothing now. Only another node can
-		// confirm, hence not in a region of one.
+		// earlier successes prove nothing now. Only another node that
+		// takes placements can confirm.
 		return taskstate.BlameUnproven
 	}
 	return taskstate.BlameNone
@@ -184,7 +208,7 @@ func (c *Coordinator) blame(h *healthState, r *apiaryv1.ReportTaskStatusRequest,
 // (assigned at assignedMs) and applies the quarantine rules.
 func (c *Coordinator) observe(h *healthState, id, job string, failed bool, assignedMs, nowMs int64) {
 	nh := h.node(id)
-	rest, live := c.restOf(h, id, nowMs)
+	rest, live, _ := c.restOf(h, id, nowMs)
 	rec, ev, reason := nodehealth.Apply(c.cfg.Quarantine, nh.rec, nodehealth.Outcome{AtMs: nowMs, Job: job, Failed: failed},
 		assignedMs, rest, c.guardAllows(h, id, live), nowMs)
 	nh.rec, nh.changed = rec, true

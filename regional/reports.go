@@ -145,6 +145,7 @@ func (c *Coordinator) commitReports(batch []*reportItem, answer bool) (bool, err
 			return false, nil
 		}
 	}
+	c.noteHealth(rd.health)
 	c.announce(rd.health)
 	for i, it := range batch {
 		c.observeReport(it.req, answers[i], rd.states[c.reportTaskKey(it.req)], outcomes[i], start)

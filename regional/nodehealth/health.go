@@ -140,8 +140,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--quarantine-probe-after: must not be negative (got %s)", c.ProbeAfter)
 	case c.MaxProbeAfter < 0:
 		return fmt.Errorf("--quarantine-max-probe-after: must not be negative (got %s)", c.MaxProbeAfter)
-	case c.MaxShare < 0 || c.MaxShare > 1:
+	case math.IsNaN(c.MaxShare) || c.MaxShare < 0 || c.MaxShare > 1:
 		return fmt.Errorf("--quarantine-max-share: must be between 0 and 1 (got %g)", c.MaxShare)
+	case c.ProbeAfter > 0 && c.MaxProbeAfter > 0 && c.MaxProbeAfter < c.ProbeAfter:
+		return fmt.Errorf("--quarantine-max-probe-after: must be at least --quarantine-probe-after (%s), got %s", c.ProbeAfter, c.MaxProbeAfter)
 	case c.Window > 0 && c.Window < time.Second:
 		return fmt.Errorf("--quarantine-window: at least 1s (got %s)", c.Window)
 	}

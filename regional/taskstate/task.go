@@ -274,6 +274,9 @@ func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng 
 			t = countFailure(t)
 			return withFault(failed(t, end, fmt.Sprintf("attempt %d %s", t.Attempt, what)), apiaryv1.FailureFault_FAILURE_FAULT_JOB)
 		}
+		if lastUnconfirmed(t, p, r) {
+			return unconfirmed(t, p, end, nowMs, rng, what+", which would spend the last of max_attempts")
+		}
 		t = countFailure(t)
 		return withFault(retryOrFail(t, p, end, nowMs, rng, fmt.Sprintf("exit code %d", r.ExitCode)), apiaryv1.FailureFault_FAILURE_FAULT_JOB)
 	case apiaryv1.ReportKind_REPORT_KIND_TIMED_OUT:
@@ -284,6 +287,8 @@ func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng 
 		var res Result
 		if r.Blame == BlameNode {
 			res = nodeFault(t, p, end, nowMs, rng, "timed out on a node quarantined as an outlier")
+		} else if lastUnconfirmed(t, p, r) {
+			res = unconfirmed(t, p, end, nowMs, rng, "timed out, which would spend the last of max_attempts")
 		} else {
 			res = withFault(retryOrFail(countFailure(t), p, end, nowMs, rng, "timed out"), apiaryv1.FailureFault_FAILURE_FAULT_JOB)
 		}
@@ -511,6 +516,28 @@ func unconfirmed(t Task, p Policy, endMs, nowMs int64, rng *rand.Rand, what stri
 	t = toPending(t, nowMs+delay.Milliseconds())
 	t.Error = fmt.Sprintf("attempt %d on node %s %s; retrying once on another node to confirm (not charged)", attempt, nodeID, what)
 	return Result{Task: t, Outcome: OutcomeRetry, Released: true, Fault: apiaryv1.FailureFault_FAILURE_FAULT_UNCONFIRMED}
+}
+
+// lastUnconfirmed reports whether a retryable failure (a retryable exit, a
+// timeout) reported with BlameUnproven would spend the task's last attempt
+// while no other node has seen the task fail: then it is confirmed on
+// another node first (unconfirmed), as a non-retryable exit is, so that a
+// host that just broke cannot spend a task's whole budget.
+func lastUnconfirmed(t Task, p Policy, r Report) bool {
+	if r.Blame != BlameUnproven || t.Used+1 < p.MaxAttempts {
+		return false
+	}
+	for n := range t.FailedOn {
+		if n != t.NodeID {
+			return false
+		}
+	}
+	for _, n := range t.JobFaultOn {
+		if n != t.NodeID {
+			return false
+		}
+	}
+	return true
 }
 
 func withFault(res Result, f apiaryv1.FailureFault) Result {

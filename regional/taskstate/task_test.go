@@ -648,18 +648,31 @@ func TestApplyReportBlameUnproven(t *testing.T) {
 			t.Fatalf("got %s fault %s error %q; want FAILED JOB on (n1, n2)", res.Task.State, res.Fault, res.Task.Error)
 		}
 	})
-	t.Run("retryable exit and timeout: charged as usual", func(t *testing.T) {
+	t.Run("retryable exit and timeout: charged unless it would spend the last attempt unconfirmed", func(t *testing.T) {
 		for _, c := range []struct {
 			kind apiaryv1.ReportKind
 			code int32
 		}{{kExited, 75}, {kTimedOut, -1}} {
-			// One attempt left: charged, so FAILED at max_attempts.
+			// The last attempt, no other node saw it fail: confirmed
+			// elsewhere first, not charged.
 			task := onNode(t, fresh, "n1")
 			res := ApplyReport(task, pol, blamed(task, c.kind, c.code, BlameUnproven, fNone), epoch, now, newRNG(1))
-			if res.Task.State != sFailed || res.Task.Used != 1 || res.Fault != fJob || len(res.Task.JobFaultOn) != 0 ||
-				!strings.Contains(res.Task.Error, "max_attempts 1 reached") {
-				t.Errorf("%s %d, max_attempts 1: got %s used %d fault %s jobFaultOn %v error %q; want FAILED used 1 JOB",
+			if res.Task.State != sPending || res.Task.Used != 0 || res.Fault != fUnconfirmed || !slices.Equal(res.Task.JobFaultOn, []string{"n1"}) ||
+				!strings.Contains(res.Task.Error, "would spend the last of max_attempts") {
+				t.Errorf("%s %d, max_attempts 1: got %s used %d fault %s jobFaultOn %v error %q; want PENDING used 0 UNCONFIRMED",
 					c.kind, c.code, res.Task.State, res.Task.Used, res.Fault, res.Task.JobFaultOn, res.Task.Error)
+			}
+			// Confirmed on a second node: charged, so FAILED at max_attempts.
+			second := onNode(t, res.Task, "n2")
+			res = ApplyReport(second, pol, blamed(second, c.kind, c.code, BlameUnproven, fNone), epoch, now, newRNG(1))
+			if res.Task.State != sFailed || res.Task.Used != 1 || res.Fault != fJob {
+				t.Errorf("%s %d, max_attempts 1, second node: got %s used %d fault %s error %q; want FAILED used 1 JOB",
+					c.kind, c.code, res.Task.State, res.Task.Used, res.Fault, res.Task.Error)
+			}
+			// Trusted (BlameNone, a region of one node): charged as usual.
+			res = ApplyReport(task, pol, blamed(task, c.kind, c.code, BlameNone, fNone), epoch, now, newRNG(1))
+			if res.Task.State != sFailed || res.Task.Used != 1 || res.Fault != fJob || !strings.Contains(res.Task.Error, "max_attempts 1 reached") {
+				t.Errorf("%s %d, max_attempts 1, not blamed: got %s used %d fault %s; want FAILED used 1 JOB", c.kind, c.code, res.Task.State, res.Task.Used, res.Fault)
 			}
 			// Budget left: retried, charged.
 			res = ApplyReport(task, testPolicy, blamed(task, c.kind, c.code, BlameUnproven, fNone), epoch, now, newRNG(1))
@@ -1286,6 +1299,22 @@ func TestPropertySequences(t *testing.T) {
 	})
 }
 
+// onlyFailedOn reports whether every failure of task so far (FailedOn,
+// JobFaultOn) happened on node.
+func onlyFailedOn(task Task, node string) bool {
+	for n := range task.FailedOn {
+		if n != node {
+			return false
+		}
+	}
+	for _, n := range task.JobFaultOn {
+		if n != node {
+			return false
+		}
+	}
+	return true
+}
+
 // checkFailure checks an accepted report r's result res on task (the
 // property's step): who is charged for a failed attempt, and Result.Fault.
 func checkFailure(rt *rapid.T, pol Policy, task Task, r Report, res Result) {
@@ -1339,6 +1368,17 @@ func checkFailure(rt *rapid.T, pol Policy, task Task, r Report, res Result) {
 			}
 		} else if next.State != sFailed {
 			rt.Fatalf("exit %d confirmed (jobFaultOn %v, on %s): %s, want FAILED", r.ExitCode, task.JobFaultOn, node, next.State)
+		}
+	case (r.Kind == kExited || r.Kind == kTimedOut) && r.Blame == BlameUnproven && task.Used+1 >= pol.MaxAttempts && onlyFailedOn(task, node):
+		// A retryable failure that would spend the last attempt, seen on
+		// no other node: confirmed elsewhere first.
+		if !slices.Contains(task.JobFaultOn, node) {
+			wantUsed, want = task.Used, fUnconfirmed
+			if next.State != sPending {
+				rt.Fatalf("last-attempt %s unconfirmed: %s, want PENDING", r.Kind, next.State)
+			}
+		} else if next.State != sFailed {
+			rt.Fatalf("last-attempt %s again on %s: %s, want FAILED", r.Kind, node, next.State)
 		}
 	}
 	if r.Blame == BlameNode && next.Used != task.Used {
