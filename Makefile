@@ -5,7 +5,7 @@ PKGS    ?= ./...
 # Tests run with the race detector off by default (2-core CI budget); `make race` runs it.
 TESTFLAGS ?= -count=1 -timeout 9m
 
-.PHONY: all deps build test race proto proto-check lint demo bench bench-badnode loadtest-liveness clean
+.PHONY: all deps build test race proto proto-check lint demo demo-tls bench bench-badnode loadtest-liveness clean
 
 all: build
 
@@ -40,6 +40,10 @@ lint:
 
 demo: build
 	./scripts/demo.sh
+
+# The demo with mutual TLS on every process (apiary dev --tls).
+demo-tls: build
+	DEMO_TLS=1 ./scripts/demo.sh
 
 bench: build
 	./scripts/bench.sh

@@ -120,8 +120,12 @@ type Config struct {
 	// assignment's env and the APIARY_* variables are added. Default: the
 	// agent's own environment (os.Environ()), as Nomad's raw_exec does.
 	BaseEnv []string
-	// DialOptions are extra gRPC dial options (credentials, interceptors).
-	// Default: insecure transport credentials.
+	// DialOptions are extra gRPC dial options (credentials, interceptors),
+	// used for every connection to the coordinators. `apiary agent` puts
+	// its transport first: pki.DialOption(reloader,
+	// pki.RegionServerName(region)) for mutual TLS as the node's agent
+	// certificate, or insecure credentials with --insecure-dev. Default
+	// (none given): insecure transport credentials.
 	DialOptions []grpc.DialOption
 
 	// TracerProvider makes a task.run span per attempt, a child of the
@@ -141,6 +145,19 @@ type Config struct {
 	// picked again at every start; the pool learns it from the member).
 	// LANOff runs no member: the lease alone tells the region the node died.
 	LANAddr string
+	// GossipKey, when set, encrypts the LAN member's gossip with a keyring
+	// (16, 24 or 32 bytes, `apiary keygen`): it must be a key of the
+	// region's pool, or the member cannot join it (the agent then runs on
+	// its lease alone). Nil: plain text, unless the keyring file exists.
+	GossipKey []byte
+	// GossipKeyringFile is where serf keeps the LAN member's keyring,
+	// rewritten after every rotation (`apiary keyring`) so that it survives
+	// a restart; a file that exists at start is loaded instead of
+	// GossipKey. Default <DataDir>/gossip.keyring.
+	GossipKeyringFile string
+	// GossipWarnPlain logs a WARN when the LAN member gossips in plain text
+	// (`apiary agent` sets it when its gRPC hops use TLS).
+	GossipWarnPlain bool
 }
 
 // withDefaults returns a copy of c with defaults filled in, or an error that
@@ -201,6 +218,12 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("data dir: %w", err)
 	}
 	c.DataDir = abs
+	if c.GossipKeyringFile == "" {
+		c.GossipKeyringFile = filepath.Join(c.DataDir, "gossip.keyring")
+	}
+	if n := len(c.GossipKey); c.GossipKey != nil && n != 16 && n != 24 && n != 32 {
+		return c, fmt.Errorf("gossip key: a key must be 16, 24 or 32 bytes, this one is %d (make one with `apiary keygen`)", n)
+	}
 	var addrs []string
 	for _, a := range c.CoordinatorAddrs {
 		if a = strings.TrimSpace(a); a != "" {

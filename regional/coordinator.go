@@ -22,11 +22,14 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/authz"
 	"apiary.dev/apiary/internal/lifecycle"
+	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
@@ -110,6 +113,27 @@ type Config struct {
 	Registry *prometheus.Registry
 	// MetricsAddr, if set, serves /metrics (and /debug/pprof/) over HTTP.
 	MetricsAddr string
+	// TLS, when set, is the coordinator's certificate: the API serves
+	// mutual TLS with it (pki.ServerCredentials) behind the authorization
+	// gate (authz.Policy{Role: region, Region}, the first interceptor), the
+	// coordinator dials the region's other coordinators with it (verifying
+	// pki.RegionServerName(Region)), and it is reloaded when its files
+	// change (the "tls" part). Its identity must be a region certificate
+	// of Region (New fails otherwise), and Etcd.TLS must be set too. Nil:
+	// plaintext and no authorization (`apiary region --insecure-dev`).
+	TLS *pki.Reloader
+	// GossipKey, when set, encrypts both serf pools, LAN and WAN, with a
+	// keyring (keyring.go; 16, 24 or 32 bytes, `apiary keygen`): every
+	// member of a pool needs a key of its keyring to join it or read its
+	// tags. Nil: plain text, unless a keyring file exists (then it is used),
+	// logged at WARN when TLS is set.
+	GossipKey []byte
+	// GossipKeyringFile is where serf keeps the LAN member's keyring (the
+	// WAN member's is the same path with ".wan" appended), rewritten after
+	// every keyring change so that a rotation survives a restart; a file
+	// that exists at start is loaded instead of GossipKey. Default
+	// <Etcd.DataDir>/gossip.keyring (GossipKeyringFiles).
+	GossipKeyringFile string
 }
 
 // DefaultFailoverGrace is Config.FailoverGrace's default.
@@ -164,6 +188,12 @@ func (c *Config) validate() error {
 	if c.Etcd.Name == "" {
 		c.Etcd.Name = c.ID
 	}
+	if err := c.validateTLS(); err != nil {
+		return err
+	}
+	if err := c.validateGossip(); err != nil {
+		return err
+	}
 	if c.Etcd.DataDir == "" {
 		return errors.New("data-dir: must be set")
 	}
@@ -177,6 +207,37 @@ func (c *Config) validate() error {
 		c.Registry = telemetry.NewRegistry()
 	}
 	return nil
+}
+
+// validateTLS checks that TLS and Etcd.TLS are given together, that the
+// certificate is a region certificate of this region, and that the etcd
+// URLs' schemes match (https with TLS, http without). Errors name the flag.
+func (c *Config) validateTLS() error {
+	etcdTLS := c.Etcd.TLS.CertFile != "" || c.Etcd.TLS.KeyFile != "" || c.Etcd.TLS.CAFile != ""
+	if c.TLS == nil {
+		if etcdTLS {
+			return errors.New("etcd TLS files given without the coordinator's TLS (--tls-ca, --tls-cert, --tls-key)")
+		}
+		return c.Etcd.checkSchemes("http")
+	}
+	if !etcdTLS || c.Etcd.TLS.CertFile == "" || c.Etcd.TLS.KeyFile == "" || c.Etcd.TLS.CAFile == "" {
+		return errors.New("TLS: the embedded etcd member needs the same files (Etcd.TLS: CA, certificate and key)")
+	}
+	id := c.TLS.Identity()
+	if id.Role != pki.RoleRegion {
+		return fmt.Errorf("--tls-cert: a coordinator needs a region certificate (apiary tls cert create --role region --region %s --id %s), "+
+			"not one of role %s (%s)", c.Region, c.ID, id.Role, id)
+	}
+	if id.Region != c.Region {
+		return fmt.Errorf("--tls-cert: the certificate is of region %s (%s), this coordinator's --region is %s", id.Region, id, c.Region)
+	}
+	if err := (authz.Policy{Role: pki.RoleRegion, Region: c.Region}).Validate(); err != nil {
+		return err
+	}
+	if c.Etcd.TLS.AllowedHostname == "" {
+		c.Etcd.TLS.AllowedHostname = pki.RegionServerName(c.Region)
+	}
+	return c.Etcd.checkSchemes("https")
 }
 
 // Coordinator is one `apiary region` process: an embedded etcd member, the
@@ -276,11 +337,20 @@ func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
 //     background for as long as the process runs, and leaves the pool first
 //     on stop.
 //
+// With TLS, a first part "tls" follows the certificate files (pki.Reloader's
+// Run): reloaded material applies to every new connection of the API and
+// of the coordinator's own dials (etcd reads its files itself, at each
+// handshake for the certificate, at start for the CA bundle).
+//
 // A Coordinator runs once: call Parts once, or use Start and Stop.
 func (c *Coordinator) Parts() []lifecycle.Part {
-	parts := []lifecycle.Part{
-		lifecycle.New("etcd", services.NewBasicService(c.startEtcdPart, c.runEtcdPart, c.stopEtcdPart)),
+	var parts []lifecycle.Part
+	if c.cfg.TLS != nil {
+		parts = append(parts, lifecycle.Loop("tls", c.cfg.TLS.Run))
 	}
+	parts = append(parts,
+		lifecycle.New("etcd", services.NewBasicService(c.startEtcdPart, c.runEtcdPart, c.stopEtcdPart)),
+	)
 	if c.cfg.MetricsAddr != "" {
 		parts = append(parts, lifecycle.Idle("metrics", c.startMetrics, c.stopMetrics))
 	}
@@ -322,7 +392,11 @@ func (c *Coordinator) Start(ctx context.Context) error {
 
 // logStarted logs the coordinator's addresses (after its parts run).
 func (c *Coordinator) logStarted() {
-	c.log.Info("coordinator started", "api", c.Addr(), "etcd_client", c.cfg.Etcd.ClientURL, "shards", c.meta.ShardCount)
+	tlsID := "off (plaintext, --insecure-dev)"
+	if c.cfg.TLS != nil {
+		tlsID = c.cfg.TLS.Identity().String()
+	}
+	c.log.Info("coordinator started", "api", c.Addr(), "etcd_client", c.cfg.Etcd.ClientURL, "shards", c.meta.ShardCount, "tls", tlsID)
 }
 
 // Ready is a last part for Parts' list: it logs "coordinator started" and
@@ -416,6 +490,13 @@ func (c *Coordinator) listenAPI(context.Context) error {
 	}
 	c.lis = lis
 	sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
+	if c.cfg.TLS != nil {
+		// Mutual TLS, and the authorization gate first in the chain: a
+		// call it refuses reaches no handler.
+		pol := authz.Policy{Region: c.cfg.Region, Role: pki.RoleRegion, Logger: c.log, Registerer: c.cfg.Registry}
+		sopts = append(sopts, pki.ServerCredentials(c.cfg.TLS),
+			grpc.ChainUnaryInterceptor(pol.UnaryInterceptor()), grpc.ChainStreamInterceptor(pol.StreamInterceptor()))
+	}
 	if h := telemetry.GRPCServerHandler(c.cfg.TracerProvider); h != nil {
 		sopts = append(sopts, grpc.StatsHandler(h))
 	}
@@ -613,6 +694,16 @@ func (c *Coordinator) closeEtcd() {
 
 // Done is closed when Stop has stopped every part (or Start failed).
 func (c *Coordinator) Done() <-chan struct{} { return c.done }
+
+// peerDialOption is the transport of the coordinator's own dials to the
+// region's other coordinators: mutual TLS as its certificate, verifying
+// region.<region>.apiary, or plaintext without TLS.
+func (c *Coordinator) peerDialOption() grpc.DialOption {
+	if c.cfg.TLS == nil {
+		return grpc.WithTransportCredentials(insecure.NewCredentials())
+	}
+	return pki.DialOption(c.cfg.TLS, pki.RegionServerName(c.cfg.Region))
+}
 
 // etcdCtx bounds every etcd call (MEASURED.md trap 4).
 func etcdCtx(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -2,11 +2,14 @@ package regional
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"os"
+	"strings"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -34,6 +37,77 @@ type EtcdConfig struct {
 	QuotaBytes int64
 	// CompactionRetention keeps this much history (default "1h", periodic).
 	CompactionRetention string
+	// TLS, when its files are set, serves the client and peer URLs (then
+	// https) with mutual TLS; the coordinator sets it with its own TLS
+	// (Config.TLS, Config.validate), plaintext URLs (http) otherwise.
+	TLS EtcdTLS
+}
+
+// EtcdTLS is the embedded member's mutual TLS, on both its client and its
+// peer URLs (etcd's --cert-file/--peer-cert-file, ... with
+// --client-cert-auth and --peer-client-cert-auth).
+type EtcdTLS struct {
+	// CAFile, CertFile and KeyFile are the coordinator's --tls-ca,
+	// --tls-cert and --tls-key: the member serves and dials its peers with
+	// the region certificate and accepts clients and peers whose
+	// certificates the CA signed. etcd reads the certificate and key at
+	// every handshake (a rotated certificate applies to new connections),
+	// the CA bundle at start only.
+	CAFile, CertFile, KeyFile string
+	// AllowedHostname is a DNS name a client's or peer's certificate must
+	// carry (etcd's AllowedHostnames): region.<region>.apiary, so that only
+	// the region's coordinators reach its etcd, not its agents, routers,
+	// clients or another region's coordinators. Config.validate sets it.
+	AllowedHostname string
+}
+
+// enabled reports whether TLS files are set.
+func (t EtcdTLS) enabled() bool { return t.CertFile != "" }
+
+// info is etcd's TLSInfo of t, for both client and peer URLs.
+func (t EtcdTLS) info() transport.TLSInfo {
+	info := transport.TLSInfo{CertFile: t.CertFile, KeyFile: t.KeyFile, TrustedCAFile: t.CAFile, ClientCertAuth: true,
+		MinVersion: tls.VersionTLS12}
+	if t.AllowedHostname != "" {
+		info.AllowedHostnames = []string{t.AllowedHostname}
+	}
+	return info
+}
+
+// checkSchemes refuses an etcd URL (client, peer, or one of the initial
+// cluster) whose scheme is not scheme (https with TLS, http without),
+// naming the flag.
+func (c EtcdConfig) checkSchemes(scheme string) error {
+	why := map[string]string{"https": "with TLS (--tls-*) etcd serves mutual TLS", "http": "without TLS (--insecure-dev) etcd serves plaintext"}[scheme]
+	check := func(flag, raw string) error {
+		u, err := url.Parse(raw)
+		if err != nil {
+			return fmt.Errorf("%s: %w", flag, err)
+		}
+		if u.Scheme != scheme {
+			return fmt.Errorf("%s: %q must be a %s:// URL: %s", flag, raw, scheme, why)
+		}
+		return nil
+	}
+	if err := check("--etcd-client-url", c.ClientURL); err != nil {
+		return err
+	}
+	if err := check("--etcd-peer-url", c.PeerURL); err != nil {
+		return err
+	}
+	if c.InitialCluster == "" {
+		return nil
+	}
+	for _, m := range strings.Split(c.InitialCluster, ",") {
+		_, u, ok := strings.Cut(m, "=")
+		if !ok {
+			return fmt.Errorf("--initial-cluster: %q must be name=peerURL", m)
+		}
+		if err := check("--initial-cluster", u); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // startEtcd starts the embedded member and waits until it serves (or ctx
@@ -53,6 +127,9 @@ func startEtcd(ctx context.Context, c EtcdConfig, log *slog.Logger) (*embed.Etcd
 	// MEASURED.md trap 2: set all four URL lists, the cluster and its token.
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	if c.TLS.enabled() {
+		cfg.ClientTLSInfo, cfg.PeerTLSInfo = c.TLS.info(), c.TLS.info()
+	}
 	cfg.InitialCluster = c.InitialCluster
 	if cfg.InitialCluster == "" {
 		cfg.InitialCluster = c.Name + "=" + c.PeerURL

@@ -14,7 +14,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
@@ -62,7 +61,7 @@ func (s *jobServer) GetJobTrace(ctx context.Context, req *apiaryv1.GetJobTraceRe
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := askPeerTrace(ctx, m.APIAddr, req.GetJobId())
+			r, err := askPeerTrace(ctx, c.peerDialOption(), m.APIAddr, req.GetJobId())
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -77,8 +76,10 @@ func (s *jobServer) GetJobTrace(ctx context.Context, req *apiaryv1.GetJobTraceRe
 	return out, nil
 }
 
-func askPeerTrace(ctx context.Context, addr, jobID string) (*apiaryv1.GetJobTraceResponse, error) {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// askPeerTrace asks the coordinator at addr for its own spans of jobID,
+// dialing with creds (Coordinator.peerDialOption).
+func askPeerTrace(ctx context.Context, creds grpc.DialOption, addr, jobID string) (*apiaryv1.GetJobTraceResponse, error) {
+	cc, err := grpc.NewClient(addr, creds)
 	if err != nil {
 		return nil, err
 	}

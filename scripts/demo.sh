@@ -4,13 +4,17 @@
 # etcd and two agents, all real processes on loopback, joined in a serf WAN
 # pool), run the examples through the global router, replay the first 300
 # pods of the Alibaba GPU trace as real `sleep` jobs, print a summary, stop.
+# make demo-tls (DEMO_TLS=1) runs the same with `apiary dev --tls`: mutual TLS
+# on every process and etcd, the CLI with the client certificate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin/apiary}
 TRACE=${TRACE:-../shared/traces/alibaba-gpu-v2023/openb_pod_list_default.csv}
 work=$(mktemp -d -t apiary-demo-XXXX)
 ready="$work/ready.json"
-"$BIN" dev --data-dir "$work/data" --ready-file "$ready" >"$work/dev.log" 2>&1 &
+devflags=()
+[ "${DEMO_TLS:-0}" = 1 ] && devflags=(--tls)
+"$BIN" dev ${devflags[@]+"${devflags[@]}"} --data-dir "$work/data" --ready-file "$ready" >"$work/dev.log" 2>&1 &
 dev=$!
 cleanup() {
   kill -TERM "$dev" 2>/dev/null || true
@@ -33,6 +37,21 @@ us=$(sed -n '/"us-east"/{n;s/.*"addr": "\([^"]*\)".*/\1/p}' "$ready")
 agent_cpu=$(sed -n 's/.*"agent_cpu_millis": \([0-9]*\).*/\1/p' "$ready")
 agent_mem=$(sed -n 's/.*"agent_memory_mb": \([0-9]*\).*/\1/p' "$ready")
 export APIARY_ADDR=$global
+if [ "${DEMO_TLS:-0}" = 1 ]; then
+  # The client certificate apiary dev --tls made (its ready file names it).
+  APIARY_CACERT=$(sed -n 's/.*"ca": "\([^"]*\)".*/\1/p' "$ready")
+  APIARY_CLIENT_CERT=$(sed -n 's/.*"cert": "\([^"]*\)".*/\1/p' "$ready")
+  APIARY_CLIENT_KEY=$(sed -n 's/.*"key": "\([^"]*\)".*/\1/p' "$ready")
+  export APIARY_CACERT APIARY_CLIENT_CERT APIARY_CLIENT_KEY
+  echo
+  echo "== mutual TLS: without the client certificate the router refuses the CLI"
+  set +e
+  out=$(env -u APIARY_CACERT -u APIARY_CLIENT_CERT -u APIARY_CLIENT_KEY "$BIN" job list 2>&1)
+  code=$?
+  set -e
+  echo "   $out"
+  if [ "$code" != 3 ]; then echo "   -> exit $code, expected 3"; exit 1; fi
+fi
 echo
 echo "== regions, as the global router at $global sees them (serf WAN pool)"
 "$BIN" region list

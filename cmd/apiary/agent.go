@@ -16,6 +16,7 @@ import (
 	"apiary.dev/apiary/agent"
 	"apiary.dev/apiary/internal/faulthook"
 	"apiary.dev/apiary/internal/lifecycle"
+	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/telemetry"
 )
 
@@ -42,6 +43,8 @@ func newAgentCmd() *cobra.Command {
 		reservedCPU                    int64
 		faultFile                      string
 		tel                            telemetryFlags
+		tlsf                           serverTLSFlags
+		gossipf                        gossipFlags
 	)
 	defaultAddr := os.Getenv("APIARY_ADDR")
 	if defaultAddr == "" {
@@ -59,7 +62,15 @@ detected unless given. While no coordinator answers, running tasks go on for
 --disconnect-grace (or their job's disconnect.lost_after). SIGINT or SIGTERM
 drains it: no new tasks, running ones stopped after --drain-deadline (default
 at once) and handed back to run elsewhere without using up their
-max_attempts, then the node's lease is released.`,
+max_attempts, then the node's lease is released.
+
+With --tls-ca, --tls-cert and --tls-key (an agent certificate: apiary tls
+cert create --role agent --region R --id NODE), the agent reaches its
+coordinators with mutual TLS, verifying that they hold a region certificate
+of the certificate's region; the node id is the certificate's id (--node-id
+may only repeat it), and a coordinator accepts this node's calls over this
+certificate only. Without TLS it refuses to start unless --insecure-dev says
+so.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := agentLogger(logFormat)
@@ -91,19 +102,43 @@ max_attempts, then the node's lease is released.`,
 			if cmd.Flags().Changed("tail-bytes") && tailBytes == 0 {
 				tailBytes = -1 // explicitly no tail; 0 means the default in agent.Config
 			}
-			var dialOpts []grpc.DialOption
+			tlsR, err := tlsf.load("agent", pki.RoleAgent, "", logger, fmt.Sprintf("any process that can reach its coordinators (%s) "+
+				"can act as this node, and whatever answers at that address is trusted to send it commands to run", addr))
+			if err != nil {
+				return err
+			}
+			// The transport: mutual TLS verifying the coordinators of the
+			// certificate's region, or plain gRPC (--insecure-dev). Named
+			// explicitly, as extra options replace the agent's default.
+			creds := grpc.WithTransportCredentials(insecure.NewCredentials())
+			serverName := ""
+			if tlsR != nil {
+				id := tlsR.Identity()
+				if nodeID == "" {
+					nodeID = id.ID
+				} else if nodeID != id.ID {
+					return withCode(exitInvalid, fmt.Errorf("--node-id %s: the agent certificate (--tls-cert %s) is of node %s (%s); "+
+						"a node acts only as its certificate's node: drop --node-id or give %s", nodeID, tlsf.files.Cert, id.ID, id, id.ID))
+				}
+				serverName = pki.RegionServerName(id.Region)
+				creds = pki.DialOption(tlsR, serverName)
+			}
+			gossipKey, err := gossipf.resolve(cmd)
+			if err != nil {
+				return err
+			}
+			dialOpts := []grpc.DialOption{creds}
 			if faultFile != "" {
 				hook, err := faulthook.New(faultFile, 0)
 				if err != nil {
 					return withCode(exitInvalid, err)
 				}
-				// The agent's transport is plain gRPC on the region's
-				// network: name it, as extra options replace the default.
-				dialOpts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, hook.DialOptions()...)
+				dialOpts = append(dialOpts, hook.DialOptions()...)
 				logger.Warn("fault hook installed: every gRPC call to the coordinators fails while the file exists (serf LAN traffic is not cut)",
 					"fault_file", faultFile)
 			}
 			tel.shipTo = addr // task.run spans go to the coordinators' span buffers (apiary trace)
+			tel.shipTLS, tel.shipServerName = tlsR, serverName
 			tp, stopTracing, err := tel.setup("apiary-agent", nodeID)
 			if err != nil {
 				return withCode(exitInvalid, err)
@@ -127,6 +162,11 @@ max_attempts, then the node's lease is released.`,
 				LANAddr:          lanAddr,
 				DialOptions:      dialOpts,
 
+				// Gossip encryption of the LAN member (keyring.go).
+				GossipKey:         gossipKey,
+				GossipKeyringFile: gossipf.file,
+				GossipWarnPlain:   tlsR != nil,
+
 				// Containment of the tasks (agent/cgroup.go), the host's reserve.
 				Cgroups:           cgroups,
 				ReservedCPUMillis: reservedCPU,
@@ -138,7 +178,13 @@ max_attempts, then the node's lease is released.`,
 			defer stop()
 			// The agent's parts (agent.Agent.Parts: data-dir, metrics,
 			// janitor, sessions), started in order, stopped in reverse.
-			if err := lifecycle.Run(ctx, logger, 0, a.Parts()...); err != nil {
+			var parts []lifecycle.Part
+			if tlsR != nil {
+				// Follows the certificate files: new connections to the
+				// coordinators use what it loaded.
+				parts = append(parts, lifecycle.Loop("tls", tlsR.Run))
+			}
+			if err := lifecycle.Run(ctx, logger, 0, append(parts, a.Parts()...)...); err != nil {
 				// A part failed (as for region and global): exit 3.
 				return withCode(exitUnavailable, err)
 			}
@@ -147,7 +193,7 @@ max_attempts, then the node's lease is released.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&addr, "addr", defaultAddr, "comma-separated coordinator gRPC addresses (env APIARY_ADDR)")
-	f.StringVar(&nodeID, "node-id", "", "node id (default: host name)")
+	f.StringVar(&nodeID, "node-id", "", "node id (default: the TLS certificate's id with --tls-cert, else the host name)")
 	f.StringArrayVar(&labels, "label", nil, "node label k=v (repeatable)")
 	f.Int64Var(&cpuMillis, "cpu-millis", 0, "CPU capacity in millicores (default: number of CPUs x 1000, the whole host; give agents that share a host a share each)")
 	f.Int64Var(&memoryMB, "memory-mb", 0, "memory capacity in MiB (default: MemTotal from /proc/meminfo, the whole host; give agents that share a host a share each)")
@@ -166,6 +212,8 @@ max_attempts, then the node's lease is released.`,
 	f.StringVar(&faultFile, "fault-file", "", "fault tests only (internal/faulthook): while this file exists, every gRPC call to the coordinators fails with UNAVAILABLE and open streams are cut, as in a network partition (the serf LAN member is not cut); `apiary loadtest failover --scenario partition-agent` creates and removes it")
 	_ = f.MarkHidden("fault-file")
 	tel.add(cmd)
+	tlsf.add(cmd)
+	gossipf.add(cmd, "where serf keeps the LAN member's gossip keyring, rewritten by every `apiary keyring` change so that it survives restarts; loaded instead of --gossip-key when it exists (default <data-dir>/gossip.keyring)")
 	return cmd
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"sort"
@@ -25,7 +26,73 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"apiary.dev/apiary/internal/cliconn"
+	"apiary.dev/apiary/internal/pki"
 )
+
+// serverTLSFlags are the transport flags of the server roles (apiary
+// region, global and agent): the three TLS files, or --insecure-dev.
+type serverTLSFlags struct {
+	files       cliconn.TLSFiles
+	insecureDev bool
+}
+
+func (t *serverTLSFlags) add(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&t.files.CA, "tls-ca", "", "CA bundle that peers' certificates must chain to (mutual TLS; with --tls-cert and --tls-key; see `apiary tls`)")
+	f.StringVar(&t.files.Cert, "tls-cert", "", "this process's certificate (apiary tls cert create --role "+tlsRoleOf(cmd.Name())+"); reloaded when the file changes")
+	f.StringVar(&t.files.Key, "tls-key", "", "this process's private key; reloaded when the file changes")
+	f.BoolVar(&t.insecureDev, "insecure-dev", false, "run WITHOUT TLS (plaintext, no authentication or authorization): for development on one machine only")
+}
+
+// tlsRoleOf is the certificate role of a server command.
+func tlsRoleOf(cmdName string) string {
+	switch cmdName {
+	case "region":
+		return pki.RoleRegion
+	case "global":
+		return pki.RoleRouter
+	}
+	return pki.RoleAgent
+}
+
+// load checks the flags and loads the certificate, which must be of role
+// (and of region, when not empty). It returns nil with --insecure-dev, after
+// logging at WARN what anyone who can reach the process can do (exposure).
+// Without either, or with both, or with some but not all of the three
+// files, or with files that do not load, it fails with exit 2 naming the
+// flags.
+func (t *serverTLSFlags) load(cmd string, role, region string, log *slog.Logger, exposure string) (*pki.Reloader, error) {
+	if t.insecureDev && !t.files.Empty() {
+		return nil, withCode(exitInvalid, errors.New("--insecure-dev and --tls-ca/--tls-cert/--tls-key: give one or the other"))
+	}
+	if t.insecureDev {
+		log.Warn("running WITHOUT TLS (--insecure-dev): " + exposure + "; for development only (see README, \"TLS\")")
+		return nil, nil
+	}
+	if t.files.Empty() {
+		return nil, withCode(exitInvalid, fmt.Errorf("apiary %s: no TLS: give --tls-ca, --tls-cert and --tls-key (make them with "+
+			"`apiary tls ca create` and `apiary tls cert create --role %s`; README, \"TLS\"), or --insecure-dev to run without TLS "+
+			"(development only: anyone who can reach the process can use it)", cmd, role))
+	}
+	var missing []string
+	for _, x := range []struct{ v, flag string }{{t.files.CA, "--tls-ca"}, {t.files.Cert, "--tls-cert"}, {t.files.Key, "--tls-key"}} {
+		if x.v == "" {
+			missing = append(missing, x.flag)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, withCode(exitInvalid, fmt.Errorf("%s: required with the other TLS flags (give --tls-ca, --tls-cert and --tls-key, all three)",
+			strings.Join(missing, " and ")))
+	}
+	r, err := pki.NewReloader(pki.ReloaderConfig{CAFile: t.files.CA, CertFile: t.files.Cert, KeyFile: t.files.Key,
+		Role: role, Region: region, Logger: log.With("component", "tls")})
+	if err != nil {
+		return nil, withCode(exitInvalid, err)
+	}
+	id := r.Identity()
+	log.Info("mutual TLS on", "identity", id.String(), "not_after", r.NotAfter().UTC().Format(time.RFC3339))
+	return r, nil
+}
 
 // exitInterrupted is the conventional exit code after SIGINT.
 const exitInterrupted = 130
@@ -38,6 +105,9 @@ type clientOpts struct {
 	addr    string
 	timeout time.Duration
 	output  string
+	// tls are --tls-ca, --tls-cert and --tls-key ($APIARY_CACERT,
+	// $APIARY_CLIENT_CERT, $APIARY_CLIENT_KEY when not given).
+	tls cliconn.TLSFiles
 }
 
 func (o *clientOpts) addFlags(cmd *cobra.Command) {
@@ -45,6 +115,35 @@ func (o *clientOpts) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.addr, "addr", "", "API address host:port (default $"+cliconn.EnvAddr+", else "+cliconn.DefaultAddr+")")
 	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "how long to keep trying to reach the API before giving up (exit 3)")
 	f.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
+	f.StringVar(&o.tls.CA, "tls-ca", "", "CA bundle to verify the server with (mutual TLS; default $"+cliconn.EnvCACert+"; none of the three: plaintext)")
+	f.StringVar(&o.tls.Cert, "tls-cert", "", "client certificate (apiary tls cert create --role client; default $"+cliconn.EnvClientCert+")")
+	f.StringVar(&o.tls.Key, "tls-key", "", "client certificate's key (default $"+cliconn.EnvClientKey+")")
+}
+
+// dial dials addr (one host:port or a comma-separated list) with the
+// command's TLS files, verifying the server's certificate as serverName
+// (pki.RegionServerName(region) when the command knows it dials a region's
+// coordinators; "": the address's host, as the CLI does not know whether
+// --addr is a router or a coordinator, nor of which region), or plaintext
+// without them. Errors (malformed address, TLS files missing or
+// unreadable) exit 2.
+func (o *clientOpts) dial(addr, serverName string) (*grpc.ClientConn, error) {
+	files, err := cliconn.ResolveTLS(o.tls)
+	if err != nil {
+		return nil, withCode(exitInvalid, err)
+	}
+	var r *pki.Reloader
+	if !files.Empty() {
+		if r, err = files.Load(); err != nil {
+			return nil, withCode(exitInvalid, fmt.Errorf("%w (the CLI's files come from --tls-ca/--tls-cert/--tls-key or $%s/$%s/$%s)",
+				err, cliconn.EnvCACert, cliconn.EnvClientCert, cliconn.EnvClientKey))
+		}
+	}
+	cc, err := cliconn.DialTLS(addr, r, serverName)
+	if err != nil {
+		return nil, withCode(exitInvalid, fmt.Errorf("bad API address %q: %w", addr, err))
+	}
+	return cc, nil
 }
 
 // check validates the flags themselves (exit 2, before any dialing).
@@ -60,17 +159,18 @@ func (o *clientOpts) check() error {
 	return nil
 }
 
-// conn dials the resolved address. grpc.NewClient does not connect yet, so
-// this fails only on a malformed address (exit 2).
+// conn dials the resolved address (see dial). grpc.NewClient does not
+// connect yet, so this fails only on a malformed address or bad TLS files
+// (exit 2).
 func (o *clientOpts) conn(cmd *cobra.Command) (*grpc.ClientConn, string, error) {
 	set := false
 	if f := cmd.Flag("addr"); f != nil {
 		set = f.Changed
 	}
 	addr := cliconn.ResolveAddr(o.addr, set)
-	cc, err := cliconn.Dial(addr)
+	cc, err := o.dial(addr, "")
 	if err != nil {
-		return nil, addr, withCode(exitInvalid, fmt.Errorf("bad API address %q: %w", addr, err))
+		return nil, addr, err
 	}
 	return cc, addr, nil
 }
@@ -142,6 +242,12 @@ func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 func rpcError(err error, addr, what string) error {
 	if err == nil {
 		return nil
+	}
+	// The connection's TLS settings were refused (decided by probing the
+	// server, see cliconn.TLSError): nothing was sent.
+	var te *cliconn.TLSError
+	if errors.As(err, &te) {
+		return withCode(exitUnavailable, te)
 	}
 	st := status.Convert(err)
 	msg := st.Message()

@@ -33,6 +33,16 @@ type devReady struct {
 	// AgentCPUMillis and AgentMemoryMB are the capacity each agent offers.
 	AgentCPUMillis int64 `json:"agent_cpu_millis"`
 	AgentMemoryMB  int64 `json:"agent_memory_mb"`
+	// TLS is the client certificate's files with --tls (absent without).
+	TLS *devReadyTLS `json:"tls,omitempty"`
+}
+
+// devReadyTLS names the files a client passes as --tls-ca, --tls-cert and
+// --tls-key (or APIARY_CACERT, APIARY_CLIENT_CERT, APIARY_CLIENT_KEY).
+type devReadyTLS struct {
+	CA   string `json:"ca"`
+	Cert string `json:"cert"`
+	Key  string `json:"key"`
 }
 
 type devReadyEntry struct {
@@ -51,6 +61,7 @@ func newDevCmd() *cobra.Command {
 		agentMemory int64
 		policyPath  string
 		maxPending  string
+		tlsOn       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -65,8 +76,16 @@ deploy/policy.yaml). Every process listens on 127.0.0.1 on a port from
 each offers an equal share of its CPUs and memory (1/N of each with N agents
 in all) unless --agent-cpu-millis or --agent-memory-mb set it. Point clients
 at the router's address (printed, and global_addr in --ready-file). Ctrl-C or
-SIGTERM stops everything.`,
+SIGTERM stops everything.
+
+Without --tls every process runs with --insecure-dev (plaintext: anything on
+this machine can call them). With --tls, a CA and a certificate per process
+are made under --data-dir/tls, every process runs with mutual TLS (etcd
+included), and the client certificate's files are printed as export lines
+for APIARY_CACERT, APIARY_CLIENT_CERT and APIARY_CLIENT_KEY (and written to
+"tls" in --ready-file).`,
 		Example: `  apiary dev --ready-file /tmp/apiary.json
+  apiary dev --tls --data-dir /tmp/apiary-dev
   apiary dev --regions eu-west:eu --agents-per-region 4 --coordinators-per-region 3`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -119,6 +138,11 @@ SIGTERM stops everything.`,
 			if err := os.MkdirAll(dataDir, 0o755); err != nil {
 				return err
 			}
+			// Absolute: the certificate paths printed for the CLI hold
+			// from any directory.
+			if dataDir, err = filepath.Abs(dataDir); err != nil {
+				return err
+			}
 			if policyPath == "" {
 				policyPath = filepath.Join(dataDir, "policy.yaml")
 				if err := os.WriteFile(policyPath, []byte(sovereignty.DefaultYAML), 0o644); err != nil {
@@ -129,7 +153,7 @@ SIGTERM stops everything.`,
 			} else if policyPath, err = filepath.Abs(policyPath); err != nil {
 				return err
 			}
-			opts := devcluster.Options{Binary: bin, Dir: dataDir, Global: &devcluster.GlobalSpec{PolicyFile: policyPath}}
+			opts := devcluster.Options{Binary: bin, Dir: dataDir, Global: &devcluster.GlobalSpec{PolicyFile: policyPath}, TLS: tlsOn}
 			// Every process appends its spans to one file (apiary trace reads it).
 			traceFile := filepath.Join(dataDir, "traces.jsonl")
 			opts.ExtraEnv = append(opts.ExtraEnv, telemetry.EnvTraceFile+"="+traceFile)
@@ -168,6 +192,10 @@ SIGTERM stops everything.`,
 			}
 			defer cl.Stop()
 			ready := devReady{GlobalAddr: cl.GlobalAddr, AgentCPUMillis: agentCPU, AgentMemoryMB: agentMemory}
+			if cl.TLS() {
+				f := cl.ClientTLS()
+				ready.TLS = &devReadyTLS{CA: f.CA, Cert: f.Cert, Key: f.Key}
+			}
 			fmt.Fprintf(os.Stderr, "global router  api %s  wan %s  policy %s  log %s\n", cl.GlobalAddr, cl.GlobalWAN, policyPath, cl.Global.LogPath)
 			for _, r := range cl.Regions {
 				ready.Regions = append(ready.Regions, devReadyEntry{Name: r.Spec.Name, Addr: r.Addr()})
@@ -188,6 +216,15 @@ SIGTERM stops everything.`,
 				}
 			}
 			fmt.Fprintf(os.Stderr, "spans of every process go to %s; export %s=%s, then apiary trace JOB_ID\n", traceFile, telemetry.EnvTraceFile, traceFile)
+			if cl.TLS() {
+				f := cl.ClientTLS()
+				fmt.Fprintf(os.Stderr, "mutual TLS on every process (certificates in %s); the CLI needs the client certificate:\n", cl.PKI().Dir)
+				for _, e := range devcluster.Env(f) {
+					fmt.Fprintf(os.Stderr, "  export %s\n", e)
+				}
+			} else {
+				fmt.Fprintln(os.Stderr, "every process runs WITHOUT TLS (--insecure-dev): anything on this machine can call them; apiary dev --tls runs them with mutual TLS")
+			}
 			fmt.Fprintf(os.Stderr, "ready; try: APIARY_ADDR=%s apiary job run examples/hello.yaml --wait\n", cl.GlobalAddr)
 			<-ctx.Done()
 			fmt.Fprintln(os.Stderr, "stopping ...")
@@ -204,6 +241,7 @@ SIGTERM stops everything.`,
 	f.Int64Var(&agentMemory, "agent-memory-mb", 0, "memory capacity of each dev agent in MiB (0: this host's MemTotal / the number of agents)")
 	f.StringVar(&policyPath, "policy", "", "sovereignty policy file for the router and coordinators (default: built-in copy of deploy/policy.yaml)")
 	f.StringVar(&maxPending, "max-pending", "", "backlog bound per priority class of every region (see apiary region --max-pending)")
+	f.BoolVar(&tlsOn, "tls", false, "run every process with mutual TLS: certificates made under --data-dir/tls; export lines for the CLI are printed (default: --insecure-dev, plaintext)")
 	return cmd
 }
 

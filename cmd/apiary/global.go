@@ -17,8 +17,10 @@ import (
 
 	"apiary.dev/apiary/global/registry"
 	"apiary.dev/apiary/global/router"
+	"apiary.dev/apiary/internal/authz"
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/lifecycle"
+	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 )
@@ -31,6 +33,8 @@ func newGlobalCmd() *cobra.Command {
 		wanJoin                             []string
 		policyPath, ready, logFormat        string
 		tel                                 telemetryFlags
+		tlsf                                serverTLSFlags
+		gossipf                             gossipFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "global",
@@ -41,13 +45,29 @@ coordinator is alive and answers), reads the sovereignty policy (--policy) and
 serves JobService: a submission goes to the best eligible region; a job no
 region may run is refused with a reason per region; status, cancel, watch and
 logs go to the region in the job id; list fans out. Any number of routers may
-run; they keep no state.`,
-		Example: `  apiary global --policy deploy/policy.yaml --wan-join 10.0.0.5:7946 --listen 0.0.0.0:7070`,
-		Args:    cobra.NoArgs,
+run; they keep no state.
+
+With --tls-ca, --tls-cert and --tls-key (a router certificate: apiary tls
+cert create --role router --id NAME), the API serves mutual TLS to client
+certificates only, and the router reaches each region's coordinators with
+its certificate, verifying region.<region>.apiary. Without TLS it refuses to
+start unless --insecure-dev says so.`,
+		Example: `  apiary global --policy deploy/policy.yaml --wan-join 10.0.0.5:7946 --listen 0.0.0.0:7070 \
+    --tls-ca apiary-ca.pem --tls-cert global-router-global-1.pem --tls-key global-router-global-1-key.pem`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logFormat)
 			if err != nil {
 				return withCode(exitInvalid, err)
+			}
+			tlsR, err := tlsf.load("global", pki.RoleRouter, pki.GlobalRegion, log, fmt.Sprintf(
+				"any process that can reach the API (%s) can submit, read and cancel every job of every region", listen))
+			if err != nil {
+				return err
+			}
+			gossipKey, err := gossipf.resolve(cmd)
+			if err != nil {
+				return err
 			}
 			var pol *sovereignty.Policy
 			if policyPath != "" {
@@ -66,9 +86,15 @@ run; they keep no state.`,
 				name = fmt.Sprintf("global.%s.%s", host, lis.Addr()) // no '/': memberlist reads "name/addr"
 			}
 			defer lis.Close()
-			reg, err := registry.Open(registry.Config{Name: name, Bind: wanBind, Advertise: wanAdvertise, Join: wanJoin, Logger: log.With("component", "wan")})
+			reg, err := registry.Open(registry.Config{Name: name, Bind: wanBind, Advertise: wanAdvertise, Join: wanJoin,
+				Logger: log.With("component", "wan"), TLS: tlsR,
+				Gossip: federation.Gossip{Key: gossipKey, KeyringFile: gossipf.file}})
 			if err != nil {
 				return withCode(exitInvalid, err)
+			}
+			if tlsR != nil && !reg.GossipEncrypted() {
+				log.Warn("gossip is unencrypted: TLS is on but the serf WAN pool runs without a key, so anyone who can reach " +
+					"--wan-bind can join it and announce a region; give every router and coordinator --gossip-key (README, \"Gossip encryption\")")
 			}
 			tp, stopTracing, err := tel.setup("apiary-global", name)
 			if err != nil {
@@ -84,6 +110,16 @@ run; they keep no state.`,
 				return err
 			}
 			sopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
+			if tlsR != nil {
+				// Mutual TLS, and the authorization gate first in the
+				// chain: the router serves client certificates only.
+				pol := authz.Policy{Role: pki.RoleRouter, Region: pki.GlobalRegion, Logger: log, Registerer: metrics}
+				if err := pol.Validate(); err != nil {
+					return withCode(exitInvalid, err)
+				}
+				sopts = append(sopts, pki.ServerCredentials(tlsR),
+					grpc.ChainUnaryInterceptor(pol.UnaryInterceptor()), grpc.ChainStreamInterceptor(pol.StreamInterceptor()))
+			}
 			if h := telemetry.GRPCServerHandler(tp); h != nil {
 				sopts = append(sopts, grpc.StatsHandler(h))
 			}
@@ -95,7 +131,13 @@ run; they keep no state.`,
 			// The router's parts, started in this order and stopped in
 			// reverse (internal/lifecycle); a part that fails stops the
 			// process with exit 3.
-			parts := []lifecycle.Part{
+			var parts []lifecycle.Part
+			if tlsR != nil {
+				// Follows the certificate files; new connections (served
+				// and dialed) use what it loaded.
+				parts = append(parts, lifecycle.Loop("tls", tlsR.Run))
+			}
+			parts = append(parts,
 				// The WAN member: joins (retried for as long as the router
 				// runs), probes coordinators, leaves the pool on stop.
 				lifecycle.New("registry", reg.Service()),
@@ -114,7 +156,7 @@ run; they keep no state.`,
 						}
 					}
 				}),
-			}
+			)
 			if tel.metricsAddr != "" {
 				var ms *telemetry.Server
 				parts = append(parts, lifecycle.Idle("metrics", func(context.Context) (err error) {
@@ -152,5 +194,7 @@ run; they keep no state.`,
 	f.StringVar(&policyPath, "policy", "", "sovereignty policy file (strict YAML; see deploy/policy.yaml)")
 	f.StringVar(&ready, "ready-file", "", `write {"api": ADDR, "wan": ADDR} here once serving`)
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	tlsf.add(cmd)
+	gossipf.add(cmd, "where serf keeps the WAN member's gossip keyring, rewritten by every `apiary keyring` change so that it survives restarts; loaded instead of --gossip-key when it exists (default: none, a rotation lasts until the router stops)")
 	return cmd
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"apiary.dev/apiary/internal/lifecycle"
+	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/placement/sim"
@@ -53,6 +54,8 @@ func newRegionCmd() *cobra.Command {
 		ready        string
 		debugAddr    string
 		tel          telemetryFlags
+		tlsf         serverTLSFlags
+		gossipf      gossipFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "region",
@@ -60,9 +63,17 @@ func newRegionCmd() *cobra.Command {
 		Long: `Run one coordinator of a region. A region is 1, 3 or 5 coordinators; each
 embeds one etcd member. Start a 3-member region by giving every member the same
 --initial-cluster (name=peerURL,...). All regional state lives in etcd: a region
-restarted from the same data dirs loses nothing.`,
-		Example: `  apiary region --region eu-west --jurisdiction eu --data-dir /var/lib/apiary/c1
-  apiary region --id c1 --region eu-west --data-dir d1 --listen 127.0.0.1:7071 \
+restarted from the same data dirs loses nothing.
+
+With --tls-ca, --tls-cert and --tls-key (a region certificate of --region:
+apiary tls cert create --role region --region R --id ID), the API serves
+mutual TLS and checks every caller's role, and the embedded etcd member's
+client and peer URLs are https (default https://127.0.0.1:2379 and :2380)
+with the same certificate, open to this region's coordinators only. Without
+TLS the coordinator refuses to start unless --insecure-dev says so.`,
+		Example: `  apiary region --id c1 --region eu-west --jurisdiction eu --data-dir /var/lib/apiary/c1 \
+    --tls-ca apiary-ca.pem --tls-cert eu-west-region-c1.pem --tls-key eu-west-region-c1-key.pem
+  apiary region --insecure-dev --id c1 --region eu-west --data-dir d1 --listen 127.0.0.1:7071 \
     --etcd-client-url http://127.0.0.1:2379 --etcd-peer-url http://127.0.0.1:2380 \
     --initial-cluster c1=http://127.0.0.1:2380,c2=http://127.0.0.1:2382,c3=http://127.0.0.1:2384`,
 		Args: cobra.NoArgs,
@@ -80,6 +91,20 @@ restarted from the same data dirs loses nothing.`,
 			}
 			if cfg.DefaultLostAfter <= 0 {
 				return withCode(exitInvalid, fmt.Errorf("--default-lost-after: must be > 0, got %s", cfg.DefaultLostAfter))
+			}
+			// regional.Config reads 0 as "the default"; on the command
+			// line the defaults are spelled out, so 0 is a mistake.
+			for _, q := range []struct {
+				flag string
+				v    time.Duration
+			}{{"--quarantine-window", cfg.Quarantine.Window}, {"--quarantine-probe-after", cfg.Quarantine.ProbeAfter},
+				{"--quarantine-max-probe-after", cfg.Quarantine.MaxProbeAfter}} {
+				if q.v <= 0 {
+					return withCode(exitInvalid, fmt.Errorf("%s: must be > 0, got %s", q.flag, q.v))
+				}
+			}
+			if !(cfg.Quarantine.MaxShare > 0) {
+				return withCode(exitInvalid, fmt.Errorf("--quarantine-max-share: must be > 0 and at most 1, got %g (--no-auto-quarantine turns automatic quarantine off)", cfg.Quarantine.MaxShare))
 			}
 			cfg.SchedulerPolicy = placement.Policy(policy)
 			switch cfg.SchedulerPolicy {
@@ -105,6 +130,13 @@ restarted from the same data dirs loses nothing.`,
 			if cfg.ID == "" {
 				cfg.ID = cfg.Region + "-1"
 			}
+			if err := regionTLS(cmd, &tlsf, &cfg); err != nil {
+				return err
+			}
+			if cfg.GossipKey, err = gossipf.resolve(cmd); err != nil {
+				return err
+			}
+			cfg.GossipKeyringFile = gossipf.file
 			tp, stopTracing, err := tel.setup("apiary-region", cfg.ID)
 			if err != nil {
 				return withCode(exitInvalid, err)
@@ -142,8 +174,8 @@ restarted from the same data dirs loses nothing.`,
 	f.IntVar(&cfg.ShardCount, "shards", 256, "virtual shards (fixed at region creation)")
 	f.StringVar(&cfg.APIAddr, "listen", "127.0.0.1:7070", "gRPC API listen address")
 	f.StringVar(&cfg.Etcd.DataDir, "data-dir", "apiary-data", "etcd data directory")
-	f.StringVar(&cfg.Etcd.ClientURL, "etcd-client-url", "http://127.0.0.1:2379", "etcd client URL (listen and advertise)")
-	f.StringVar(&cfg.Etcd.PeerURL, "etcd-peer-url", "http://127.0.0.1:2380", "etcd peer URL (listen and advertise)")
+	f.StringVar(&cfg.Etcd.ClientURL, "etcd-client-url", "http://127.0.0.1:2379", "etcd client URL (listen and advertise); with TLS it must be https:// (default https://127.0.0.1:2379)")
+	f.StringVar(&cfg.Etcd.PeerURL, "etcd-peer-url", "http://127.0.0.1:2380", "etcd peer URL (listen and advertise); with TLS it must be https:// (default https://127.0.0.1:2380)")
 	f.StringVar(&cfg.Etcd.InitialCluster, "initial-cluster", "", "name=peerURL,... of every member (default: this member alone)")
 	f.StringVar(&cfg.Etcd.ClusterState, "initial-cluster-state", "new", "new or existing")
 	f.UintVar(&cfg.Etcd.ElectionMs, "etcd-election-ms", 500, "etcd election timeout (ms)")
@@ -167,8 +199,37 @@ restarted from the same data dirs loses nothing.`,
 	f.StringVar(&debugAddr, "debug-addr", "", "serve Go pprof at http://ADDR/debug/pprof/ (empty: off)")
 	f.StringVar(&ready, "ready-file", "", "write the API address to this file once serving")
 	tel.add(cmd)
+	tlsf.add(cmd)
+	gossipf.add(cmd, "where serf keeps the LAN pool's gossip keyring (the WAN pool's: this path + \".wan\"), rewritten by every `apiary keyring` change so that it survives restarts; loaded instead of --gossip-key when it exists (default <data-dir>/"+regional.DefaultGossipKeyringFile+")")
 	regionFederationHook(cmd, &cfg) // regionlist.go: --wan-*, --policy, --max-pending; `region list`
 	return cmd
+}
+
+// regionTLS applies the TLS flags to cfg: with the three files, the
+// region certificate (of cfg.Region) for the API and the dials to other
+// coordinators, the same files for etcd, and https:// etcd URLs (the
+// defaults become https; an http:// URL given explicitly is refused, exit
+// 2 naming the flag); with --insecure-dev, plaintext, logged at WARN.
+func regionTLS(cmd *cobra.Command, tlsf *serverTLSFlags, cfg *regional.Config) error {
+	r, err := tlsf.load("region", pki.RoleRegion, cfg.Region, cfg.Logger, fmt.Sprintf("any process that can reach the API (%s) "+
+		"can submit, read and cancel every job, register as a node and report for any task, and any that can reach etcd (%s, %s) "+
+		"can read and write all of the region's state", cfg.APIAddr, cfg.Etcd.ClientURL, cfg.Etcd.PeerURL))
+	if err != nil || r == nil {
+		return err
+	}
+	for _, u := range []struct {
+		flag string
+		url  *string
+	}{{"etcd-client-url", &cfg.Etcd.ClientURL}, {"etcd-peer-url", &cfg.Etcd.PeerURL}} {
+		if !cmd.Flags().Changed(u.flag) {
+			*u.url = "https://" + strings.TrimPrefix(*u.url, "http://")
+		} else if strings.HasPrefix(*u.url, "http://") {
+			return withCode(exitInvalid, fmt.Errorf("--%s %s: with TLS etcd serves mutual TLS only: give an https:// URL", u.flag, *u.url))
+		}
+	}
+	cfg.TLS = r
+	cfg.Etcd.TLS = regional.EtcdTLS{CAFile: tlsf.files.CA, CertFile: tlsf.files.Cert, KeyFile: tlsf.files.Key}
+	return nil
 }
 
 func parseLabels(kvs []string) (map[string]string, error) {

@@ -20,6 +20,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/cliconn"
+	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/regional"
 )
@@ -178,7 +179,7 @@ and names each region's coordinator addresses.`,
 			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
 				ctx, stop := signalContext(cmd)
 				defer stop()
-				printRegionStatus(w, resp, probeCoordinators(ctx, resp.GetCoordinators()))
+				printRegionStatus(w, resp, probeCoordinators(ctx, o, resp.GetRegion(), resp.GetCoordinators()))
 			})
 		},
 	}
@@ -213,7 +214,8 @@ const probeTimeout = time.Second
 
 // probeCoordinators asks each coordinator's API for its gRPC health, all at
 // once, each within probeTimeout: "answers", or "no answer" and why, by id.
-func probeCoordinators(ctx context.Context, coords []*apiaryv1.Coordinator) map[string]string {
+// It dials with o's TLS files, verifying region.<region>.apiary.
+func probeCoordinators(ctx context.Context, o *clientOpts, region string, coords []*apiaryv1.Coordinator) map[string]string {
 	out := make(map[string]string, len(coords))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -222,7 +224,7 @@ func probeCoordinators(ctx context.Context, coords []*apiaryv1.Coordinator) map[
 		go func() {
 			defer wg.Done()
 			res := "answers"
-			cc, err := cliconn.Dial(c.GetApiAddr())
+			cc, err := o.dial(c.GetApiAddr(), pki.RegionServerName(region))
 			if err == nil {
 				pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 				_, err = healthpb.NewHealthClient(cc).Check(pctx, &healthpb.HealthCheckRequest{})

@@ -104,7 +104,7 @@ func waitFile(t *testing.T, p *proc, path string) {
 }
 
 func regionArgs(t *testing.T, dir string, extra ...string) []string {
-	return append([]string{"region", "--id", "c1", "--region", "eu-west", "--jurisdiction", "eu", "--shards", "16",
+	return append([]string{"region", "--insecure-dev", "--id", "c1", "--region", "eu-west", "--jurisdiction", "eu", "--shards", "16",
 		"--data-dir", filepath.Join(dir, "etcd"), "--listen", testutil.FreeAddr(t),
 		"--etcd-client-url", "http://" + testutil.FreeAddr(t), "--etcd-peer-url", "http://" + testutil.FreeAddr(t),
 		"--metrics-addr", testutil.FreeAddr(t)}, extra...)
@@ -166,7 +166,7 @@ func TestRegionFailedStartExitsNamingThePart(t *testing.T) {
 func TestGlobalStartsPartsInOrderStopsInReverse(t *testing.T) {
 	dir := t.TempDir()
 	ready := filepath.Join(dir, "ready")
-	p := startProc(t, "global", "--name", "g1", "--listen", testutil.FreeAddr(t), "--wan-bind", testutil.FreeAddr(t),
+	p := startProc(t, "global", "--insecure-dev", "--name", "g1", "--listen", testutil.FreeAddr(t), "--wan-bind", testutil.FreeAddr(t),
 		"--metrics-addr", testutil.FreeAddr(t), "--ready-file", ready)
 	waitFile(t, p, ready)
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {

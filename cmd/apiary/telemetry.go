@@ -11,6 +11,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/cliconn"
+	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/telemetry"
 )
 
@@ -26,6 +27,10 @@ type telemetryFlags struct {
 	// shipTo, if set (an agent's --addr), sends the process's finished spans
 	// to those coordinators' span buffers (AgentService.ExportSpans).
 	shipTo string
+	// shipTLS and shipServerName are the agent's certificate and the name
+	// its coordinators' certificates carry (nil: plaintext).
+	shipTLS        *pki.Reloader
+	shipServerName string
 }
 
 func (t *telemetryFlags) add(cmd *cobra.Command) {
@@ -53,7 +58,7 @@ func (t *telemetryFlags) setup(service, instance string) (*telemetry.Provider, f
 		File: t.traceFile, SampleRatio: t.sampleRatio, Buffer: t.buffer}
 	var shipConn *grpc.ClientConn
 	if t.shipTo != "" {
-		cc, err := cliconn.Dial(t.shipTo)
+		cc, err := cliconn.DialTLS(t.shipTo, t.shipTLS, t.shipServerName)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--addr: %w", err)
 		}

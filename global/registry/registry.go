@@ -37,6 +37,7 @@ import (
 
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/federation"
+	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/telemetry"
 )
 
@@ -60,6 +61,17 @@ type Config struct {
 	// retried every second until one answers.
 	Join   []string
 	Logger *slog.Logger
+	// TLS, when set, is the router's certificate: its connections to
+	// coordinators use mutual TLS and verify region.<region>.apiary of the
+	// region the coordinator's WAN member says it belongs to (so a member
+	// that claims a region cannot be served by another region's
+	// coordinator), or the address's host when no member names the
+	// address. Nil: plaintext (`apiary global --insecure-dev`).
+	TLS *pki.Reloader
+	// Gossip encrypts the router's WAN member (federation.Gossip: the key
+	// and the file serf keeps the keyring in; the zero value is plain
+	// text). Every member of the pool needs a key of its keyring.
+	Gossip federation.Gossip
 }
 
 // Registry is the live region view.
@@ -86,7 +98,7 @@ func Open(cfg Config) (*Registry, error) {
 		cfg.Logger = slog.Default()
 	}
 	sc, err := federation.NewSerfConfig(federation.MemberConfig{Name: cfg.Name, Bind: cfg.Bind, Advertise: cfg.Advertise,
-		Tags: map[string]string{federation.TagRole: federation.RoleGlobal}, Logger: cfg.Logger})
+		Tags: map[string]string{federation.TagRole: federation.RoleGlobal}, Logger: cfg.Logger, Gossip: cfg.Gossip})
 	if err != nil {
 		return nil, err
 	}
@@ -160,6 +172,10 @@ func (r *Registry) WANAddr() string {
 	return fmt.Sprintf("%s:%d", m.Addr, m.Port)
 }
 
+// GossipEncrypted says whether the WAN member has a keyring (Config.Gossip
+// gave a key or an existing keyring file); valid after Open.
+func (r *Registry) GossipEncrypted() bool { return r.sc.MemberlistConfig.Keyring != nil }
+
 // Serf exposes the member (tests: RemoveFailedNode).
 func (r *Registry) Serf() *serf.Serf { return r.serf }
 
@@ -175,7 +191,11 @@ func (r *Registry) Conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := r.conns[addr]; ok {
 		return c, nil
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+	creds := grpc.WithTransportCredentials(insecure.NewCredentials())
+	if r.cfg.TLS != nil {
+		creds = pki.DialOption(r.cfg.TLS, r.serverNameOf(addr))
+	}
+	opts := []grpc.DialOption{creds,
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
 		// The router decides "nothing was sent" from connection state
 		// (cliconn.NotConnected), not from error texts.
@@ -190,6 +210,22 @@ func (r *Registry) Conn(addr string) (*grpc.ClientConn, error) {
 	}
 	r.conns[addr] = c
 	return c, nil
+}
+
+// serverNameOf is the name a coordinator's certificate must carry to be
+// served at addr: region.<region>.apiary of the region the WAN member
+// whose API address is addr belongs to, or "" (the address's host) when
+// no member names addr.
+func (r *Registry) serverNameOf(addr string) string {
+	if r.serf == nil {
+		return ""
+	}
+	for _, m := range r.serf.Members() {
+		if t, ok := federation.DecodeCoordinatorTags(m.Tags); ok && t.APIAddr == addr {
+			return pki.RegionServerName(t.Region)
+		}
+	}
+	return ""
 }
 
 // MarkFailed forgets a coordinator's last good probe, so it does not count

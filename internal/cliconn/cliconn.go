@@ -3,6 +3,12 @@
 // client identity used for idempotent submission, and retrying calls that
 // failed because the server was unavailable.
 //
+// With mutual TLS (the --tls-ca/--tls-cert/--tls-key flags or
+// $APIARY_CACERT, $APIARY_CLIENT_CERT, $APIARY_CLIENT_KEY; see ResolveTLS and
+// DialTLS), the connection presents the client certificate; without, it is
+// plaintext, and a call that a TLS server refused at the handshake fails
+// with a *TLSError that says so (tls.go).
+//
 // It owns no state and serves nothing; it must not know about jobs, regions or
 // exit codes (the commands map errors to exit codes themselves).
 package cliconn
@@ -30,6 +36,7 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
+	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/telemetry"
 )
 
@@ -67,16 +74,40 @@ func ResolveAddr(flag string, flagSet bool) string {
 // addr may be a comma-separated list of host:port (the coordinators of a
 // region): calls are balanced round robin over the ones that answer, so a
 // dead coordinator is skipped. A malformed address is an error at once.
-func Dial(addr string) (*grpc.ClientConn, error) {
+//
+// The connection is plaintext: a unary call that reached no server because
+// the server at one of the addresses speaks TLS fails with a *TLSError
+// (Kind TLSRequired). DialTLS dials with mutual TLS.
+func Dial(addr string) (*grpc.ClientConn, error) { return DialTLS(addr, nil, "") }
+
+// DialTLS is Dial with mutual TLS as r's certificate, verifying each server
+// as serverName (pki.RegionServerName(region) for a region's coordinators,
+// pki.RouterServerName for a router; "": the host of each address, which
+// the server's certificate must carry, as region and router certificates
+// carry localhost, 127.0.0.1 and ::1). A nil r dials plaintext (Dial).
+//
+// A unary call that reached no server fails, besides NotConnected, with a
+// *TLSError when the server's side of the handshake tells why: a TLS
+// server refused a plaintext connection (TLSRequired), a plaintext server
+// answered a TLS one (TLSNotServed), or the TLS handshake itself failed
+// (TLSHandshake: certificate not trusted, expired, of the wrong name or
+// refused by the server). Such errors are not Retryable.
+func DialTLS(addr string, r *pki.Reloader, serverName string) (*grpc.ClientConn, error) {
 	addrs, err := SplitAddrs(addr)
 	if err != nil {
 		return nil, err
 	}
+	creds := insecure.NewCredentials()
+	if r != nil {
+		creds = pki.TransportCredentials(r, serverName)
+	}
 	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvBytes)),
 		grpc.WithResolvers(staticBuilder{}),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
+		// Outermost first: the TLS probe sees the error NotConnected marked.
+		grpc.WithChainUnaryInterceptor(tlsProber{addrs: addrs, r: r, serverName: serverName}.intercept),
 		NotConnectedInterceptor(),
 	}
 	if h := telemetry.GRPCClientHandler(nil); h != nil {
@@ -116,7 +147,10 @@ func (staticBuilder) Scheme() string { return "static" }
 func (staticBuilder) Build(t resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
 	var addrs []resolver.Address
 	for _, a := range strings.Split(t.Endpoint(), ",") {
-		addrs = append(addrs, resolver.Address{Addr: a})
+		// ServerName: each address is its own authority (a TLS client
+		// with no server name of its own verifies the address's host),
+		// not the whole list.
+		addrs = append(addrs, resolver.Address{Addr: a, ServerName: a})
 	}
 	return nopResolver{}, cc.UpdateState(resolver.State{Addresses: addrs})
 }
@@ -151,7 +185,12 @@ func NewRequestID() string {
 
 // Retryable reports whether a call that failed with err may be retried as is:
 // the server was unreachable (UNAVAILABLE) or shed load (RESOURCE_EXHAUSTED).
+// A *TLSError is not: the server refuses this connection's TLS settings.
 func Retryable(err error) bool {
+	var te *TLSError
+	if errors.As(err, &te) {
+		return false
+	}
 	switch status.Code(err) {
 	case codes.Unavailable, codes.ResourceExhausted:
 		return true

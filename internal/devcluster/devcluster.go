@@ -3,7 +3,9 @@
 // ephemeral port range (package ports: 20000-31999) and data dirs under one
 // directory, and lets a caller kill, pause, resume and restart any
 // of them. `apiary dev`, the integration tests and the load-test harness use
-// it. It owns process lifecycle only: it must not touch etcd or job state.
+// it. With Options.TLS it also makes every process's certificate (tls.go);
+// without, every process runs with --insecure-dev. It owns process
+// lifecycle (and those files) only: it must not touch etcd or job state.
 package devcluster
 
 import (
@@ -25,6 +27,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/devcluster/ports"
+	"apiary.dev/apiary/internal/pki"
 )
 
 // AgentSpec describes one agent process.
@@ -75,6 +78,31 @@ type Options struct {
 	// Global, if set, adds a global router (`apiary global`) and makes every
 	// coordinator join its serf WAN pool.
 	Global *GlobalSpec
+	// TLS runs every process with mutual TLS: Start makes a CA and the
+	// certificates under <Dir>/tls (PKI): a region certificate per
+	// coordinator id, a router certificate, an agent certificate per node
+	// id and a client certificate (ClientTLS), passes them as --tls-ca,
+	// --tls-cert and --tls-key, and the etcd URLs are https. Without it,
+	// every region, router and agent gets --insecure-dev.
+	TLS bool
+	// GossipKey, when set, is passed as --gossip-key to every coordinator,
+	// router and agent (base64, `apiary keygen`): both serf pools are
+	// encrypted. Each keeps its keyring file under its data dir (routers:
+	// <Dir>/<name>.keyring).
+	GossipKey string
+}
+
+// gossipArgs are the --gossip-key (and, for a router, which has no data
+// dir, --gossip-keyring-file) flags of Options.GossipKey; none without it.
+func (o *Options) gossipArgs(routerName string) []string {
+	if o.GossipKey == "" {
+		return nil
+	}
+	args := []string{"--gossip-key", o.GossipKey}
+	if routerName != "" {
+		args = append(args, "--gossip-keyring-file", filepath.Join(o.Dir, routerName+".keyring"))
+	}
+	return args
 }
 
 // GlobalSpec describes the global router process.
@@ -214,6 +242,7 @@ type Region struct {
 	// LANAddrs[i] is the serf LAN address of Coords[i] (nil with NoLAN).
 	LANAddrs []string
 	ready    []string
+	client   *pki.Reloader // the cluster's client certificate (nil: plaintext)
 }
 
 // Addr returns the comma-separated API addresses of the region.
@@ -230,6 +259,12 @@ type Cluster struct {
 	GlobalWAN  string
 	wanPorts   [][]int
 	globalRdy  string
+
+	// With Options.TLS (tls.go): the CA and certificates, the client
+	// certificate's files and its loaded form.
+	pki         *PKI
+	clientFiles cliconn.TLSFiles
+	client      *pki.Reloader
 }
 
 // FreePort returns a loopback port that was free a moment ago, below the
@@ -258,6 +293,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{opts: opts}
+	if err := c.setupTLS(); err != nil {
+		return nil, err
+	}
 	if opts.Global != nil {
 		if err := c.startGlobal(); err != nil {
 			return nil, err
@@ -309,7 +347,11 @@ func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Region{Spec: rs}
+	r := &Region{Spec: rs, client: c.client}
+	scheme := "http"
+	if c.pki != nil {
+		scheme = "https"
+	}
 	var lanPorts []int
 	if !rs.NoLAN {
 		if lanPorts, err = freePorts(n); err != nil {
@@ -318,7 +360,7 @@ func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
 	}
 	var initial []string
 	for i := 0; i < n; i++ {
-		initial = append(initial, fmt.Sprintf("%s-c%d=http://127.0.0.1:%d", rs.Name, i+1, ports[3*i+1]))
+		initial = append(initial, fmt.Sprintf("%s-c%d=%s://127.0.0.1:%d", rs.Name, i+1, scheme, ports[3*i+1]))
 	}
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("%s-c%d", rs.Name, i+1)
@@ -328,10 +370,16 @@ func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
 		args := []string{"region", "--id", id, "--region", rs.Name, "--jurisdiction", rs.Jurisdiction,
 			"--data-dir", filepath.Join(c.opts.Dir, id),
 			"--listen", api,
-			"--etcd-client-url", fmt.Sprintf("http://127.0.0.1:%d", ports[3*i]),
-			"--etcd-peer-url", fmt.Sprintf("http://127.0.0.1:%d", ports[3*i+1]),
+			"--etcd-client-url", fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[3*i]),
+			"--etcd-peer-url", fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[3*i+1]),
 			"--initial-cluster", strings.Join(initial, ","),
 			"--ready-file", ready}
+		targs, err := tlsArgs(c.pki, pki.RoleRegion, rs.Name, id)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, targs...)
+		args = append(args, c.opts.gossipArgs("")...)
 		for k, v := range rs.Labels {
 			args = append(args, "--label", k+"="+v)
 		}
@@ -350,7 +398,7 @@ func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
 		}
 		r.Coords = append(r.Coords, p)
 		r.APIAddrs = append(r.APIAddrs, api)
-		r.EtcdEndpoints = append(r.EtcdEndpoints, fmt.Sprintf("http://127.0.0.1:%d", ports[3*i]))
+		r.EtcdEndpoints = append(r.EtcdEndpoints, fmt.Sprintf("%s://127.0.0.1:%d", scheme, ports[3*i]))
 		r.ready = append(r.ready, ready)
 	}
 	return r, nil
@@ -441,6 +489,11 @@ func (r *Region) startAgent(c *Cluster, i int) error {
 	for k, v := range as.Labels {
 		args = append(args, "--label", k+"="+v)
 	}
+	targs, err := tlsArgs(c.pki, pki.RoleAgent, r.Spec.Name, as.ID)
+	if err != nil {
+		return err
+	}
+	args = append(args, targs...)
 	lanAddr := "off"
 	if !r.Spec.NoLAN {
 		port, err := FreePort()
@@ -450,6 +503,7 @@ func (r *Region) startAgent(c *Cluster, i int) error {
 		lanAddr = fmt.Sprintf("127.0.0.1:%d", port) // kept across restarts
 	}
 	args = append(args, "--lan-addr", lanAddr)
+	args = append(args, c.opts.gossipArgs("")...)
 	args = append(args, as.ExtraArgs...)
 	env := append(slices.Clip(c.opts.ExtraEnv), as.Env...)
 	p := &Proc{Name: as.ID, Args: args, LogPath: filepath.Join(c.opts.Dir, as.ID+".log"), env: env, bin: c.opts.Binary}
@@ -461,9 +515,20 @@ func (r *Region) startAgent(c *Cluster, i int) error {
 }
 
 // Dial returns a client connection to the region's coordinators (round
-// robin over all of them, so a dead one is skipped).
+// robin over all of them, so a dead one is skipped): with Options.TLS as
+// the cluster's client certificate, verifying region.<name>.apiary, else
+// plaintext.
 func (r *Region) Dial() (*grpc.ClientConn, error) {
-	return cliconn.Dial(r.Addr())
+	return cliconn.DialTLS(r.Addr(), r.client, r.serverName())
+}
+
+// serverName is the name the region's coordinators' certificates carry
+// ("" without TLS).
+func (r *Region) serverName() string {
+	if r.client == nil {
+		return ""
+	}
+	return pki.RegionServerName(r.Spec.Name)
 }
 
 // WaitNodes waits until at least n nodes are READY in the region.

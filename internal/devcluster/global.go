@@ -10,7 +10,7 @@ import (
 	"time"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/internal/cliconn"
+	"apiary.dev/apiary/internal/pki"
 )
 
 // startGlobal picks the router's ports and every coordinator's serf WAN
@@ -46,6 +46,12 @@ func (c *Cluster) startGlobal() error {
 	if c.opts.Global.PolicyFile != "" {
 		args = append(args, "--policy", c.opts.Global.PolicyFile)
 	}
+	targs, err := tlsArgs(c.pki, pki.RoleRouter, pki.GlobalRegion, "global-1")
+	if err != nil {
+		return err
+	}
+	args = append(args, targs...)
+	args = append(args, c.opts.gossipArgs("global-1")...)
 	args = append(args, c.opts.Global.ExtraArgs...)
 	c.Global = &Proc{Name: "global-1", Args: args, LogPath: filepath.Join(c.opts.Dir, "global-1.log"), env: c.opts.ExtraEnv, bin: c.opts.Binary}
 	return c.Global.Start()
@@ -81,7 +87,7 @@ func (c *Cluster) WaitGlobal(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("global router not ready: %w", err)
 	}
-	conn, err := cliconn.Dial(c.GlobalAddr)
+	conn, err := c.Dial(c.GlobalAddr)
 	if err != nil {
 		return err
 	}

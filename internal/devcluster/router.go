@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"apiary.dev/apiary/internal/pki"
 )
 
 // RouterSpec describes a global router started on its own, at any time,
@@ -29,6 +31,10 @@ type RouterSpec struct {
 	ExtraArgs []string
 	// Env is added to the process's environment.
 	Env []string
+	// PKI, when set, gives the router a router certificate of id Name
+	// (made if missing) and runs it with mutual TLS; nil runs it with
+	// --insecure-dev.
+	PKI *PKI
 }
 
 // StartRouter starts `apiary global` and waits until its ready file exists.
@@ -58,6 +64,11 @@ func StartRouter(ctx context.Context, spec RouterSpec) (*Proc, string, error) {
 	if len(spec.Join) > 0 {
 		args = append(args, "--wan-join", strings.Join(spec.Join, ","))
 	}
+	targs, err := tlsArgs(spec.PKI, pki.RoleRouter, pki.GlobalRegion, spec.Name)
+	if err != nil {
+		return nil, "", err
+	}
+	args = append(args, targs...)
 	args = append(args, spec.ExtraArgs...)
 	p := &Proc{Name: spec.Name, Args: args, LogPath: filepath.Join(spec.Dir, spec.Name+".log"), env: spec.Env, bin: spec.Binary}
 	if err := p.Start(); err != nil {

@@ -106,7 +106,7 @@ func startAgent(cfg Config, dir, addr, id string, cpu, mem int64, maxTasks int) 
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(cfg.Binary, "agent", "--addr", addr, "--node-id", id,
+	cmd := exec.Command(cfg.Binary, "agent", "--insecure-dev", "--addr", addr, "--node-id", id,
 		"--data-dir", filepath.Join(dir, id), "--cpu-millis", strconv.FormatInt(cpu, 10),
 		"--memory-mb", strconv.FormatInt(mem, 10), "--max-tasks", strconv.Itoa(maxTasks))
 	cmd.Stdout, cmd.Stderr = logf, logf
