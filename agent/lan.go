@@ -72,9 +72,14 @@ func (l *agentLAN) start(context.Context) error {
 		return err
 	}
 	conf, err := lan.NewSerfConfig(lan.MemberConfig{Name: lan.MemberName(lan.RoleAgent, a.cfg.NodeID), Bind: bind,
-		Tags: tags, Logger: a.log.With("component", "lan")})
+		Tags: tags, Logger: a.log.With("component", "lan"),
+		Gossip: federation.Gossip{Key: a.cfg.GossipKey, KeyringFile: a.cfg.GossipKeyringFile}})
 	if err != nil {
 		return err
+	}
+	if conf.MemberlistConfig.Keyring == nil && a.cfg.GossipWarnPlain {
+		a.log.Warn("gossip is unencrypted: TLS is on but the LAN member runs without a key, so anyone who can reach the pool " +
+			"can read this node's tags and report it failed; give every member of the region --gossip-key (README, \"Gossip encryption\")")
 	}
 	if l.serf, err = serf.Create(conf); err != nil {
 		return fmt.Errorf("lan-addr: start serf on %s: %w", bind, err)

@@ -90,10 +90,11 @@ func (c *Coordinator) startLAN(context.Context) error {
 	}
 	events := make(chan serf.Event, 256)
 	sc, err := lan.NewSerfConfig(lan.MemberConfig{Name: lan.MemberName(lan.RoleCoordinator, c.cfg.ID),
-		Bind: c.cfg.LANAddr, Tags: tags, Logger: c.log.With("component", "lan")})
+		Bind: c.cfg.LANAddr, Tags: tags, Logger: c.log.With("component", "lan"), Gossip: c.gossip(poolLAN)})
 	if err != nil {
 		return err
 	}
+	c.warnPlainGossip(poolLAN, sc)
 	sc.EventCh = events
 	s, err := serf.Create(sc)
 	if err != nil {

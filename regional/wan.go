@@ -57,10 +57,11 @@ func (c *Coordinator) startWAN(context.Context) error {
 	}
 	// The member name has no '/': memberlist reads "name/addr" on reconnect.
 	sc, err := federation.NewSerfConfig(federation.MemberConfig{Name: c.meta.Region + "." + c.cfg.ID, Bind: bind,
-		Advertise: c.cfg.WAN.Advertise, Tags: tags, Logger: c.log.With("component", "wan")})
+		Advertise: c.cfg.WAN.Advertise, Tags: tags, Logger: c.log.With("component", "wan"), Gossip: c.gossip(poolWAN)})
 	if err != nil {
 		return err
 	}
+	c.warnPlainGossip(poolWAN, sc)
 	s, err := serf.Create(sc)
 	if err != nil {
 		return fmt.Errorf("wan-bind: start serf on %s: %w", bind, err)

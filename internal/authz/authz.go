@@ -280,6 +280,12 @@ func (p Policy) decideRouter(r rule, id pki.Identity, what string) *denial {
 	case accessAPI:
 		switch id.Role {
 		case pki.RoleClient:
+			if id.Region != "" && id.Region != pki.GlobalRegion {
+				// The router forwards with its own certificate, which
+				// every region accepts: a scoped client must call its
+				// region's coordinators, where the scope is checked.
+				return refuse(ReasonOtherRegion, "a client certificate scoped to region %s cannot use the router (it acts in every region); call region %s's coordinators directly", id.Region, id.Region)
+			}
 			return nil
 		case pki.RoleRegion:
 			return refuse(ReasonWrongRole, "a region certificate cannot call the router's %s (%s): regions never call the router", r.short, what)

@@ -87,7 +87,9 @@ func TestAuthorizeDecisions(t *testing.T) {
 			codes.PermissionDenied, "denied by default"},
 
 		// Router.
-		{"router: client of any region submits", routerPol, clientUS, apiaryv1.JobService_SubmitJob_FullMethodName, &apiaryv1.SubmitJobRequest{}, codes.OK, ""},
+		{"router: unscoped client submits", routerPol, clientAll, apiaryv1.JobService_SubmitJob_FullMethodName, &apiaryv1.SubmitJobRequest{}, codes.OK, ""},
+		{"router: a client scoped to a region is refused (it would act in every region)", routerPol, clientUS, apiaryv1.JobService_SubmitJob_FullMethodName, &apiaryv1.SubmitJobRequest{},
+			codes.PermissionDenied, "scoped to region us-east cannot use the router"},
 		{"router: client lists regions", routerPol, clientAll, apiaryv1.AdminService_ListRegions_FullMethodName, &apiaryv1.ListRegionsRequest{}, codes.OK, ""},
 		{"router: agent submits", routerPol, agentEU, apiaryv1.JobService_SubmitJob_FullMethodName, &apiaryv1.SubmitJobRequest{},
 			codes.PermissionDenied, "an agent certificate cannot call JobService"},

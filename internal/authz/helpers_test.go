@@ -267,6 +267,10 @@ func (s adminSrv) SetNodeEligibility(ctx context.Context, _ *apiaryv1.SetNodeEli
 	s.r.hit(ctx, "SetNodeEligibility")
 	return &apiaryv1.SetNodeEligibilityResponse{}, nil
 }
+func (s adminSrv) GossipKeyring(ctx context.Context, _ *apiaryv1.GossipKeyringRequest) (*apiaryv1.GossipKeyringResponse, error) {
+	s.r.hit(ctx, "GossipKeyring")
+	return &apiaryv1.GossipKeyringResponse{}, nil
+}
 
 // recordingHealth is grpc's health server, recording Check calls.
 type recordingHealth struct {

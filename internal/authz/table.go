@@ -79,6 +79,10 @@ var methods = map[string]rule{
 	apiaryv1.AdminService_ReleaseNode_FullMethodName:        admin(accessAPI),
 	apiaryv1.AdminService_DrainNode_FullMethodName:          admin(accessAPI),
 	apiaryv1.AdminService_SetNodeEligibility_FullMethodName: admin(accessAPI),
+	// Gossip keyring (apiary keyring): the gate admits it as the API; the
+	// coordinator's handler (regional/keyring.go) then admits client
+	// certificates only (an operator), and the router does not serve it.
+	apiaryv1.AdminService_GossipKeyring_FullMethodName: admin(accessAPI),
 
 	healthpb.Health_Check_FullMethodName: health(),
 	healthpb.Health_Watch_FullMethodName: health(),

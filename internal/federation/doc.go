@@ -4,7 +4,10 @@
 // within serf's 512-byte budget), the tuned serf member configuration and
 // join loop both tiers use, and the region view built from the pool's
 // members (BuildRegions, Region.Summary), which the router's registry and a
-// coordinator's `region list` both serve.
+// coordinator's `region list` both serve. It also holds the gossip
+// encryption both serf pools (WAN and the regions' LAN pools) use: keys
+// (GenerateGossipKey, DecodeGossipKey) and keyrings kept in files
+// (Gossip), which serf's KeyManager rotates.
 //
 // It is owned by neither tier: it must not import global/ or regional/
 // (docs/architecture.md, "Layering"), and it holds no live state; the

@@ -37,11 +37,19 @@ type MemberConfig struct {
 	Advertise string
 	Tags      map[string]string
 	Logger    *slog.Logger
+	// Gossip encrypts the member's gossip (gossip.go); the zero value is
+	// plain text. Every member of a pool needs a key of the pool's keyring.
+	Gossip Gossip
 }
 
 // NewSerfConfig returns a fresh serf config (serf.Create mutates the
 // memberlist config, so every instance needs its own) with the tuned
-// timings and both log outputs routed to logger.
+// timings and both log outputs routed to logger. With mc.Gossip it loads
+// the keyring (Gossip.Load: it may read or write the keyring file) into
+// MemberlistConfig.Keyring and sets KeyringFile, and logs where the keys
+// came from on mc.Logger; MemberlistConfig.Keyring is nil for plain text.
+// Errors name the flag (wan-bind, wan-advertise, gossip-key,
+// gossip-keyring-file).
 func NewSerfConfig(mc MemberConfig) (*serf.Config, error) {
 	host, port, err := SplitHostPort(mc.Bind, "wan-bind")
 	if err != nil {
@@ -74,6 +82,21 @@ func NewSerfConfig(mc MemberConfig) (*serf.Config, error) {
 	conf.LogOutput = w
 	ml.LogOutput = w
 	conf.MemberlistConfig = ml
+	kr, note, err := mc.Gossip.Load()
+	if err != nil {
+		return nil, err
+	}
+	if kr != nil {
+		ml.Keyring = kr
+		conf.KeyringFile = mc.Gossip.KeyringFile
+		switch {
+		case mc.Logger == nil:
+		case mc.Gossip.Key != nil && !hasKey(kr.GetKeys(), mc.Gossip.Key):
+			mc.Logger.Warn("gossip encrypted, but not with the given key", "keyring", note)
+		default:
+			mc.Logger.Info("gossip encrypted", "keyring", note)
+		}
+	}
 	return conf, nil
 }
 

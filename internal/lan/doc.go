@@ -1,7 +1,7 @@
 // Package lan is the vocabulary of a region's serf LAN pool, which every
 // coordinator and every agent of the region joins: the tuned member
 // configuration (MEASURED.md's timings, reconnect and tombstone windows, the
-// seam for an encryption key), member names (one per process), and the tags
+// gossip keyring: federation.Gossip), member names (one per process), and the tags
 // each role publishes, within serf's 512-byte tag budget: an agent its node
 // id, node epoch and a free-capacity summary (AgentTags), a coordinator its
 // id (CoordinatorTags).

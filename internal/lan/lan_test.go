@@ -106,7 +106,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{MemberConfig{Name: "x", Bind: "nope"}, "lan-addr:"},
 		{MemberConfig{Name: "x", Bind: "127.0.0.1:70000"}, "lan-addr:"},
 		{MemberConfig{Name: "x", Bind: "127.0.0.1:0", Advertise: "a"}, "lan-advertise:"},
-		{MemberConfig{Name: "x", Bind: "127.0.0.1:0", SecretKey: []byte("short")}, "lan-key:"},
+		{MemberConfig{Name: "x", Bind: "127.0.0.1:0", Gossip: federation.Gossip{Key: []byte("short")}}, "gossip-key:"},
+		{MemberConfig{Name: "x", Bind: "127.0.0.1:0", Gossip: federation.Gossip{KeyringFile: notAKeyring(t)}}, "gossip-keyring-file:"},
 	} {
 		if _, err := NewSerfConfig(tc.mc); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("%+v: got %v, want an error starting %q", tc.mc, err, tc.want)

@@ -3,13 +3,11 @@ package lan
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
 	"time"
 
-	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/serf/serf"
 
 	"apiary.dev/apiary/internal/federation"
@@ -53,18 +51,23 @@ type MemberConfig struct {
 	Advertise string
 	Tags      map[string]string
 	Logger    *slog.Logger
-	// SecretKey encrypts the pool's gossip (AES; 16, 24 or 32 bytes); nil
-	// gossips in plain text. Nothing sets it yet: it is the seam for the
-	// security issue, which will also need every member to hold the key.
-	SecretKey []byte
+	// Gossip encrypts the member's gossip with a keyring (federation.Gossip:
+	// a key of 16, 24 or 32 bytes, and the file serf keeps the keyring in
+	// so that rotations survive restarts); the zero value gossips in plain
+	// text. A member that holds no key of the pool's keyring cannot join
+	// it or read its tags, so every coordinator and agent of a region needs
+	// one (`apiary region|agent --gossip-key`).
+	Gossip federation.Gossip
 }
 
 // NewSerfConfig returns a fresh serf config for one LAN member (serf.Create
 // mutates the memberlist config, so every instance needs its own, MEASURED.md
 // trap 7) with the tuned timings, the LAN windows, and both serf's and
 // memberlist's log output routed to Logger (federation.LogWriter). It is
-// federation.NewSerfConfig's member, re-tuned for the LAN. Errors name the
-// field (lan-addr, lan-advertise, lan-key) and the rule.
+// federation.NewSerfConfig's member, re-tuned for the LAN, with its keyring
+// (mc.Gossip, loaded as federation.NewSerfConfig does: the keyring file may
+// be read or written). Errors name the field (lan-addr, lan-advertise,
+// gossip-key, gossip-keyring-file) and the rule.
 func NewSerfConfig(mc MemberConfig) (*serf.Config, error) {
 	if _, _, err := federation.SplitHostPort(mc.Bind, "lan-addr"); err != nil {
 		return nil, err
@@ -74,13 +77,8 @@ func NewSerfConfig(mc MemberConfig) (*serf.Config, error) {
 			return nil, err
 		}
 	}
-	if mc.SecretKey != nil {
-		if err := memberlist.ValidateKey(mc.SecretKey); err != nil {
-			return nil, fmt.Errorf("lan-key: %v", err)
-		}
-	}
 	conf, err := federation.NewSerfConfig(federation.MemberConfig{Name: mc.Name, Bind: mc.Bind,
-		Advertise: mc.Advertise, Tags: mc.Tags, Logger: mc.Logger})
+		Advertise: mc.Advertise, Tags: mc.Tags, Logger: mc.Logger, Gossip: mc.Gossip})
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +90,6 @@ func NewSerfConfig(mc MemberConfig) (*serf.Config, error) {
 	ml.ProbeTimeout = ProbeTimeout
 	ml.SuspicionMult = SuspicionMult
 	ml.GossipInterval = GossipInterval
-	ml.SecretKey = mc.SecretKey
 	return conf, nil
 }
 

@@ -293,6 +293,65 @@ func (FailureFault) EnumDescriptor() ([]byte, []int) {
 	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{3}
 }
 
+type GossipKeyringOp int32
+
+const (
+	GossipKeyringOp_GOSSIP_KEYRING_OP_UNSPECIFIED GossipKeyringOp = 0
+	// The keys every member holds (and which one each sends with).
+	GossipKeyringOp_GOSSIP_KEYRING_OP_LIST GossipKeyringOp = 1
+	// Add key to every member's keyring (not yet used to send).
+	GossipKeyringOp_GOSSIP_KEYRING_OP_INSTALL GossipKeyringOp = 2
+	// Make key (installed everywhere) the primary key: members send with it.
+	GossipKeyringOp_GOSSIP_KEYRING_OP_USE GossipKeyringOp = 3
+	// Remove key (not the primary) from every member's keyring.
+	GossipKeyringOp_GOSSIP_KEYRING_OP_REMOVE GossipKeyringOp = 4
+)
+
+// Enum value maps for GossipKeyringOp.
+var (
+	GossipKeyringOp_name = map[int32]string{
+		0: "GOSSIP_KEYRING_OP_UNSPECIFIED",
+		1: "GOSSIP_KEYRING_OP_LIST",
+		2: "GOSSIP_KEYRING_OP_INSTALL",
+		3: "GOSSIP_KEYRING_OP_USE",
+		4: "GOSSIP_KEYRING_OP_REMOVE",
+	}
+	GossipKeyringOp_value = map[string]int32{
+		"GOSSIP_KEYRING_OP_UNSPECIFIED": 0,
+		"GOSSIP_KEYRING_OP_LIST":        1,
+		"GOSSIP_KEYRING_OP_INSTALL":     2,
+		"GOSSIP_KEYRING_OP_USE":         3,
+		"GOSSIP_KEYRING_OP_REMOVE":      4,
+	}
+)
+
+func (x GossipKeyringOp) Enum() *GossipKeyringOp {
+	p := new(GossipKeyringOp)
+	*p = x
+	return p
+}
+
+func (x GossipKeyringOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GossipKeyringOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_apiary_v1_apiary_proto_enumTypes[4].Descriptor()
+}
+
+func (GossipKeyringOp) Type() protoreflect.EnumType {
+	return &file_apiary_v1_apiary_proto_enumTypes[4]
+}
+
+func (x GossipKeyringOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GossipKeyringOp.Descriptor instead.
+func (GossipKeyringOp) EnumDescriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{4}
+}
+
 type NodeStatus int32
 
 const (
@@ -328,11 +387,11 @@ func (x NodeStatus) String() string {
 }
 
 func (NodeStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_apiary_v1_apiary_proto_enumTypes[4].Descriptor()
+	return file_apiary_v1_apiary_proto_enumTypes[5].Descriptor()
 }
 
 func (NodeStatus) Type() protoreflect.EnumType {
-	return &file_apiary_v1_apiary_proto_enumTypes[4]
+	return &file_apiary_v1_apiary_proto_enumTypes[5]
 }
 
 func (x NodeStatus) Number() protoreflect.EnumNumber {
@@ -341,7 +400,7 @@ func (x NodeStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NodeStatus.Descriptor instead.
 func (NodeStatus) EnumDescriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{4}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{5}
 }
 
 type Assignment_Kind int32
@@ -377,11 +436,11 @@ func (x Assignment_Kind) String() string {
 }
 
 func (Assignment_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_apiary_v1_apiary_proto_enumTypes[5].Descriptor()
+	return file_apiary_v1_apiary_proto_enumTypes[6].Descriptor()
 }
 
 func (Assignment_Kind) Type() protoreflect.EnumType {
-	return &file_apiary_v1_apiary_proto_enumTypes[5]
+	return &file_apiary_v1_apiary_proto_enumTypes[6]
 }
 
 func (x Assignment_Kind) Number() protoreflect.EnumNumber {
@@ -3934,6 +3993,220 @@ func (x *ReportTaskStatusResponse) GetNodeEpochEnded() bool {
 	return false
 }
 
+type GossipKeyringRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Op    GossipKeyringOp        `protobuf:"varint,1,opt,name=op,proto3,enum=apiary.v1.GossipKeyringOp" json:"op,omitempty"`
+	// Standard base64 of 16, 24 or 32 bytes (apiary keygen); not for LIST.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// "lan", "wan", or "" for both pools the coordinator runs.
+	Pool          string `protobuf:"bytes,3,opt,name=pool,proto3" json:"pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GossipKeyringRequest) Reset() {
+	*x = GossipKeyringRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GossipKeyringRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GossipKeyringRequest) ProtoMessage() {}
+
+func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GossipKeyringRequest.ProtoReflect.Descriptor instead.
+func (*GossipKeyringRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *GossipKeyringRequest) GetOp() GossipKeyringOp {
+	if x != nil {
+		return x.Op
+	}
+	return GossipKeyringOp_GOSSIP_KEYRING_OP_UNSPECIFIED
+}
+
+func (x *GossipKeyringRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *GossipKeyringRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+// GossipKeyringPool is what one pool's members answered.
+type GossipKeyringPool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "lan" or "wan".
+	Pool string `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	// Members the coordinator's member knew of (alive), responses received,
+	// and responses that reported a failure.
+	Members   int32 `protobuf:"varint,2,opt,name=members,proto3" json:"members,omitempty"`
+	Responses int32 `protobuf:"varint,3,opt,name=responses,proto3" json:"responses,omitempty"`
+	Failures  int32 `protobuf:"varint,4,opt,name=failures,proto3" json:"failures,omitempty"`
+	// Each failed or warning member's message, by member name.
+	Messages map[string]string `protobuf:"bytes,5,rep,name=messages,proto3" json:"messages,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// LIST: each key (base64) with the number of members holding it, and
+	// each primary key with the number of members sending with it.
+	Keys        map[string]int32 `protobuf:"bytes,6,rep,name=keys,proto3" json:"keys,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	PrimaryKeys map[string]int32 `protobuf:"bytes,7,rep,name=primary_keys,json=primaryKeys,proto3" json:"primary_keys,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Empty when every member answered with success; else why not.
+	Error         string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GossipKeyringPool) Reset() {
+	*x = GossipKeyringPool{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GossipKeyringPool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GossipKeyringPool) ProtoMessage() {}
+
+func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GossipKeyringPool.ProtoReflect.Descriptor instead.
+func (*GossipKeyringPool) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *GossipKeyringPool) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *GossipKeyringPool) GetMembers() int32 {
+	if x != nil {
+		return x.Members
+	}
+	return 0
+}
+
+func (x *GossipKeyringPool) GetResponses() int32 {
+	if x != nil {
+		return x.Responses
+	}
+	return 0
+}
+
+func (x *GossipKeyringPool) GetFailures() int32 {
+	if x != nil {
+		return x.Failures
+	}
+	return 0
+}
+
+func (x *GossipKeyringPool) GetMessages() map[string]string {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *GossipKeyringPool) GetKeys() map[string]int32 {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *GossipKeyringPool) GetPrimaryKeys() map[string]int32 {
+	if x != nil {
+		return x.PrimaryKeys
+	}
+	return nil
+}
+
+func (x *GossipKeyringPool) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type GossipKeyringResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pools         []*GossipKeyringPool   `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GossipKeyringResponse) Reset() {
+	*x = GossipKeyringResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GossipKeyringResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GossipKeyringResponse) ProtoMessage() {}
+
+func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GossipKeyringResponse.ProtoReflect.Descriptor instead.
+func (*GossipKeyringResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *GossipKeyringResponse) GetPools() []*GossipKeyringPool {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
 type DrainNodeRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -3948,7 +4221,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3960,7 +4233,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3973,7 +4246,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DrainNodeRequest) GetNodeId() string {
@@ -4013,7 +4286,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4025,7 +4298,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4038,7 +4311,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -4059,7 +4332,7 @@ type SetNodeEligibilityRequest struct {
 
 func (x *SetNodeEligibilityRequest) Reset() {
 	*x = SetNodeEligibilityRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4071,7 +4344,7 @@ func (x *SetNodeEligibilityRequest) String() string {
 func (*SetNodeEligibilityRequest) ProtoMessage() {}
 
 func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4084,7 +4357,7 @@ func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SetNodeEligibilityRequest) GetNodeId() string {
@@ -4117,7 +4390,7 @@ type SetNodeEligibilityResponse struct {
 
 func (x *SetNodeEligibilityResponse) Reset() {
 	*x = SetNodeEligibilityResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4129,7 +4402,7 @@ func (x *SetNodeEligibilityResponse) String() string {
 func (*SetNodeEligibilityResponse) ProtoMessage() {}
 
 func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4142,7 +4415,7 @@ func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SetNodeEligibilityResponse) GetNode() *Node {
@@ -4165,7 +4438,7 @@ type QuarantineNodeRequest struct {
 
 func (x *QuarantineNodeRequest) Reset() {
 	*x = QuarantineNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4177,7 +4450,7 @@ func (x *QuarantineNodeRequest) String() string {
 func (*QuarantineNodeRequest) ProtoMessage() {}
 
 func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4190,7 +4463,7 @@ func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeRequest.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *QuarantineNodeRequest) GetNodeId() string {
@@ -4224,7 +4497,7 @@ type QuarantineNodeResponse struct {
 
 func (x *QuarantineNodeResponse) Reset() {
 	*x = QuarantineNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4236,7 +4509,7 @@ func (x *QuarantineNodeResponse) String() string {
 func (*QuarantineNodeResponse) ProtoMessage() {}
 
 func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4249,7 +4522,7 @@ func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeResponse.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *QuarantineNodeResponse) GetNode() *Node {
@@ -4270,7 +4543,7 @@ type ReleaseNodeRequest struct {
 
 func (x *ReleaseNodeRequest) Reset() {
 	*x = ReleaseNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4282,7 +4555,7 @@ func (x *ReleaseNodeRequest) String() string {
 func (*ReleaseNodeRequest) ProtoMessage() {}
 
 func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4295,7 +4568,7 @@ func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ReleaseNodeRequest) GetNodeId() string {
@@ -4323,7 +4596,7 @@ type ReleaseNodeResponse struct {
 
 func (x *ReleaseNodeResponse) Reset() {
 	*x = ReleaseNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4335,7 +4608,7 @@ func (x *ReleaseNodeResponse) String() string {
 func (*ReleaseNodeResponse) ProtoMessage() {}
 
 func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4348,7 +4621,7 @@ func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ReleaseNodeResponse) GetNode() *Node {
@@ -4373,7 +4646,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4385,7 +4658,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4398,7 +4671,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
 }
 
 type Node struct {
@@ -4451,7 +4724,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4463,7 +4736,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4476,7 +4749,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Node) GetId() string {
@@ -4652,7 +4925,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4664,7 +4937,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4677,7 +4950,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -4702,7 +4975,7 @@ type GetRegionInfoRequest struct {
 
 func (x *GetRegionInfoRequest) Reset() {
 	*x = GetRegionInfoRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4714,7 +4987,7 @@ func (x *GetRegionInfoRequest) String() string {
 func (*GetRegionInfoRequest) ProtoMessage() {}
 
 func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4727,7 +5000,7 @@ func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
 }
 
 type Coordinator struct {
@@ -4743,7 +5016,7 @@ type Coordinator struct {
 
 func (x *Coordinator) Reset() {
 	*x = Coordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4755,7 +5028,7 @@ func (x *Coordinator) String() string {
 func (*Coordinator) ProtoMessage() {}
 
 func (x *Coordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4768,7 +5041,7 @@ func (x *Coordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coordinator.ProtoReflect.Descriptor instead.
 func (*Coordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *Coordinator) GetId() string {
@@ -4829,7 +5102,7 @@ type GetRegionInfoResponse struct {
 
 func (x *GetRegionInfoResponse) Reset() {
 	*x = GetRegionInfoResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4841,7 +5114,7 @@ func (x *GetRegionInfoResponse) String() string {
 func (*GetRegionInfoResponse) ProtoMessage() {}
 
 func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4854,7 +5127,7 @@ func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GetRegionInfoResponse) GetRegion() string {
@@ -4949,7 +5222,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4961,7 +5234,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4974,7 +5247,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -4994,7 +5267,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5006,7 +5279,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5019,7 +5292,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -5071,7 +5344,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5083,7 +5356,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5096,7 +5369,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -5145,7 +5418,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5157,7 +5430,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5170,7 +5443,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -5259,7 +5532,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5271,7 +5544,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5284,7 +5557,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -5621,7 +5894,31 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x18ReportTaskStatusResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12(\n" +
-	"\x10node_epoch_ended\x18\x03 \x01(\bR\x0enodeEpochEnded\"t\n" +
+	"\x10node_epoch_ended\x18\x03 \x01(\bR\x0enodeEpochEnded\"h\n" +
+	"\x14GossipKeyringRequest\x12*\n" +
+	"\x02op\x18\x01 \x01(\x0e2\x1a.apiary.v1.GossipKeyringOpR\x02op\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
+	"\x04pool\x18\x03 \x01(\tR\x04pool\"\x9d\x04\n" +
+	"\x11GossipKeyringPool\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x18\n" +
+	"\amembers\x18\x02 \x01(\x05R\amembers\x12\x1c\n" +
+	"\tresponses\x18\x03 \x01(\x05R\tresponses\x12\x1a\n" +
+	"\bfailures\x18\x04 \x01(\x05R\bfailures\x12F\n" +
+	"\bmessages\x18\x05 \x03(\v2*.apiary.v1.GossipKeyringPool.MessagesEntryR\bmessages\x12:\n" +
+	"\x04keys\x18\x06 \x03(\v2&.apiary.v1.GossipKeyringPool.KeysEntryR\x04keys\x12P\n" +
+	"\fprimary_keys\x18\a \x03(\v2-.apiary.v1.GossipKeyringPool.PrimaryKeysEntryR\vprimaryKeys\x12\x14\n" +
+	"\x05error\x18\b \x01(\tR\x05error\x1a;\n" +
+	"\rMessagesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
+	"\tKeysEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1a>\n" +
+	"\x10PrimaryKeysEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"K\n" +
+	"\x15GossipKeyringResponse\x122\n" +
+	"\x05pools\x18\x01 \x03(\v2\x1c.apiary.v1.GossipKeyringPoolR\x05pools\"t\n" +
 	"\x10DrainNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vdeadline_ms\x18\x02 \x01(\x03R\n" +
@@ -5769,7 +6066,13 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x19FAILURE_FAULT_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FAILURE_FAULT_NODE\x10\x01\x12\x15\n" +
 	"\x11FAILURE_FAULT_JOB\x10\x02\x12\x1d\n" +
-	"\x19FAILURE_FAULT_UNCONFIRMED\x10\x03*V\n" +
+	"\x19FAILURE_FAULT_UNCONFIRMED\x10\x03*\xa8\x01\n" +
+	"\x0fGossipKeyringOp\x12!\n" +
+	"\x1dGOSSIP_KEYRING_OP_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16GOSSIP_KEYRING_OP_LIST\x10\x01\x12\x1d\n" +
+	"\x19GOSSIP_KEYRING_OP_INSTALL\x10\x02\x12\x19\n" +
+	"\x15GOSSIP_KEYRING_OP_USE\x10\x03\x12\x1c\n" +
+	"\x18GOSSIP_KEYRING_OP_REMOVE\x10\x04*V\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -5796,7 +6099,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tDrainSelf\x12\x1b.apiary.v1.DrainSelfRequest\x1a\x1c.apiary.v1.DrainSelfResponse\x12I\n" +
 	"\n" +
 	"Deregister\x12\x1c.apiary.v1.DeregisterRequest\x1a\x1d.apiary.v1.DeregisterResponse\x12L\n" +
-	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\xc8\x04\n" +
+	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\x9c\x05\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.apiary.v1.ListNodesRequest\x1a\x1c.apiary.v1.ListNodesResponse\x12R\n" +
 	"\rGetRegionInfo\x12\x1f.apiary.v1.GetRegionInfoRequest\x1a .apiary.v1.GetRegionInfoResponse\x12L\n" +
@@ -5804,7 +6107,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x0eQuarantineNode\x12 .apiary.v1.QuarantineNodeRequest\x1a!.apiary.v1.QuarantineNodeResponse\x12L\n" +
 	"\vReleaseNode\x12\x1d.apiary.v1.ReleaseNodeRequest\x1a\x1e.apiary.v1.ReleaseNodeResponse\x12F\n" +
 	"\tDrainNode\x12\x1b.apiary.v1.DrainNodeRequest\x1a\x1c.apiary.v1.DrainNodeResponse\x12a\n" +
-	"\x12SetNodeEligibility\x12$.apiary.v1.SetNodeEligibilityRequest\x1a%.apiary.v1.SetNodeEligibilityResponseB*Z(apiary.dev/apiary/api/apiary/v1;apiaryv1b\x06proto3"
+	"\x12SetNodeEligibility\x12$.apiary.v1.SetNodeEligibilityRequest\x1a%.apiary.v1.SetNodeEligibilityResponse\x12R\n" +
+	"\rGossipKeyring\x12\x1f.apiary.v1.GossipKeyringRequest\x1a .apiary.v1.GossipKeyringResponseB*Z(apiary.dev/apiary/api/apiary/v1;apiaryv1b\x06proto3"
 
 var (
 	file_apiary_v1_apiary_proto_rawDescOnce sync.Once
@@ -5818,202 +6122,216 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 	return file_apiary_v1_apiary_proto_rawDescData
 }
 
-var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                      // 0: apiary.v1.JobState
 	(TaskState)(0),                     // 1: apiary.v1.TaskState
 	(ReportKind)(0),                    // 2: apiary.v1.ReportKind
 	(FailureFault)(0),                  // 3: apiary.v1.FailureFault
-	(NodeStatus)(0),                    // 4: apiary.v1.NodeStatus
-	(Assignment_Kind)(0),               // 5: apiary.v1.Assignment.Kind
-	(*JobSpec)(nil),                    // 6: apiary.v1.JobSpec
-	(*Disconnect)(nil),                 // 7: apiary.v1.Disconnect
-	(*RegionSpec)(nil),                 // 8: apiary.v1.RegionSpec
-	(*TaskGroup)(nil),                  // 9: apiary.v1.TaskGroup
-	(*Resources)(nil),                  // 10: apiary.v1.Resources
-	(*Constraint)(nil),                 // 11: apiary.v1.Constraint
-	(*Affinity)(nil),                   // 12: apiary.v1.Affinity
-	(*Spread)(nil),                     // 13: apiary.v1.Spread
-	(*DistinctProperty)(nil),           // 14: apiary.v1.DistinctProperty
-	(*Dataset)(nil),                    // 15: apiary.v1.Dataset
-	(*Job)(nil),                        // 16: apiary.v1.Job
-	(*TaskCounts)(nil),                 // 17: apiary.v1.TaskCounts
-	(*Task)(nil),                       // 18: apiary.v1.Task
-	(*AttemptResult)(nil),              // 19: apiary.v1.AttemptResult
-	(*LookupRequestRequest)(nil),       // 20: apiary.v1.LookupRequestRequest
-	(*LookupRequestResponse)(nil),      // 21: apiary.v1.LookupRequestResponse
-	(*ForwardRequestRequest)(nil),      // 22: apiary.v1.ForwardRequestRequest
-	(*ForwardRequestResponse)(nil),     // 23: apiary.v1.ForwardRequestResponse
-	(*SubmitJobRequest)(nil),           // 24: apiary.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),          // 25: apiary.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),              // 26: apiary.v1.GetJobRequest
-	(*GetJobResponse)(nil),             // 27: apiary.v1.GetJobResponse
-	(*ListJobsRequest)(nil),            // 28: apiary.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),           // 29: apiary.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),           // 30: apiary.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),          // 31: apiary.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),            // 32: apiary.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),           // 33: apiary.v1.WatchJobResponse
-	(*GetJobLogsRequest)(nil),          // 34: apiary.v1.GetJobLogsRequest
-	(*GetJobLogsResponse)(nil),         // 35: apiary.v1.GetJobLogsResponse
-	(*GetJobTraceRequest)(nil),         // 36: apiary.v1.GetJobTraceRequest
-	(*GetJobTraceResponse)(nil),        // 37: apiary.v1.GetJobTraceResponse
-	(*RegisterNodeRequest)(nil),        // 38: apiary.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),       // 39: apiary.v1.RegisterNodeResponse
-	(*HeartbeatRequest)(nil),           // 40: apiary.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 41: apiary.v1.HeartbeatResponse
-	(*AttemptRef)(nil),                 // 42: apiary.v1.AttemptRef
-	(*AdoptAttemptsRequest)(nil),       // 43: apiary.v1.AdoptAttemptsRequest
-	(*AdoptAttemptsResponse)(nil),      // 44: apiary.v1.AdoptAttemptsResponse
-	(*AdoptDecision)(nil),              // 45: apiary.v1.AdoptDecision
-	(*DrainSelfRequest)(nil),           // 46: apiary.v1.DrainSelfRequest
-	(*DrainSelfResponse)(nil),          // 47: apiary.v1.DrainSelfResponse
-	(*DeregisterRequest)(nil),          // 48: apiary.v1.DeregisterRequest
-	(*DeregisterResponse)(nil),         // 49: apiary.v1.DeregisterResponse
-	(*StreamAssignmentsRequest)(nil),   // 50: apiary.v1.StreamAssignmentsRequest
-	(*StreamAssignmentsResponse)(nil),  // 51: apiary.v1.StreamAssignmentsResponse
-	(*Assignment)(nil),                 // 52: apiary.v1.Assignment
-	(*ReportTaskStatusRequest)(nil),    // 53: apiary.v1.ReportTaskStatusRequest
-	(*ExportSpansRequest)(nil),         // 54: apiary.v1.ExportSpansRequest
-	(*ExportSpansResponse)(nil),        // 55: apiary.v1.ExportSpansResponse
-	(*ReportTaskStatusResponse)(nil),   // 56: apiary.v1.ReportTaskStatusResponse
-	(*DrainNodeRequest)(nil),           // 57: apiary.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 58: apiary.v1.DrainNodeResponse
-	(*SetNodeEligibilityRequest)(nil),  // 59: apiary.v1.SetNodeEligibilityRequest
-	(*SetNodeEligibilityResponse)(nil), // 60: apiary.v1.SetNodeEligibilityResponse
-	(*QuarantineNodeRequest)(nil),      // 61: apiary.v1.QuarantineNodeRequest
-	(*QuarantineNodeResponse)(nil),     // 62: apiary.v1.QuarantineNodeResponse
-	(*ReleaseNodeRequest)(nil),         // 63: apiary.v1.ReleaseNodeRequest
-	(*ReleaseNodeResponse)(nil),        // 64: apiary.v1.ReleaseNodeResponse
-	(*ListNodesRequest)(nil),           // 65: apiary.v1.ListNodesRequest
-	(*Node)(nil),                       // 66: apiary.v1.Node
-	(*ListNodesResponse)(nil),          // 67: apiary.v1.ListNodesResponse
-	(*GetRegionInfoRequest)(nil),       // 68: apiary.v1.GetRegionInfoRequest
-	(*Coordinator)(nil),                // 69: apiary.v1.Coordinator
-	(*GetRegionInfoResponse)(nil),      // 70: apiary.v1.GetRegionInfoResponse
-	(*ListRegionsRequest)(nil),         // 71: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),          // 72: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),            // 73: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),              // 74: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),        // 75: apiary.v1.ListRegionsResponse
-	nil,                                // 76: apiary.v1.RegionSpec.SelectorEntry
-	nil,                                // 77: apiary.v1.TaskGroup.EnvEntry
-	nil,                                // 78: apiary.v1.Spread.TargetsEntry
-	nil,                                // 79: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                // 80: apiary.v1.Assignment.EnvEntry
-	nil,                                // 81: apiary.v1.Node.LabelsEntry
-	nil,                                // 82: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                                // 83: apiary.v1.RegionSummary.LabelsEntry
+	(GossipKeyringOp)(0),               // 4: apiary.v1.GossipKeyringOp
+	(NodeStatus)(0),                    // 5: apiary.v1.NodeStatus
+	(Assignment_Kind)(0),               // 6: apiary.v1.Assignment.Kind
+	(*JobSpec)(nil),                    // 7: apiary.v1.JobSpec
+	(*Disconnect)(nil),                 // 8: apiary.v1.Disconnect
+	(*RegionSpec)(nil),                 // 9: apiary.v1.RegionSpec
+	(*TaskGroup)(nil),                  // 10: apiary.v1.TaskGroup
+	(*Resources)(nil),                  // 11: apiary.v1.Resources
+	(*Constraint)(nil),                 // 12: apiary.v1.Constraint
+	(*Affinity)(nil),                   // 13: apiary.v1.Affinity
+	(*Spread)(nil),                     // 14: apiary.v1.Spread
+	(*DistinctProperty)(nil),           // 15: apiary.v1.DistinctProperty
+	(*Dataset)(nil),                    // 16: apiary.v1.Dataset
+	(*Job)(nil),                        // 17: apiary.v1.Job
+	(*TaskCounts)(nil),                 // 18: apiary.v1.TaskCounts
+	(*Task)(nil),                       // 19: apiary.v1.Task
+	(*AttemptResult)(nil),              // 20: apiary.v1.AttemptResult
+	(*LookupRequestRequest)(nil),       // 21: apiary.v1.LookupRequestRequest
+	(*LookupRequestResponse)(nil),      // 22: apiary.v1.LookupRequestResponse
+	(*ForwardRequestRequest)(nil),      // 23: apiary.v1.ForwardRequestRequest
+	(*ForwardRequestResponse)(nil),     // 24: apiary.v1.ForwardRequestResponse
+	(*SubmitJobRequest)(nil),           // 25: apiary.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),          // 26: apiary.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),              // 27: apiary.v1.GetJobRequest
+	(*GetJobResponse)(nil),             // 28: apiary.v1.GetJobResponse
+	(*ListJobsRequest)(nil),            // 29: apiary.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),           // 30: apiary.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),           // 31: apiary.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),          // 32: apiary.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),            // 33: apiary.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),           // 34: apiary.v1.WatchJobResponse
+	(*GetJobLogsRequest)(nil),          // 35: apiary.v1.GetJobLogsRequest
+	(*GetJobLogsResponse)(nil),         // 36: apiary.v1.GetJobLogsResponse
+	(*GetJobTraceRequest)(nil),         // 37: apiary.v1.GetJobTraceRequest
+	(*GetJobTraceResponse)(nil),        // 38: apiary.v1.GetJobTraceResponse
+	(*RegisterNodeRequest)(nil),        // 39: apiary.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 40: apiary.v1.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),           // 41: apiary.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 42: apiary.v1.HeartbeatResponse
+	(*AttemptRef)(nil),                 // 43: apiary.v1.AttemptRef
+	(*AdoptAttemptsRequest)(nil),       // 44: apiary.v1.AdoptAttemptsRequest
+	(*AdoptAttemptsResponse)(nil),      // 45: apiary.v1.AdoptAttemptsResponse
+	(*AdoptDecision)(nil),              // 46: apiary.v1.AdoptDecision
+	(*DrainSelfRequest)(nil),           // 47: apiary.v1.DrainSelfRequest
+	(*DrainSelfResponse)(nil),          // 48: apiary.v1.DrainSelfResponse
+	(*DeregisterRequest)(nil),          // 49: apiary.v1.DeregisterRequest
+	(*DeregisterResponse)(nil),         // 50: apiary.v1.DeregisterResponse
+	(*StreamAssignmentsRequest)(nil),   // 51: apiary.v1.StreamAssignmentsRequest
+	(*StreamAssignmentsResponse)(nil),  // 52: apiary.v1.StreamAssignmentsResponse
+	(*Assignment)(nil),                 // 53: apiary.v1.Assignment
+	(*ReportTaskStatusRequest)(nil),    // 54: apiary.v1.ReportTaskStatusRequest
+	(*ExportSpansRequest)(nil),         // 55: apiary.v1.ExportSpansRequest
+	(*ExportSpansResponse)(nil),        // 56: apiary.v1.ExportSpansResponse
+	(*ReportTaskStatusResponse)(nil),   // 57: apiary.v1.ReportTaskStatusResponse
+	(*GossipKeyringRequest)(nil),       // 58: apiary.v1.GossipKeyringRequest
+	(*GossipKeyringPool)(nil),          // 59: apiary.v1.GossipKeyringPool
+	(*GossipKeyringResponse)(nil),      // 60: apiary.v1.GossipKeyringResponse
+	(*DrainNodeRequest)(nil),           // 61: apiary.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 62: apiary.v1.DrainNodeResponse
+	(*SetNodeEligibilityRequest)(nil),  // 63: apiary.v1.SetNodeEligibilityRequest
+	(*SetNodeEligibilityResponse)(nil), // 64: apiary.v1.SetNodeEligibilityResponse
+	(*QuarantineNodeRequest)(nil),      // 65: apiary.v1.QuarantineNodeRequest
+	(*QuarantineNodeResponse)(nil),     // 66: apiary.v1.QuarantineNodeResponse
+	(*ReleaseNodeRequest)(nil),         // 67: apiary.v1.ReleaseNodeRequest
+	(*ReleaseNodeResponse)(nil),        // 68: apiary.v1.ReleaseNodeResponse
+	(*ListNodesRequest)(nil),           // 69: apiary.v1.ListNodesRequest
+	(*Node)(nil),                       // 70: apiary.v1.Node
+	(*ListNodesResponse)(nil),          // 71: apiary.v1.ListNodesResponse
+	(*GetRegionInfoRequest)(nil),       // 72: apiary.v1.GetRegionInfoRequest
+	(*Coordinator)(nil),                // 73: apiary.v1.Coordinator
+	(*GetRegionInfoResponse)(nil),      // 74: apiary.v1.GetRegionInfoResponse
+	(*ListRegionsRequest)(nil),         // 75: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),          // 76: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),            // 77: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),              // 78: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),        // 79: apiary.v1.ListRegionsResponse
+	nil,                                // 80: apiary.v1.RegionSpec.SelectorEntry
+	nil,                                // 81: apiary.v1.TaskGroup.EnvEntry
+	nil,                                // 82: apiary.v1.Spread.TargetsEntry
+	nil,                                // 83: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                // 84: apiary.v1.Assignment.EnvEntry
+	nil,                                // 85: apiary.v1.GossipKeyringPool.MessagesEntry
+	nil,                                // 86: apiary.v1.GossipKeyringPool.KeysEntry
+	nil,                                // 87: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	nil,                                // 88: apiary.v1.Node.LabelsEntry
+	nil,                                // 89: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                                // 90: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
-	8,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
-	9,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
-	7,  // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
-	76, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	77, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
-	10, // 5: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
-	11, // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
-	12, // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
-	13, // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
-	14, // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
-	15, // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	78, // 11: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
-	6,  // 12: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
+	9,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
+	10, // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
+	8,  // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
+	80, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	81, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	11, // 5: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
+	12, // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
+	13, // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
+	14, // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
+	15, // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
+	16, // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
+	82, // 11: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	7,  // 12: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
 	0,  // 13: apiary.v1.Job.state:type_name -> apiary.v1.JobState
-	17, // 14: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
-	18, // 15: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
+	18, // 14: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
+	19, // 15: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
 	1,  // 16: apiary.v1.Task.state:type_name -> apiary.v1.TaskState
-	19, // 17: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
+	20, // 17: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
 	3,  // 18: apiary.v1.AttemptResult.fault:type_name -> apiary.v1.FailureFault
-	6,  // 19: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
-	16, // 20: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
+	7,  // 19: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
+	17, // 20: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
 	0,  // 21: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
-	16, // 22: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
-	16, // 23: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
-	16, // 24: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
-	18, // 25: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	79, // 26: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
-	10, // 27: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
-	42, // 28: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
-	45, // 29: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
-	42, // 30: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
-	52, // 31: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
-	5,  // 32: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	80, // 33: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
-	10, // 34: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
+	17, // 22: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
+	17, // 23: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
+	17, // 24: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
+	19, // 25: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
+	83, // 26: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	11, // 27: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
+	43, // 28: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
+	46, // 29: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
+	43, // 30: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
+	53, // 31: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
+	6,  // 32: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
+	84, // 33: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	11, // 34: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
 	2,  // 35: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
 	3,  // 36: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
-	66, // 37: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
-	66, // 38: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
-	66, // 39: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
-	66, // 40: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	81, // 41: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	10, // 42: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	10, // 43: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	4,  // 44: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	66, // 45: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	82, // 46: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	69, // 47: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	83, // 48: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	72, // 49: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	10, // 50: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	10, // 51: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	73, // 52: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	74, // 53: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	24, // 54: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	26, // 55: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	28, // 56: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	30, // 57: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	32, // 58: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	34, // 59: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	36, // 60: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	22, // 61: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	20, // 62: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	38, // 63: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	40, // 64: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	50, // 65: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	53, // 66: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	43, // 67: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
-	46, // 68: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
-	48, // 69: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
-	54, // 70: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	65, // 71: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	68, // 72: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	71, // 73: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	61, // 74: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	63, // 75: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	57, // 76: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
-	59, // 77: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
-	25, // 78: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	27, // 79: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	29, // 80: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	31, // 81: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	33, // 82: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	35, // 83: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	37, // 84: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	23, // 85: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	21, // 86: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	39, // 87: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	41, // 88: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	51, // 89: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	56, // 90: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	44, // 91: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
-	47, // 92: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
-	49, // 93: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
-	55, // 94: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	67, // 95: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	70, // 96: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	75, // 97: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	62, // 98: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	64, // 99: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	58, // 100: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
-	60, // 101: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
-	78, // [78:102] is the sub-list for method output_type
-	54, // [54:78] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	4,  // 37: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
+	85, // 38: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
+	86, // 39: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
+	87, // 40: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	59, // 41: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
+	70, // 42: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
+	70, // 43: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
+	70, // 44: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
+	70, // 45: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
+	88, // 46: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	11, // 47: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	11, // 48: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	5,  // 49: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	70, // 50: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	89, // 51: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	73, // 52: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	90, // 53: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	76, // 54: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	11, // 55: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	11, // 56: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	77, // 57: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	78, // 58: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	25, // 59: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	27, // 60: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	29, // 61: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	31, // 62: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	33, // 63: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	35, // 64: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	37, // 65: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	23, // 66: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	21, // 67: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	39, // 68: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	41, // 69: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	51, // 70: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	54, // 71: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	44, // 72: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
+	47, // 73: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
+	49, // 74: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
+	55, // 75: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	69, // 76: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	72, // 77: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	75, // 78: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	65, // 79: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	67, // 80: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	61, // 81: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	63, // 82: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	58, // 83: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
+	26, // 84: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	28, // 85: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	30, // 86: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	32, // 87: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	34, // 88: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	36, // 89: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	38, // 90: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	24, // 91: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	22, // 92: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	40, // 93: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	42, // 94: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	52, // 95: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	57, // 96: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	45, // 97: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	48, // 98: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	50, // 99: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	56, // 100: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	71, // 101: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	74, // 102: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	79, // 103: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	66, // 104: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	68, // 105: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	62, // 106: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	64, // 107: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	60, // 108: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
+	84, // [84:109] is the sub-list for method output_type
+	59, // [59:84] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -6027,8 +6345,8 @@ func file_apiary_v1_apiary_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   78,
+			NumEnums:      7,
+			NumMessages:   84,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -917,6 +917,7 @@ const (
 	AdminService_ReleaseNode_FullMethodName        = "/apiary.v1.AdminService/ReleaseNode"
 	AdminService_DrainNode_FullMethodName          = "/apiary.v1.AdminService/DrainNode"
 	AdminService_SetNodeEligibility_FullMethodName = "/apiary.v1.AdminService/SetNodeEligibility"
+	AdminService_GossipKeyring_FullMethodName      = "/apiary.v1.AdminService/GossipKeyring"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -950,6 +951,20 @@ type AdminServiceClient interface {
 	// QuarantineNode, and FAILED_PRECONDITION for eligible=true on a draining
 	// node (cancel the drain first).
 	SetNodeEligibility(ctx context.Context, in *SetNodeEligibilityRequest, opts ...grpc.CallOption) (*SetNodeEligibilityResponse, error)
+	// GossipKeyring lists or changes the gossip keyring of the coordinator's
+	// serf pools through serf's KeyManager: the query reaches every member of
+	// the pool (the region's LAN pool: its coordinators and agents; the WAN
+	// pool: every region's coordinators and the routers), and each one that
+	// keeps a keyring file rewrites it. Rotation is install (every member
+	// learns the new key, still sending with the old one), use (the new key
+	// becomes primary), remove (the old key is forgotten). Served by
+	// coordinators only, to client certificates only (an operator).
+	// Errors: INVALID_ARGUMENT for a missing op, a bad key or pool,
+	// FAILED_PRECONDITION when a pool asked for is not encrypted (no
+	// --gossip-key) or not run, PERMISSION_DENIED for a caller that is not a
+	// client certificate. Members that failed are reported per pool, not as
+	// an error.
+	GossipKeyring(ctx context.Context, in *GossipKeyringRequest, opts ...grpc.CallOption) (*GossipKeyringResponse, error)
 }
 
 type adminServiceClient struct {
@@ -1030,6 +1045,16 @@ func (c *adminServiceClient) SetNodeEligibility(ctx context.Context, in *SetNode
 	return out, nil
 }
 
+func (c *adminServiceClient) GossipKeyring(ctx context.Context, in *GossipKeyringRequest, opts ...grpc.CallOption) (*GossipKeyringResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GossipKeyringResponse)
+	err := c.cc.Invoke(ctx, AdminService_GossipKeyring_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -1061,6 +1086,20 @@ type AdminServiceServer interface {
 	// QuarantineNode, and FAILED_PRECONDITION for eligible=true on a draining
 	// node (cancel the drain first).
 	SetNodeEligibility(context.Context, *SetNodeEligibilityRequest) (*SetNodeEligibilityResponse, error)
+	// GossipKeyring lists or changes the gossip keyring of the coordinator's
+	// serf pools through serf's KeyManager: the query reaches every member of
+	// the pool (the region's LAN pool: its coordinators and agents; the WAN
+	// pool: every region's coordinators and the routers), and each one that
+	// keeps a keyring file rewrites it. Rotation is install (every member
+	// learns the new key, still sending with the old one), use (the new key
+	// becomes primary), remove (the old key is forgotten). Served by
+	// coordinators only, to client certificates only (an operator).
+	// Errors: INVALID_ARGUMENT for a missing op, a bad key or pool,
+	// FAILED_PRECONDITION when a pool asked for is not encrypted (no
+	// --gossip-key) or not run, PERMISSION_DENIED for a caller that is not a
+	// client certificate. Members that failed are reported per pool, not as
+	// an error.
+	GossipKeyring(context.Context, *GossipKeyringRequest) (*GossipKeyringResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -1091,6 +1130,9 @@ func (UnimplementedAdminServiceServer) DrainNode(context.Context, *DrainNodeRequ
 }
 func (UnimplementedAdminServiceServer) SetNodeEligibility(context.Context, *SetNodeEligibilityRequest) (*SetNodeEligibilityResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetNodeEligibility not implemented")
+}
+func (UnimplementedAdminServiceServer) GossipKeyring(context.Context, *GossipKeyringRequest) (*GossipKeyringResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GossipKeyring not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1239,6 +1281,24 @@ func _AdminService_SetNodeEligibility_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_GossipKeyring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GossipKeyringRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GossipKeyring(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GossipKeyring_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GossipKeyring(ctx, req.(*GossipKeyringRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1273,6 +1333,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetNodeEligibility",
 			Handler:    _AdminService_SetNodeEligibility_Handler,
+		},
+		{
+			MethodName: "GossipKeyring",
+			Handler:    _AdminService_GossipKeyring_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
