@@ -19,6 +19,7 @@ import (
 
 	"apiary.dev/apiary/agent"
 	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/regional"
@@ -80,7 +81,8 @@ SIGTERM stops everything.
 
 Without --tls every process runs with --insecure-dev (plaintext: anything on
 this machine can call them). With --tls, a CA and a certificate per process
-are made under --data-dir/tls, every process runs with mutual TLS (etcd
+are made under --data-dir/tls, the serf pools are encrypted with a fresh
+gossip key, every process runs with mutual TLS (etcd
 included), and the client certificate's files are printed as export lines
 for APIARY_CACERT, APIARY_CLIENT_CERT and APIARY_CLIENT_KEY (and written to
 "tls" in --ready-file).`,
@@ -154,6 +156,15 @@ for APIARY_CACERT, APIARY_CLIENT_CERT and APIARY_CLIENT_KEY (and written to
 				return err
 			}
 			opts := devcluster.Options{Binary: bin, Dir: dataDir, Global: &devcluster.GlobalSpec{PolicyFile: policyPath}, TLS: tlsOn}
+			if tlsOn {
+				// With TLS the serf pools are encrypted too (one key for
+				// this dev cluster's processes, never printed).
+				key, err := federation.GenerateGossipKey()
+				if err != nil {
+					return withCode(exitUnavailable, fmt.Errorf("gossip key: %w", err))
+				}
+				opts.GossipKey = key
+			}
 			// Every process appends its spans to one file (apiary trace reads it).
 			traceFile := filepath.Join(dataDir, "traces.jsonl")
 			opts.ExtraEnv = append(opts.ExtraEnv, telemetry.EnvTraceFile+"="+traceFile)
