@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/grafana/dskit/backoff"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
@@ -51,10 +53,12 @@ type session struct {
 func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterNodeRequest,
 	rpcTimeout time.Duration, bo backoff.Config, log *slog.Logger) (*session, error) {
 	b := backoff.New(ctx, bo)
+	explained := map[string]bool{} // addresses whose TLS mismatch was logged
 	for b.Ongoing() {
 		idx, cl := coords.client()
 		cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
-		resp, err := cl.RegisterNode(cctx, req)
+		var p peer.Peer
+		resp, err := cl.RegisterNode(cctx, req, grpc.Peer(&p))
 		cancel()
 		if err == nil {
 			s := &session{
@@ -85,6 +89,12 @@ func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterN
 			return nil, fmt.Errorf("register: refused by %s: %w", coords.addr(idx), err)
 		}
 		log.Warn("register failed", "coordinator", coords.addr(idx), "err", err)
+		if addr := coords.addr(idx); !explained[addr] {
+			if why := tlsMismatch(ctx, addr, err, &p); why != "" {
+				explained[addr] = true
+				log.Error(why, "coordinator", addr)
+			}
+		}
 		coords.failover(idx)
 		b.Wait()
 	}

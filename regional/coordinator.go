@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -258,6 +259,9 @@ type Coordinator struct {
 	lis    net.Listener
 	meta   metaRecord
 
+	// etcdTLS: the copies of the accepted TLS material etcd reads (etcd part)
+	etcdTLS etcdTLSCopy
+
 	submits *groupCommit[*submitItem]
 	reports *groupCommit[*reportItem]
 	specs   specCache
@@ -339,8 +343,9 @@ func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
 //
 // With TLS, a first part "tls" follows the certificate files (pki.Reloader's
 // Run): reloaded material applies to every new connection of the API and
-// of the coordinator's own dials (etcd reads its files itself, at each
-// handshake for the certificate, at start for the CA bundle).
+// of the coordinator's own dials, and the etcd part copies it for etcd
+// (EtcdTLS: etcd reads only what the Reloader accepted; the certificate
+// at each handshake, the CA bundle at start).
 //
 // A Coordinator runs once: call Parts once, or use Start and Stop.
 func (c *Coordinator) Parts() []lifecycle.Part {
@@ -431,7 +436,16 @@ func (c *Coordinator) Err() error {
 // startEtcdPart starts the member, makes its client and initialises or
 // checks the region meta. It cleans up itself on failure.
 func (c *Coordinator) startEtcdPart(ctx context.Context) error {
-	e, err := startEtcd(ctx, c.cfg.Etcd, c.log)
+	ecfg := c.cfg.Etcd
+	if c.cfg.TLS != nil {
+		// etcd reads copies of what the Reloader accepted (EtcdTLS).
+		c.etcdTLS.dir = filepath.Join(ecfg.DataDir, EtcdTLSDir)
+		if err := c.etcdTLS.write(c.cfg.TLS); err != nil {
+			return err
+		}
+		ecfg.TLS = c.etcdTLS.files(ecfg.TLS)
+	}
+	e, err := startEtcd(ctx, ecfg, c.log)
 	if err != nil {
 		return err
 	}
@@ -444,15 +458,26 @@ func (c *Coordinator) startEtcdPart(ctx context.Context) error {
 	return nil
 }
 
-// runEtcdPart fails when the member stops serving on its own.
+// runEtcdPart fails when the member stops serving on its own. With TLS it
+// rewrites etcd's copies of the certificate after each reload (EtcdTLS).
 func (c *Coordinator) runEtcdPart(ctx context.Context) error {
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-c.etcd.Err():
-		return fmt.Errorf("etcd member %s: %w", c.cfg.Etcd.Name, err)
-	case <-c.etcd.Server.StopNotify():
-		return fmt.Errorf("etcd member %s stopped serving", c.cfg.Etcd.Name)
+	var reloads <-chan time.Time
+	if c.cfg.TLS != nil {
+		t := time.NewTicker(EtcdTLSPoll)
+		defer t.Stop()
+		reloads = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-c.etcd.Err():
+			return fmt.Errorf("etcd member %s: %w", c.cfg.Etcd.Name, err)
+		case <-c.etcd.Server.StopNotify():
+			return fmt.Errorf("etcd member %s stopped serving", c.cfg.Etcd.Name)
+		case <-reloads:
+			c.etcdTLS.follow(c.cfg.TLS, c.log)
+		}
 	}
 }
 

@@ -3,16 +3,22 @@ package regional
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"apiary.dev/apiary/internal/pki"
 )
 
 // EtcdConfig configures the embedded etcd member of a coordinator.
@@ -50,9 +56,19 @@ type EtcdTLS struct {
 	// CAFile, CertFile and KeyFile are the coordinator's --tls-ca,
 	// --tls-cert and --tls-key: the member serves and dials its peers with
 	// the region certificate and accepts clients and peers whose
-	// certificates the CA signed. etcd reads the certificate and key at
-	// every handshake (a rotated certificate applies to new connections),
-	// the CA bundle at start only.
+	// certificates the CA signed.
+	//
+	// A Coordinator does not give etcd these paths: etcd reads its files
+	// itself (the certificate and key at every handshake, the CA bundle at
+	// start only), so it would serve whatever the files hold, also what
+	// the coordinator's pki.Reloader (Config.TLS) refuses (another
+	// region's certificate, an expired one, one of another CA). The member
+	// reads copies of what the Reloader accepted instead, in
+	// <DataDir>/tls-etcd (EtcdTLSDir: mode 0700, files ca.pem, cert.pem
+	// and key.pem, mode 0600), written before etcd starts and rewritten
+	// (each file by a rename) within EtcdTLSPoll of each reload, so a
+	// rotated certificate applies to etcd's new connections; the CA bundle
+	// still applies to etcd at its next start only.
 	CAFile, CertFile, KeyFile string
 	// AllowedHostname is a DNS name a client's or peer's certificate must
 	// carry (etcd's AllowedHostnames): region.<region>.apiary, so that only
@@ -72,6 +88,105 @@ func (t EtcdTLS) info() transport.TLSInfo {
 		info.AllowedHostnames = []string{t.AllowedHostname}
 	}
 	return info
+}
+
+// EtcdTLSDir is the directory under EtcdConfig.DataDir that holds the
+// copies of the accepted TLS material the embedded member reads (EtcdTLS).
+const EtcdTLSDir = "tls-etcd"
+
+// EtcdTLSPoll is how often a coordinator with TLS compares its Reloader's
+// Generation with the copies in EtcdTLSDir.
+const EtcdTLSPoll = 200 * time.Millisecond
+
+// etcdTLSCopy keeps the files in dir equal to the material a Reloader
+// accepted. Used by the etcd part only (not safe for concurrent use).
+type etcdTLSCopy struct {
+	dir       string
+	gen       uint64 // generation in the files; 0: none written
+	failedGen uint64 // generation whose write failed and was logged
+}
+
+// files is t with the paths of the copies.
+func (cp *etcdTLSCopy) files(t EtcdTLS) EtcdTLS {
+	t.CAFile = filepath.Join(cp.dir, "ca.pem")
+	t.CertFile = filepath.Join(cp.dir, "cert.pem")
+	t.KeyFile = filepath.Join(cp.dir, "key.pem")
+	return t
+}
+
+// write writes r's accepted material when its generation differs from the
+// one in the files. The directory is made (or set to) mode 0700; each file
+// is written to a temporary file (mode 0600) and renamed over the old one,
+// the key and certificate renamed one right after the other, so etcd reads
+// either file whole, never a mix of accepted and refused bytes. The error
+// names the path; the old copies then stay.
+func (cp *etcdTLSCopy) write(r *pki.Reloader) error {
+	gen := r.Generation() // before PEM: a reload in between is seen next time
+	if gen == cp.gen {
+		return nil
+	}
+	ca, cert, key := r.PEM()
+	if err := os.MkdirAll(cp.dir, 0o700); err != nil {
+		return fmt.Errorf("etcd TLS copies: %w", err)
+	}
+	if err := os.Chmod(cp.dir, 0o700); err != nil {
+		return fmt.Errorf("etcd TLS copies: %w", err)
+	}
+	f := cp.files(EtcdTLS{})
+	items := []struct {
+		path string
+		b    []byte
+	}{{f.CAFile, ca}, {f.KeyFile, key}, {f.CertFile, cert}}
+	for _, it := range items {
+		if err := writeTemp(it.path+".tmp", it.b); err != nil {
+			return fmt.Errorf("etcd TLS copies: %w", err)
+		}
+	}
+	for _, it := range items {
+		if err := os.Rename(it.path+".tmp", it.path); err != nil {
+			return fmt.Errorf("etcd TLS copies: %w", err)
+		}
+	}
+	cp.gen = gen
+	return nil
+}
+
+// follow is write after a reload, logged: INFO when new copies are in
+// place, WARN once per generation that cannot be written (etcd keeps
+// serving the previous accepted copies; the write is retried at each call).
+func (cp *etcdTLSCopy) follow(r *pki.Reloader, log *slog.Logger) {
+	gen := r.Generation()
+	if gen == cp.gen {
+		return
+	}
+	if err := cp.write(r); err != nil {
+		if gen == cp.failedGen {
+			return
+		}
+		cp.failedGen = gen
+		log.Warn("cannot update etcd's copy of the reloaded TLS certificate; etcd keeps serving the previous one", "err", err, "generation", gen)
+		return
+	}
+	log.Info("etcd serves the reloaded TLS certificate", "dir", cp.dir, "generation", cp.gen)
+}
+
+// writeTemp writes b to a new file at path, mode 0600, synced.
+func writeTemp(path string, b []byte) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // checkSchemes refuses an etcd URL (client, peer, or one of the initial

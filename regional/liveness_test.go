@@ -388,16 +388,15 @@ func TestOperatorDrain(t *testing.T) {
 		t.Fatalf("attempt 1 outcome %q, want drained", o)
 	}
 	// Nothing new lands on the drained node, even after it registers again.
+	before := node(t, c, victim).GetEpoch()
 	r.Agent(victim).Kill()
 	if err := r.Agent(victim).Start(); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 20*time.Second, "drained node back", func() error {
-		if n := node(t, c, victim); n.GetStatus() != apiaryv1.NodeStatus_NODE_STATUS_READY || !n.GetDraining() {
-			return fmt.Errorf("%v", n)
-		}
-		return nil
-	})
+	// Its new epoch (the old one stays READY until its lease lapses).
+	if n := waitReady(t, c, victim, before); !n.GetDraining() {
+		t.Fatalf("drained node back without its drain: %v", n)
+	}
 	res = runApiary(t, "node", "list", "--addr", addr)
 	if !regexp.MustCompile(`(?m)^\S+\s+` + victim + `\s+READY.*DRAINED since`).MatchString(res.stdout) {
 		t.Fatalf("node list does not show %s drained after the deadline:\n%s", victim, res.stdout)

@@ -174,13 +174,13 @@ func (p tlsProber) intercept(ctx context.Context, method string, req, reply any,
 // a *TLSError, or nil when the address shows no TLS problem (nothing
 // listens, or the handshake works: the call failed for another reason).
 func (p tlsProber) probe(ctx context.Context, addr string, err error) *TLSError {
-	kind := probeTLS(ctx, addr)
+	kind := ProbeTLS(ctx, addr)
 	switch {
-	case kind == speaksTLS && p.r == nil:
+	case kind == SpeaksTLS && p.r == nil:
 		return &TLSError{Kind: TLSRequired, Addr: addr, err: err}
-	case kind == speaksPlain && p.r != nil:
+	case kind == SpeaksPlain && p.r != nil:
 		return &TLSError{Kind: TLSNotServed, Addr: addr, err: err}
-	case kind == speaksTLS:
+	case kind == SpeaksTLS:
 		if hsErr := p.handshake(ctx, addr); hsErr != nil {
 			return &TLSError{Kind: TLSHandshake, Addr: addr, err: err, why: hsErr}
 		}
@@ -188,22 +188,23 @@ func (p tlsProber) probe(ctx context.Context, addr string, err error) *TLSError 
 	return nil
 }
 
-// What a probed address answered.
-type speaks int
+// Speaks is what a probed address answered (ProbeTLS).
+type Speaks int
 
 const (
-	speaksNothing speaks = iota // no connection, or closed without a word
-	speaksTLS                   // a TLS server (it sent its certificate)
-	speaksPlain                 // something that is not TLS
+	SpeaksNothing Speaks = iota // no connection, or closed without a word
+	SpeaksTLS                   // a TLS server (it sent its certificate)
+	SpeaksPlain                 // something that is not TLS
 )
 
-// probeTLS opens a TLS connection to addr without verifying anything and
-// without a client certificate, only to learn whether a TLS server
-// answers there: it did if it sent a certificate (TLS 1.3 lets the client
+// ProbeTLS opens a TLS connection to addr (host:port) without verifying
+// anything and without a client certificate, only to learn whether a TLS
+// server answers there (bounded by ctx; DialTLS's calls probe within one
+// second): it did if it sent a certificate (TLS 1.3 lets the client
 // finish its side of the handshake before the server refuses the missing
 // client certificate); it did not if the first bytes it sent are not a TLS
 // record (a plaintext gRPC server sends its HTTP/2 settings first).
-func probeTLS(ctx context.Context, addr string) speaks {
+func ProbeTLS(ctx context.Context, addr string) Speaks {
 	sawCert := false
 	d := tls.Dialer{NetDialer: &net.Dialer{}, Config: &tls.Config{
 		InsecureSkipVerify: true, // a probe: nothing is sent over this connection
@@ -220,11 +221,11 @@ func probeTLS(ctx context.Context, addr string) speaks {
 	var rhe tls.RecordHeaderError
 	switch {
 	case sawCert:
-		return speaksTLS
+		return SpeaksTLS
 	case errors.As(err, &rhe):
-		return speaksPlain
+		return SpeaksPlain
 	}
-	return speaksNothing
+	return SpeaksNothing
 }
 
 // handshake makes the connection's own TLS handshake with addr (its

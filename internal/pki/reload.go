@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -65,6 +66,8 @@ type material struct {
 	pool *x509.CertPool
 	cert *tls.Certificate // Leaf set
 	id   Identity
+	// the files' bytes that loaded (PEM), for PEM
+	caPEM, certPEM, keyPEM []byte
 }
 
 // NewReloader loads the files once. The error names the flag of the file at
@@ -103,6 +106,17 @@ func (r *Reloader) NotAfter() time.Time { return r.cur.Load().cert.Leaf.NotAfter
 // Generation counts the loads that changed the material: 1 after
 // NewReloader, +1 at each reload.
 func (r *Reloader) Generation() uint64 { return r.cur.Load().gen }
+
+// PEM returns the bytes of the CA bundle, certificate and key files as
+// they were when the material in use loaded (PEM, as read; copies the
+// caller may keep): never the bytes of files that changed and did not
+// load. For a server that can only read TLS files itself (the embedded etcd
+// member), so that it serves nothing the Reloader refused. Read Generation
+// before PEM to learn, by a later Generation, that these bytes are stale.
+func (r *Reloader) PEM() (ca, cert, key []byte) {
+	m := r.cur.Load()
+	return bytes.Clone(m.caPEM), bytes.Clone(m.certPEM), bytes.Clone(m.keyPEM)
+}
 
 // Reload reads the files now and loads them if their bytes changed. It
 // returns nil when they did not change or loaded, else the error (the old
@@ -264,7 +278,7 @@ func (r *Reloader) load(caPEM, certPEM, keyPEM []byte) (*material, error) {
 		return nil, fmt.Errorf("--tls-cert %s: is for region %q (%s); this process is in region %q",
 			r.cfg.CertFile, id.Region, id, r.cfg.Region)
 	}
-	return &material{pool: pool, cert: &pair, id: id}, nil
+	return &material{pool: pool, cert: &pair, id: id, caPEM: caPEM, certPEM: certPEM, keyPEM: keyPEM}, nil
 }
 
 // ServerTLSConfig returns the configuration of a TLS server that requires
