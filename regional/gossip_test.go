@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -99,34 +98,11 @@ func poolsWhole(t *testing.T, metrics string, lanAlive int, what string) {
 	})
 }
 
-// gossipCLI runs the apiary binary with env (the test's own APIARY_*
-// variables removed).
-func gossipCLI(t *testing.T, env []string, args ...string) cliRun {
-	t.Helper()
-	cmd := exec.Command(testutil.Binary(t), args...)
-	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "APIARY_") {
-			cmd.Env = append(cmd.Env, e)
-		}
-	}
-	cmd.Env = append(cmd.Env, env...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	res := cliRun{stdout: out.String(), stderr: errb.String()}
-	if ee, ok := err.(*exec.ExitError); ok {
-		res.code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("apiary %v: %v", args, err)
-	}
-	return res
-}
-
 // keyring runs `apiary keyring ARGS -o json --addr addr` and decodes the
 // answer; a non-zero exit fails the test.
 func keyring(t *testing.T, env []string, addr string, args ...string) *apiaryv1.GossipKeyringResponse {
 	t.Helper()
-	res := gossipCLI(t, env, append(append([]string{"keyring"}, args...), "-o", "json", "--addr", addr)...)
+	res := runBin(t, env, append(append([]string{"keyring"}, args...), "-o", "json", "--addr", addr)...)
 	if res.code != 0 {
 		t.Fatalf("apiary keyring %v: exit %d\n%s\n%s", args, res.code, res.stdout, res.stderr)
 	}
@@ -288,7 +264,7 @@ func TestGossipEncryptedRegionEndToEnd(t *testing.T) {
 	poolsWhole(t, metrics, 3, "pools whole after remove")
 	checkPools(t, "list after rotation", keyring(t, env, r.Addr(), "list"), 3, []string{newKey}, newKey)
 	checkFiles(newKey)
-	res := gossipCLI(t, env, "keyring", "list", "--addr", r.Addr())
+	res := runBin(t, env, "keyring", "list", "--addr", r.Addr())
 	if res.code != 0 || !strings.Contains(res.stdout, "LAN pool: 3 members, 3 answered") || !strings.Contains(res.stdout, newKey) {
 		t.Fatalf("keyring list (text): exit %d\n%s\n%s", res.code, res.stdout, res.stderr)
 	}
@@ -296,7 +272,7 @@ func TestGossipEncryptedRegionEndToEnd(t *testing.T) {
 	rogueRefused(t, r, cl, metrics, 3, map[string][]byte{"the removed key": oldRaw})
 
 	// Not through the router, and not as a router.
-	res = gossipCLI(t, env, "keyring", "list", "--addr", cl.GlobalAddr)
+	res = runBin(t, env, "keyring", "list", "--addr", cl.GlobalAddr)
 	if res.code != 2 || !strings.Contains(res.stderr, "does not manage the gossip keyring") || !strings.Contains(res.stderr, "coordinators") {
 		t.Errorf("keyring list via the router: exit %d\n%s", res.code, res.stderr)
 	}
@@ -320,7 +296,7 @@ func TestGossipEncryptedRegionEndToEnd(t *testing.T) {
 		t.Errorf("GossipKeyring as the router: %v; want PermissionDenied for a router certificate", err)
 	}
 	// A bad key is refused by the CLI before any call.
-	if res := gossipCLI(t, env, "keyring", "install", "c2hvcnQ=", "--addr", r.Addr()); res.code != 2 || !strings.Contains(res.stderr, "KEY:") {
+	if res := runBin(t, env, "keyring", "install", "c2hvcnQ=", "--addr", r.Addr()); res.code != 2 || !strings.Contains(res.stderr, "KEY:") {
 		t.Errorf("install of a 5-byte key: exit %d\n%s", res.code, res.stderr)
 	}
 
