@@ -5,7 +5,7 @@ PKGS    ?= ./...
 # Tests run with the race detector off by default (2-core CI budget); `make race` runs it.
 TESTFLAGS ?= -count=1 -timeout 9m
 
-.PHONY: all deps build test race proto proto-check lint demo demo-tls bench bench-badnode loadtest-liveness clean
+.PHONY: all deps build test race proto proto-check lint demo demo-tls bench bench-badnode bench-tls loadtest-liveness clean
 
 all: build
 
@@ -52,6 +52,11 @@ bench: build
 # control, 5 trials per setup, a few minutes); results in loadtest/results/.
 bench-badnode: build
 	$(GO) run ./loadtest/bench/cmd/apiary-bench -bin $(BIN) -out loadtest/results/badnode-$$(date +%F) -only badnode
+
+# Issue 19's cost of mutual TLS + role checks: SubmitJob and RegisterNode,
+# plaintext against mTLS, 3 alternating runs each (about 1.5 minutes).
+bench-tls: build
+	$(GO) run ./loadtest/bench/cmd/apiary-bench -bin $(BIN) -out loadtest/results/tlscost-$$(date +%F) -only tlscost
 
 # Issue 20's liveness load tests (partition-agent, outage-region) with small
 # trial counts, about 4 minutes; results in loadtest/results/. Not part of

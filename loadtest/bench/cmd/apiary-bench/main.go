@@ -7,6 +7,10 @@
 // badnode (issue 11: one bad agent of four, quarantine and wall time
 // against a healthy control; a few minutes) is not in the default -only
 // set: `make bench-badnode`, or -only badnode.
+//
+// tlscost (issue 19: SubmitJob and RegisterNode with mutual TLS against
+// plaintext, 1-member region, -tlscost-runs per mode; about 1.5 minutes) is
+// not in the default set either: `make bench-tls`, or -only tlscost.
 package main
 
 import (
@@ -28,6 +32,12 @@ import (
 
 // badnodeTrials is the badnode benchmark's trial count per setup.
 var badnodeTrials = flag.Int("badnode-trials", bench.DefaultBadNode.Trials, "badnode: trials per setup (control, exit75, exit1, workdir), interleaved within each round")
+
+// tlscost flags (the submit flags -clients, -conns, -warmup, -duration apply too).
+var (
+	tlscostRuns  = flag.Int("tlscost-runs", bench.DefaultTLSCost.Runs, "tlscost: runs per mode (plain, mtls), alternating")
+	tlscostNodes = flag.Int("tlscost-nodes", bench.DefaultTLSCost.Nodes, "tlscost: fake nodes registered per run")
+)
 
 func main() {
 	var (
@@ -243,6 +253,17 @@ func main() {
 		md, err := bench.RunBadNode(ctx, cfg, o, *out)
 		if err != nil {
 			cfg.Log.Write([]byte(fmt.Sprintf("badnode: %v\n", err)))
+			failed = true
+		}
+		sum.WriteString(md)
+	}
+	if run["tlscost"] && ctx.Err() == nil {
+		o := bench.DefaultTLSCost
+		o.Runs, o.Nodes = *tlscostRuns, *tlscostNodes
+		o.Clients, o.Conns, o.Warmup, o.Duration = *clients, *conns, *warmup, *duration
+		md, err := bench.RunTLSCost(ctx, cfg, o, *out)
+		if err != nil {
+			cfg.Log.Write([]byte(fmt.Sprintf("tlscost: %v\n", err)))
 			failed = true
 		}
 		sum.WriteString(md)
