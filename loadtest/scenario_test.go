@@ -2,8 +2,10 @@ package loadtest
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,7 +28,9 @@ func TestScenariosKeepPromises(t *testing.T) {
 			continue // TestPartitionAgentThroughFaultHook, TestOutageRegionKeepsRunningTasks
 		}
 		t.Run(string(sc), func(t *testing.T) {
-			o := Options{Scenario: sc, Rate: 20, Binary: testutil.Binary(t), WorkDir: t.TempDir(),
+			work := t.TempDir()
+			t.Cleanup(func() { logTails(t, work) })
+			o := Options{Scenario: sc, Rate: 20, Binary: testutil.Binary(t), WorkDir: work,
 				Agents: 2, Slots: 8, TaskSleep: 500 * time.Millisecond, DrainTimeout: 45 * time.Second}
 			if sc == Steady {
 				o.Duration = 2 * time.Second
@@ -136,4 +140,27 @@ func TestOutageRegionKeepsRunningTasks(t *testing.T) {
 	if dir := t.TempDir(); WriteResults(dir, res, "test") != nil {
 		t.Fatal("write results")
 	}
+}
+
+// logTails logs, when t failed, the last 6 KiB of every process log under
+// dir (the cluster the scenario started), so that a failure in CI can be
+// read after the temporary directory is gone.
+func logTails(t *testing.T, dir string) {
+	if !t.Failed() {
+		return
+	}
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".log") {
+			return nil
+		}
+		b, rerr := os.ReadFile(path)
+		if rerr != nil {
+			return nil
+		}
+		if len(b) > 6<<10 {
+			b = b[len(b)-6<<10:]
+		}
+		t.Logf("--- %s (tail) ---\n%s", strings.TrimPrefix(path, dir+"/"), b)
+		return nil
+	})
 }
