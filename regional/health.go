@@ -181,20 +181,36 @@ func failureKind(r *apiaryv1.ReportTaskStatusRequest) bool {
 	return false
 }
 
+// healthView is what a report's node is judged against: the rest of the
+// region (restOf), whether the share guard lets the node be quarantined,
+// and whether another node takes placements. A report's failure is judged
+// (blame) and then counted (observe) against the same view, computed once.
+type healthView struct {
+	rest  nodehealth.Stats
+	guard bool
+	other bool
+}
+
+// viewOf is node id's healthView in batch h at nowMs.
+func (c *Coordinator) viewOf(h *healthState, id string, nowMs int64) healthView {
+	rest, live, other := c.restOf(h, id, nowMs)
+	return healthView{rest: rest, guard: c.guardAllows(h, id, live), other: other}
+}
+
 // blame is the region's verdict on the reporting node for a failure of a
 // task of job, before it is applied: BlameNode when nodehealth.Judge finds
 // it Faulty, else BlameUnproven (a failure that would be final is confirmed
 // on a second node) when another node takes placements, else BlameNone.
-func (c *Coordinator) blame(h *healthState, r *apiaryv1.ReportTaskStatusRequest, nowMs int64) taskstate.Blame {
+// view is called only for a report that may be a failure.
+func (c *Coordinator) blame(h *healthState, r *apiaryv1.ReportTaskStatusRequest, view func() healthView, nowMs int64) taskstate.Blame {
 	if !failureKind(r) {
 		return taskstate.BlameNone
 	}
-	id := r.GetNodeId()
-	rest, live, other := c.restOf(h, id, nowMs)
-	if nodehealth.Judge(c.cfg.Quarantine, h.node(id).rec, r.GetJobId(), rest, c.guardAllows(h, id, live), nowMs) == nodehealth.Faulty {
+	id, v := r.GetNodeId(), view()
+	if nodehealth.Judge(c.cfg.Quarantine, h.node(id).rec, r.GetJobId(), v.rest, v.guard, nowMs) == nodehealth.Faulty {
 		return taskstate.BlameNode
 	}
-	if other && !c.cfg.Quarantine.Off {
+	if v.other && !c.cfg.Quarantine.Off {
 		// A failure that would be final is confirmed on another node: a
 		// host that just broke has no record against it yet, and its
 		// earlier successes prove nothing now. Only another node that
@@ -205,12 +221,11 @@ func (c *Coordinator) blame(h *healthState, r *apiaryv1.ReportTaskStatusRequest,
 }
 
 // observe counts the outcome of an attempt of job that ended on node id
-// (assigned at assignedMs) and applies the quarantine rules.
-func (c *Coordinator) observe(h *healthState, id, job string, failed bool, assignedMs, nowMs int64) {
+// (assigned at assignedMs) and applies the quarantine rules against v.
+func (c *Coordinator) observe(h *healthState, id, job string, failed bool, assignedMs int64, v healthView, nowMs int64) {
 	nh := h.node(id)
-	rest, live, _ := c.restOf(h, id, nowMs)
 	rec, ev, reason := nodehealth.Apply(c.cfg.Quarantine, nh.rec, nodehealth.Outcome{AtMs: nowMs, Job: job, Failed: failed},
-		assignedMs, rest, c.guardAllows(h, id, live), nowMs)
+		assignedMs, v.rest, v.guard, nowMs)
 	nh.rec, nh.changed = rec, true
 	switch ev {
 	case nodehealth.Quarantined:

@@ -243,7 +243,17 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: "job record not found"}
 			continue
 		}
-		blame := c.blame(rd.health, r, nowMs)
+		// The node's view of the region, computed once for this report
+		// (its blame and its outcome are judged against the same one).
+		var hv *healthView
+		view := func() healthView {
+			if hv == nil {
+				v := c.viewOf(rd.health, r.GetNodeId(), nowMs)
+				hv = &v
+			}
+			return *hv
+		}
+		blame := c.blame(rd.health, r, view, nowMs)
 		reportRNG.Lock()
 		res := taskstate.ApplyReport(st.task, policyOf(st.job.Spec, st.task.Group), taskstate.Report{
 			Kind: r.GetKind(), NodeID: r.GetNodeId(), NodeEpoch: r.GetNodeEpoch(), Attempt: r.GetAttempt(),
@@ -256,7 +266,7 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 			continue
 		}
 		if failed := res.Fault != apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED; failed || res.Outcome == taskstate.OutcomeComplete {
-			c.observe(rd.health, r.GetNodeId(), r.GetJobId(), failed, st.task.AssignedMs, nowMs)
+			c.observe(rd.health, r.GetNodeId(), r.GetJobId(), failed, st.task.AssignedMs, view(), nowMs)
 		}
 		token := rd.tokens[keyAssign(r.GetNodeId(), r.GetJobId(), r.GetTaskIndex())]
 		if res.Task.FencingToken == 0 && taskstate.Active(res.Task.State) {
