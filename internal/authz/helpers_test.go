@@ -272,6 +272,44 @@ func (s adminSrv) GossipKeyring(ctx context.Context, _ *apiaryv1.GossipKeyringRe
 	return &apiaryv1.GossipKeyringResponse{}, nil
 }
 
+type aclSrv struct {
+	apiaryv1.UnimplementedACLServiceServer
+	r *recorder
+}
+
+func (s aclSrv) BootstrapACL(ctx context.Context, _ *apiaryv1.BootstrapACLRequest) (*apiaryv1.BootstrapACLResponse, error) {
+	s.r.hit(ctx, "BootstrapACL")
+	return &apiaryv1.BootstrapACLResponse{}, nil
+}
+func (s aclSrv) CreateACLToken(ctx context.Context, _ *apiaryv1.CreateACLTokenRequest) (*apiaryv1.CreateACLTokenResponse, error) {
+	s.r.hit(ctx, "CreateACLToken")
+	return &apiaryv1.CreateACLTokenResponse{}, nil
+}
+func (s aclSrv) ListACLTokens(ctx context.Context, _ *apiaryv1.ListACLTokensRequest) (*apiaryv1.ListACLTokensResponse, error) {
+	s.r.hit(ctx, "ListACLTokens")
+	return &apiaryv1.ListACLTokensResponse{}, nil
+}
+func (s aclSrv) RevokeACLToken(ctx context.Context, _ *apiaryv1.RevokeACLTokenRequest) (*apiaryv1.RevokeACLTokenResponse, error) {
+	s.r.hit(ctx, "RevokeACLToken")
+	return &apiaryv1.RevokeACLTokenResponse{}, nil
+}
+func (s aclSrv) GetACLSelf(ctx context.Context, _ *apiaryv1.GetACLSelfRequest) (*apiaryv1.GetACLSelfResponse, error) {
+	s.r.hit(ctx, "GetACLSelf")
+	return &apiaryv1.GetACLSelfResponse{}, nil
+}
+func (s aclSrv) ApplyACLPolicy(ctx context.Context, _ *apiaryv1.ApplyACLPolicyRequest) (*apiaryv1.ApplyACLPolicyResponse, error) {
+	s.r.hit(ctx, "ApplyACLPolicy")
+	return &apiaryv1.ApplyACLPolicyResponse{}, nil
+}
+func (s aclSrv) ListACLPolicies(ctx context.Context, _ *apiaryv1.ListACLPoliciesRequest) (*apiaryv1.ListACLPoliciesResponse, error) {
+	s.r.hit(ctx, "ListACLPolicies")
+	return &apiaryv1.ListACLPoliciesResponse{}, nil
+}
+func (s aclSrv) DeleteACLPolicy(ctx context.Context, _ *apiaryv1.DeleteACLPolicyRequest) (*apiaryv1.DeleteACLPolicyResponse, error) {
+	s.r.hit(ctx, "DeleteACLPolicy")
+	return &apiaryv1.DeleteACLPolicyResponse{}, nil
+}
+
 // recordingHealth is grpc's health server, recording Check calls.
 type recordingHealth struct {
 	*health.Server
@@ -299,6 +337,7 @@ func startServer(t *testing.T, p authz.Policy, opts ...grpc.ServerOption) *testS
 	apiaryv1.RegisterJobServiceServer(srv, jobSrv{r: ts.rec})
 	apiaryv1.RegisterAgentServiceServer(srv, agentSrv{r: ts.rec})
 	apiaryv1.RegisterAdminServiceServer(srv, adminSrv{r: ts.rec})
+	apiaryv1.RegisterACLServiceServer(srv, aclSrv{r: ts.rec})
 	healthpb.RegisterHealthServer(srv, recordingHealth{Server: health.NewServer(), r: ts.rec})
 	lis := testutil.Listen(t)
 	ts.addr = lis.Addr().String()

@@ -41,11 +41,13 @@ const (
 	agentService  = "apiary.v1.AgentService"
 	adminService  = "apiary.v1.AdminService"
 	healthService = "grpc.health.v1.Health"
+	aclService    = "apiary.v1.ACLService"
 )
 
 func job(a access) rule   { return rule{service: jobService, short: "JobService", access: a} }
 func admin(a access) rule { return rule{service: adminService, short: "AdminService", access: a} }
 func agent() rule         { return rule{service: agentService, short: "AgentService", access: accessAgent} }
+func acl() rule           { return rule{service: aclService, short: "ACLService", access: accessAPI} }
 func health() rule        { return rule{service: healthService, short: "Health", access: accessAnyone} }
 
 // methods is the table: every method a server of ours may serve, by full
@@ -83,6 +85,19 @@ var methods = map[string]rule{
 	// coordinator's handler (regional/keyring.go) then admits client
 	// certificates only (an operator), and the router does not serve it.
 	apiaryv1.AdminService_GossipKeyring_FullMethodName: admin(accessAPI),
+
+	// ACL tokens and policies: the gate admits users' certificates as for
+	// the API (and routers, which fan ACL writes out to every region); the
+	// ACL layer (internal/acl) then requires a management token for all
+	// but BootstrapACL and GetACLSelf.
+	apiaryv1.ACLService_BootstrapACL_FullMethodName:    acl(),
+	apiaryv1.ACLService_CreateACLToken_FullMethodName:  acl(),
+	apiaryv1.ACLService_ListACLTokens_FullMethodName:   acl(),
+	apiaryv1.ACLService_RevokeACLToken_FullMethodName:  acl(),
+	apiaryv1.ACLService_GetACLSelf_FullMethodName:      acl(),
+	apiaryv1.ACLService_ApplyACLPolicy_FullMethodName:  acl(),
+	apiaryv1.ACLService_ListACLPolicies_FullMethodName: acl(),
+	apiaryv1.ACLService_DeleteACLPolicy_FullMethodName: acl(),
 
 	healthpb.Health_Check_FullMethodName: health(),
 	healthpb.Health_Watch_FullMethodName: health(),

@@ -473,7 +473,11 @@ type JobSpec struct {
 	Scheduler string `protobuf:"bytes,8,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
 	// What happens to the job's running attempts when their node cannot be
 	// reached (see Disconnect). Unset: the region's defaults.
-	Disconnect    *Disconnect `protobuf:"bytes,9,opt,name=disconnect,proto3" json:"disconnect,omitempty"`
+	Disconnect *Disconnect `protobuf:"bytes,9,opt,name=disconnect,proto3" json:"disconnect,omitempty"`
+	// Namespace the job belongs to: 1-63 chars of [a-z0-9-], starting with a
+	// letter; empty means "default". With ACLs on, a token needs the submit,
+	// read or cancel capability on the namespace (docs/security.md).
+	Namespace     string `protobuf:"bytes,10,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -569,6 +573,13 @@ func (x *JobSpec) GetDisconnect() *Disconnect {
 		return x.Disconnect
 	}
 	return nil
+}
+
+func (x *JobSpec) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
 }
 
 // Disconnect is a job's tolerance of a node that cannot be reached (Nomad's
@@ -712,7 +723,13 @@ type TaskGroup struct {
 	// At most max_per_value tasks of this group per value of label.
 	DistinctProperties []*DistinctProperty `protobuf:"bytes,13,rep,name=distinct_properties,json=distinctProperties,proto3" json:"distinct_properties,omitempty"`
 	// Input datasets, for data-locality scoring.
-	Datasets      []*Dataset `protobuf:"bytes,14,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	Datasets []*Dataset `protobuf:"bytes,14,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	// Secret environment values (the YAML `secret: true` per env entry, or
+	// `secret_env:`): stored encrypted in etcd under the region's keyring,
+	// sent only to the node that runs an attempt, and shown as "<redacted>"
+	// in every answer (GetJob, ListJobs, WatchJob), trace and log. A name may
+	// not be in both env and secret_env.
+	SecretEnv     map[string]string `protobuf:"bytes,15,rep,name=secret_env,json=secretEnv,proto3" json:"secret_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -841,6 +858,13 @@ func (x *TaskGroup) GetDistinctProperties() []*DistinctProperty {
 func (x *TaskGroup) GetDatasets() []*Dataset {
 	if x != nil {
 		return x.Datasets
+	}
+	return nil
+}
+
+func (x *TaskGroup) GetSecretEnv() map[string]string {
+	if x != nil {
+		return x.SecretEnv
 	}
 	return nil
 }
@@ -2241,7 +2265,10 @@ type ListJobsRequest struct {
 	// Optional state filter.
 	State JobState `protobuf:"varint,1,opt,name=state,proto3,enum=apiary.v1.JobState" json:"state,omitempty"`
 	// Max jobs returned; default 100, max 10000.
-	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Optional namespace filter; empty lists every namespace the caller may
+	// read (all of them without ACLs).
+	Namespace     string `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2288,6 +2315,13 @@ func (x *ListJobsRequest) GetLimit() int32 {
 		return x.Limit
 	}
 	return 0
+}
+
+func (x *ListJobsRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
 }
 
 type ListJobsResponse struct {
@@ -2741,7 +2775,13 @@ type RegisterNodeRequest struct {
 	// GPU model name, if the node has GPUs.
 	GpuModel string `protobuf:"bytes,4,opt,name=gpu_model,json=gpuModel,proto3" json:"gpu_model,omitempty"`
 	// Maximum concurrent tasks; 0 means no limit beyond resources.
-	MaxTasks      int32 `protobuf:"varint,5,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`
+	MaxTasks int32 `protobuf:"varint,5,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`
+	// The secret of an agent join token (`apiary acl token create --type
+	// agent`). Required when the region runs with ACLs on: the first
+	// registration binds the token to node_id (the agent certificate's id);
+	// later registrations of that node must present the same token, and a
+	// revoked token ends the node's epoch at once.
+	JoinToken     string `protobuf:"bytes,6,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2809,6 +2849,13 @@ func (x *RegisterNodeRequest) GetMaxTasks() int32 {
 		return x.MaxTasks
 	}
 	return 0
+}
+
+func (x *RegisterNodeRequest) GetJoinToken() string {
+	if x != nil {
+		return x.JoinToken
+	}
+	return ""
 }
 
 type RegisterNodeResponse struct {
@@ -5567,11 +5614,1095 @@ func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
 	return nil
 }
 
+// ACLToken is a token as stored (secret_id only in BootstrapACL and
+// CreateACLToken answers).
+type ACLToken struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Public id of the token, a UUID: shown in lists and denial logs.
+	AccessorId string `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	// The secret a caller presents, a UUID; never stored in clear.
+	SecretId string `protobuf:"bytes,2,opt,name=secret_id,json=secretId,proto3" json:"secret_id,omitempty"`
+	Name     string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// "management" (everything), "client" (its policies) or "agent" (a join
+	// token: RegisterNode in its region only).
+	Type string `protobuf:"bytes,4,opt,name=type,proto3" json:"type,omitempty"`
+	// Policy names of a client token.
+	Policies []string `protobuf:"bytes,5,rep,name=policies,proto3" json:"policies,omitempty"`
+	// Agent tokens: the region the node may join.
+	Region string `protobuf:"bytes,6,opt,name=region,proto3" json:"region,omitempty"`
+	// Agent tokens: the node the token is bound to (at its first
+	// registration, or when created with --node-id); empty while unbound.
+	NodeId       string `protobuf:"bytes,7,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	CreateTimeMs int64  `protobuf:"varint,8,opt,name=create_time_ms,json=createTimeMs,proto3" json:"create_time_ms,omitempty"`
+	// 0: never expires.
+	ExpirationTimeMs int64 `protobuf:"varint,9,opt,name=expiration_time_ms,json=expirationTimeMs,proto3" json:"expiration_time_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ACLToken) Reset() {
+	*x = ACLToken{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ACLToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ACLToken) ProtoMessage() {}
+
+func (x *ACLToken) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
+func (*ACLToken) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *ACLToken) GetAccessorId() string {
+	if x != nil {
+		return x.AccessorId
+	}
+	return ""
+}
+
+func (x *ACLToken) GetSecretId() string {
+	if x != nil {
+		return x.SecretId
+	}
+	return ""
+}
+
+func (x *ACLToken) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ACLToken) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ACLToken) GetPolicies() []string {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *ACLToken) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *ACLToken) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ACLToken) GetCreateTimeMs() int64 {
+	if x != nil {
+		return x.CreateTimeMs
+	}
+	return 0
+}
+
+func (x *ACLToken) GetExpirationTimeMs() int64 {
+	if x != nil {
+		return x.ExpirationTimeMs
+	}
+	return 0
+}
+
+// ACLPolicy grants capabilities; a client token holds the union of its
+// policies' grants.
+type ACLPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1-128 chars of [A-Za-z0-9_-].
+	Name        string              `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description string              `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	Namespaces  []*ACLNamespaceRule `protobuf:"bytes,3,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	// "" (none), "read" (ListNodes, GetRegionInfo, ListRegions) or "write"
+	// (read plus drain, eligibility, quarantine, release).
+	Node string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	// Operator capabilities: keyring rotation (GossipKeyring).
+	Operator      bool `protobuf:"varint,5,opt,name=operator,proto3" json:"operator,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ACLPolicy) Reset() {
+	*x = ACLPolicy{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ACLPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ACLPolicy) ProtoMessage() {}
+
+func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ACLPolicy.ProtoReflect.Descriptor instead.
+func (*ACLPolicy) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *ACLPolicy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ACLPolicy) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *ACLPolicy) GetNamespaces() []*ACLNamespaceRule {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
+func (x *ACLPolicy) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ACLPolicy) GetOperator() bool {
+	if x != nil {
+		return x.Operator
+	}
+	return false
+}
+
+// ACLNamespaceRule grants capabilities on one namespace ("*": every one).
+type ACLNamespaceRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Each of "submit", "read" (GetJob, ListJobs, WatchJob, GetJobLogs,
+	// GetJobTrace), "cancel".
+	Capabilities  []string `protobuf:"bytes,2,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ACLNamespaceRule) Reset() {
+	*x = ACLNamespaceRule{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ACLNamespaceRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ACLNamespaceRule) ProtoMessage() {}
+
+func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ACLNamespaceRule.ProtoReflect.Descriptor instead.
+func (*ACLNamespaceRule) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *ACLNamespaceRule) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ACLNamespaceRule) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+type BootstrapACLRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Optional operator-chosen ids (UUIDs; Nomad's `acl bootstrap FILE`);
+	// the router fills both so every region gets the same token.
+	AccessorId    string `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	SecretId      string `protobuf:"bytes,2,opt,name=secret_id,json=secretId,proto3" json:"secret_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootstrapACLRequest) Reset() {
+	*x = BootstrapACLRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootstrapACLRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootstrapACLRequest) ProtoMessage() {}
+
+func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootstrapACLRequest.ProtoReflect.Descriptor instead.
+func (*BootstrapACLRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *BootstrapACLRequest) GetAccessorId() string {
+	if x != nil {
+		return x.AccessorId
+	}
+	return ""
+}
+
+func (x *BootstrapACLRequest) GetSecretId() string {
+	if x != nil {
+		return x.SecretId
+	}
+	return ""
+}
+
+type BootstrapACLResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token *ACLToken              `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// Router fan-out: regions that took the write, and those that did not
+	// ("region: why").
+	Regions       []string `protobuf:"bytes,2,rep,name=regions,proto3" json:"regions,omitempty"`
+	FailedRegions []string `protobuf:"bytes,3,rep,name=failed_regions,json=failedRegions,proto3" json:"failed_regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootstrapACLResponse) Reset() {
+	*x = BootstrapACLResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootstrapACLResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootstrapACLResponse) ProtoMessage() {}
+
+func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootstrapACLResponse.ProtoReflect.Descriptor instead.
+func (*BootstrapACLResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *BootstrapACLResponse) GetToken() *ACLToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *BootstrapACLResponse) GetRegions() []string {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *BootstrapACLResponse) GetFailedRegions() []string {
+	if x != nil {
+		return x.FailedRegions
+	}
+	return nil
+}
+
+type CreateACLTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "client" (default), "management" or "agent".
+	Type     string   `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Policies []string `protobuf:"bytes,3,rep,name=policies,proto3" json:"policies,omitempty"`
+	// Agent tokens: required, the region the node may join.
+	Region string `protobuf:"bytes,4,opt,name=region,proto3" json:"region,omitempty"`
+	// Agent tokens: optional, bind to this node id now.
+	NodeId string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Time to live in ms; 0: never expires.
+	TtlMs int64 `protobuf:"varint,6,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	// Set by the router's fan-out (the CLI leaves them empty): the same
+	// token in every region.
+	AccessorId    string `protobuf:"bytes,7,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	SecretId      string `protobuf:"bytes,8,opt,name=secret_id,json=secretId,proto3" json:"secret_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateACLTokenRequest) Reset() {
+	*x = CreateACLTokenRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateACLTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateACLTokenRequest) ProtoMessage() {}
+
+func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateACLTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateACLTokenRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *CreateACLTokenRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateACLTokenRequest) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *CreateACLTokenRequest) GetPolicies() []string {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *CreateACLTokenRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *CreateACLTokenRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *CreateACLTokenRequest) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *CreateACLTokenRequest) GetAccessorId() string {
+	if x != nil {
+		return x.AccessorId
+	}
+	return ""
+}
+
+func (x *CreateACLTokenRequest) GetSecretId() string {
+	if x != nil {
+		return x.SecretId
+	}
+	return ""
+}
+
+type CreateACLTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         *ACLToken              `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Regions       []string               `protobuf:"bytes,2,rep,name=regions,proto3" json:"regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateACLTokenResponse) Reset() {
+	*x = CreateACLTokenResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateACLTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateACLTokenResponse) ProtoMessage() {}
+
+func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateACLTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateACLTokenResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *CreateACLTokenResponse) GetToken() *ACLToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *CreateACLTokenResponse) GetRegions() []string {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+type ListACLTokensRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListACLTokensRequest) Reset() {
+	*x = ListACLTokensRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListACLTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListACLTokensRequest) ProtoMessage() {}
+
+func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListACLTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListACLTokensRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
+}
+
+type ListACLTokensResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tokens []*ACLToken            `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	// Router fan-out: regions that did not answer.
+	UnavailableRegions []string `protobuf:"bytes,2,rep,name=unavailable_regions,json=unavailableRegions,proto3" json:"unavailable_regions,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ListACLTokensResponse) Reset() {
+	*x = ListACLTokensResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListACLTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListACLTokensResponse) ProtoMessage() {}
+
+func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListACLTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListACLTokensResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *ListACLTokensResponse) GetTokens() []*ACLToken {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *ListACLTokensResponse) GetUnavailableRegions() []string {
+	if x != nil {
+		return x.UnavailableRegions
+	}
+	return nil
+}
+
+type RevokeACLTokenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AccessorId    string                 `protobuf:"bytes,1,opt,name=accessor_id,json=accessorId,proto3" json:"accessor_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeACLTokenRequest) Reset() {
+	*x = RevokeACLTokenRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeACLTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeACLTokenRequest) ProtoMessage() {}
+
+func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeACLTokenRequest.ProtoReflect.Descriptor instead.
+func (*RevokeACLTokenRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *RevokeACLTokenRequest) GetAccessorId() string {
+	if x != nil {
+		return x.AccessorId
+	}
+	return ""
+}
+
+type RevokeACLTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node whose epoch the revocation ended, if any.
+	EndedNodeId   string   `protobuf:"bytes,1,opt,name=ended_node_id,json=endedNodeId,proto3" json:"ended_node_id,omitempty"`
+	Regions       []string `protobuf:"bytes,2,rep,name=regions,proto3" json:"regions,omitempty"`
+	FailedRegions []string `protobuf:"bytes,3,rep,name=failed_regions,json=failedRegions,proto3" json:"failed_regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeACLTokenResponse) Reset() {
+	*x = RevokeACLTokenResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeACLTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeACLTokenResponse) ProtoMessage() {}
+
+func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeACLTokenResponse.ProtoReflect.Descriptor instead.
+func (*RevokeACLTokenResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *RevokeACLTokenResponse) GetEndedNodeId() string {
+	if x != nil {
+		return x.EndedNodeId
+	}
+	return ""
+}
+
+func (x *RevokeACLTokenResponse) GetRegions() []string {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *RevokeACLTokenResponse) GetFailedRegions() []string {
+	if x != nil {
+		return x.FailedRegions
+	}
+	return nil
+}
+
+type GetACLSelfRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetACLSelfRequest) Reset() {
+	*x = GetACLSelfRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetACLSelfRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetACLSelfRequest) ProtoMessage() {}
+
+func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetACLSelfRequest.ProtoReflect.Descriptor instead.
+func (*GetACLSelfRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
+}
+
+type GetACLSelfResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         *ACLToken              `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetACLSelfResponse) Reset() {
+	*x = GetACLSelfResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetACLSelfResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetACLSelfResponse) ProtoMessage() {}
+
+func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetACLSelfResponse.ProtoReflect.Descriptor instead.
+func (*GetACLSelfResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
+}
+
+func (x *GetACLSelfResponse) GetToken() *ACLToken {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+type ApplyACLPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policy        *ACLPolicy             `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyACLPolicyRequest) Reset() {
+	*x = ApplyACLPolicyRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyACLPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyACLPolicyRequest) ProtoMessage() {}
+
+func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyACLPolicyRequest.ProtoReflect.Descriptor instead.
+func (*ApplyACLPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
+}
+
+func (x *ApplyACLPolicyRequest) GetPolicy() *ACLPolicy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+type ApplyACLPolicyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Regions       []string               `protobuf:"bytes,1,rep,name=regions,proto3" json:"regions,omitempty"`
+	FailedRegions []string               `protobuf:"bytes,2,rep,name=failed_regions,json=failedRegions,proto3" json:"failed_regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyACLPolicyResponse) Reset() {
+	*x = ApplyACLPolicyResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyACLPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyACLPolicyResponse) ProtoMessage() {}
+
+func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyACLPolicyResponse.ProtoReflect.Descriptor instead.
+func (*ApplyACLPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *ApplyACLPolicyResponse) GetRegions() []string {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *ApplyACLPolicyResponse) GetFailedRegions() []string {
+	if x != nil {
+		return x.FailedRegions
+	}
+	return nil
+}
+
+type ListACLPoliciesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListACLPoliciesRequest) Reset() {
+	*x = ListACLPoliciesRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListACLPoliciesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListACLPoliciesRequest) ProtoMessage() {}
+
+func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListACLPoliciesRequest.ProtoReflect.Descriptor instead.
+func (*ListACLPoliciesRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
+}
+
+type ListACLPoliciesResponse struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Policies           []*ACLPolicy           `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	UnavailableRegions []string               `protobuf:"bytes,2,rep,name=unavailable_regions,json=unavailableRegions,proto3" json:"unavailable_regions,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ListACLPoliciesResponse) Reset() {
+	*x = ListACLPoliciesResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListACLPoliciesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListACLPoliciesResponse) ProtoMessage() {}
+
+func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListACLPoliciesResponse.ProtoReflect.Descriptor instead.
+func (*ListACLPoliciesResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *ListACLPoliciesResponse) GetPolicies() []*ACLPolicy {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *ListACLPoliciesResponse) GetUnavailableRegions() []string {
+	if x != nil {
+		return x.UnavailableRegions
+	}
+	return nil
+}
+
+type DeleteACLPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteACLPolicyRequest) Reset() {
+	*x = DeleteACLPolicyRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteACLPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteACLPolicyRequest) ProtoMessage() {}
+
+func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteACLPolicyRequest.ProtoReflect.Descriptor instead.
+func (*DeleteACLPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *DeleteACLPolicyRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteACLPolicyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Regions       []string               `protobuf:"bytes,1,rep,name=regions,proto3" json:"regions,omitempty"`
+	FailedRegions []string               `protobuf:"bytes,2,rep,name=failed_regions,json=failedRegions,proto3" json:"failed_regions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteACLPolicyResponse) Reset() {
+	*x = DeleteACLPolicyResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteACLPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteACLPolicyResponse) ProtoMessage() {}
+
+func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteACLPolicyResponse.ProtoReflect.Descriptor instead.
+func (*DeleteACLPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
+}
+
+func (x *DeleteACLPolicyResponse) GetRegions() []string {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *DeleteACLPolicyResponse) GetFailedRegions() []string {
+	if x != nil {
+		return x.FailedRegions
+	}
+	return nil
+}
+
 var File_apiary_v1_apiary_proto protoreflect.FileDescriptor
 
 const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\n" +
-	"\x16apiary/v1/apiary.proto\x12\tapiary.v1\"\xcf\x02\n" +
+	"\x16apiary/v1/apiary.proto\x12\tapiary.v1\"\xed\x02\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x05R\bpriority\x12-\n" +
@@ -5584,7 +6715,9 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tscheduler\x18\b \x01(\tR\tscheduler\x125\n" +
 	"\n" +
 	"disconnect\x18\t \x01(\v2\x15.apiary.v1.DisconnectR\n" +
-	"disconnect\"[\n" +
+	"disconnect\x12\x1c\n" +
+	"\tnamespace\x18\n" +
+	" \x01(\tR\tnamespace\"[\n" +
 	"\n" +
 	"Disconnect\x12\"\n" +
 	"\rlost_after_ms\x18\x01 \x01(\x03R\vlostAfterMs\x12\x1d\n" +
@@ -5597,7 +6730,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x06prefer\x18\x02 \x03(\tR\x06prefer\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x93\x06\n" +
 	"\tTaskGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x18\n" +
@@ -5616,8 +6749,13 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\aspreads\x18\v \x03(\v2\x11.apiary.v1.SpreadR\aspreads\x12%\n" +
 	"\x0edistinct_hosts\x18\f \x01(\bR\rdistinctHosts\x12L\n" +
 	"\x13distinct_properties\x18\r \x03(\v2\x1b.apiary.v1.DistinctPropertyR\x12distinctProperties\x12.\n" +
-	"\bdatasets\x18\x0e \x03(\v2\x12.apiary.v1.DatasetR\bdatasets\x1a6\n" +
+	"\bdatasets\x18\x0e \x03(\v2\x12.apiary.v1.DatasetR\bdatasets\x12B\n" +
+	"\n" +
+	"secret_env\x18\x0f \x03(\v2#.apiary.v1.TaskGroup.SecretEnvEntryR\tsecretEnv\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
+	"\x0eSecretEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x01\n" +
 	"\tResources\x12\x1d\n" +
@@ -5742,10 +6880,11 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"2\n" +
 	"\x0eGetJobResponse\x12 \n" +
-	"\x03job\x18\x01 \x01(\v2\x0e.apiary.v1.JobR\x03job\"R\n" +
+	"\x03job\x18\x01 \x01(\v2\x0e.apiary.v1.JobR\x03job\"p\n" +
 	"\x0fListJobsRequest\x12)\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x13.apiary.v1.JobStateR\x05state\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\x05R\x05limit\"g\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x1c\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\"g\n" +
 	"\x10ListJobsResponse\x12\"\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x0e.apiary.v1.JobR\x04jobs\x12/\n" +
 	"\x13unavailable_regions\x18\x02 \x03(\tR\x12unavailableRegions\")\n" +
@@ -5771,13 +6910,15 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\vspans_jsonl\x18\x01 \x01(\fR\n" +
 	"spansJsonl\x12 \n" +
 	"\vunavailable\x18\x02 \x03(\tR\vunavailable\x12#\n" +
-	"\rnot_recording\x18\x03 \x03(\tR\fnotRecording\"\x99\x02\n" +
+	"\rnot_recording\x18\x03 \x03(\tR\fnotRecording\"\xb8\x02\n" +
 	"\x13RegisterNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12B\n" +
 	"\x06labels\x18\x02 \x03(\v2*.apiary.v1.RegisterNodeRequest.LabelsEntryR\x06labels\x120\n" +
 	"\bcapacity\x18\x03 \x01(\v2\x14.apiary.v1.ResourcesR\bcapacity\x12\x1b\n" +
 	"\tgpu_model\x18\x04 \x01(\tR\bgpuModel\x12\x1b\n" +
-	"\tmax_tasks\x18\x05 \x01(\x05R\bmaxTasks\x1a9\n" +
+	"\tmax_tasks\x18\x05 \x01(\x05R\bmaxTasks\x12\x1d\n" +
+	"\n" +
+	"join_token\x18\x06 \x01(\tR\tjoinToken\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x01\n" +
@@ -6035,7 +7176,78 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
 	"\x13ListRegionsResponse\x122\n" +
-	"\aregions\x18\x01 \x03(\v2\x18.apiary.v1.RegionSummaryR\aregions*\x9a\x01\n" +
+	"\aregions\x18\x01 \x03(\v2\x18.apiary.v1.RegionSummaryR\aregions\"\x91\x02\n" +
+	"\bACLToken\x12\x1f\n" +
+	"\vaccessor_id\x18\x01 \x01(\tR\n" +
+	"accessorId\x12\x1b\n" +
+	"\tsecret_id\x18\x02 \x01(\tR\bsecretId\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
+	"\x04type\x18\x04 \x01(\tR\x04type\x12\x1a\n" +
+	"\bpolicies\x18\x05 \x03(\tR\bpolicies\x12\x16\n" +
+	"\x06region\x18\x06 \x01(\tR\x06region\x12\x17\n" +
+	"\anode_id\x18\a \x01(\tR\x06nodeId\x12$\n" +
+	"\x0ecreate_time_ms\x18\b \x01(\x03R\fcreateTimeMs\x12,\n" +
+	"\x12expiration_time_ms\x18\t \x01(\x03R\x10expirationTimeMs\"\xae\x01\n" +
+	"\tACLPolicy\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12;\n" +
+	"\n" +
+	"namespaces\x18\x03 \x03(\v2\x1b.apiary.v1.ACLNamespaceRuleR\n" +
+	"namespaces\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12\x1a\n" +
+	"\boperator\x18\x05 \x01(\bR\boperator\"J\n" +
+	"\x10ACLNamespaceRule\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\"\n" +
+	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\"S\n" +
+	"\x13BootstrapACLRequest\x12\x1f\n" +
+	"\vaccessor_id\x18\x01 \x01(\tR\n" +
+	"accessorId\x12\x1b\n" +
+	"\tsecret_id\x18\x02 \x01(\tR\bsecretId\"\x82\x01\n" +
+	"\x14BootstrapACLResponse\x12)\n" +
+	"\x05token\x18\x01 \x01(\v2\x13.apiary.v1.ACLTokenR\x05token\x12\x18\n" +
+	"\aregions\x18\x02 \x03(\tR\aregions\x12%\n" +
+	"\x0efailed_regions\x18\x03 \x03(\tR\rfailedRegions\"\xe1\x01\n" +
+	"\x15CreateACLTokenRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
+	"\bpolicies\x18\x03 \x03(\tR\bpolicies\x12\x16\n" +
+	"\x06region\x18\x04 \x01(\tR\x06region\x12\x17\n" +
+	"\anode_id\x18\x05 \x01(\tR\x06nodeId\x12\x15\n" +
+	"\x06ttl_ms\x18\x06 \x01(\x03R\x05ttlMs\x12\x1f\n" +
+	"\vaccessor_id\x18\a \x01(\tR\n" +
+	"accessorId\x12\x1b\n" +
+	"\tsecret_id\x18\b \x01(\tR\bsecretId\"]\n" +
+	"\x16CreateACLTokenResponse\x12)\n" +
+	"\x05token\x18\x01 \x01(\v2\x13.apiary.v1.ACLTokenR\x05token\x12\x18\n" +
+	"\aregions\x18\x02 \x03(\tR\aregions\"\x16\n" +
+	"\x14ListACLTokensRequest\"u\n" +
+	"\x15ListACLTokensResponse\x12+\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x13.apiary.v1.ACLTokenR\x06tokens\x12/\n" +
+	"\x13unavailable_regions\x18\x02 \x03(\tR\x12unavailableRegions\"8\n" +
+	"\x15RevokeACLTokenRequest\x12\x1f\n" +
+	"\vaccessor_id\x18\x01 \x01(\tR\n" +
+	"accessorId\"}\n" +
+	"\x16RevokeACLTokenResponse\x12\"\n" +
+	"\rended_node_id\x18\x01 \x01(\tR\vendedNodeId\x12\x18\n" +
+	"\aregions\x18\x02 \x03(\tR\aregions\x12%\n" +
+	"\x0efailed_regions\x18\x03 \x03(\tR\rfailedRegions\"\x13\n" +
+	"\x11GetACLSelfRequest\"?\n" +
+	"\x12GetACLSelfResponse\x12)\n" +
+	"\x05token\x18\x01 \x01(\v2\x13.apiary.v1.ACLTokenR\x05token\"E\n" +
+	"\x15ApplyACLPolicyRequest\x12,\n" +
+	"\x06policy\x18\x01 \x01(\v2\x14.apiary.v1.ACLPolicyR\x06policy\"Y\n" +
+	"\x16ApplyACLPolicyResponse\x12\x18\n" +
+	"\aregions\x18\x01 \x03(\tR\aregions\x12%\n" +
+	"\x0efailed_regions\x18\x02 \x03(\tR\rfailedRegions\"\x18\n" +
+	"\x16ListACLPoliciesRequest\"|\n" +
+	"\x17ListACLPoliciesResponse\x120\n" +
+	"\bpolicies\x18\x01 \x03(\v2\x14.apiary.v1.ACLPolicyR\bpolicies\x12/\n" +
+	"\x13unavailable_regions\x18\x02 \x03(\tR\x12unavailableRegions\",\n" +
+	"\x16DeleteACLPolicyRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"Z\n" +
+	"\x17DeleteACLPolicyResponse\x12\x18\n" +
+	"\aregions\x18\x01 \x03(\tR\aregions\x12%\n" +
+	"\x0efailed_regions\x18\x02 \x03(\tR\rfailedRegions*\x9a\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11JOB_STATE_PENDING\x10\x01\x12\x15\n" +
@@ -6108,7 +7320,18 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\vReleaseNode\x12\x1d.apiary.v1.ReleaseNodeRequest\x1a\x1e.apiary.v1.ReleaseNodeResponse\x12F\n" +
 	"\tDrainNode\x12\x1b.apiary.v1.DrainNodeRequest\x1a\x1c.apiary.v1.DrainNodeResponse\x12a\n" +
 	"\x12SetNodeEligibility\x12$.apiary.v1.SetNodeEligibilityRequest\x1a%.apiary.v1.SetNodeEligibilityResponse\x12R\n" +
-	"\rGossipKeyring\x12\x1f.apiary.v1.GossipKeyringRequest\x1a .apiary.v1.GossipKeyringResponseB*Z(apiary.dev/apiary/api/apiary/v1;apiaryv1b\x06proto3"
+	"\rGossipKeyring\x12\x1f.apiary.v1.GossipKeyringRequest\x1a .apiary.v1.GossipKeyringResponse2\xb5\x05\n" +
+	"\n" +
+	"ACLService\x12O\n" +
+	"\fBootstrapACL\x12\x1e.apiary.v1.BootstrapACLRequest\x1a\x1f.apiary.v1.BootstrapACLResponse\x12U\n" +
+	"\x0eCreateACLToken\x12 .apiary.v1.CreateACLTokenRequest\x1a!.apiary.v1.CreateACLTokenResponse\x12R\n" +
+	"\rListACLTokens\x12\x1f.apiary.v1.ListACLTokensRequest\x1a .apiary.v1.ListACLTokensResponse\x12U\n" +
+	"\x0eRevokeACLToken\x12 .apiary.v1.RevokeACLTokenRequest\x1a!.apiary.v1.RevokeACLTokenResponse\x12I\n" +
+	"\n" +
+	"GetACLSelf\x12\x1c.apiary.v1.GetACLSelfRequest\x1a\x1d.apiary.v1.GetACLSelfResponse\x12U\n" +
+	"\x0eApplyACLPolicy\x12 .apiary.v1.ApplyACLPolicyRequest\x1a!.apiary.v1.ApplyACLPolicyResponse\x12X\n" +
+	"\x0fListACLPolicies\x12!.apiary.v1.ListACLPoliciesRequest\x1a\".apiary.v1.ListACLPoliciesResponse\x12X\n" +
+	"\x0fDeleteACLPolicy\x12!.apiary.v1.DeleteACLPolicyRequest\x1a\".apiary.v1.DeleteACLPolicyResponseB*Z(apiary.dev/apiary/api/apiary/v1;apiaryv1b\x06proto3"
 
 var (
 	file_apiary_v1_apiary_proto_rawDescOnce sync.Once
@@ -6123,7 +7346,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 104)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                      // 0: apiary.v1.JobState
 	(TaskState)(0),                     // 1: apiary.v1.TaskState
@@ -6205,133 +7428,177 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(*PriorityBacklog)(nil),            // 77: apiary.v1.PriorityBacklog
 	(*RegionSummary)(nil),              // 78: apiary.v1.RegionSummary
 	(*ListRegionsResponse)(nil),        // 79: apiary.v1.ListRegionsResponse
-	nil,                                // 80: apiary.v1.RegionSpec.SelectorEntry
-	nil,                                // 81: apiary.v1.TaskGroup.EnvEntry
-	nil,                                // 82: apiary.v1.Spread.TargetsEntry
-	nil,                                // 83: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                // 84: apiary.v1.Assignment.EnvEntry
-	nil,                                // 85: apiary.v1.GossipKeyringPool.MessagesEntry
-	nil,                                // 86: apiary.v1.GossipKeyringPool.KeysEntry
-	nil,                                // 87: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	nil,                                // 88: apiary.v1.Node.LabelsEntry
-	nil,                                // 89: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                                // 90: apiary.v1.RegionSummary.LabelsEntry
+	(*ACLToken)(nil),                   // 80: apiary.v1.ACLToken
+	(*ACLPolicy)(nil),                  // 81: apiary.v1.ACLPolicy
+	(*ACLNamespaceRule)(nil),           // 82: apiary.v1.ACLNamespaceRule
+	(*BootstrapACLRequest)(nil),        // 83: apiary.v1.BootstrapACLRequest
+	(*BootstrapACLResponse)(nil),       // 84: apiary.v1.BootstrapACLResponse
+	(*CreateACLTokenRequest)(nil),      // 85: apiary.v1.CreateACLTokenRequest
+	(*CreateACLTokenResponse)(nil),     // 86: apiary.v1.CreateACLTokenResponse
+	(*ListACLTokensRequest)(nil),       // 87: apiary.v1.ListACLTokensRequest
+	(*ListACLTokensResponse)(nil),      // 88: apiary.v1.ListACLTokensResponse
+	(*RevokeACLTokenRequest)(nil),      // 89: apiary.v1.RevokeACLTokenRequest
+	(*RevokeACLTokenResponse)(nil),     // 90: apiary.v1.RevokeACLTokenResponse
+	(*GetACLSelfRequest)(nil),          // 91: apiary.v1.GetACLSelfRequest
+	(*GetACLSelfResponse)(nil),         // 92: apiary.v1.GetACLSelfResponse
+	(*ApplyACLPolicyRequest)(nil),      // 93: apiary.v1.ApplyACLPolicyRequest
+	(*ApplyACLPolicyResponse)(nil),     // 94: apiary.v1.ApplyACLPolicyResponse
+	(*ListACLPoliciesRequest)(nil),     // 95: apiary.v1.ListACLPoliciesRequest
+	(*ListACLPoliciesResponse)(nil),    // 96: apiary.v1.ListACLPoliciesResponse
+	(*DeleteACLPolicyRequest)(nil),     // 97: apiary.v1.DeleteACLPolicyRequest
+	(*DeleteACLPolicyResponse)(nil),    // 98: apiary.v1.DeleteACLPolicyResponse
+	nil,                                // 99: apiary.v1.RegionSpec.SelectorEntry
+	nil,                                // 100: apiary.v1.TaskGroup.EnvEntry
+	nil,                                // 101: apiary.v1.TaskGroup.SecretEnvEntry
+	nil,                                // 102: apiary.v1.Spread.TargetsEntry
+	nil,                                // 103: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                // 104: apiary.v1.Assignment.EnvEntry
+	nil,                                // 105: apiary.v1.GossipKeyringPool.MessagesEntry
+	nil,                                // 106: apiary.v1.GossipKeyringPool.KeysEntry
+	nil,                                // 107: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	nil,                                // 108: apiary.v1.Node.LabelsEntry
+	nil,                                // 109: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                                // 110: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
-	9,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
-	10, // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
-	8,  // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
-	80, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	81, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
-	11, // 5: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
-	12, // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
-	13, // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
-	14, // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
-	15, // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
-	16, // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	82, // 11: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
-	7,  // 12: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
-	0,  // 13: apiary.v1.Job.state:type_name -> apiary.v1.JobState
-	18, // 14: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
-	19, // 15: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
-	1,  // 16: apiary.v1.Task.state:type_name -> apiary.v1.TaskState
-	20, // 17: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
-	3,  // 18: apiary.v1.AttemptResult.fault:type_name -> apiary.v1.FailureFault
-	7,  // 19: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
-	17, // 20: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
-	0,  // 21: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
-	17, // 22: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
-	17, // 23: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
-	17, // 24: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
-	19, // 25: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	83, // 26: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
-	11, // 27: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
-	43, // 28: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
-	46, // 29: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
-	43, // 30: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
-	53, // 31: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
-	6,  // 32: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	84, // 33: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
-	11, // 34: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
-	2,  // 35: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
-	3,  // 36: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
-	4,  // 37: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
-	85, // 38: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
-	86, // 39: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
-	87, // 40: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	59, // 41: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
-	70, // 42: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
-	70, // 43: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
-	70, // 44: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
-	70, // 45: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	88, // 46: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	11, // 47: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	11, // 48: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	5,  // 49: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	70, // 50: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	89, // 51: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	73, // 52: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	90, // 53: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	76, // 54: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	11, // 55: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	11, // 56: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	77, // 57: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	78, // 58: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	25, // 59: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	27, // 60: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	29, // 61: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	31, // 62: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	33, // 63: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	35, // 64: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	37, // 65: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	23, // 66: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	21, // 67: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	39, // 68: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	41, // 69: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	51, // 70: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	54, // 71: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	44, // 72: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
-	47, // 73: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
-	49, // 74: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
-	55, // 75: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	69, // 76: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	72, // 77: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	75, // 78: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	65, // 79: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	67, // 80: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	61, // 81: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
-	63, // 82: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
-	58, // 83: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
-	26, // 84: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	28, // 85: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	30, // 86: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	32, // 87: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	34, // 88: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	36, // 89: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	38, // 90: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	24, // 91: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	22, // 92: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	40, // 93: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	42, // 94: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	52, // 95: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	57, // 96: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	45, // 97: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
-	48, // 98: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
-	50, // 99: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
-	56, // 100: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	71, // 101: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	74, // 102: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	79, // 103: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	66, // 104: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	68, // 105: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	62, // 106: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
-	64, // 107: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
-	60, // 108: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
-	84, // [84:109] is the sub-list for method output_type
-	59, // [59:84] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	9,   // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
+	10,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
+	8,   // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
+	99,  // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	100, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	11,  // 5: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
+	12,  // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
+	13,  // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
+	14,  // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
+	15,  // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
+	16,  // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
+	101, // 11: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
+	102, // 12: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	7,   // 13: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
+	0,   // 14: apiary.v1.Job.state:type_name -> apiary.v1.JobState
+	18,  // 15: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
+	19,  // 16: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
+	1,   // 17: apiary.v1.Task.state:type_name -> apiary.v1.TaskState
+	20,  // 18: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
+	3,   // 19: apiary.v1.AttemptResult.fault:type_name -> apiary.v1.FailureFault
+	7,   // 20: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
+	17,  // 21: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
+	0,   // 22: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
+	17,  // 23: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
+	17,  // 24: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
+	17,  // 25: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
+	19,  // 26: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
+	103, // 27: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	11,  // 28: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
+	43,  // 29: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
+	46,  // 30: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
+	43,  // 31: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
+	53,  // 32: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
+	6,   // 33: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
+	104, // 34: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	11,  // 35: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
+	2,   // 36: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
+	3,   // 37: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
+	4,   // 38: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
+	105, // 39: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
+	106, // 40: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
+	107, // 41: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	59,  // 42: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
+	70,  // 43: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
+	70,  // 44: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
+	70,  // 45: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
+	70,  // 46: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
+	108, // 47: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	11,  // 48: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	11,  // 49: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	5,   // 50: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	70,  // 51: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	109, // 52: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	73,  // 53: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	110, // 54: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	76,  // 55: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	11,  // 56: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	11,  // 57: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	77,  // 58: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	78,  // 59: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	82,  // 60: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
+	80,  // 61: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
+	80,  // 62: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
+	80,  // 63: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
+	80,  // 64: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
+	81,  // 65: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
+	81,  // 66: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
+	25,  // 67: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	27,  // 68: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	29,  // 69: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	31,  // 70: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	33,  // 71: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	35,  // 72: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	37,  // 73: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	23,  // 74: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	21,  // 75: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	39,  // 76: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	41,  // 77: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	51,  // 78: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	54,  // 79: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	44,  // 80: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
+	47,  // 81: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
+	49,  // 82: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
+	55,  // 83: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	69,  // 84: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	72,  // 85: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	75,  // 86: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	65,  // 87: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	67,  // 88: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	61,  // 89: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	63,  // 90: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	58,  // 91: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
+	83,  // 92: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
+	85,  // 93: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
+	87,  // 94: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
+	89,  // 95: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
+	91,  // 96: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
+	93,  // 97: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
+	95,  // 98: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
+	97,  // 99: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
+	26,  // 100: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	28,  // 101: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	30,  // 102: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	32,  // 103: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	34,  // 104: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	36,  // 105: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	38,  // 106: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	24,  // 107: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	22,  // 108: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	40,  // 109: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	42,  // 110: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	52,  // 111: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	57,  // 112: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	45,  // 113: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	48,  // 114: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	50,  // 115: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	56,  // 116: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	71,  // 117: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	74,  // 118: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	79,  // 119: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	66,  // 120: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	68,  // 121: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	62,  // 122: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	64,  // 123: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	60,  // 124: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
+	84,  // 125: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
+	86,  // 126: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
+	88,  // 127: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
+	90,  // 128: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
+	92,  // 129: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
+	94,  // 130: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
+	96,  // 131: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
+	98,  // 132: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
+	100, // [100:133] is the sub-list for method output_type
+	67,  // [67:100] is the sub-list for method input_type
+	67,  // [67:67] is the sub-list for extension type_name
+	67,  // [67:67] is the sub-list for extension extendee
+	0,   // [0:67] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -6346,9 +7613,9 @@ func file_apiary_v1_apiary_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   84,
+			NumMessages:   104,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_apiary_v1_apiary_proto_goTypes,
 		DependencyIndexes: file_apiary_v1_apiary_proto_depIdxs,

@@ -1342,3 +1342,403 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "apiary/v1/apiary.proto",
 }
+
+const (
+	ACLService_BootstrapACL_FullMethodName    = "/apiary.v1.ACLService/BootstrapACL"
+	ACLService_CreateACLToken_FullMethodName  = "/apiary.v1.ACLService/CreateACLToken"
+	ACLService_ListACLTokens_FullMethodName   = "/apiary.v1.ACLService/ListACLTokens"
+	ACLService_RevokeACLToken_FullMethodName  = "/apiary.v1.ACLService/RevokeACLToken"
+	ACLService_GetACLSelf_FullMethodName      = "/apiary.v1.ACLService/GetACLSelf"
+	ACLService_ApplyACLPolicy_FullMethodName  = "/apiary.v1.ACLService/ApplyACLPolicy"
+	ACLService_ListACLPolicies_FullMethodName = "/apiary.v1.ACLService/ListACLPolicies"
+	ACLService_DeleteACLPolicy_FullMethodName = "/apiary.v1.ACLService/DeleteACLPolicy"
+)
+
+// ACLServiceClient is the client API for ACLService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// ACLService manages a region's ACL tokens and policies. Tokens travel as
+// gRPC metadata "x-apiary-token" (the CLI reads $APIARY_TOKEN); the
+// region checks them, the router only forwards them. Every method but
+// BootstrapACL needs a management token. On the router every call fans out to
+// every known region with the same accessor and secret, so one token works
+// in every region.
+type ACLServiceClient interface {
+	// BootstrapACL creates the first management token, once per region. An
+	// already bootstrapped region answers ALREADY_EXISTS, unless the request
+	// names the same accessor and secret it was bootstrapped with (a repeat).
+	BootstrapACL(ctx context.Context, in *BootstrapACLRequest, opts ...grpc.CallOption) (*BootstrapACLResponse, error)
+	// CreateACLToken makes a token; its secret is returned once and stored only
+	// as a SHA-256 hash.
+	CreateACLToken(ctx context.Context, in *CreateACLTokenRequest, opts ...grpc.CallOption) (*CreateACLTokenResponse, error)
+	ListACLTokens(ctx context.Context, in *ListACLTokensRequest, opts ...grpc.CallOption) (*ListACLTokensResponse, error)
+	// RevokeACLToken deletes a token; the node an agent token is bound to loses
+	// its epoch in the same transaction (its attempts are reclaimed).
+	RevokeACLToken(ctx context.Context, in *RevokeACLTokenRequest, opts ...grpc.CallOption) (*RevokeACLTokenResponse, error)
+	// GetACLSelf returns the calling token (no secret); any valid token.
+	GetACLSelf(ctx context.Context, in *GetACLSelfRequest, opts ...grpc.CallOption) (*GetACLSelfResponse, error)
+	// ApplyACLPolicy creates or replaces a policy by name.
+	ApplyACLPolicy(ctx context.Context, in *ApplyACLPolicyRequest, opts ...grpc.CallOption) (*ApplyACLPolicyResponse, error)
+	ListACLPolicies(ctx context.Context, in *ListACLPoliciesRequest, opts ...grpc.CallOption) (*ListACLPoliciesResponse, error)
+	DeleteACLPolicy(ctx context.Context, in *DeleteACLPolicyRequest, opts ...grpc.CallOption) (*DeleteACLPolicyResponse, error)
+}
+
+type aCLServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewACLServiceClient(cc grpc.ClientConnInterface) ACLServiceClient {
+	return &aCLServiceClient{cc}
+}
+
+func (c *aCLServiceClient) BootstrapACL(ctx context.Context, in *BootstrapACLRequest, opts ...grpc.CallOption) (*BootstrapACLResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BootstrapACLResponse)
+	err := c.cc.Invoke(ctx, ACLService_BootstrapACL_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *aCLServiceClient) CreateACLToken(ctx context.Context, in *CreateACLTokenRequest, opts ...grpc.CallOption) (*CreateACLTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateACLTokenResponse)
+	err := c.cc.Invoke(ctx, ACLService_CreateACLToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *aCLServiceClient) ListACLTokens(ctx context.Context, in *ListACLTokensRequest, opts ...grpc.CallOption) (*ListACLTokensResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListACLTokensResponse)
+	err := c.cc.Invoke(ctx, ACLService_ListACLTokens_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *aCLServiceClient) RevokeACLToken(ctx context.Context, in *RevokeACLTokenRequest, opts ...grpc.CallOption) (*RevokeACLTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevokeACLTokenResponse)
+	err := c.cc.Invoke(ctx, ACLService_RevokeACLToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *aCLServiceClient) GetACLSelf(ctx context.Context, in *GetACLSelfRequest, opts ...grpc.CallOption) (*GetACLSelfResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetACLSelfResponse)
+	err := c.cc.Invoke(ctx, ACLService_GetACLSelf_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *aCLServiceClient) ApplyACLPolicy(ctx context.Context, in *ApplyACLPolicyRequest, opts ...grpc.CallOption) (*ApplyACLPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyACLPolicyResponse)
+	err := c.cc.Invoke(ctx, ACLService_ApplyACLPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *aCLServiceClient) ListACLPolicies(ctx context.Context, in *ListACLPoliciesRequest, opts ...grpc.CallOption) (*ListACLPoliciesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListACLPoliciesResponse)
+	err := c.cc.Invoke(ctx, ACLService_ListACLPolicies_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *aCLServiceClient) DeleteACLPolicy(ctx context.Context, in *DeleteACLPolicyRequest, opts ...grpc.CallOption) (*DeleteACLPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteACLPolicyResponse)
+	err := c.cc.Invoke(ctx, ACLService_DeleteACLPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ACLServiceServer is the server API for ACLService service.
+// All implementations must embed UnimplementedACLServiceServer
+// for forward compatibility.
+//
+// ACLService manages a region's ACL tokens and policies. Tokens travel as
+// gRPC metadata "x-apiary-token" (the CLI reads $APIARY_TOKEN); the
+// region checks them, the router only forwards them. Every method but
+// BootstrapACL needs a management token. On the router every call fans out to
+// every known region with the same accessor and secret, so one token works
+// in every region.
+type ACLServiceServer interface {
+	// BootstrapACL creates the first management token, once per region. An
+	// already bootstrapped region answers ALREADY_EXISTS, unless the request
+	// names the same accessor and secret it was bootstrapped with (a repeat).
+	BootstrapACL(context.Context, *BootstrapACLRequest) (*BootstrapACLResponse, error)
+	// CreateACLToken makes a token; its secret is returned once and stored only
+	// as a SHA-256 hash.
+	CreateACLToken(context.Context, *CreateACLTokenRequest) (*CreateACLTokenResponse, error)
+	ListACLTokens(context.Context, *ListACLTokensRequest) (*ListACLTokensResponse, error)
+	// RevokeACLToken deletes a token; the node an agent token is bound to loses
+	// its epoch in the same transaction (its attempts are reclaimed).
+	RevokeACLToken(context.Context, *RevokeACLTokenRequest) (*RevokeACLTokenResponse, error)
+	// GetACLSelf returns the calling token (no secret); any valid token.
+	GetACLSelf(context.Context, *GetACLSelfRequest) (*GetACLSelfResponse, error)
+	// ApplyACLPolicy creates or replaces a policy by name.
+	ApplyACLPolicy(context.Context, *ApplyACLPolicyRequest) (*ApplyACLPolicyResponse, error)
+	ListACLPolicies(context.Context, *ListACLPoliciesRequest) (*ListACLPoliciesResponse, error)
+	DeleteACLPolicy(context.Context, *DeleteACLPolicyRequest) (*DeleteACLPolicyResponse, error)
+	mustEmbedUnimplementedACLServiceServer()
+}
+
+// UnimplementedACLServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedACLServiceServer struct{}
+
+func (UnimplementedACLServiceServer) BootstrapACL(context.Context, *BootstrapACLRequest) (*BootstrapACLResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BootstrapACL not implemented")
+}
+func (UnimplementedACLServiceServer) CreateACLToken(context.Context, *CreateACLTokenRequest) (*CreateACLTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateACLToken not implemented")
+}
+func (UnimplementedACLServiceServer) ListACLTokens(context.Context, *ListACLTokensRequest) (*ListACLTokensResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListACLTokens not implemented")
+}
+func (UnimplementedACLServiceServer) RevokeACLToken(context.Context, *RevokeACLTokenRequest) (*RevokeACLTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RevokeACLToken not implemented")
+}
+func (UnimplementedACLServiceServer) GetACLSelf(context.Context, *GetACLSelfRequest) (*GetACLSelfResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetACLSelf not implemented")
+}
+func (UnimplementedACLServiceServer) ApplyACLPolicy(context.Context, *ApplyACLPolicyRequest) (*ApplyACLPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApplyACLPolicy not implemented")
+}
+func (UnimplementedACLServiceServer) ListACLPolicies(context.Context, *ListACLPoliciesRequest) (*ListACLPoliciesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListACLPolicies not implemented")
+}
+func (UnimplementedACLServiceServer) DeleteACLPolicy(context.Context, *DeleteACLPolicyRequest) (*DeleteACLPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteACLPolicy not implemented")
+}
+func (UnimplementedACLServiceServer) mustEmbedUnimplementedACLServiceServer() {}
+func (UnimplementedACLServiceServer) testEmbeddedByValue()                    {}
+
+// UnsafeACLServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to ACLServiceServer will
+// result in compilation errors.
+type UnsafeACLServiceServer interface {
+	mustEmbedUnimplementedACLServiceServer()
+}
+
+func RegisterACLServiceServer(s grpc.ServiceRegistrar, srv ACLServiceServer) {
+	// If the following call panics, it indicates UnimplementedACLServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&ACLService_ServiceDesc, srv)
+}
+
+func _ACLService_BootstrapACL_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BootstrapACLRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ACLServiceServer).BootstrapACL(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ACLService_BootstrapACL_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ACLServiceServer).BootstrapACL(ctx, req.(*BootstrapACLRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ACLService_CreateACLToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateACLTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ACLServiceServer).CreateACLToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ACLService_CreateACLToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ACLServiceServer).CreateACLToken(ctx, req.(*CreateACLTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ACLService_ListACLTokens_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListACLTokensRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ACLServiceServer).ListACLTokens(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ACLService_ListACLTokens_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ACLServiceServer).ListACLTokens(ctx, req.(*ListACLTokensRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ACLService_RevokeACLToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeACLTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ACLServiceServer).RevokeACLToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ACLService_RevokeACLToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ACLServiceServer).RevokeACLToken(ctx, req.(*RevokeACLTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ACLService_GetACLSelf_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetACLSelfRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ACLServiceServer).GetACLSelf(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ACLService_GetACLSelf_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ACLServiceServer).GetACLSelf(ctx, req.(*GetACLSelfRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ACLService_ApplyACLPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyACLPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ACLServiceServer).ApplyACLPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ACLService_ApplyACLPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ACLServiceServer).ApplyACLPolicy(ctx, req.(*ApplyACLPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ACLService_ListACLPolicies_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListACLPoliciesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ACLServiceServer).ListACLPolicies(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ACLService_ListACLPolicies_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ACLServiceServer).ListACLPolicies(ctx, req.(*ListACLPoliciesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ACLService_DeleteACLPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteACLPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ACLServiceServer).DeleteACLPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ACLService_DeleteACLPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ACLServiceServer).DeleteACLPolicy(ctx, req.(*DeleteACLPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// ACLService_ServiceDesc is the grpc.ServiceDesc for ACLService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var ACLService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "apiary.v1.ACLService",
+	HandlerType: (*ACLServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "BootstrapACL",
+			Handler:    _ACLService_BootstrapACL_Handler,
+		},
+		{
+			MethodName: "CreateACLToken",
+			Handler:    _ACLService_CreateACLToken_Handler,
+		},
+		{
+			MethodName: "ListACLTokens",
+			Handler:    _ACLService_ListACLTokens_Handler,
+		},
+		{
+			MethodName: "RevokeACLToken",
+			Handler:    _ACLService_RevokeACLToken_Handler,
+		},
+		{
+			MethodName: "GetACLSelf",
+			Handler:    _ACLService_GetACLSelf_Handler,
+		},
+		{
+			MethodName: "ApplyACLPolicy",
+			Handler:    _ACLService_ApplyACLPolicy_Handler,
+		},
+		{
+			MethodName: "ListACLPolicies",
+			Handler:    _ACLService_ListACLPolicies_Handler,
+		},
+		{
+			MethodName: "DeleteACLPolicy",
+			Handler:    _ACLService_DeleteACLPolicy_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "apiary/v1/apiary.proto",
+}
