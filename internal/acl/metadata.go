@@ -42,3 +42,24 @@ func FromIncoming(ctx context.Context) string {
 func ForwardToken(in, out context.Context) context.Context {
 	return WithToken(out, FromIncoming(in))
 }
+
+// MetadataInternal marks a router's own bookkeeping call to a region, made
+// for no caller (the region list it reads while routing a submission). A
+// region admits such a call without a token only from a router certificate
+// and only for AdminService.ListRegions; ForwardRequest and LookupRequest
+// (router certificates only, internal/authz) need no token either. The
+// router never forwards a caller's metadata but the token, so a caller
+// cannot set it.
+const MetadataInternal = "x-apiary-internal"
+
+// Internal returns ctx marked as a router's own call (MetadataInternal).
+func Internal(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, MetadataInternal, "router")
+}
+
+// IsInternal reports whether a server-side call context carries the
+// MetadataInternal mark (the caller's role must still be checked).
+func IsInternal(ctx context.Context) bool {
+	md, ok := metadata.FromIncomingContext(ctx)
+	return ok && len(md.Get(MetadataInternal)) > 0
+}
