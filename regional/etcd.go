@@ -278,6 +278,16 @@ func startEtcd(ctx context.Context, c EtcdConfig, log *slog.Logger) (*embed.Etcd
 		// A taken port is the usual cause: say which flag names it.
 		return nil, fmt.Errorf("start etcd member %s (--etcd-client-url %s, --etcd-peer-url %s): %w", c.Name, c.ClientURL, c.PeerURL, err)
 	}
+	var clientTLS *tls.Config
+	if c.TLS.enabled() {
+		info := c.TLS.info()
+		if clientTLS, err = info.ClientConfig(); err != nil {
+			clientTLS = nil
+		}
+	}
+	waitCtx, stopWait := context.WithCancel(ctx)
+	defer stopWait()
+	go reportEtcdWait(waitCtx, e.Server.ReadyNotify(), c.Name, cfg.InitialCluster, clientTLS, c.TLS.AllowedHostname, log)
 	select {
 	case <-e.Server.ReadyNotify():
 		return e, nil
