@@ -5,7 +5,31 @@ PKGS    ?= ./...
 # Tests run with the race detector off by default (2-core CI budget); `make race` runs it.
 TESTFLAGS ?= -count=1 -timeout 9m
 
-.PHONY: all deps build test race proto proto-check lint demo demo-tls bench bench-badnode bench-tls loadtest-liveness clean
+# The tests are split in two by top-level name: `make test` (kept under
+# 10 min on 2 cores) runs every test of $(PKGS) except FAULT_TESTS, and
+# `make test-fault` runs FAULT_TESTS, the long real-process fault and
+# scenario tests (outages, partitions, kills with restarts, the bad-node
+# tables, overload, the load-test scenarios), in FAULT_PKGS. Both go
+# through `go test -skip/-run` with the one regexp built from FAULT_TESTS,
+# so no test file changes and a new test lands in `make test` unless it is
+# named here; a build tag would hide a test from `go test ./...`, vet and
+# gopls unless the tag is set. `make test-split-check` (.ci/testsplit.go,
+# run by .ci/run) fails if a test is in neither target or in both, or if a
+# name here is no test of FAULT_PKGS. `.ci/run` runs both targets.
+FAULT_PKGS ?= ./regional ./cmd/apiary ./loadtest
+FAULT_TESTS ?= \
+	TestBadNodeTable TestBadNodeQuarantineSurvivesCoordinatorKill TestBadNodeProbeRelease \
+	TestBadNodeShareGuard TestBadNodeSpendsNoLastAttempt \
+	TestRegionOutageKeepsRunningWork TestRegionOutageLongerThanLostAfter TestAgentPausedPastLease \
+	TestRegionRestartedFromDisk TestOverloadLosesNoAttempt \
+	TestAgentRestartKillsOrphanedChildren TestAgentRestartKillsCgroupLeftovers \
+	TestRouterStartedLaterSeesRegion TestRegionEtcdFatalExitsNamingThePart \
+	TestScenariosKeepPromises TestPartitionAgentThroughFaultHook TestOutageRegionKeepsRunningTasks
+empty :=
+space := $(empty) $(empty)
+FAULT_RE = ^($(subst $(space),|,$(strip $(FAULT_TESTS))))$$
+
+.PHONY: all deps build test test-fault test-split-check race proto proto-check lint demo demo-tls bench bench-badnode bench-tls loadtest-liveness clean
 
 all: build
 
@@ -19,8 +43,17 @@ build: deps
 	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/apiary
 
 test: build
-	$(GO) test $(TESTFLAGS) $(PKGS)
+	$(GO) test $(TESTFLAGS) -skip '$(FAULT_RE)' $(PKGS)
 
+# The long fault and scenario tests (see FAULT_TESTS above); about as long
+# as `make test` again, on 2 cores.
+test-fault: build
+	$(GO) test $(TESTFLAGS) -run '$(FAULT_RE)' $(FAULT_PKGS)
+
+test-split-check:
+	$(GO) run .ci/testsplit.go -test-pkgs '$(PKGS)' -test-skip '$(FAULT_RE)' -fault-pkgs '$(FAULT_PKGS)' -fault-run '$(FAULT_RE)'
+
+# Every test (both halves above), with the race detector.
 race:
 	$(GO) test -race $(TESTFLAGS) $(PKGS)
 

@@ -258,8 +258,9 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 			MemoryMb:  a.cfg.Capacity.MemoryMB,
 			Gpus:      a.cfg.Capacity.GPUs,
 		},
-		GpuModel: a.cfg.GPUModel,
-		MaxTasks: int32(a.cfg.MaxTasks),
+		GpuModel:  a.cfg.GPUModel,
+		MaxTasks:  int32(a.cfg.MaxTasks),
+		JoinToken: a.cfg.JoinToken,
 	}
 	var watch sync.WaitGroup
 	watch.Go(func() { a.watchdog(runCtx) })

@@ -120,6 +120,12 @@ type Config struct {
 	// assignment's env and the APIARY_* variables are added. Default: the
 	// agent's own environment (os.Environ()), as Nomad's raw_exec does.
 	BaseEnv []string
+	// JoinToken is the secret of an agent join token (`apiary acl token
+	// create --type agent --region R`; Nomad's node introduction), sent as
+	// RegisterNodeRequest.join_token with every registration. A region that
+	// runs with ACLs refuses a node without a valid one (the agent logs why
+	// once, at ERROR, and keeps trying with backoff). Default "": none.
+	JoinToken string
 	// DialOptions are extra gRPC dial options (credentials, interceptors),
 	// used for every connection to the coordinators. `apiary agent` puts
 	// its transport first: pki.DialOption(reloader,

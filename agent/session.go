@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/grafana/dskit/backoff"
@@ -49,11 +50,15 @@ type session struct {
 // the next coordinator) until it succeeds or ctx ends. It returns ctx's
 // error, or an error wrapping the coordinator's INVALID_ARGUMENT answer (the
 // node's own description is refused: bad node id, zero capacity), which no
-// retry can fix.
+// retry can fix. A refusal of the node's join token (PERMISSION_DENIED,
+// UNAUTHENTICATED) is logged once at ERROR with what to do, and retried
+// with backoff like an unavailable coordinator: it is fixed outside the
+// agent, and the agent must then register without a restart.
 func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterNodeRequest,
 	rpcTimeout time.Duration, bo backoff.Config, log *slog.Logger) (*session, error) {
 	b := backoff.New(ctx, bo)
 	explained := map[string]bool{} // addresses whose TLS mismatch was logged
+	refused := map[string]bool{}   // refusals (join token, identity) logged
 	for b.Ongoing() {
 		idx, cl := coords.client()
 		cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
@@ -88,6 +93,21 @@ func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterN
 		if status.Code(err) == codes.InvalidArgument {
 			return nil, fmt.Errorf("register: refused by %s: %w", coords.addr(idx), err)
 		}
+		if c := status.Code(err); c == codes.PermissionDenied || c == codes.Unauthenticated {
+			// Refused for its join token (or identity): an operator
+			// must act, but the agent keeps trying (a token may be
+			// created, or the region's ACLs fixed, while it waits). Said
+			// once per distinct answer, not every retry.
+			msg := status.Convert(err).Message()
+			if !refused[msg] {
+				refused[msg] = true
+				log.Error("registration refused: "+msg+"; "+joinTokenHint(req, msg)+"; retrying with backoff", "coordinator", coords.addr(idx))
+			} else {
+				log.Debug("registration refused again", "coordinator", coords.addr(idx), "err", err)
+			}
+			b.Wait()
+			continue
+		}
 		log.Warn("register failed", "coordinator", coords.addr(idx), "err", err)
 		if addr := coords.addr(idx); !explained[addr] {
 			if why := tlsMismatch(ctx, addr, err, &p); why != "" {
@@ -99,6 +119,20 @@ func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterN
 		b.Wait()
 	}
 	return nil, ctx.Err()
+}
+
+// joinTokenHint is what an operator is told when a region refused the
+// node's registration (answer: the region's message) for its join token.
+func joinTokenHint(req *apiaryv1.RegisterNodeRequest, answer string) string {
+	hint := "the join token sent is not valid for this node"
+	if req.GetJoinToken() == "" {
+		hint = "the agent sent no join token"
+	}
+	hint += "; give it a join token of its region as --join-token-file FILE or $APIARY_JOIN_TOKEN"
+	if !strings.Contains(answer, "apiary acl token create") {
+		hint += " (create one with `apiary acl token create --type agent --region R --node-id " + req.GetNodeId() + " --name NAME`)"
+	}
+	return hint
 }
 
 // heartbeatLoop renews the lease every heartbeat interval and passes each

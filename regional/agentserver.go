@@ -18,6 +18,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/aclstore"
 )
 
 // agentServer serves AgentService on every coordinator. Registration and
@@ -78,6 +79,15 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	if len(req.GetGpuModel()) > 128 {
 		return nil, status.Error(codes.InvalidArgument, "gpu_model: at most 128 bytes")
 	}
+	// With ACLs, the join token is checked before anything changes: a
+	// node refused here keeps its current epoch (if any).
+	var join *aclstore.Join
+	if c.cfg.ACL {
+		var err error
+		if join, err = c.checkJoin(ctx, req); err != nil {
+			return nil, err
+		}
+	}
 	ttl := int64(c.cfg.NodeLeaseTTL.Seconds() + 0.5)
 	cctx, cancel := etcdCtx(ctx)
 	defer cancel()
@@ -100,9 +110,15 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	}
 	var epoch int64
 	for i := 0; ; i++ {
-		resp, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(alive), "=", 0)).
-			Then(clientv3.OpPut(alive, req.GetNodeId(), clientv3.WithLease(lease.ID))).
-			Else(clientv3.OpGet(alive)).Commit()
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(alive), "=", 0)}
+		ops := []clientv3.Op{clientv3.OpPut(alive, req.GetNodeId(), clientv3.WithLease(lease.ID))}
+		if join != nil {
+			// The join token still as checked (and bound here): a
+			// revocation commits either before (this fails) or after
+			// (it sees the binding and ends this epoch).
+			cmps, ops = append(cmps, join.Cmps...), append(ops, join.Ops...)
+		}
+		resp, err := c.cli.Txn(cctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(alive)).Commit()
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "register: %v", err)
 		}
@@ -115,7 +131,16 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 		}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
 			_, _ = c.cli.Revoke(cctx, clientv3.LeaseID(kvs[0].Lease))
+		} else if join != nil {
+			// No epoch in the way: the join token changed. Check it again.
+			if join, err = c.checkJoin(ctx, req); err != nil {
+				_, _ = c.cli.Revoke(cctx, lease.ID)
+				return nil, err
+			}
 		}
+	}
+	if join != nil && join.Binds {
+		c.log.Info("join token bound to node", "node", req.GetNodeId(), "accessor", join.Accessor)
 	}
 	labels := req.GetLabels()
 	if j, ok := labels[placement.JurisdictionLabel]; ok && j != strings.ToLower(j) {
@@ -178,6 +203,17 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	c.refreshCapacity(ctx)
 	return &apiaryv1.RegisterNodeResponse{NodeEpoch: epoch, LeaseTtlMs: ttl * 1000,
 		HeartbeatIntervalMs: c.heartbeatInterval().Milliseconds(), Region: c.meta.Region, LanJoin: c.lanJoin()}, nil
+}
+
+// checkJoin is aclstore's CheckJoin of the request's join token, its
+// refusals logged and counted.
+func (c *Coordinator) checkJoin(ctx context.Context, req *apiaryv1.RegisterNodeRequest) (*aclstore.Join, error) {
+	j, err := c.acls.CheckJoin(ctx, req.GetJoinToken(), req.GetNodeId())
+	var d *aclstore.Denial
+	if errors.As(err, &d) {
+		return nil, c.aclDeny(ctx, apiaryv1.AgentService_RegisterNode_FullMethodName, d)
+	}
+	return j, err
 }
 
 // nodeLease checks that (node, epoch) is current and returns its lease.
@@ -248,6 +284,13 @@ func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, 
 			return nil
 		}
 		a.FencingToken = createRev
+		if err := c.withSecrets(ctx, &a); err != nil {
+			if errors.Is(err, errDispatchRetry) {
+				return status.Errorf(codes.Unavailable, "assignment %s/%d: %v; reconnect", a.GetJobId(), a.GetTaskIndex(), err)
+			}
+			c.failDispatch(req.GetNodeId(), &a, err)
+			return nil
+		}
 		span := c.dispatchSpan(&a)
 		err := stream.Send(&apiaryv1.StreamAssignmentsResponse{Assignment: &a})
 		if span != nil {

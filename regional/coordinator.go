@@ -34,6 +34,7 @@ import (
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/aclstore"
 	"apiary.dev/apiary/regional/nodehealth"
 	"apiary.dev/apiary/shards"
 )
@@ -123,6 +124,19 @@ type Config struct {
 	// of Region (New fails otherwise), and Etcd.TLS must be set too. Nil:
 	// plaintext and no authorization (`apiary region --insecure-dev`).
 	TLS *pki.Reloader
+	// ACL turns Apiary's ACL system on (`apiary region --acl`; Nomad's
+	// `acl { enabled = true }`): every API call but AgentService's (whose
+	// certificate is its identity) needs a token (gRPC metadata
+	// "x-apiary-token") whose policies grant what it does, per namespace
+	// for jobs; RegisterNode needs an agent join token of the region,
+	// bound to the node at its first registration; the region's own
+	// coordinators pass as management, a router without a token only for
+	// its bookkeeping calls. Tokens and policies live in etcd under
+	// /apiary/acl/ (regional/aclstore; ACLService manages them, starting
+	// with BootstrapACL). Off: tokens are ignored and ACLService answers
+	// FAILED_PRECONDITION. Works with or without TLS (without, tokens
+	// cross the network in plaintext). See acl.go and docs/security.md.
+	ACL bool
 	// GossipKey, when set, encrypts both serf pools, LAN and WAN, with a
 	// keyring (keyring.go; 16, 24 or 32 bytes, `apiary keygen`): every
 	// member of a pool needs a key of its keyring to join it or read its
@@ -267,9 +281,13 @@ type Coordinator struct {
 	specs   specCache
 
 	capState capacityState
-	wan      wanMember
-	lan      lanMember
-	beats    beatLog // last heartbeat per node (LAN fast reclaim's evidence)
+	// acls is the ACL store and cache (Config.ACL; set by the "acl" part)
+	// and aclDenials apiary_acl_denials_total{reason}.
+	acls       *aclstore.Store
+	aclDenials *prometheus.CounterVec
+	wan        wanMember
+	lan        lanMember
+	beats      beatLog // last heartbeat per node (LAN fast reclaim's evidence)
 	// born is when New ran: the failover grace counts from it.
 	born time.Time
 
@@ -296,6 +314,9 @@ func New(cfg Config) (*Coordinator, error) {
 		metrics:  telemetry.NewRegionMetrics(cfg.Registry),
 		capState: capacityState{extra: map[string]localJob{}},
 		done:     make(chan struct{})}
+	if cfg.ACL {
+		c.aclDenials = aclDenialCounter(cfg.Registry, c.log)
+	}
 	c.submits = newGroupCommit(2, 256, c.flushSubmits)
 	c.reports = newGroupCommit(2, 512, c.flushReports)
 	return c, nil
@@ -325,6 +346,8 @@ func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
 //   - etcd: the embedded member, its client and the region meta; a member
 //     that stops serving (error, removed, hard stop) fails the process.
 //   - metrics: /metrics and /debug/pprof/ over HTTP (with MetricsAddr).
+//   - acl: the ACL store's cache of /apiary/acl/ (with Config.ACL): loaded
+//     before the API serves, then kept by a watch (acl.go).
 //   - group-commit: the submission and report batch workers; they stop
 //     after the API that feeds them, flushing what is queued.
 //   - api: the gRPC listener and server; a Serve error fails the process.
@@ -358,6 +381,9 @@ func (c *Coordinator) Parts() []lifecycle.Part {
 	)
 	if c.cfg.MetricsAddr != "" {
 		parts = append(parts, lifecycle.Idle("metrics", c.startMetrics, c.stopMetrics))
+	}
+	if c.cfg.ACL {
+		parts = append(parts, lifecycle.New("acl", services.NewBasicService(c.startACL, c.runACL, nil)))
 	}
 	parts = append(parts,
 		lifecycle.New("group-commit", services.NewBasicService(nil, c.runGroupCommit, nil)),
@@ -401,7 +427,7 @@ func (c *Coordinator) logStarted() {
 	if c.cfg.TLS != nil {
 		tlsID = c.cfg.TLS.Identity().String()
 	}
-	c.log.Info("coordinator started", "api", c.Addr(), "etcd_client", c.cfg.Etcd.ClientURL, "shards", c.meta.ShardCount, "tls", tlsID)
+	c.log.Info("coordinator started", "api", c.Addr(), "etcd_client", c.cfg.Etcd.ClientURL, "shards", c.meta.ShardCount, "tls", tlsID, "acl", c.cfg.ACL)
 }
 
 // Ready is a last part for Parts' list: it logs "coordinator started" and
@@ -522,6 +548,10 @@ func (c *Coordinator) listenAPI(context.Context) error {
 		sopts = append(sopts, pki.ServerCredentials(c.cfg.TLS),
 			grpc.ChainUnaryInterceptor(pol.UnaryInterceptor()), grpc.ChainStreamInterceptor(pol.StreamInterceptor()))
 	}
+	if unary, stream := c.aclInterceptors(); unary != nil {
+		// ACLs after the gate: the caller's token, per call (acl.go).
+		sopts = append(sopts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
+	}
 	if h := telemetry.GRPCServerHandler(c.cfg.TracerProvider); h != nil {
 		sopts = append(sopts, grpc.StatsHandler(h))
 	}
@@ -531,6 +561,7 @@ func (c *Coordinator) listenAPI(context.Context) error {
 	apiaryv1.RegisterJobServiceServer(c.grpc, &jobServer{c: c})
 	apiaryv1.RegisterAgentServiceServer(c.grpc, &agentServer{c: c})
 	apiaryv1.RegisterAdminServiceServer(c.grpc, &adminServer{c: c})
+	apiaryv1.RegisterACLServiceServer(c.grpc, c.aclServer())
 	return nil
 }
 

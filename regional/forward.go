@@ -80,6 +80,9 @@ func (c *Coordinator) dedupAnswer(d dedupRecord, clientID, requestID, hash strin
 		what := "job " + d.JobID
 		if d.JobID == "" {
 			what = "a job forwarded to region " + d.Forward
+		} else if c.cfg.ACL {
+			// That job may be of a namespace the caller may not read.
+			what = "another job"
 		}
 		return submitResult{err: status.Errorf(codes.AlreadyExists,
 			"request_id: %q of client %q was already used for %s with a different payload", requestID, clientID, what)}

@@ -14,7 +14,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
@@ -110,7 +112,8 @@ func resultIndex(key string) int32 {
 // toProto renders a job; tasks and results are included per flags.
 // defaultPolicy is the region's policy for a spec without scheduler.
 func (v *jobView) toProto(withTasks, withTails bool, defaultPolicy placement.Policy) *apiaryv1.Job {
-	j := &apiaryv1.Job{Id: v.rec.ID, Region: v.rec.Region, Spec: v.rec.Spec, SubmitTimeMs: v.rec.SubmitMs,
+	// Secret values never leave the region in an answer (secrets.go).
+	j := &apiaryv1.Job{Id: v.rec.ID, Region: v.rec.Region, Spec: jobspec.Redact(v.rec.Spec), SubmitTimeMs: v.rec.SubmitMs,
 		CancelRequested: v.rec.CancelRequested, ClientId: v.rec.ClientID, RequestId: v.rec.RequestID,
 		Shard: int32(v.rec.Shard), Counts: &apiaryv1.TaskCounts{},
 		Scheduler: cmp.Or(v.rec.Spec.GetScheduler(), string(defaultPolicy))}
@@ -158,6 +161,9 @@ func (s *jobServer) GetJob(ctx context.Context, req *apiaryv1.GetJobRequest) (*a
 	if err != nil {
 		return nil, err
 	}
+	if err := s.c.aclCheck(ctx, apiaryv1.JobService_GetJob_FullMethodName, v.rec.Spec.GetNamespace(), acl.CapRead); err != nil {
+		return nil, err
+	}
 	j := v.toProto(true, false, s.c.cfg.SchedulerPolicy)
 	s.c.explainNoNodes(j)
 	return &apiaryv1.GetJobResponse{Job: j}, nil
@@ -187,6 +193,9 @@ func (s *jobServer) GetJobLogs(ctx context.Context, req *apiaryv1.GetJobLogsRequ
 	if err != nil {
 		return nil, err
 	}
+	if err := s.c.aclCheck(ctx, apiaryv1.JobService_GetJobLogs_FullMethodName, v.rec.Spec.GetNamespace(), acl.CapRead); err != nil {
+		return nil, err
+	}
 	if req.GetTaskIndex() < -1 || (req.GetTaskIndex() >= 0 && int(req.GetTaskIndex()) >= len(v.tasks)) {
 		return nil, status.Errorf(codes.InvalidArgument, "task_index: must be -1 or 0..%d", len(v.tasks)-1)
 	}
@@ -212,6 +221,30 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 	if _, ok := apiaryv1.JobState_name[int32(req.GetState())]; !ok {
 		return nil, status.Errorf(codes.InvalidArgument, "state: unknown job state %d", req.GetState())
 	}
+	ns := req.GetNamespace()
+	if ns != "" {
+		if err := acl.ValidateNamespace(ns); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		if err := s.c.aclCheck(ctx, apiaryv1.JobService_ListJobs_FullMethodName, ns, acl.CapRead); err != nil {
+			return nil, err
+		}
+	}
+	// Without a namespace: every namespace the caller may read (a token
+	// that may read none gets an empty list).
+	readable := map[string]bool{}
+	mayRead := func(jobNS string) bool {
+		jobNS = acl.OrDefault(jobNS)
+		if ns != "" {
+			return jobNS == ns
+		}
+		ok, seen := readable[jobNS]
+		if !seen {
+			ok = s.c.aclAllowed(ctx, jobNS, acl.CapRead)
+			readable[jobNS] = ok
+		}
+		return ok
+	}
 	cctx, cancel := etcdCtx(ctx)
 	defer cancel()
 	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(prefJobs, clientv3.WithPrefix()),
@@ -222,7 +255,7 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 	views := map[string]*jobView{}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		v := &jobView{}
-		if json.Unmarshal(kv.Value, &v.rec) == nil {
+		if json.Unmarshal(kv.Value, &v.rec) == nil && mayRead(v.rec.Spec.GetNamespace()) {
 			views[v.rec.ID] = v
 		}
 	}
@@ -257,6 +290,9 @@ func (s *jobServer) CancelJob(ctx context.Context, req *apiaryv1.CancelJobReques
 	for attempt := 0; attempt < 10; attempt++ {
 		v, err := s.c.readJob(ctx, req.GetJobId(), false)
 		if err != nil {
+			return nil, err
+		}
+		if err := s.c.aclCheck(ctx, apiaryv1.JobService_CancelJob_FullMethodName, v.rec.Spec.GetNamespace(), acl.CapCancel); err != nil {
 			return nil, err
 		}
 		j := v.toProto(false, false, s.c.cfg.SchedulerPolicy)
@@ -294,6 +330,12 @@ func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobS
 		v, err := s.c.readJob(ctx, req.GetJobId(), true)
 		if err != nil {
 			return false, err
+		}
+		if last == nil {
+			// A job's namespace never changes: checked before the first send.
+			if err := s.c.aclCheck(ctx, apiaryv1.JobService_WatchJob_FullMethodName, v.rec.Spec.GetNamespace(), acl.CapRead); err != nil {
+				return false, err
+			}
 		}
 		rev = v.rev
 		j := v.toProto(true, false, s.c.cfg.SchedulerPolicy)

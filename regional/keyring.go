@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 
 	"github.com/hashicorp/serf/serf"
 	"google.golang.org/grpc/codes"
@@ -34,6 +35,13 @@ import (
 // missed a step (down at the time) comes back with its old keyring file
 // and, once the old key is removed, cannot rejoin until it is given the
 // new key (its keyring file removed and --gossip-key set to the new key).
+//
+// The LAN keyring also seals the jobs' secret_env (secrets.go): the
+// primary key seals, any installed key opens. So a removal from the LAN
+// pool first re-seals, under the primary key, every stored value sealed
+// under the key going away, and is refused (FAILED_PRECONDITION, nothing
+// removed from any pool) while some job still depends on it. install and
+// use need no re-sealing.
 
 // DefaultGossipKeyringFile is the LAN member's keyring file under the
 // coordinator's data dir when Config.GossipKeyringFile is empty.
@@ -129,6 +137,14 @@ func (s *adminServer) GossipKeyring(ctx context.Context, req *apiaryv1.GossipKey
 	pools, err := c.keyringPools(req.GetPool())
 	if err != nil {
 		return nil, err
+	}
+	if req.GetOp() == apiaryv1.GossipKeyringOp_GOSSIP_KEYRING_OP_REMOVE && slices.ContainsFunc(pools, func(p keyringPool) bool { return p.name == poolLAN }) {
+		// The LAN key also seals secret_env: no stored secret may depend
+		// on it once it is gone (secrets.go). Refused, nothing is removed
+		// from any pool.
+		if _, err := c.resealSecrets(ctx, key); err != nil {
+			return nil, err
+		}
 	}
 	out := &apiaryv1.GossipKeyringResponse{}
 	for _, p := range pools {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/serf/serf"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -68,6 +69,10 @@ type lanMember struct {
 	drained chan struct{}        // closed when the event loop has ended
 	failed  map[string]time.Time // node id -> its agent's last failure seen (mass-failure guard)
 	wg      sync.WaitGroup
+	// keyring is the member's gossip keyring (nil: plain gossip), set at
+	// start and kept after a stop: serf changes it in place on every
+	// keyring operation. It seals secret_env values (secrets.go).
+	keyring *memberlist.Keyring
 
 	metricsOnce sync.Once
 	metrics     *telemetry.LANMetrics
@@ -103,6 +108,7 @@ func (c *Coordinator) startLAN(context.Context) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.lan.mu.Lock()
 	c.lan.serf, c.lan.addr = s, lan.Addr(s.LocalMember())
+	c.lan.keyring = sc.MemberlistConfig.Keyring
 	c.lan.ctx, c.lan.cancel = ctx, cancel
 	c.lan.drained = make(chan struct{})
 	c.lan.mu.Unlock()

@@ -2,7 +2,9 @@ package regional
 
 import (
 	"context"
+	"maps"
 	"slices"
+	"strconv"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -223,8 +225,18 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 		}
 		g := c.group(&ct.rec)
 		j := c.jobs[ct.rec.JobID]
+		env := g.GetEnv()
+		if len(g.GetSecretEnv()) > 0 {
+			// No secret in etcd: the streaming coordinator opens them
+			// (secrets.go, withSecrets).
+			env = maps.Clone(env)
+			if env == nil {
+				env = map[string]string{}
+			}
+			env[secretEnvMarker] = strconv.Itoa(int(ct.rec.Group))
+		}
 		a := &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_RUN, JobId: ct.rec.JobID, TaskIndex: ct.rec.Index,
-			Attempt: rec.Attempt, NodeEpoch: n.alive, Command: g.GetCommand(), Args: g.GetArgs(), Env: g.GetEnv(),
+			Attempt: rec.Attempt, NodeEpoch: n.alive, Command: g.GetCommand(), Args: g.GetArgs(), Env: env,
 			Resources: g.GetResources(), TimeoutMs: g.GetTimeoutMs(), Region: s.d.region, Traceparent: j.rec.Traceparent,
 			GpuIndices: rec.GPUDevices, LostAfterMs: j.rec.Spec.GetDisconnect().GetLostAfterMs()}
 		b, err := proto.Marshal(a)

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/metadata"
+
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/pki"
@@ -25,6 +27,7 @@ import (
 type shippedSpan struct {
 	TraceID    string         `json:"trace_id"`
 	SpanID     string         `json:"span_id"`
+	ParentID   string         `json:"parent_span_id,omitempty"`
 	Name       string         `json:"name"`
 	Start      time.Time      `json:"start"`
 	End        time.Time      `json:"end"`
@@ -165,5 +168,86 @@ func TestExportSpansRefusesOtherNodesJobs(t *testing.T) {
 	if len(warns) != 1 || !strings.Contains(warns[0], "level=WARN") || !strings.Contains(warns[0], "node="+other) ||
 		!strings.Contains(warns[0], id) || !strings.Contains(warns[0], "refused=3") {
 		t.Errorf("coordinator log: want one WARN for the call naming node=%s, job %s and refused=3; got %q", other, id, warns)
+	}
+}
+
+// TestJobTraceHoldsOnlyItsJob: SubmitJobRequest.traceparent is the
+// client's to set, so a second job (the intruder) can be submitted into
+// the trace of another (the victim), gRPC metadata included. Both run on a
+// real region; GetJobTrace of each returns only that job's spans (its
+// apiary.job.id) and its own SubmitJob server span (the parent of its
+// job.accept), none of the other's, though all share one trace id.
+func TestJobTraceHoldsOnlyItsJob(t *testing.T) {
+	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents()})
+	c := dial(t, r)
+	if err := r.WaitNodes(t.Context(), 2); err != nil {
+		t.Fatal(err)
+	}
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	tp := "00-" + traceID + "-00f067aa0ba902b7-01" // the victim's client span
+	submitInto := func(name string) string {
+		t.Helper()
+		// As `apiary job run` with tracing on: the traceparent in the
+		// request and in the gRPC metadata (otelgrpc's server span joins it).
+		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(), "traceparent", tp), 10*time.Second)
+		defer cancel()
+		resp, err := c.jobs.SubmitJob(ctx, &apiaryv1.SubmitJobRequest{Traceparent: tp, ClientId: "test", RequestId: name,
+			Spec: spec(t, "name: "+name+"\nmax_attempts: 1\ntasks:\n  - name: t\n    command: \"true\"\n")})
+		if err != nil {
+			t.Fatalf("submit %s: %v", name, err)
+		}
+		return resp.GetJobId()
+	}
+	victim, intruder := submitInto("victim"), submitInto("intruder")
+	jobs := map[string]string{victim: "victim", intruder: "intruder"}
+	for id := range jobs {
+		waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
+	}
+	// Every span of both jobs is buffered (the agents' task.run spans come
+	// about a second after the run) before either trace is judged, so the
+	// intruder's spans are there to be wrongly returned.
+	traces := map[string][]shippedSpan{}
+	for id, who := range jobs {
+		testutil.Eventually(t, 20*time.Second, "the "+who+"'s task.run span", func() error {
+			traces[id] = jobTraceSpans(t, c, id)
+			for _, s := range traces[id] {
+				if s.Name == telemetry.SpanRun {
+					return nil
+				}
+			}
+			return fmt.Errorf("no %s span among %d", telemetry.SpanRun, len(traces[id]))
+		})
+	}
+	for id, who := range jobs {
+		var accept shippedSpan
+		var anon []shippedSpan
+		names := map[string]int{}
+		for _, s := range traces[id] {
+			names[s.Name]++
+			if s.TraceID != traceID {
+				t.Errorf("%s's trace: span %s in trace %s, want %s", who, s.Name, s.TraceID, traceID)
+			}
+			switch j, _ := s.Attributes[string(telemetry.AttrJobID)].(string); j {
+			case id:
+				if s.Name == telemetry.SpanAccept {
+					accept = s
+				}
+			case "":
+				anon = append(anon, s)
+			default:
+				t.Errorf("%s's trace holds span %s of job %s (%s)", who, s.Name, j, jobs[j])
+			}
+		}
+		for _, want := range []string{telemetry.SpanAccept, telemetry.SpanPlace, telemetry.SpanDispatch, telemetry.SpanRun, telemetry.SpanComplete} {
+			if names[want] != 1 {
+				t.Errorf("%s's trace: %d %s spans, want 1; spans %v", who, names[want], want, names)
+			}
+		}
+		// The one span without the job attribute: the server span of its
+		// own SubmitJob, not the other job's.
+		if len(anon) != 1 || anon[0].Name != "apiary.v1.JobService/SubmitJob" || accept.ParentID == "" || anon[0].SpanID != accept.ParentID {
+			t.Errorf("%s's trace: spans without %s %+v, want only the SubmitJob span %s that is its job.accept's parent",
+				who, telemetry.AttrJobID, anon, accept.ParentID)
+		}
 	}
 }

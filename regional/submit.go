@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/sovereignty"
@@ -27,6 +28,9 @@ type submitItem struct {
 	job   jobRecord
 	tasks []taskstate.Task
 	done  chan submitResult
+	// plain is the spec before its secret_env was sealed (job.Spec holds
+	// the sealed values): a repeat's values are compared with it.
+	plain *apiaryv1.JobSpec
 }
 
 type submitResult struct {
@@ -49,6 +53,18 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	if err != nil {
 		return nil, err
 	}
+	// Before the dedup lookup: a repeat must not tell a token about a job
+	// of a namespace it may not submit to.
+	if err := c.aclCheck(ctx, apiaryv1.JobService_SubmitJob_FullMethodName, spec.GetNamespace(), acl.CapSubmit); err != nil {
+		return nil, err
+	}
+	secrets := jobspec.HasSecrets(spec)
+	var keys sealKeys
+	if secrets {
+		if keys, err = c.submitKeys(); err != nil {
+			return nil, err
+		}
+	}
 	if req.GetRequestId() != "" || req.GetClientId() != "" {
 		if !idRE.MatchString(req.GetClientId()) {
 			return nil, status.Errorf(codes.InvalidArgument, "client_id: must match %s when request_id is set", idRE)
@@ -61,8 +77,14 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 		// A repeat is answered from its dedup key before any admission
 		// check: the job it made, or where its home region forwarded it.
 		prior, err := c.lookupRequest(ctx, req.GetClientId(), req.GetRequestId(), jobspec.PayloadHash(spec))
-		if err != nil || prior != nil {
-			return prior, err
+		if err == nil && prior != nil && secrets {
+			err = c.checkRepeatSecrets(ctx, prior.GetJobId(), req.GetClientId(), req.GetRequestId(), spec)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if prior != nil {
+			return prior, nil
 		}
 	}
 	where, err := c.resolveWhere(spec)
@@ -86,13 +108,20 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	if rec.RequestID != "" {
 		rec.PayloadHash = jobspec.PayloadHash(spec)
 	}
+	if secrets {
+		// Sealed before the record exists anywhere but here: etcd, the
+		// caches and every later reader see only sealed values.
+		if rec.Spec, err = sealSpec(spec, id, keys.primary); err != nil {
+			return nil, status.Errorf(codes.Internal, "secret_env: seal: %v", err)
+		}
+	}
 	tasks := make([]taskstate.Task, 0, rec.TaskCount)
 	for g, grp := range spec.GetTasks() {
 		for i := int32(0); i < grp.GetCount(); i++ {
 			tasks = append(tasks, taskstate.Task{JobID: id, Index: int32(len(tasks)), Group: int32(g), State: apiaryv1.TaskState_TASK_STATE_PENDING})
 		}
 	}
-	it := &submitItem{job: *rec, tasks: tasks, done: make(chan submitResult, 1)}
+	it := &submitItem{job: *rec, tasks: tasks, done: make(chan submitResult, 1), plain: spec}
 	if err := c.submits.submit(ctx, it); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -246,7 +275,13 @@ func (c *Coordinator) submitOne(it *submitItem) submitResult {
 	if it.dedupKey() == "" || len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &d) != nil {
 		return submitResult{err: status.Error(codes.Internal, "dedup record unreadable")}
 	}
-	return c.dedupAnswer(d, it.job.ClientID, it.job.RequestID, it.job.PayloadHash)
+	r := c.dedupAnswer(d, it.job.ClientID, it.job.RequestID, it.job.PayloadHash)
+	if r.err == nil && r.jobID != "" && jobspec.HasSecrets(it.plain) {
+		ctx, cancel := context.WithTimeout(context.Background(), commitAttempts*commitAttemptTimeout)
+		defer cancel()
+		r.err = c.checkRepeatSecrets(ctx, r.jobID, it.job.ClientID, it.job.RequestID, it.plain)
+	}
+	return r
 }
 
 // guards are the compares that make a submission's Txn safe to repeat: the

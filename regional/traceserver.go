@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/regional/taskstate"
@@ -39,8 +40,15 @@ const peerTraceTimeout = 3 * time.Second
 // gets an empty answer.
 func (s *jobServer) GetJobTrace(ctx context.Context, req *apiaryv1.GetJobTraceRequest) (*apiaryv1.GetJobTraceResponse, error) {
 	c := s.c
-	if _, err := c.checkJobID(req.GetJobId()); err != nil {
+	shard, err := c.checkJobID(req.GetJobId())
+	if err != nil {
 		return nil, err
+	}
+	if !c.aclManagement(ctx) {
+		// With ACLs, read needs the job's namespace: its record.
+		if err := c.checkJobRead(ctx, apiaryv1.JobService_GetJobTrace_FullMethodName, shard, req.GetJobId()); err != nil {
+			return nil, err
+		}
 	}
 	out := &apiaryv1.GetJobTraceResponse{}
 	if st := telemetry.StoreOf(c.cfg.TracerProvider); st != nil {
@@ -85,9 +93,31 @@ func (s *jobServer) GetJobTrace(ctx context.Context, req *apiaryv1.GetJobTraceRe
 	return out, nil
 }
 
+// checkJobRead is aclCheck of capability read on job id's namespace,
+// read from its record: NOT_FOUND without one.
+func (c *Coordinator) checkJobRead(ctx context.Context, method string, shard int, id string) error {
+	cctx, cancel := etcdCtx(ctx)
+	defer cancel()
+	resp, err := c.cli.Get(cctx, keyJob(shard, id))
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "read job: %v", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return status.Errorf(codes.NotFound, "job %s not found", id)
+	}
+	var rec jobRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return status.Errorf(codes.Internal, "decode job: %v", err)
+	}
+	return c.aclCheck(ctx, method, rec.Spec.GetNamespace(), acl.CapRead)
+}
+
 // askPeerTrace asks the coordinator at addr for its own spans of jobID,
-// dialing with creds (Coordinator.peerDialOption).
+// dialing with creds (Coordinator.peerDialOption). The caller's ACL token
+// goes along: a peer admits a region certificate as management, but
+// without TLS the token is all it has.
 func askPeerTrace(ctx context.Context, creds grpc.DialOption, addr, jobID string) (*apiaryv1.GetJobTraceResponse, error) {
+	ctx = acl.ForwardToken(ctx, ctx)
 	cc, err := grpc.NewClient(addr, creds)
 	if err != nil {
 		return nil, err

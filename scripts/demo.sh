@@ -5,7 +5,8 @@
 # pool), run the examples through the global router, replay the first 300
 # pods of the Alibaba GPU trace as real `sleep` jobs, print a summary, stop.
 # make demo-tls (DEMO_TLS=1) runs the same with `apiary dev --tls`: mutual TLS
-# on every process and etcd, the CLI with the client certificate.
+# on every process and etcd, the CLI with the client certificate; ACLs on in
+# every region, the CLI with the management token apiary dev bootstrapped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin/apiary}
@@ -51,6 +52,23 @@ if [ "${DEMO_TLS:-0}" = 1 ]; then
   set -e
   echo "   $out"
   if [ "$code" != 3 ]; then echo "   -> exit $code, expected 3"; exit 1; fi
+  # ACLs: the management token apiary dev bootstrapped (its ready file names
+  # the file that holds it).
+  token_file=$(sed -n 's/.*"acl_token_file": "\([^"]*\)".*/\1/p' "$ready")
+  [ -s "$token_file" ] || { echo "apiary dev --tls wrote no management token (acl_token_file in $ready)"; exit 1; }
+  echo
+  echo "== ACLs: with the certificate but without a token the regions refuse the CLI (through the router)"
+  set +e
+  out=$(env -u APIARY_TOKEN "$BIN" job list 2>&1)
+  code=$?
+  set -e
+  echo "$out" | sed 's/^/   /'
+  if [ "$code" != 2 ] || ! echo "$out" | grep -q "APIARY_TOKEN"; then echo "   -> exit $code, expected 2 with the APIARY_TOKEN hint"; exit 1; fi
+  APIARY_TOKEN=$(cat "$token_file")
+  export APIARY_TOKEN
+  echo
+  echo "== ACLs: the management token (apiary acl token self)"
+  "$BIN" acl token self
 fi
 echo
 echo "== regions, as the global router at $global sees them (serf WAN pool)"

@@ -42,6 +42,7 @@ func newAgentCmd() *cobra.Command {
 		cgroups                        string
 		reservedCPU                    int64
 		faultFile                      string
+		joinTokenFile                  string
 		tel                            telemetryFlags
 		tlsf                           serverTLSFlags
 		gossipf                        gossipFlags
@@ -63,6 +64,12 @@ detected unless given. While no coordinator answers, running tasks go on for
 drains it: no new tasks, running ones stopped after --drain-deadline (default
 at once) and handed back to run elsewhere without using up their
 max_attempts, then the node's lease is released.
+
+A region that runs with ACLs (--acl) takes a node only with an agent join
+token of that region (apiary acl token create --type agent --region R
+[--node-id ID]): give its secret as --join-token-file or $` + EnvJoinToken + `.
+A registration refused for its token is logged once, at ERROR, with what to
+do, and retried with backoff.
 
 With --tls-ca, --tls-cert and --tls-key (an agent certificate: apiary tls
 cert create --role agent --region R --id NODE), the agent reaches its
@@ -127,6 +134,13 @@ so.`,
 			if err != nil {
 				return err
 			}
+			joinToken, err := resolveJoinToken(joinTokenFile)
+			if err != nil {
+				return err
+			}
+			if joinToken != "" && tlsR == nil {
+				logger.Warn("the join token goes to the coordinators in plaintext (--insecure-dev): anyone on the way can read it and register a node with it")
+			}
 			dialOpts := []grpc.DialOption{creds}
 			if faultFile != "" {
 				hook, err := faulthook.New(faultFile, 0)
@@ -161,6 +175,7 @@ so.`,
 				Logger:           logger,
 				LANAddr:          lanAddr,
 				DialOptions:      dialOpts,
+				JoinToken:        joinToken,
 
 				// Gossip encryption of the LAN member (keyring.go).
 				GossipKey:         gossipKey,
@@ -209,12 +224,46 @@ so.`,
 	f.StringVar(&lanAddr, "lan-addr", "", `host:port (UDP and TCP) of this agent's member of the region's serf LAN pool, joined through the addresses the coordinator returns at registration; a crash is then seen in about 1 s instead of a lease TTL (default: the local address of the route to the first --addr, port 0; "off": no member, the lease alone)`)
 	f.DurationVar(&disconnectGrace, "disconnect-grace", agent.DefaultDisconnectGrace, "keep attempts running this long while no coordinator answers (jobs' disconnect.lost_after overrides it), then kill them")
 	f.DurationVar(&drainDeadline, "drain-deadline", 0, "on SIGTERM/SIGINT: let running attempts finish this long, then stop the rest and hand them back (DRAINED, not charged) and release the lease (0: at once)")
+	f.StringVar(&joinTokenFile, "join-token-file", "", "file holding the secret of this node's join token (apiary acl token create --type agent --region R), sent with every registration; needed by a region that runs with --acl (default $"+EnvJoinToken+", which the agent removes from its environment so that tasks never see it)")
 	f.StringVar(&faultFile, "fault-file", "", "fault tests only (internal/faulthook): while this file exists, every gRPC call to the coordinators fails with UNAVAILABLE and open streams are cut, as in a network partition (the serf LAN member is not cut); `apiary loadtest failover --scenario partition-agent` creates and removes it")
 	_ = f.MarkHidden("fault-file")
 	tel.add(cmd)
 	tlsf.add(cmd)
 	gossipf.add(cmd, "where serf keeps the LAN member's gossip keyring, rewritten by every `apiary keyring` change so that it survives restarts; loaded instead of --gossip-key when it exists (default <data-dir>/gossip.keyring)")
 	return cmd
+}
+
+// EnvJoinToken is --join-token-file's fallback: the join token's secret
+// itself. `apiary agent` removes it from its environment before anything
+// starts, so that no task inherits it (as it does $APIARY_GOSSIP_KEY).
+const EnvJoinToken = "APIARY_JOIN_TOKEN"
+
+// resolveJoinToken returns the join token of --join-token-file (the file's
+// content, surrounding white space trimmed), else of $APIARY_JOIN_TOKEN,
+// else "". It removes $APIARY_JOIN_TOKEN from the environment in every
+// case. An unreadable or empty file, or an empty variable, exits 2.
+func resolveJoinToken(file string) (string, error) {
+	env, inEnv := os.LookupEnv(EnvJoinToken)
+	_ = os.Unsetenv(EnvJoinToken)
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", withCode(exitInvalid, fmt.Errorf("--join-token-file: %w", err))
+		}
+		tok := strings.TrimSpace(string(b))
+		if tok == "" {
+			return "", withCode(exitInvalid, fmt.Errorf("--join-token-file %s: empty (it must hold the join token's secret)", file))
+		}
+		return tok, nil
+	}
+	if inEnv {
+		tok := strings.TrimSpace(env)
+		if tok == "" {
+			return "", withCode(exitInvalid, fmt.Errorf("$%s: empty (set it to the join token's secret, or unset it)", EnvJoinToken))
+		}
+		return tok, nil
+	}
+	return "", nil
 }
 
 // agentLogger returns a slog logger on stderr in the given format.

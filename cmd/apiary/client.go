@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/pki"
 )
@@ -108,6 +109,9 @@ type clientOpts struct {
 	// tls are --tls-ca, --tls-cert and --tls-key ($APIARY_CACERT,
 	// $APIARY_CLIENT_CERT, $APIARY_CLIENT_KEY when not given).
 	tls cliconn.TLSFiles
+	// token is --token ($APIARY_TOKEN when not given): the ACL token's
+	// secret sent with every call.
+	token string
 }
 
 func (o *clientOpts) addFlags(cmd *cobra.Command) {
@@ -118,6 +122,7 @@ func (o *clientOpts) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.tls.CA, "tls-ca", "", "CA bundle to verify the server with (mutual TLS; default $"+cliconn.EnvCACert+"; none of the three: plaintext)")
 	f.StringVar(&o.tls.Cert, "tls-cert", "", "client certificate (apiary tls cert create --role client; default $"+cliconn.EnvClientCert+")")
 	f.StringVar(&o.tls.Key, "tls-key", "", "client certificate's key (default $"+cliconn.EnvClientKey+")")
+	f.StringVar(&o.token, "token", "", "ACL token secret sent with every call (default $"+acl.EnvToken+"; never sent in plaintext to an address that is not loopback)")
 }
 
 // dial dials addr (one host:port or a comma-separated list) with the
@@ -125,8 +130,10 @@ func (o *clientOpts) addFlags(cmd *cobra.Command) {
 // (pki.RegionServerName(region) when the command knows it dials a region's
 // coordinators; "": the address's host, as the CLI does not know whether
 // --addr is a router or a coordinator, nor of which region), or plaintext
-// without them. Errors (malformed address, TLS files missing or
-// unreadable) exit 2.
+// without them; every call carries the ACL token of --token or
+// $APIARY_TOKEN, if any (cliconn.WithToken). Errors (malformed address, TLS
+// files missing or unreadable, a token to send in plaintext to an address
+// that is not loopback) exit 2.
 func (o *clientOpts) dial(addr, serverName string) (*grpc.ClientConn, error) {
 	files, err := cliconn.ResolveTLS(o.tls)
 	if err != nil {
@@ -139,7 +146,13 @@ func (o *clientOpts) dial(addr, serverName string) (*grpc.ClientConn, error) {
 				err, cliconn.EnvCACert, cliconn.EnvClientCert, cliconn.EnvClientKey))
 		}
 	}
-	cc, err := cliconn.DialTLS(addr, r, serverName)
+	token := cliconn.ResolveToken(o.token)
+	if addrs, err := cliconn.SplitAddrs(addr); err == nil {
+		if err := cliconn.CheckTokenTransport(addrs, token, r != nil); err != nil {
+			return nil, withCode(exitInvalid, err)
+		}
+	}
+	cc, err := cliconn.DialTLS(addr, r, serverName, cliconn.WithToken(token))
 	if err != nil {
 		return nil, withCode(exitInvalid, fmt.Errorf("bad API address %q: %w", addr, err))
 	}
@@ -265,8 +278,13 @@ func rpcError(err error, addr, what string) error {
 		return withCode(exitInvalid, fmt.Errorf("refused: %s", withViolations(msg, st)))
 	case codes.OutOfRange:
 		return withCode(exitInvalid, fmt.Errorf("out of range: %s", msg))
-	case codes.PermissionDenied, codes.Unauthenticated:
-		return withCode(exitInvalid, fmt.Errorf("not allowed: %s", msg))
+	case codes.Unauthenticated:
+		if strings.HasPrefix(msg, cliconn.TokenRefusedPrefix) {
+			return withCode(exitInvalid, errors.New(msg)) // this CLI's own refusal: nothing was sent
+		}
+		return withCode(exitInvalid, fmt.Errorf("not allowed: %s\nhint: %s", msg, cliconn.TokenHint))
+	case codes.PermissionDenied:
+		return withCode(exitInvalid, fmt.Errorf("not allowed: %s\nhint: %s", msg, permissionHint))
 	case codes.Canceled:
 		return withCode(exitInterrupted, errors.New("interrupted"))
 	case codes.Unimplemented:
@@ -289,6 +307,11 @@ func rpcError(err error, addr, what string) error {
 	}
 	return withCode(exitUnavailable, fmt.Errorf("server error at %s (%s): %s", addr, st.Code(), msg))
 }
+
+// permissionHint follows a PERMISSION_DENIED answer: the token (or the
+// certificate) is known but may not do this.
+const permissionHint = "with ACLs on, the token in --token or $" + acl.EnvToken + " may not do this: ask an operator for a policy that grants it " +
+	"(`apiary acl policy apply`, then a token with it: `apiary acl token create --policy P`), or use another token"
 
 // withViolations appends BadRequest / PreconditionFailure details that the
 // message does not already say.

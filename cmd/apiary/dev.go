@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"apiary.dev/apiary/agent"
+	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/sovereignty"
@@ -36,6 +37,9 @@ type devReady struct {
 	AgentMemoryMB  int64 `json:"agent_memory_mb"`
 	// TLS is the client certificate's files with --tls (absent without).
 	TLS *devReadyTLS `json:"tls,omitempty"`
+	// ACLTokenFile holds the management token's secret with --tls, which
+	// runs the regions with ACLs (absent without).
+	ACLTokenFile string `json:"acl_token_file,omitempty"`
 }
 
 // devReadyTLS names the files a client passes as --tls-ca, --tls-cert and
@@ -80,12 +84,17 @@ at the router's address (printed, and global_addr in --ready-file). Ctrl-C or
 SIGTERM stops everything.
 
 Without --tls every process runs with --insecure-dev (plaintext: anything on
-this machine can call them). With --tls, a CA and a certificate per process
-are made under --data-dir/tls, the serf pools are encrypted with a fresh
-gossip key, every process runs with mutual TLS (etcd
+this machine can call them) and without ACLs. With --tls, a CA and a
+certificate per process are made under --data-dir/tls, the serf pools are
+encrypted with a fresh gossip key, every process runs with mutual TLS (etcd
 included), and the client certificate's files are printed as export lines
 for APIARY_CACERT, APIARY_CLIENT_CERT and APIARY_CLIENT_KEY (and written to
-"tls" in --ready-file).`,
+"tls" in --ready-file). --tls also turns ACLs on: the regions run with --acl,
+the ACL system is bootstrapped through the router, every agent joins with a
+join token of its own (bound to its node id), and the management token is
+printed as an export line for APIARY_TOKEN and written to
+--data-dir/acl/management.token (mode 0600; "acl_token_file" in
+--ready-file).`,
 		Example: `  apiary dev --ready-file /tmp/apiary.json
   apiary dev --tls --data-dir /tmp/apiary-dev
   apiary dev --regions eu-west:eu --agents-per-region 4 --coordinators-per-region 3`,
@@ -155,7 +164,7 @@ for APIARY_CACERT, APIARY_CLIENT_CERT and APIARY_CLIENT_KEY (and written to
 			} else if policyPath, err = filepath.Abs(policyPath); err != nil {
 				return err
 			}
-			opts := devcluster.Options{Binary: bin, Dir: dataDir, Global: &devcluster.GlobalSpec{PolicyFile: policyPath}, TLS: tlsOn}
+			opts := devcluster.Options{Binary: bin, Dir: dataDir, Global: &devcluster.GlobalSpec{PolicyFile: policyPath}, TLS: tlsOn, ACL: tlsOn}
 			if tlsOn {
 				// With TLS the serf pools are encrypted too (one key for
 				// this dev cluster's processes, never printed).
@@ -207,6 +216,7 @@ for APIARY_CACERT, APIARY_CLIENT_CERT and APIARY_CLIENT_KEY (and written to
 				f := cl.ClientTLS()
 				ready.TLS = &devReadyTLS{CA: f.CA, Cert: f.Cert, Key: f.Key}
 			}
+			ready.ACLTokenFile = cl.ManagementTokenFile()
 			fmt.Fprintf(os.Stderr, "global router  api %s  wan %s  policy %s  log %s\n", cl.GlobalAddr, cl.GlobalWAN, policyPath, cl.Global.LogPath)
 			for _, r := range cl.Regions {
 				ready.Regions = append(ready.Regions, devReadyEntry{Name: r.Spec.Name, Addr: r.Addr()})
@@ -233,6 +243,10 @@ for APIARY_CACERT, APIARY_CLIENT_CERT and APIARY_CLIENT_KEY (and written to
 				for _, e := range devcluster.Env(f) {
 					fmt.Fprintf(os.Stderr, "  export %s\n", e)
 				}
+				if cl.ACL() {
+					fmt.Fprintf(os.Stderr, "ACLs on in every region (agents joined with join tokens); the management token (also in %s):\n", cl.ManagementTokenFile())
+					fmt.Fprintf(os.Stderr, "  export %s=%s\n", acl.EnvToken, cl.ManagementToken())
+				}
 			} else {
 				fmt.Fprintln(os.Stderr, "every process runs WITHOUT TLS (--insecure-dev): anything on this machine can call them; apiary dev --tls runs them with mutual TLS")
 			}
@@ -252,7 +266,7 @@ for APIARY_CACERT, APIARY_CLIENT_CERT and APIARY_CLIENT_KEY (and written to
 	f.Int64Var(&agentMemory, "agent-memory-mb", 0, "memory capacity of each dev agent in MiB (0: this host's MemTotal / the number of agents)")
 	f.StringVar(&policyPath, "policy", "", "sovereignty policy file for the router and coordinators (default: built-in copy of deploy/policy.yaml)")
 	f.StringVar(&maxPending, "max-pending", "", "backlog bound per priority class of every region (see apiary region --max-pending)")
-	f.BoolVar(&tlsOn, "tls", false, "run every process with mutual TLS: certificates made under --data-dir/tls; export lines for the CLI are printed (default: --insecure-dev, plaintext)")
+	f.BoolVar(&tlsOn, "tls", false, "run every process with mutual TLS and the regions with ACLs: certificates made under --data-dir/tls, the management token in --data-dir/acl; export lines for the CLI are printed (default: --insecure-dev, plaintext, no ACLs)")
 	return cmd
 }
 

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
@@ -55,7 +56,7 @@ address refuses the connection), 4 --wait-timeout passed before the job ended
 func newJobRunCmd(o *clientOpts) *cobra.Command {
 	var wait bool
 	var waitTimeout time.Duration
-	var requestID string
+	var requestID, namespace string
 	cmd := &cobra.Command{
 		Use:   "run FILE",
 		Short: "Validate a job file and submit it",
@@ -87,9 +88,17 @@ exit 4: the job keeps running; follow it with 'apiary job status JOB_ID'.`,
 			if cmd.Flags().Changed("request-id") && !ids.Idempotency.MatchString(requestID) {
 				return withCode(exitInvalid, fmt.Errorf("--request-id %q: must be 1 to 128 letters, digits or ._:@-", requestID))
 			}
+			if cmd.Flags().Changed("namespace") {
+				if err := checkNamespace(namespace); err != nil {
+					return err
+				}
+			}
 			spec, err := loadJobFile(args[0])
 			if err != nil {
 				return err
+			}
+			if cmd.Flags().Changed("namespace") {
+				spec.Namespace = namespace
 			}
 			jobspec.ApplyDefaults(spec)
 			// Tracing is on when OTEL_* or $APIARY_TRACE_FILE is set; the
@@ -171,8 +180,20 @@ exit 4: the job keeps running; follow it with 'apiary job status JOB_ID'.`,
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the job ends; exit 0 if it completed, 1 if not")
 	cmd.Flags().DurationVar(&waitTimeout, "wait-timeout", 0, "with --wait (implied), stop waiting after this long and exit 4; the job keeps running (0: wait until it ends)")
 	cmd.Flags().StringVar(&requestID, "request-id", "", "idempotency key: running the same file again with the same key (as the same user on the same host) returns the first job instead of submitting another; default a fresh random key")
+	cmd.Flags().StringVar(&namespace, "namespace", "", "submit the job in this namespace, overriding the file's (default: the file's, else \"default\"); with ACLs on, the token needs submit on it")
 	return cmd
 }
+
+// checkNamespace validates a --namespace value (exit 2, before dialing).
+func checkNamespace(ns string) error {
+	if err := acl.ValidateNamespace(ns); err != nil {
+		return withCode(exitInvalid, fmt.Errorf("--%w", err))
+	}
+	return nil
+}
+
+// namespaceOf is a job's namespace as shown: "default" when unset.
+func namespaceOf(spec *apiaryv1.JobSpec) string { return acl.OrDefault(spec.GetNamespace()) }
 
 // loadJobFile parses and validates a job file; every problem exits 2.
 func loadJobFile(path string) (*apiaryv1.JobSpec, error) {
@@ -515,6 +536,7 @@ func printJob(w io.Writer, job *apiaryv1.Job) {
 	h := newTable(w)
 	fmt.Fprintf(h, "Job:\t%s\n", job.GetId())
 	fmt.Fprintf(h, "Name:\t%s\n", cell(job.GetSpec().GetName(), 0))
+	fmt.Fprintf(h, "Namespace:\t%s\n", namespaceOf(job.GetSpec()))
 	fmt.Fprintf(h, "Region:\t%s (shard %d)\n", cell(job.GetRegion(), 0), job.GetShard())
 	fmt.Fprintf(h, "State:\t%s\n", state)
 	if sch := job.GetScheduler(); sch != "" {
@@ -525,6 +547,7 @@ func printJob(w io.Writer, job *apiaryv1.Job) {
 	}
 	fmt.Fprintf(h, "Tasks:\t%d total: %d complete, %d running, %d assigned, %d pending, %d failed, %d cancelled\n",
 		countTotal(c), c.GetComplete(), c.GetRunning(), c.GetAssigned(), c.GetPending(), c.GetFailed(), c.GetCancelled())
+	printSecretEnv(h, job.GetSpec())
 	fmt.Fprintf(h, "Submitted:\t%s\n", fmtTime(job.GetSubmitTimeMs()))
 	fmt.Fprintf(h, "Finished:\t%s\n", fmtTime(job.GetFinishTimeMs()))
 	h.Flush()
@@ -563,12 +586,15 @@ func printJob(w io.Writer, job *apiaryv1.Job) {
 // job list
 
 func newJobListCmd(o *clientOpts) *cobra.Command {
-	var state string
+	var state, namespace string
 	var limit int32
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List jobs, newest first as the server orders them",
-		Args:  cobra.NoArgs,
+		Long: `List jobs, newest first as the server orders them. Without --namespace,
+the jobs of every namespace the caller may read (with ACLs on, those its
+token's policies grant read on; all of them without ACLs).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var st apiaryv1.JobState
 			check := func() error {
@@ -579,11 +605,14 @@ func newJobListCmd(o *clientOpts) *cobra.Command {
 				if limit < 0 || limit > 10000 {
 					return withCode(exitInvalid, fmt.Errorf("--limit must be between 1 and 10000 (got %d)", limit))
 				}
+				if cmd.Flags().Changed("namespace") {
+					return checkNamespace(namespace)
+				}
 				return nil
 			}
 			resp, err := unaryCall(cmd, o, check, apiaryv1.NewJobServiceClient, "",
 				func(ctx context.Context, c apiaryv1.JobServiceClient) (*apiaryv1.ListJobsResponse, error) {
-					return c.ListJobs(ctx, &apiaryv1.ListJobsRequest{State: st, Limit: limit})
+					return c.ListJobs(ctx, &apiaryv1.ListJobsRequest{State: st, Limit: limit, Namespace: namespace})
 				})
 			if err != nil {
 				return err
@@ -593,10 +622,10 @@ func newJobListCmd(o *clientOpts) *cobra.Command {
 			}
 			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
 				t := newTable(w)
-				fmt.Fprintln(t, "ID\tNAME\tSTATE\tCOMPLETE\tFAILED\tREGION\tSUBMITTED")
+				fmt.Fprintln(t, "ID\tNAMESPACE\tNAME\tSTATE\tCOMPLETE\tFAILED\tREGION\tSUBMITTED")
 				for _, j := range resp.GetJobs() {
 					c := j.GetCounts()
-					fmt.Fprintf(t, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\n", j.GetId(), cell(j.GetSpec().GetName(), 40),
+					fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\n", j.GetId(), cell(namespaceOf(j.GetSpec()), 0), cell(j.GetSpec().GetName(), 40),
 						jobState(j.GetState()), c.GetComplete(), countTotal(c), c.GetFailed(), cell(j.GetRegion(), 0),
 						fmtTime(j.GetSubmitTimeMs()))
 				}
@@ -609,6 +638,7 @@ func newJobListCmd(o *clientOpts) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&state, "state", "", "only jobs in this state: pending, running, complete, failed or cancelled")
 	cmd.Flags().Int32Var(&limit, "limit", 100, "at most this many jobs (1..10000)")
+	cmd.Flags().StringVar(&namespace, "namespace", "", "only jobs of this namespace (default: every namespace the caller may read)")
 	return cmd
 }
 

@@ -70,7 +70,13 @@ apiary tls cert create --role region --region R --id ID), the API serves
 mutual TLS and checks every caller's role, and the embedded etcd member's
 client and peer URLs are https (default https://127.0.0.1:2379 and :2380)
 with the same certificate, open to this region's coordinators only. Without
-TLS the coordinator refuses to start unless --insecure-dev says so.`,
+TLS the coordinator refuses to start unless --insecure-dev says so.
+
+With --acl (Nomad's acl { enabled = true }), every API call also needs an
+ACL token ($APIARY_TOKEN) whose policies grant it, per namespace for jobs,
+and a node registers only with an agent join token of the region. Start
+every coordinator of a region with it, then make the first management token
+with apiary acl bootstrap.`,
 		Example: `  apiary region --id c1 --region eu-west --jurisdiction eu --data-dir /var/lib/apiary/c1 \
     --tls-ca apiary-ca.pem --tls-cert eu-west-region-c1.pem --tls-key eu-west-region-c1-key.pem
   apiary region --insecure-dev --id c1 --region eu-west --data-dir d1 --listen 127.0.0.1:7071 \
@@ -198,6 +204,7 @@ TLS the coordinator refuses to start unless --insecure-dev says so.`,
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&debugAddr, "debug-addr", "", "serve Go pprof at http://ADDR/debug/pprof/ (empty: off)")
 	f.StringVar(&ready, "ready-file", "", "write the API address to this file once serving")
+	f.BoolVar(&cfg.ACL, "acl", false, "enforce ACL tokens (Nomad's acl { enabled = true }): every API call needs a token ($APIARY_TOKEN) whose policies grant it, per namespace for jobs, and nodes register only with an agent join token of this region; start every coordinator of the region with it, then run `apiary acl bootstrap` (off: tokens are ignored and the ACL API answers FAILED_PRECONDITION)")
 	tel.add(cmd)
 	tlsf.add(cmd)
 	gossipf.add(cmd, "where serf keeps the LAN pool's gossip keyring (the WAN pool's: this path + \".wan\"), rewritten by every `apiary keyring` change so that it survives restarts; loaded instead of --gossip-key when it exists (default <data-dir>/"+regional.DefaultGossipKeyringFile+")")

@@ -21,7 +21,7 @@ import (
 // error.
 func (s *adminServer) ListNodes(ctx context.Context, req *apiaryv1.ListNodesRequest) (*apiaryv1.ListNodesResponse, error) {
 	out := &apiaryv1.ListNodesResponse{}
-	out.UnavailableRegions = s.r.fanOut(ctx, "list nodes", func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (func(), error) {
+	res := s.r.fanOutEach(ctx, s.r.cfg.View.Regions(), "list nodes", func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (func(), error) {
 		resp, err := apiaryv1.NewAdminServiceClient(cc).ListNodes(ctx, req, grpc.MaxCallRecvMsgSize(64<<20))
 		return func() {
 			for _, n := range resp.GetNodes() {
@@ -32,6 +32,10 @@ func (s *adminServer) ListNodes(ctx context.Context, req *apiaryv1.ListNodesRequ
 			}
 		}, err
 	})
+	if err := res.denied(); err != nil {
+		return nil, err
+	}
+	out.UnavailableRegions = res.failed()
 	sort.Slice(out.Nodes, func(a, b int) bool {
 		if x, y := out.Nodes[a].GetRegion(), out.Nodes[b].GetRegion(); x != y {
 			return x < y
@@ -41,24 +45,76 @@ func (s *adminServer) ListNodes(ctx context.Context, req *apiaryv1.ListNodesRequ
 	return out, nil
 }
 
-// fanOut calls fn on every region of the router's view that is up (see
-// fanOutTo).
-func (r *Router) fanOut(ctx context.Context, what string, fn func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (merge func(), err error)) []string {
-	return r.fanOutTo(ctx, r.cfg.View.Regions(), what, fn)
-}
-
 // fanOutTo calls fn on every one of regions that is up, in parallel (through
 // call, so a dead coordinator is skipped), and applies each answer's merge
 // function one at a time. It returns the regions that are down or did not
 // answer, sorted; a region that did not answer is logged with what names
 // the call.
 func (r *Router) fanOutTo(ctx context.Context, regions []federation.Region, what string, fn func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (merge func(), err error)) []string {
-	var unavailable []string
+	return r.fanOutEach(ctx, regions, what, fn).failed()
+}
+
+// fanResult is what a fan-out learned of each region.
+type fanResult struct {
+	ok   []string         // regions that answered, sorted
+	errs map[string]error // every other region: why (a down region: UNAVAILABLE naming it)
+}
+
+// failed returns the regions that did not answer, sorted.
+func (f fanResult) failed() []string {
+	out := make([]string, 0, len(f.errs))
+	for name := range f.errs {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// failures returns "region: why" for every region that did not answer,
+// sorted by region.
+func (f fanResult) failures() []string {
+	out := make([]string, 0, len(f.errs))
+	for _, name := range f.failed() {
+		out = append(out, name+": "+status.Convert(f.errs[name]).Message())
+	}
+	return out
+}
+
+// denied returns the first (by region name) ACL denial (PERMISSION_DENIED
+// or UNAUTHENTICATED) of a fan-out that no region answered, or nil: a
+// caller every region refused is told so, not that the regions are
+// unavailable.
+func (f fanResult) denied() error {
+	if len(f.ok) > 0 {
+		return nil
+	}
+	for _, name := range f.failed() {
+		if isDenial(f.errs[name]) {
+			return f.errs[name]
+		}
+	}
+	return nil
+}
+
+// isDenial reports whether err is a region's ACL (or certificate) refusal.
+func isDenial(err error) bool {
+	c := status.Code(err)
+	return c == codes.PermissionDenied || c == codes.Unauthenticated
+}
+
+// fanOutEach calls fn on every one of regions that is up, in parallel
+// (through call, so a dead coordinator is skipped, with the caller's
+// token), applies each answer's merge function one at a time, and returns
+// which regions answered and why the others did not. A region that did
+// not answer is logged with what names the call (at DEBUG when it denied
+// the caller: that is the caller's business, not the operator's).
+func (r *Router) fanOutEach(ctx context.Context, regions []federation.Region, what string, fn func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (merge func(), err error)) fanResult {
+	res := fanResult{errs: map[string]error{}}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, reg := range regions {
 		if !reg.Up {
-			unavailable = append(unavailable, reg.Name)
+			res.errs[reg.Name] = status.Errorf(codes.Unavailable, "region %s is down: %s", reg.Name, reg.DownReason)
 			continue
 		}
 		wg.Add(1)
@@ -73,16 +129,24 @@ func (r *Router) fanOutTo(ctx context.Context, regions []federation.Region, what
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				r.log.Warn(what+": region did not answer", "region", reg.Name, "err", err)
-				unavailable = append(unavailable, reg.Name)
+				if err == errNoCoordinator {
+					err = status.Errorf(codes.Unavailable, "region %s: no coordinator answering", reg.Name)
+				}
+				if isDenial(err) {
+					r.log.Debug(what+": region denied the caller", "region", reg.Name, "err", err)
+				} else {
+					r.log.Warn(what+": region did not answer", "region", reg.Name, "err", err)
+				}
+				res.errs[reg.Name] = err
 				return
 			}
+			res.ok = append(res.ok, reg.Name)
 			merge()
 		}()
 	}
 	wg.Wait()
-	sort.Strings(unavailable)
-	return unavailable
+	sort.Strings(res.ok)
+	return res
 }
 
 // QuarantineNode sends the quarantine to the one region that has the node
@@ -147,7 +211,7 @@ func toNodeRegion[R interface{ GetNode() *apiaryv1.Node }](ctx context.Context, 
 // that has a node of this id (errors: see QuarantineNode).
 func (s *adminServer) nodeRegion(ctx context.Context, id string) (federation.Region, error) {
 	var found []federation.Region
-	unavailable := s.r.fanOut(ctx, "find node", func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (func(), error) {
+	res := s.r.fanOutEach(ctx, s.r.cfg.View.Regions(), "find node", func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (func(), error) {
 		resp, err := apiaryv1.NewAdminServiceClient(cc).ListNodes(ctx, &apiaryv1.ListNodesRequest{}, grpc.MaxCallRecvMsgSize(64<<20))
 		return func() {
 			for _, n := range resp.GetNodes() {
@@ -158,6 +222,10 @@ func (s *adminServer) nodeRegion(ctx context.Context, id string) (federation.Reg
 			}
 		}, err
 	})
+	if err := res.denied(); err != nil {
+		return federation.Region{}, err
+	}
+	unavailable := res.failed()
 	switch {
 	case len(found) == 1:
 		return found[0], nil

@@ -9,9 +9,11 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
@@ -224,8 +226,13 @@ func (r *Router) lookupElsewhere(ctx context.Context, req *apiaryv1.SubmitJobReq
 // router started after a region failed or left never hears of it through
 // serf, but the coordinators that saw it keep it for an hour (serf's
 // reconnect and tombstone timeouts), and a request's home must be computed
-// over the same regions by every router.
+// over the same regions by every router. The read is the router's own, not
+// the caller's: it carries no token and is marked acl.Internal, which a
+// region with ACLs admits from a router certificate for ListRegions only.
 func (r *Router) withPeerView(ctx context.Context, regions []federation.Region) []federation.Region {
+	// The router's own read, for no caller: without the caller's token
+	// (call forwards the incoming one, so drop it) and marked internal.
+	ctx = acl.Internal(metadata.NewIncomingContext(ctx, metadata.MD{}))
 	known := map[string]bool{}
 	for _, reg := range regions {
 		known[reg.Name] = true

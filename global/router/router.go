@@ -1,5 +1,6 @@
-// Package router is the global tier's JobService (and AdminService's
-// ListRegions): a stateless router in front of the regions.
+// Package router is the global tier's JobService, AdminService (ListRegions,
+// and the node commands sent to the region that has the node) and
+// ACLService: a stateless router in front of the regions.
 //
 // SubmitJob: the eligible regions are those whose labels match the job's
 // region selector, minus those the sovereignty policy forbids, minus those
@@ -24,6 +25,17 @@
 // Job ids carry their region (internal/ids.RegionOf), so GetJob, CancelJob,
 // WatchJob and GetJobLogs go to that region without a lookup. ListJobs fans
 // out to every known region and lists the regions that did not answer.
+//
+// ACL tokens (Nomad's ACL system; internal/acl): the router checks no token
+// and holds none. Every call it makes to a region on a caller's behalf
+// (forwarded calls, fan-outs, a submission's retries and idempotency
+// lookups) carries the caller's own token (acl.ForwardToken, in call), so
+// each region decides with its own tokens and policies and the router never
+// widens what a caller may do; a fan-out that every answering region
+// denied answers with the denial. Its one call for no caller, the region
+// list read while routing a keyed submission (withPeerView), carries no
+// token and is marked acl.Internal. ACLService (acl.go) fans token and
+// policy writes out to every region with the same ids.
 package router
 
 import (
@@ -48,6 +60,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/ids"
@@ -134,10 +147,11 @@ func New(cfg Config) (*Router, error) {
 	return &Router{cfg: cfg, log: cfg.Logger, sticky: map[string]stickyEntry{}, metrics: newRouterMetrics(cfg.Metrics)}, nil
 }
 
-// Register registers JobService and AdminService on s.
+// Register registers JobService, AdminService and ACLService (acl.go) on s.
 func (r *Router) Register(s *grpc.Server) {
 	apiaryv1.RegisterJobServiceServer(s, r)
 	apiaryv1.RegisterAdminServiceServer(s, &adminServer{r: r})
+	apiaryv1.RegisterACLServiceServer(s, &aclServer{r: r})
 }
 
 // outcome classifies a failed forwarded call.
@@ -191,6 +205,8 @@ var errNoCoordinator = status.Error(codes.Unavailable, "no coordinator answering
 
 // call runs fn against the region's answering coordinators until one takes
 // the call: it moves on to the next coordinator only when nothing was sent.
+// fn's context carries the token of ctx's incoming call (acl.ForwardToken):
+// every call the router makes on a caller's behalf goes through here.
 func (r *Router) call(ctx context.Context, region federation.Region, fn func(ctx context.Context, cc *grpc.ClientConn) error) error {
 	addrs := region.Addrs()
 	if len(addrs) == 0 {
@@ -204,7 +220,9 @@ func (r *Router) call(ctx context.Context, region federation.Region, fn func(ctx
 			continue
 		}
 		actx, cancel := context.WithTimeout(ctx, r.cfg.AttemptTimeout)
-		err = fn(actx, cc)
+		// The caller's token, never one of the router's own: the region
+		// judges the caller (see the package doc, "ACL tokens").
+		err = fn(acl.ForwardToken(ctx, actx), cc)
 		cancel()
 		if err == nil {
 			return nil
@@ -518,7 +536,7 @@ func (r *Router) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobServ
 		if err != nil {
 			continue
 		}
-		up, err := apiaryv1.NewJobServiceClient(cc).WatchJob(ctx, req)
+		up, err := apiaryv1.NewJobServiceClient(cc).WatchJob(acl.ForwardToken(ctx, ctx), req)
 		if err != nil {
 			last = err
 			continue
@@ -548,7 +566,10 @@ func (r *Router) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobServ
 	return last
 }
 
-// ListJobs fans out to every region and merges, newest first.
+// ListJobs fans out to every region and merges, newest first. Each region
+// lists only what the caller's token may read (the namespace filter is
+// the region's to apply); when every region refused the caller, the
+// first refusal is the answer.
 func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*apiaryv1.ListJobsResponse, error) {
 	limit := int(req.GetLimit())
 	if limit < 0 || limit > 10000 {
@@ -558,10 +579,16 @@ func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*
 		limit = 100
 	}
 	out := &apiaryv1.ListJobsResponse{}
-	out.UnavailableRegions = r.fanOut(ctx, "list jobs", func(ctx context.Context, _ federation.Region, cc *grpc.ClientConn) (func(), error) {
+	res := r.fanOutEach(ctx, r.cfg.View.Regions(), "list jobs", func(ctx context.Context, _ federation.Region, cc *grpc.ClientConn) (func(), error) {
 		resp, err := apiaryv1.NewJobServiceClient(cc).ListJobs(ctx, req, grpc.MaxCallRecvMsgSize(64<<20))
 		return func() { out.Jobs = append(out.Jobs, resp.GetJobs()...) }, err
 	})
+	if err := res.denied(); err != nil {
+		// Every region that answered refused the caller (no token, or
+		// none that may read the namespace asked for).
+		return nil, err
+	}
+	out.UnavailableRegions = res.failed()
 	sort.SliceStable(out.Jobs, func(a, b int) bool {
 		if x, y := out.Jobs[a].GetSubmitTimeMs(), out.Jobs[b].GetSubmitTimeMs(); x != y {
 			return x > y
@@ -581,10 +608,56 @@ type adminServer struct {
 	r *Router
 }
 
-func (s *adminServer) ListRegions(context.Context, *apiaryv1.ListRegionsRequest) (*apiaryv1.ListRegionsResponse, error) {
+// ListRegions answers from the router's view of the WAN pool, once the
+// regions have let the caller read it: the view is the router's, the right
+// to read it a region's to judge (with ACLs on, a token whose policies
+// grant node read; internal/acl). The caller's token goes, in parallel, to
+// every region that is up, as that region's own ListRegions; the first
+// answer decides: a denial is the answer, anything else lets the view
+// through. When no region answers either way, the view is returned: an
+// operator must be able to see that every region is down, and there is
+// nothing else behind it.
+func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRequest) (*apiaryv1.ListRegionsResponse, error) {
+	regions := s.r.cfg.View.Regions()
+	if err := s.r.regionsAdmit(ctx, regions); err != nil {
+		return nil, err
+	}
 	out := &apiaryv1.ListRegionsResponse{}
-	for _, reg := range s.r.cfg.View.Regions() {
+	for _, reg := range regions {
 		out.Regions = append(out.Regions, reg.Summary())
 	}
 	return out, nil
+}
+
+// regionsAdmit asks every region of regions that is up for its own
+// ListRegions with the caller's token, in parallel, and returns the first
+// denial (PERMISSION_DENIED, UNAUTHENTICATED) if it comes before any
+// answer; nil once a region answers, or when none answers either way.
+func (r *Router) regionsAdmit(ctx context.Context, regions []federation.Region) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the slower regions' calls
+	answers := make(chan error, len(regions))
+	n := 0
+	for _, reg := range regions {
+		if !reg.Up {
+			continue
+		}
+		n++
+		go func() {
+			answers <- r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+				_, err := apiaryv1.NewAdminServiceClient(cc).ListRegions(ctx, &apiaryv1.ListRegionsRequest{})
+				return err
+			})
+		}()
+	}
+	for range n {
+		err := <-answers
+		if err == nil {
+			return nil
+		}
+		if isDenial(err) {
+			return err
+		}
+	}
+	return nil
 }

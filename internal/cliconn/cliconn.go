@@ -7,7 +7,9 @@
 // $APIARY_CACERT, $APIARY_CLIENT_CERT, $APIARY_CLIENT_KEY; see ResolveTLS and
 // DialTLS), the connection presents the client certificate; without, it is
 // plaintext, and a call that a TLS server refused at the handshake fails
-// with a *TLSError that says so (tls.go).
+// with a *TLSError that says so (tls.go). An ACL token (--token or
+// $APIARY_TOKEN; ResolveToken, WithToken in token.go) goes with every
+// call, never over plaintext to an address that is not loopback.
 //
 // It owns no state and serves nothing; it must not know about jobs, regions or
 // exit codes (the commands map errors to exit codes themselves).
@@ -92,7 +94,10 @@ func Dial(addr string) (*grpc.ClientConn, error) { return DialTLS(addr, nil, "")
 // answered a TLS one (TLSNotServed), or the TLS handshake itself failed
 // (TLSHandshake: certificate not trusted, expired, of the wrong name or
 // refused by the server). Such errors are not Retryable.
-func DialTLS(addr string, r *pki.Reloader, serverName string) (*grpc.ClientConn, error) {
+//
+// extra are added to the connection's dial options, e.g. WithToken (the
+// caller's ACL token on every call).
+func DialTLS(addr string, r *pki.Reloader, serverName string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	addrs, err := SplitAddrs(addr)
 	if err != nil {
 		return nil, err
@@ -113,6 +118,7 @@ func DialTLS(addr string, r *pki.Reloader, serverName string) (*grpc.ClientConn,
 	if h := telemetry.GRPCClientHandler(nil); h != nil {
 		opts = append(opts, grpc.WithStatsHandler(h))
 	}
+	opts = append(opts, extra...)
 	return grpc.NewClient("static:///"+strings.Join(addrs, ","), opts...)
 }
 

@@ -4,8 +4,10 @@
 // directory, and lets a caller kill, pause, resume and restart any
 // of them. `apiary dev`, the integration tests and the load-test harness use
 // it. With Options.TLS it also makes every process's certificate (tls.go);
-// without, every process runs with --insecure-dev. It owns process
-// lifecycle (and those files) only: it must not touch etcd or job state.
+// without, every process runs with --insecure-dev. With Options.ACL the
+// regions run with ACLs, bootstrapped through the API, and every agent
+// gets a join token (acl.go). It owns process lifecycle (and those files)
+// only: it must not touch etcd or job state.
 package devcluster
 
 import (
@@ -85,6 +87,14 @@ type Options struct {
 	// --tls-cert and --tls-key, and the etcd URLs are https. Without it,
 	// every region, router and agent gets --insecure-dev.
 	TLS bool
+	// ACL runs every region with --acl (needs TLS): Start bootstraps the ACL
+	// system once the coordinators serve (through the router when there is
+	// one), writes the management token to <Dir>/acl/management.token
+	// (ManagementToken), makes one agent join token per agent, bound to its
+	// node id, and starts each agent with it (--join-token-file
+	// <Dir>/acl/<node-id>.token). Every call the cluster makes (Dial,
+	// Region.Dial, the waits) then carries the management token.
+	ACL bool
 	// GossipKey, when set, is passed as --gossip-key to every coordinator,
 	// router and agent (base64, `apiary keygen`): both serf pools are
 	// encrypted. Each keeps its keyring file under its data dir (routers:
@@ -243,6 +253,7 @@ type Region struct {
 	LANAddrs []string
 	ready    []string
 	client   *pki.Reloader // the cluster's client certificate (nil: plaintext)
+	token    string        // the management token sent by Dial (Options.ACL)
 }
 
 // Addr returns the comma-separated API addresses of the region.
@@ -265,6 +276,9 @@ type Cluster struct {
 	pki         *PKI
 	clientFiles cliconn.TLSFiles
 	client      *pki.Reloader
+
+	// With Options.ACL (acl.go): the management token's secret.
+	mgmt string
 }
 
 // FreePort returns a loopback port that was free a moment ago, below the
@@ -292,6 +306,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, err
 	}
+	if err := opts.checkACL(); err != nil {
+		return nil, err
+	}
 	c := &Cluster{opts: opts}
 	if err := c.setupTLS(); err != nil {
 		return nil, err
@@ -315,9 +332,15 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
+	if opts.ACL {
+		if err := c.bootstrapACL(ctx); err != nil {
+			c.Stop()
+			return nil, err
+		}
+	}
 	for _, r := range c.Regions {
 		for i := range r.Spec.Agents {
-			if err := r.startAgent(c, i); err != nil {
+			if err := r.startAgent(ctx, c, i); err != nil {
 				c.Stop()
 				return nil, err
 			}
@@ -379,6 +402,7 @@ func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
 			return nil, err
 		}
 		args = append(args, targs...)
+		args = append(args, c.opts.aclArgs()...)
 		args = append(args, c.opts.gossipArgs("")...)
 		for k, v := range rs.Labels {
 			args = append(args, "--label", k+"="+v)
@@ -468,7 +492,7 @@ func (r *Region) RestartCoordinators(ctx context.Context) error {
 	return r.WaitCoordinators(ctx)
 }
 
-func (r *Region) startAgent(c *Cluster, i int) error {
+func (r *Region) startAgent(ctx context.Context, c *Cluster, i int) error {
 	as := r.Spec.Agents[i]
 	if as.CPUMillis == 0 {
 		as.CPUMillis = 4000
@@ -494,6 +518,13 @@ func (r *Region) startAgent(c *Cluster, i int) error {
 		return err
 	}
 	args = append(args, targs...)
+	if c.opts.ACL {
+		file, err := c.agentToken(ctx, r, as.ID)
+		if err != nil {
+			return err
+		}
+		args = append(args, "--join-token-file", file)
+	}
 	lanAddr := "off"
 	if !r.Spec.NoLAN {
 		port, err := FreePort()
@@ -517,9 +548,9 @@ func (r *Region) startAgent(c *Cluster, i int) error {
 // Dial returns a client connection to the region's coordinators (round
 // robin over all of them, so a dead one is skipped): with Options.TLS as
 // the cluster's client certificate, verifying region.<name>.apiary, else
-// plaintext.
+// plaintext; with Options.ACL every call carries the management token.
 func (r *Region) Dial() (*grpc.ClientConn, error) {
-	return cliconn.DialTLS(r.Addr(), r.client, r.serverName())
+	return cliconn.DialTLS(r.Addr(), r.client, r.serverName(), cliconn.WithToken(r.token))
 }
 
 // serverName is the name the region's coordinators' certificates carry

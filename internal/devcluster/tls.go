@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/pki"
 )
@@ -186,19 +187,25 @@ func (c *Cluster) TLS() bool { return c.pki != nil }
 func (c *Cluster) ClientTLS() cliconn.TLSFiles { return c.clientFiles }
 
 // ClientEnv are the environment entries that make the CLI use the
-// client certificate (none without Options.TLS).
+// client certificate (none without Options.TLS) and, with Options.ACL, the
+// management token ($APIARY_TOKEN).
 func (c *Cluster) ClientEnv() []string {
 	if c.pki == nil {
 		return nil
 	}
-	return Env(c.clientFiles)
+	env := Env(c.clientFiles)
+	if c.mgmt != "" {
+		env = append(env, acl.EnvToken+"="+c.mgmt)
+	}
+	return env
 }
 
 // Dial returns a client connection to addr (a host:port or a list) as the
 // cluster's client: with mutual TLS and the client certificate, verifying
-// the address's host, or plaintext without Options.TLS.
+// the address's host, or plaintext without Options.TLS; with Options.ACL
+// every call carries the management token (once Start has made it).
 func (c *Cluster) Dial(addr string) (*grpc.ClientConn, error) {
-	return cliconn.DialTLS(addr, c.client, "")
+	return cliconn.DialTLS(addr, c.client, "", cliconn.WithToken(c.mgmt))
 }
 
 // EtcdTLS is a client configuration for the etcd of region r (its client

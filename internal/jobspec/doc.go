@@ -9,6 +9,12 @@
 // SubmitJob again before any state changes. Both must agree, so the rules live
 // here and only here.
 //
+// Secret environment values (secretenv.go) are a task group's secret_env,
+// written in a file as an env entry {value: ..., secret: true} or in a
+// secret_env mapping. This package checks them like env, leaves their values
+// out of PayloadHash and out of every error message, and redacts them
+// (Redact); sealing them is the region's business.
+//
 // Field paths in errors use the YAML names (tasks[0].resources.memory_mb,
 // tasks[1].spread[0].weight, tasks[0].timeout), also for specs that came over
 // gRPC, so that a user sees the name they wrote in their file.

@@ -20,8 +20,22 @@ import (
 // for one build of the API; a change to apiary.proto may change hashes, which
 // only matters for dedup entries written by an older build. It returns "" for
 // a spec that cannot be encoded (invalid UTF-8; Validate rejects those).
+//
+// Secret values are not hashed: the hash covers every secret_env name with
+// an empty value. The hash is stored in etcd (the dedup record, the job
+// record) and sent between routers and regions (LookupRequest), so a hash
+// over the values would let anyone who reads it test guesses of a secret
+// offline, at SHA-256 speed. Neither a salt (it would be stored beside the
+// hash) nor an HMAC under the region's keyring (a router cannot compute it,
+// regions hold different keyrings, and every hash would change at `apiary
+// keyring use`, turning a client's retry into ALREADY_EXISTS) fixes that.
+// So the region that holds the job compares the values themselves: on a
+// repeat whose hash matches it opens the job's sealed secret_env and
+// compares it with the request's (regional, sameSecrets); another value
+// is ALREADY_EXISTS, as another payload is. A spec without secret_env
+// hashes as it always did.
 func PayloadHash(spec *apiaryv1.JobSpec) string {
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(spec)
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(withoutSecretValues(spec))
 	if err != nil {
 		// Marshal fails only on invalid UTF-8 in a string field, which
 		// Validate rejects (and gRPC never delivers).

@@ -364,6 +364,7 @@ func (d *decoder) jobSpec(v any) *apiaryv1.JobSpec {
 		"data_class":   func(p string, v any) { d.str(p, v, &s.DataClass) },
 		"max_attempts": func(p string, v any) { d.positive32(p, v, &s.MaxAttempts, fmt.Sprint(DefaultMaxAttempts)) },
 		"scheduler":    func(p string, v any) { d.str(p, v, &s.Scheduler) },
+		"namespace":    func(p string, v any) { d.str(p, v, &s.Namespace) },
 		"disconnect": func(p string, v any) {
 			dc := &apiaryv1.Disconnect{}
 			d.object(p, v, map[string]handler{
@@ -395,12 +396,13 @@ func (d *decoder) region(path string, v any) *apiaryv1.RegionSpec {
 func (d *decoder) task(path string, v any) *apiaryv1.TaskGroup {
 	t := &apiaryv1.TaskGroup{}
 	d.object(path, v, map[string]handler{
-		"name":      func(p string, v any) { d.str(p, v, &t.Name) },
-		"count":     func(p string, v any) { d.positive32(p, v, &t.Count, "1") },
-		"command":   func(p string, v any) { d.str(p, v, &t.Command) },
-		"args":      func(p string, v any) { d.strList(p, v, &t.Args) },
-		"env":       func(p string, v any) { d.strMap(p, v, &t.Env) },
-		"resources": func(p string, v any) { t.Resources = d.resources(p, v) },
+		"name":       func(p string, v any) { d.str(p, v, &t.Name) },
+		"count":      func(p string, v any) { d.positive32(p, v, &t.Count, "1") },
+		"command":    func(p string, v any) { d.str(p, v, &t.Command) },
+		"args":       func(p string, v any) { d.strList(p, v, &t.Args) },
+		"env":        func(p string, v any) { d.envMap(p, v, &t.Env, &t.SecretEnv) },
+		"secret_env": func(p string, v any) { d.secretMap(p, v, &t.SecretEnv) },
+		"resources":  func(p string, v any) { t.Resources = d.resources(p, v) },
 		"constraints": func(p string, v any) {
 			d.list(p, v, func(p string, v any) {
 				k := &apiaryv1.Constraint{}
@@ -554,6 +556,7 @@ var aliases = map[string]string{
 	"timeout_ms": "timeout", "constraint": "constraints", "affinity": "affinities",
 	"cmd": "command", "arguments": "args", "environment": "env", "task": "tasks",
 	"retry_exit_codes": "retryable_exit_codes", "selectors": "selector",
+	"secrets": "secret_env", "secret_environment": "secret_env",
 }
 
 // suggest returns ` (did you mean "x"?)` for a near miss, or "".

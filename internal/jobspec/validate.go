@@ -1,6 +1,7 @@
 package jobspec
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/acl"
 )
 
 // Limits and defaults of a job spec.
@@ -195,6 +197,12 @@ func Validate(spec *apiaryv1.JobSpec) error {
 			c.add("disconnect.lost_after", "must be between 1ms and 24h, or 0 for the agent's --disconnect-grace (got %dms)", la)
 		}
 	}
+	if ns := spec.GetNamespace(); ns != "" {
+		var fe *acl.FieldError
+		if err := acl.ValidateNamespace(ns); errors.As(err, &fe) {
+			c.add("namespace", "%s (omit it for %q)", fe.Rule, acl.DefaultNamespace)
+		}
+	}
 	checkName(&c, "jurisdiction", spec.GetJurisdiction(), 64, false)
 	checkName(&c, "data_class", spec.GetDataClass(), 64, false)
 	if r := spec.GetRegion(); r != nil {
@@ -287,6 +295,7 @@ func validateGroup(c *errs, p string, g *apiaryv1.TaskGroup) {
 			c.add(f, "value must not contain a NUL byte")
 		}
 	}
+	validateSecretEnv(c, p, g)
 	validateResources(c, p+".resources", g.GetResources())
 
 	checkCount(c, p+".constraints", len(g.GetConstraints()))
@@ -536,7 +545,7 @@ func Normalize(spec *apiaryv1.JobSpec) {
 }
 
 // ApplyDefaults fills every zero value that has a documented default, in
-// place: priority 50, max_attempts 3, and per task group
+// place: priority 50, max_attempts 3, namespace "default", and per task group
 // count 1, cpu_millis 100, memory_mb 64, distinct_property.max_per_value 1.
 // It is idempotent; call it after Validate.
 func ApplyDefaults(spec *apiaryv1.JobSpec) {
@@ -548,6 +557,9 @@ func ApplyDefaults(spec *apiaryv1.JobSpec) {
 	}
 	if spec.MaxAttempts == 0 {
 		spec.MaxAttempts = DefaultMaxAttempts
+	}
+	if spec.Namespace == "" {
+		spec.Namespace = acl.DefaultNamespace
 	}
 	for _, g := range spec.Tasks {
 		if g == nil {

@@ -58,11 +58,15 @@ type SpanStore struct {
 }
 
 type storedSpan struct {
-	trace trace.TraceID
-	job   string
-	end   time.Time
-	ro    sdktrace.ReadOnlySpan // a span of this process, or
-	raw   []byte                // a shipped span, as one JSON line
+	trace  trace.TraceID
+	span   trace.SpanID
+	parent trace.SpanID // zero: a root span
+	job    string       // the AttrJobID attribute ("" when it has none)
+	name   string
+	client bool // trace.SpanKindClient
+	end    time.Time
+	ro     sdktrace.ReadOnlySpan // a span of this process, or
+	raw    []byte                // a shipped span, as one JSON line
 }
 
 // NewSpanStore returns a buffer of max spans (max >= 1) kept at most maxAge
@@ -105,7 +109,8 @@ func (s *SpanStore) OnEnd(ro sdktrace.ReadOnlySpan) {
 	if !ro.SpanContext().IsSampled() {
 		return
 	}
-	e := storedSpan{trace: ro.SpanContext().TraceID(), end: ro.EndTime(), ro: ro}
+	e := storedSpan{trace: ro.SpanContext().TraceID(), span: ro.SpanContext().SpanID(), parent: ro.Parent().SpanID(),
+		name: ro.Name(), client: ro.SpanKind() == trace.SpanKindClient, end: ro.EndTime(), ro: ro}
 	for _, kv := range ro.Attributes() {
 		if kv.Key == AttrJobID {
 			e.job = kv.Value.AsString()
@@ -133,6 +138,10 @@ func (s *SpanStore) AddJSONLines(b []byte) int {
 		}
 		var r struct {
 			TraceID    string         `json:"trace_id"`
+			SpanID     string         `json:"span_id"`
+			ParentID   string         `json:"parent_span_id"`
+			Name       string         `json:"name"`
+			Kind       string         `json:"kind"`
 			End        time.Time      `json:"end"`
 			Attributes map[string]any `json:"attributes"`
 		}
@@ -143,32 +152,83 @@ func (s *SpanStore) AddJSONLines(b []byte) int {
 		if err != nil {
 			continue
 		}
+		// A malformed span or parent id is kept as zero: the span is then
+		// nobody's parent, and a root.
+		sid, _ := trace.SpanIDFromHex(r.SpanID)
+		pid, _ := trace.SpanIDFromHex(r.ParentID)
 		job, _ := r.Attributes[string(AttrJobID)].(string)
-		s.put(storedSpan{trace: tid, job: job, end: r.End, raw: bytes.Clone(line)})
+		s.put(storedSpan{trace: tid, span: sid, parent: pid, job: job, name: r.Name,
+			client: r.Kind == trace.SpanKindClient.String(), end: r.End, raw: bytes.Clone(line)})
 		n++
 	}
 	return n
 }
 
-// JobJSONLines returns every buffered span of each trace that holds a span
-// of job jobID (the job's spans and their parents, e.g. the gRPC server
-// span of its submission), one JSON SpanRecord per line, oldest first.
+// JobJSONLines returns the buffered spans of job jobID, one JSON
+// SpanRecord per line, oldest first: the spans whose AttrJobID attribute is
+// jobID, and of the spans without that attribute only those that belong to
+// the job's submission:
+//
+//   - the ancestors of its job.accept and job.route spans (SpanAccept,
+//     SpanRoute) through spans without the attribute: the otelgrpc server
+//     span of the SubmitJob call that made them (region or router);
+//   - the client spans whose parent is its job.route span: the router's
+//     forwarded SubmitJob calls.
+//
+// Other spans of the same trace are left out, so a job submitted with
+// another job's traceparent (SubmitJobRequest.traceparent is the client's
+// to set) does not show in that job's trace, nor that job in its own: the
+// trace id says which trace a span joins, the attribute which job it is
+// of. A span without the attribute that is the parent of neither (e.g. the
+// router's otelgrpc server span when the client sent a traceparent, which
+// makes job.route a child of the client's span instead) is left out too.
+// Cost: O(buffered spans) under the buffer's mutex, plus a map of the
+// attribute-less spans of the job's traces.
 func (s *SpanStore) JobJSONLines(jobID string) []byte {
 	if jobID == "" {
 		return nil
 	}
+	type spanKey struct {
+		trace trace.TraceID
+		span  trace.SpanID
+	}
 	s.mu.Lock()
 	cutoff := s.now().Add(-s.maxAge)
+	live := func(e *storedSpan) bool { return e.end.After(cutoff) }
 	traces := map[trace.TraceID]bool{}
 	s.each(func(e *storedSpan) {
-		if e.job == jobID && e.end.After(cutoff) {
+		if e.job == jobID && live(e) {
 			traces[e.trace] = true
 		}
 	})
 	var picked []storedSpan
 	if len(traces) > 0 {
+		// The attribute-less spans of the job's traces, by id.
+		anon := map[spanKey]*storedSpan{}
 		s.each(func(e *storedSpan) {
-			if traces[e.trace] && e.end.After(cutoff) {
+			if e.job == "" && traces[e.trace] && live(e) && e.span.IsValid() {
+				anon[spanKey{e.trace, e.span}] = e
+			}
+		})
+		keep := map[*storedSpan]bool{}
+		routes := map[spanKey]bool{}
+		s.each(func(e *storedSpan) {
+			if e.job != jobID || !live(e) {
+				return
+			}
+			keep[e] = true
+			if e.name != SpanAccept && e.name != SpanRoute {
+				return
+			}
+			if e.name == SpanRoute && e.span.IsValid() {
+				routes[spanKey{e.trace, e.span}] = true
+			}
+			for p := anon[spanKey{e.trace, e.parent}]; p != nil && !keep[p]; p = anon[spanKey{p.trace, p.parent}] {
+				keep[p] = true
+			}
+		})
+		s.each(func(e *storedSpan) {
+			if keep[e] || (e.job == "" && e.client && live(e) && routes[spanKey{e.trace, e.parent}]) {
 				picked = append(picked, *e)
 			}
 		})

@@ -29,23 +29,35 @@ func rootOf(tr trace.Tracer, job string) string {
 	return Traceparent(ctx)
 }
 
+// submitted ends a job's accept span as the child of a SubmitJob server
+// span without the job attribute (as otelgrpc makes it), the server span a
+// child of parent (a traceparent; "" starts a trace), and returns the
+// accept span's traceparent.
+func submitted(tr trace.Tracer, parent, job string) string {
+	sctx, server := StartFromTraceparent(context.Background(), tr, parent, "apiary.v1.JobService/SubmitJob",
+		trace.WithSpanKind(trace.SpanKindServer))
+	actx, accept := tr.Start(sctx, SpanAccept, trace.WithAttributes(AttrJobID.String(job)))
+	accept.End()
+	server.End()
+	return Traceparent(actx)
+}
+
 func lines(b []byte) []SpanRecord {
 	recs, _ := ReadSpans(bytes.NewReader(b))
 	return recs
 }
 
-// TestSpanStoreJobTraces: a job's query returns every span of its traces
-// (also spans without the job attribute, and spans shipped by another
-// process), nothing of other jobs; the oldest spans go first when full;
-// spans older than the age bound are not returned.
+// TestSpanStoreJobTraces: a job's query returns its spans (also the
+// SubmitJob server span above its accept span, which has no job attribute,
+// and spans shipped by another process), nothing of other jobs; the oldest
+// spans go first when full; spans older than the age bound are not
+// returned.
 func TestSpanStoreJobTraces(t *testing.T) {
 	st := NewSpanStore(8, time.Hour)
 	tp := NewProvider("apiary-region", "c1", 0, false, sdktrace.WithSpanProcessor(st))
 	tr := Tracer(tp)
-	a := rootOf(tr, "eu-west-a")
+	a := submitted(tr, "", "eu-west-a")
 	b := rootOf(tr, "eu-west-b")
-	_, grpcSpan := StartFromTraceparent(context.Background(), tr, a, "apiary.v1.JobService/SubmitJob") // no job attribute
-	grpcSpan.End()
 	placeSpan(tr, a, "eu-west-a", 1)
 	placeSpan(tr, b, "eu-west-b", 1)
 	// An agent's span of job a, shipped as a JSON line.
@@ -70,23 +82,123 @@ func TestSpanStoreJobTraces(t *testing.T) {
 		t.Errorf("unknown job: %s", got)
 	}
 
-	// Full: 6 spans held; 4 more push out the 2 oldest (the accepts of a and b).
+	// Full: 6 spans held; 4 more push out the 2 oldest (a's accept and
+	// SubmitJob spans).
 	for i := 2; i <= 5; i++ {
 		placeSpan(tr, b, "eu-west-b", i)
 	}
 	if st.Len() != 8 {
 		t.Fatalf("len %d, want the cap 8", st.Len())
 	}
-	if got := lines(st.JobJSONLines("eu-west-a")); len(got) != 3 {
-		t.Errorf("job a after 4 more spans: %d spans, want 3 (its accept dropped)", len(got))
+	if got := lines(st.JobJSONLines("eu-west-a")); len(got) != 2 {
+		t.Errorf("job a after 4 more spans: %d spans, want 2 (its accept and SubmitJob spans dropped)", len(got))
 	}
-	if got := lines(st.JobJSONLines("eu-west-b")); len(got) != 5 {
-		t.Errorf("job b: %d spans, want 5 (its accept dropped)", len(got))
+	if got := lines(st.JobJSONLines("eu-west-b")); len(got) != 6 {
+		t.Errorf("job b: %d spans, want 6 (its accept and 5 places)", len(got))
 	}
 	// Age: an hour later nothing is returned.
 	st.now = func() time.Time { return time.Now().Add(time.Hour + time.Second) }
 	if got := st.JobJSONLines("eu-west-b"); len(got) != 0 {
 		t.Errorf("spans older than the age bound returned: %s", got)
+	}
+}
+
+// TestSpanStoreTraceInjection: jobs submitted with another job's
+// traceparent (SubmitJobRequest.traceparent is the client's to set) share
+// its trace id; the victim's query returns only its own spans and the
+// attribute-less spans of its own submission, as a router's and a
+// region's buffers hold them.
+func TestSpanStoreTraceInjection(t *testing.T) {
+	st := NewSpanStore(100, time.Hour)
+	tr := Tracer(NewProvider("apiary-global", "g1", 0, false, sdktrace.WithSpanProcessor(st)))
+	start := func(parent context.Context, name string, kind trace.SpanKind, job string) (context.Context, trace.Span) {
+		var opts []trace.SpanStartOption
+		if job != "" {
+			opts = append(opts, trace.WithAttributes(AttrJobID.String(job)))
+		}
+		return tr.Start(parent, name, append(opts, trace.WithSpanKind(kind))...)
+	}
+	id := func(s trace.Span) string { return s.SpanContext().SpanID().String() }
+	want := map[string]string{} // span id -> what it is, for the victim
+	bad := map[string]string{}  // span id -> what it is, not the victim's
+	end := func(into map[string]string, what string, s trace.Span) { into[id(s)] = what; s.End() }
+	const victim, intruder = "eu-west-victim", "eu-west-intruder"
+
+	// Router: the victim's otelgrpc server span, job.route, and its
+	// forwarded SubmitJob (a client span).
+	rctx, rServer := start(context.Background(), "apiary.v1.JobService/SubmitJob", trace.SpanKindServer, "")
+	routeCtx, route := start(rctx, SpanRoute, trace.SpanKindServer, victim)
+	_, fwd := start(routeCtx, "apiary.v1.JobService/SubmitJob", trace.SpanKindClient, "")
+	end(want, "router forward", fwd)
+	end(want, "route", route)
+	end(want, "router server span", rServer)
+	victimTP := Traceparent(routeCtx) // what the region stores for the victim
+	// Intruders with the victim's traceparent (and gRPC metadata naming its
+	// route span): an accepted job and a refused one, each with its own
+	// forwarded call.
+	for _, job := range []string{intruder, ""} {
+		ictx := ContextWithTraceparent(context.Background(), victimTP)
+		_, iServer := start(ictx, "apiary.v1.JobService/SubmitJob", trace.SpanKindServer, "")
+		irCtx, iRoute := start(ictx, SpanRoute, trace.SpanKindServer, job)
+		_, iFwd := start(irCtx, "apiary.v1.JobService/SubmitJob", trace.SpanKindClient, "")
+		end(bad, "intruder "+job+" router forward", iFwd)
+		end(bad, "intruder "+job+" route", iRoute)
+		end(bad, "intruder "+job+" router server span", iServer)
+	}
+
+	// Region: the victim's server span and accept, then its lifecycle.
+	gctx, gServer := start(ContextWithTraceparent(context.Background(), victimTP), "apiary.v1.JobService/SubmitJob", trace.SpanKindServer, "")
+	actx, accept := start(gctx, SpanAccept, trace.SpanKindInternal, victim)
+	end(want, "accept", accept)
+	end(want, "region server span", gServer)
+	_, place := start(ContextWithTraceparent(context.Background(), victimTP), SpanPlace, trace.SpanKindInternal, victim)
+	end(want, "place", place)
+	// The intruders at the region: metadata naming the victim's accept span.
+	for _, job := range []string{intruder, ""} {
+		_, iServer := start(actx, "apiary.v1.JobService/SubmitJob", trace.SpanKindServer, "")
+		iaCtx, iAccept := start(trace.ContextWithSpan(context.Background(), iServer), SpanAccept, trace.SpanKindInternal, job)
+		end(bad, "intruder "+job+" accept", iAccept)
+		end(bad, "intruder "+job+" region server span", iServer)
+		if job != "" {
+			_, iPlace := start(ContextWithTraceparent(context.Background(), victimTP), SpanPlace, trace.SpanKindInternal, job)
+			end(bad, "intruder place", iPlace)
+			_, iChild := start(iaCtx, "child of the intruder's accept", trace.SpanKindClient, "")
+			end(bad, "intruder client span", iChild)
+		}
+	}
+
+	got := map[string]string{}
+	for _, r := range lines(st.JobJSONLines(victim)) {
+		got[r.SpanID] = r.Name
+		if r.TraceID != accept.SpanContext().TraceID().String() {
+			t.Errorf("span %s of trace %s, want the victim's", r.Name, r.TraceID)
+		}
+	}
+	for sid, what := range want {
+		if got[sid] == "" {
+			t.Errorf("victim's trace lacks its %s", what)
+		}
+	}
+	for sid, what := range bad {
+		if got[sid] != "" {
+			t.Errorf("victim's trace holds the %s", what)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("victim's trace: %d spans, want %d", len(got), len(want))
+	}
+	// The intruder's own query: its route, forward, region server span (the
+	// parent of its accept), accept and place, none of the victim's (its
+	// router server span is a sibling of its route, so it is left out).
+	n := 0
+	for _, r := range lines(st.JobJSONLines(intruder)) {
+		n++
+		if want[r.SpanID] != "" {
+			t.Errorf("intruder's trace holds the victim's %s", want[r.SpanID])
+		}
+	}
+	if n != 5 {
+		t.Errorf("intruder's trace: %d spans, want 5 (route, forward, region server span, accept, place)", n)
 	}
 }
 
