@@ -22,6 +22,9 @@ import (
 //	/apiary/nodes/<nodeID>/health             attempt outcomes in the attribution window, automatic quarantine (nodehealth.Record)
 //	/apiary/quarantine                        ids of the automatically quarantined nodes (the share guard's count)
 //	/apiary/dedup/<clientID>/<requestID>      job id and payload hash of a submission
+//
+// /apiary/acl/ (ACL tokens, policies, join token bindings) is package
+// regional/aclstore's: it spells those keys itself (aclstore/keys.go).
 const (
 	root             = "/apiary/"
 	keyMeta          = root + "meta"
