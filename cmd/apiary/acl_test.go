@@ -199,6 +199,13 @@ func TestACLThroughRouter(t *testing.T) {
 	if jobA == "" || jobB == "" {
 		t.Fatalf("job ids %q %q", jobA, jobB)
 	}
+	// A keyed submission (--request-id): the router's idempotency lookups
+	// carry alice's token, its own region-list read is marked internal.
+	keyed := strings.TrimSpace(mustCLI(t, aliceEnv, "job", "run", jobFile, "--namespace", "a", "--request-id", "acl-k1").stdout)
+	if again := strings.TrimSpace(mustCLI(t, aliceEnv, "job", "run", jobFile, "--namespace", "a", "--request-id", "acl-k1").stdout); again != keyed || keyed == "" {
+		t.Fatalf("keyed submission twice: %q then %q, want the same job", keyed, again)
+	}
+	mustCLI(t, aliceEnv, "job", "cancel", keyed)
 	if r := mustCLI(t, aliceEnv, "job", "status", jobA); !regexp.MustCompile(`(?m)^Namespace:\s+a$`).MatchString(r.stdout) {
 		t.Fatalf("job status %s: no namespace a:\n%s", jobA, r.stdout)
 	}
@@ -347,7 +354,7 @@ func TestAgentJoinToken(t *testing.T) {
 			}
 			out := p.out.String()
 			if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "registration refused") ||
-				!strings.Contains(out, why) || !strings.Contains(out, "apiary acl token create --type agent --region R") {
+				!strings.Contains(out, why) || !strings.Contains(out, "apiary acl token create --type agent --region") {
 				return fmt.Errorf("not yet:\n%s", out)
 			}
 			return nil
@@ -424,5 +431,79 @@ func TestAgentJoinToken(t *testing.T) {
 	}
 	if strings.Contains(string(taskEnv), EnvJoinToken) || strings.Contains(string(taskEnv), tok.GetSecretId()) {
 		t.Fatalf("the task inherited the join token:\n%s", taskEnv)
+	}
+}
+
+// TestACLCLIInputErrorsExit2WithoutDialing: bad ACL and namespace input
+// exits 2 naming the flag or argument and the rule, and nothing is dialed;
+// a token is never sent in plaintext off loopback (refused before dialing).
+func TestACLCLIInputErrorsExit2WithoutDialing(t *testing.T) {
+	addr, dials := countingListener(t)
+	dir := t.TempDir()
+	notUUID := filepath.Join(dir, "secret")
+	badPolicy := filepath.Join(dir, "bad.yaml")
+	for f, content := range map[string]string{notUUID: "hunter2\n", badPolicy: "namespaces:\n  - name: a\n    capabilities: [delete]\n"} {
+		if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"acl", "bootstrap", notUUID}, "must be a UUID"},
+		{[]string{"acl", "bootstrap", "--accessor", "x"}, "--accessor: must be a UUID"},
+		{[]string{"acl", "token", "create"}, "--name: is required"},
+		{[]string{"acl", "token", "create", "--name", "n", "--type", "root"}, "--type: must be client, management or agent"},
+		{[]string{"acl", "token", "create", "--name", "n", "--type", "management", "--policy", "p"}, "--policy: only for client tokens"},
+		{[]string{"acl", "token", "create", "--name", "n", "--type", "agent"}, "--region: required for an agent token"},
+		{[]string{"acl", "token", "create", "--name", "n", "--region", "eu-west"}, "--region and --node-id: only for agent tokens"},
+		{[]string{"acl", "token", "create", "--name", "n", "--policy", "p", "--ttl", "-1h"}, "--ttl: must be >= 0"},
+		{[]string{"acl", "token", "revoke", "not-an-accessor"}, "ACCESSOR: must be a UUID"},
+		{[]string{"acl", "policy", "apply", "team-a", badPolicy}, `namespaces[0].capabilities[0]: "delete" is not one of submit, read, cancel`},
+		{[]string{"acl", "policy", "apply", "bad name", badPolicy}, "name: must be 1-128 characters"},
+		{[]string{"job", "run", "../../examples/hello.yaml", "--namespace", "Team_A"}, "--namespace: must be 1-63 characters"},
+		{[]string{"job", "list", "--namespace", "-a"}, "--namespace: must be 1-63 characters"},
+	} {
+		r := runCLI(t, nil, append(tc.args, "--addr", addr)...)
+		if r.code != exitInvalid || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("apiary %s: exit %d, want 2 saying %q\n%s", strings.Join(tc.args, " "), r.code, tc.want, r.stderr)
+		}
+	}
+	// A token in plaintext to an address that is not loopback (TEST-NET-1,
+	// nothing is there): refused before dialing, at once.
+	r := runCLI(t, []string{acl.EnvToken + "=" + acl.NewID()}, "job", "list", "--addr", "192.0.2.7:7070")
+	if r.code != exitInvalid || !strings.Contains(r.stderr, cliconn.TokenRefusedPrefix) || !strings.Contains(r.stderr, "192.0.2.7:7070") ||
+		r.took > 5*time.Second {
+		t.Errorf("job list with a token in plaintext to 192.0.2.7: exit %d in %s, want 2 at once refusing to send the token\n%s", r.code, r.took, r.stderr)
+	}
+	if n := dials.Load(); n != 0 {
+		t.Fatalf("the CLI connected %d times for invalid input", n)
+	}
+}
+
+// TestCLINamespaceSentAndShown: job run --namespace overrides the file's,
+// job list sends its filter and shows a NAMESPACE column ("default" for a
+// job without one), job status a Namespace line.
+func TestCLINamespaceSentAndShown(t *testing.T) {
+	f, addr := startFake(t)
+	env := []string{cliconn.EnvAddr + "=" + addr}
+	mustCLI(t, env, "job", "run", writeJob(t, "nsjob"), "--namespace", "team-a")
+	mustCLI(t, env, "job", "run", writeJob(t, "plain"))
+	f.mu.Lock()
+	if len(f.submits) != 2 || f.submits[0].GetSpec().GetNamespace() != "team-a" || acl.OrDefault(f.submits[1].GetSpec().GetNamespace()) != acl.DefaultNamespace {
+		t.Fatalf("submitted namespaces: %v", f.submits)
+	}
+	f.mu.Unlock()
+	r := mustCLI(t, env, "job", "list")
+	if !regexp.MustCompile(`(?m)^ID\s+NAMESPACE\s+NAME`).MatchString(r.stdout) || !regexp.MustCompile(`(?m)^test-nsjob\s+team-a\s+nsjob\s`).MatchString(r.stdout) ||
+		!regexp.MustCompile(`(?m)^test-plain\s+default\s+plain\s`).MatchString(r.stdout) {
+		t.Fatalf("job list:\n%s", r.stdout)
+	}
+	if r := mustCLI(t, env, "job", "list", "--namespace", "team-a"); !strings.Contains(r.stdout, "test-nsjob") || strings.Contains(r.stdout, "test-plain") {
+		t.Fatalf("job list --namespace team-a:\n%s", r.stdout)
+	}
+	if r := mustCLI(t, env, "job", "status", "test-nsjob"); !regexp.MustCompile(`(?m)^Namespace:\s+team-a$`).MatchString(r.stdout) {
+		t.Fatalf("job status:\n%s", r.stdout)
 	}
 }

@@ -239,6 +239,9 @@ func (f *fakeAPI) ListJobs(_ context.Context, req *apiaryv1.ListJobsRequest) (*a
 	defer f.mu.Unlock()
 	resp := &apiaryv1.ListJobsResponse{UnavailableRegions: []string{"ap-south"}}
 	for _, j := range f.jobs {
+		if ns := req.GetNamespace(); ns != "" && j.GetSpec().GetNamespace() != ns {
+			continue
+		}
 		if req.GetState() == 0 || req.GetState() == j.GetState() {
 			resp.Jobs = append(resp.Jobs, &apiaryv1.Job{Id: j.Id, Region: j.Region, Spec: j.Spec, State: j.State, Counts: j.Counts})
 		}

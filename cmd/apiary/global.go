@@ -47,6 +47,12 @@ region may run is refused with a reason per region; status, cancel, watch and
 logs go to the region in the job id; list fans out. Any number of routers may
 run; they keep no state.
 
+ACL tokens (regions started with --acl): the router checks no token and holds
+none; every call it forwards carries the caller's token ($APIARY_TOKEN), which
+the regions check. It serves ACLService too: a bootstrap, a token or a policy
+goes to every region with the same ids, so one token works everywhere (a
+token is made in every region or in none).
+
 With --tls-ca, --tls-cert and --tls-key (a router certificate: apiary tls
 cert create --role router --id NAME), the API serves mutual TLS to client
 certificates only, and the router reaches each region's coordinators with
@@ -126,7 +132,7 @@ start unless --insecure-dev says so.`,
 			srv := grpc.NewServer(sopts...)
 			hs := health.NewServer()
 			healthpb.RegisterHealthServer(srv, hs)
-			rt.Register(srv)
+			rt.Register(srv) // JobService, AdminService and ACLService (global/router)
 
 			// The router's parts, started in this order and stopped in
 			// reverse (internal/lifecycle); a part that fails stops the
@@ -186,7 +192,7 @@ start unless --insecure-dev says so.`,
 	}
 	f := cmd.Flags()
 	tel.add(cmd)
-	f.StringVar(&listen, "listen", "127.0.0.1:7070", "gRPC API listen address (JobService, AdminService.ListRegions)")
+	f.StringVar(&listen, "listen", "127.0.0.1:7070", "gRPC API listen address (JobService, AdminService, ACLService)")
 	f.StringVar(&wanBind, "wan-bind", "127.0.0.1:7946", "serf WAN pool listen host:port (port 0 picks one)")
 	f.StringVar(&wanAdvertise, "wan-advertise", "", "serf WAN address others reach this router at (default --wan-bind)")
 	f.StringSliceVar(&wanJoin, "wan-join", nil, "WAN pool members to join (coordinators or other routers), host:port; retried every second")

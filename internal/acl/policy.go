@@ -95,7 +95,7 @@ func ValidatePolicy(p *apiaryv1.ACLPolicy) error {
 
 // policyFile is the YAML form of a policy (ParsePolicyYAML).
 type policyFile struct {
-	Description string `json:"description"`
+	Description string       `json:"description"`
 	Namespaces  []policyRule `json:"namespaces"`
 	Node        string       `json:"node"`
 	Operator    bool         `json:"operator"`

@@ -137,24 +137,18 @@ func (c *Cluster) agentToken(ctx context.Context, r *Region, id string) (string,
 // set), and returns the regions that took it. With the management token
 // once there is one.
 func (c *Cluster) eachRegionACL(ctx context.Context, only *Region, call func(ctx context.Context, cl apiaryv1.ACLServiceClient) ([]string, error)) ([]string, error) {
-	var targets []struct {
-		name string
-		dial func() (*grpc.ClientConn, error)
+	type target struct {
+		region string // "": the router, which names the regions itself
+		dial   func() (*grpc.ClientConn, error)
 	}
+	var targets []target
 	if c.Global != nil {
-		targets = append(targets, struct {
-			name string
-			dial func() (*grpc.ClientConn, error)
-		}{"", func() (*grpc.ClientConn, error) { return c.Dial(c.GlobalAddr) }})
+		targets = append(targets, target{"", func() (*grpc.ClientConn, error) { return c.Dial(c.GlobalAddr) }})
 	} else {
 		for _, r := range c.Regions {
-			if only != nil && r != only {
-				continue
+			if only == nil || r == only {
+				targets = append(targets, target{r.Spec.Name, r.Dial})
 			}
-			targets = append(targets, struct {
-				name string
-				dial func() (*grpc.ClientConn, error)
-			}{r.Spec.Name, r.Dial})
 		}
 	}
 	var took []string
@@ -170,8 +164,8 @@ func (c *Cluster) eachRegionACL(ctx context.Context, only *Region, call func(ctx
 		if err != nil {
 			return nil, err
 		}
-		if t.name != "" {
-			regions = []string{t.name}
+		if t.region != "" {
+			regions = []string{t.region}
 		}
 		took = append(took, regions...)
 	}

@@ -528,7 +528,10 @@ func TestServer(t *testing.T) {
 			_, err := sv.CreateACLToken(c, &apiaryv1.CreateACLTokenRequest{Type: acl.TypeManagement})
 			return err
 		},
-		"ListACLTokens": func(c context.Context) error { _, err := sv.ListACLTokens(c, &apiaryv1.ListACLTokensRequest{}); return err },
+		"ListACLTokens": func(c context.Context) error {
+			_, err := sv.ListACLTokens(c, &apiaryv1.ListACLTokensRequest{})
+			return err
+		},
 		"RevokeACLToken": func(c context.Context) error {
 			_, err := sv.RevokeACLToken(c, &apiaryv1.RevokeACLTokenRequest{AccessorId: boot.GetToken().GetAccessorId()})
 			return err
@@ -537,7 +540,10 @@ func TestServer(t *testing.T) {
 			_, err := sv.ApplyACLPolicy(c, &apiaryv1.ApplyACLPolicyRequest{Policy: &apiaryv1.ACLPolicy{Name: "q"}})
 			return err
 		},
-		"ListACLPolicies": func(c context.Context) error { _, err := sv.ListACLPolicies(c, &apiaryv1.ListACLPoliciesRequest{}); return err },
+		"ListACLPolicies": func(c context.Context) error {
+			_, err := sv.ListACLPolicies(c, &apiaryv1.ListACLPoliciesRequest{})
+			return err
+		},
 		"DeleteACLPolicy": func(c context.Context) error {
 			_, err := sv.DeleteACLPolicy(c, &apiaryv1.DeleteACLPolicyRequest{Name: "p"})
 			return err
