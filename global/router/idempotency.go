@@ -173,7 +173,10 @@ func (r *Router) submitKeyed(ctx context.Context, req *apiaryv1.SubmitJobRequest
 		return nil, unknownOutcome(home.Name, req.GetRequestId(), "its home region refused to run it and could not record where it goes: "+status.Convert(ferr).Message())
 	}
 	if fr.GetJobId() != "" {
-		return &apiaryv1.SubmitJobResponse{JobId: fr.GetJobId(), Region: home.Name, Deduplicated: true}, nil
+		// Home made a job for the request after all (a concurrent
+		// submission): ask home again, so it judges the repeat (token,
+		// secret values) as lookupElsewhere does.
+		return r.submitForwarded(ctx, req, key, home.Name, home.Name)
 	}
 	return r.submitForwarded(ctx, req, key, home.Name, fr.GetRegion())
 }
@@ -215,7 +218,14 @@ func (r *Router) lookupElsewhere(ctx context.Context, req *apiaryv1.SubmitJobReq
 			req.GetRequestId(), req.GetClientId(), h.region), true
 	}
 	if h.resp.GetJobId() != "" {
-		return &apiaryv1.SubmitJobResponse{JobId: h.resp.GetJobId(), Region: h.region, Deduplicated: true}, nil, true
+		// The job is there: submit the request to that region rather than
+		// answer from the lookup, so that the region judges it as it
+		// judges any repeat: the caller's token must allow submitting in the
+		// job's namespace (a lookup carries no token: answering from it
+		// would name a job to a caller who may not see it), and secret
+		// values, which the payload hash leaves out, are compared there.
+		resp, err := r.submitForwarded(ctx, req, key, h.region, h.region)
+		return resp, err, true
 	}
 	resp, err := r.submitForwarded(ctx, req, key, h.region, h.resp.GetForwardedTo())
 	return resp, err, true
