@@ -162,6 +162,20 @@ func TestACLThroughRouter(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^Type:\s+management$`).MatchString(r.stdout) {
 		t.Fatalf("acl token self: %s", r.stdout)
 	}
+	// --tls-server-name: the server's certificate must carry the name and
+	// the identity it implies. The router's address dialed as a region
+	// fails the handshake (exit 3, not reached); as the router, it works;
+	// a region's address dialed as eu-west works, as us-east fails.
+	if r := runCLI(t, mgmt, "acl", "token", "self", "--timeout", "2s", "--tls-server-name", "region.eu-west.apiary"); r.code != exitUnavailable ||
+		!strings.Contains(r.stderr, "region.eu-west.apiary") {
+		t.Fatalf("router dialed as region.eu-west.apiary: exit %d, want %d naming the name\n%s", r.code, exitUnavailable, r.stderr)
+	}
+	mustCLI(t, mgmt, "acl", "token", "self", "--tls-server-name", "router.global.apiary")
+	mustCLI(t, append(slices.Clone(mgmt), cliconn.EnvTLSServerName+"=region.eu-west.apiary"), "acl", "token", "self", "--addr", eu.APIAddrs[0])
+	if r := runCLI(t, mgmt, "acl", "token", "self", "--timeout", "2s", "--addr", eu.APIAddrs[0], "--tls-server-name", "region.us-east.apiary"); r.code != exitUnavailable {
+		t.Fatalf("eu-west's coordinator dialed as region.us-east.apiary: exit %d, want %d\n%s", r.code, exitUnavailable, r.stderr)
+	}
+
 	// The bootstrap cannot be done again with other ids.
 	wantRefused(t, withToken(mgmt, ""), []string{"already"}, "acl", "bootstrap")
 

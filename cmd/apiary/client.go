@@ -112,6 +112,10 @@ type clientOpts struct {
 	// token is --token ($APIARY_TOKEN when not given): the ACL token's
 	// secret sent with every call.
 	token string
+	// serverName is --tls-server-name ($APIARY_TLS_SERVER_NAME): the name
+	// the server's certificate must carry, when the command does not know
+	// which server it dials.
+	serverName string
 }
 
 func (o *clientOpts) addFlags(cmd *cobra.Command) {
@@ -122,14 +126,17 @@ func (o *clientOpts) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.tls.CA, "tls-ca", "", "CA bundle to verify the server with (mutual TLS; default $"+cliconn.EnvCACert+"; none of the three: plaintext)")
 	f.StringVar(&o.tls.Cert, "tls-cert", "", "client certificate (apiary tls cert create --role client; default $"+cliconn.EnvClientCert+")")
 	f.StringVar(&o.tls.Key, "tls-key", "", "client certificate's key (default $"+cliconn.EnvClientKey+")")
+	f.StringVar(&o.serverName, "tls-server-name", "", "name the server's certificate must carry, e.g. router.global.apiary or region.eu-west.apiary "+
+		"(its identity is then checked too: role, region); default $"+cliconn.EnvTLSServerName+", else the host of --addr, which any region or router certificate carrying it passes")
 	f.StringVar(&o.token, "token", "", "ACL token secret sent with every call (default $"+acl.EnvToken+"; never sent in plaintext to an address that is not loopback)")
 }
 
 // dial dials addr (one host:port or a comma-separated list) with the
 // command's TLS files, verifying the server's certificate as serverName
 // (pki.RegionServerName(region) when the command knows it dials a region's
-// coordinators; "": the address's host, as the CLI does not know whether
-// --addr is a router or a coordinator, nor of which region), or plaintext
+// coordinators; "": --tls-server-name or $APIARY_TLS_SERVER_NAME, else the
+// address's host, as the CLI does not know whether --addr is a router or a
+// coordinator, nor of which region), or plaintext
 // without them; every call carries the ACL token of --token or
 // $APIARY_TOKEN, if any (cliconn.WithToken). Errors (malformed address, TLS
 // files missing or unreadable, a token to send in plaintext to an address
@@ -150,6 +157,12 @@ func (o *clientOpts) dial(addr, serverName string) (*grpc.ClientConn, error) {
 	if addrs, err := cliconn.SplitAddrs(addr); err == nil {
 		if err := cliconn.CheckTokenTransport(addrs, token, r != nil); err != nil {
 			return nil, withCode(exitInvalid, err)
+		}
+	}
+	if serverName == "" {
+		serverName = o.serverName
+		if serverName == "" {
+			serverName = os.Getenv(cliconn.EnvTLSServerName)
 		}
 	}
 	cc, err := cliconn.DialTLS(addr, r, serverName, cliconn.WithToken(token))

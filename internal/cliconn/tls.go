@@ -28,6 +28,9 @@ const (
 	EnvCACert     = "APIARY_CACERT"
 	EnvClientCert = "APIARY_CLIENT_CERT"
 	EnvClientKey  = "APIARY_CLIENT_KEY"
+	// EnvTLSServerName is read when --tls-server-name is not given
+	// (Nomad's NOMAD_TLS_SERVER_NAME).
+	EnvTLSServerName = "APIARY_TLS_SERVER_NAME"
 )
 
 // TLSHint is what a user is told to do to give the CLI its certificate.
