@@ -553,6 +553,12 @@ func (r *Region) Dial() (*grpc.ClientConn, error) {
 	return cliconn.DialTLS(r.Addr(), r.client, r.serverName(), cliconn.WithToken(r.token))
 }
 
+// DialWithToken is Dial with secret as the ACL token of every call instead
+// of the cluster's management token ("": none).
+func (r *Region) DialWithToken(secret string) (*grpc.ClientConn, error) {
+	return cliconn.DialTLS(r.Addr(), r.client, r.serverName(), cliconn.WithToken(secret))
+}
+
 // serverName is the name the region's coordinators' certificates carry
 // ("" without TLS).
 func (r *Region) serverName() string {

@@ -3,8 +3,11 @@ package bench
 // The cost of mutual TLS and role checks (issue 19, "Measure"): SubmitJob
 // throughput and latency, and the agent registration rate, of a 1-member
 // region run with mutual TLS (internal/pki, authz of internal/authz) against
-// the same region run plaintext (--insecure-dev). ACL tokens are not built,
-// so they are not in the measurement.
+// the same region run plaintext (--insecure-dev), and with mutual TLS and
+// ACLs on (--acl): submissions carry a client token whose policy grants
+// submit in the job's namespace (a management token would skip the policy
+// decision), registrations a join token per node (bound in the epoch's
+// Txn).
 
 import (
 	"context"
@@ -27,9 +30,10 @@ import (
 
 // TLSCostOptions configures the tlscost benchmark.
 type TLSCostOptions struct {
-	// Runs is the number of runs per mode (plaintext, mTLS); the modes
-	// alternate within each round, their order swapped every other round
-	// (plain, tls, tls, plain, ...), so both share the machine's drift.
+	// Runs is the number of runs per mode (plaintext, mTLS, mTLS + ACL);
+	// the modes alternate within each round, their order reversed every
+	// other round (plain, mtls, acl, acl, mtls, plain, ...), so all share
+	// the machine's drift.
 	Runs int
 	// Clients closed-loop SubmitJob clients over Conns gRPC connections,
 	// Warmup (not measured) then Duration measured, as in Submit.
@@ -54,6 +58,8 @@ var DefaultTLSCost = TLSCostOptions{Runs: 3, Clients: 64, Conns: 8, Warmup: 2 * 
 // phase, each against a fresh 1-member region.
 type TLSCostRun struct {
 	TLS bool
+	// ACL: TLS with ACLs on (the region's --acl; tokens on every call).
+	ACL bool
 	Run int
 
 	// Submit phase (see SubmitResult): successes and failures in the
@@ -80,8 +86,11 @@ type TLSCostRun struct {
 	RegCPU                float64
 }
 
-// Mode is "mtls" or "plain".
+// Mode is "acl", "mtls" or "plain".
 func (r TLSCostRun) Mode() string {
+	if r.ACL {
+		return "acl"
+	}
 	if r.TLS {
 		return "mtls"
 	}
@@ -89,9 +98,9 @@ func (r TLSCostRun) Mode() string {
 }
 
 // startTLSCostRegion starts a 1-member region named "bench" under dir,
-// with mutual TLS when useTLS.
-func startTLSCostRegion(ctx context.Context, cfg Config, dir string, useTLS bool) (*devcluster.Cluster, *devcluster.Region, error) {
-	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: cfg.Binary, Dir: dir, TLS: useTLS,
+// with mutual TLS when useTLS, and ACLs on when useACL.
+func startTLSCostRegion(ctx context.Context, cfg Config, dir string, useTLS, useACL bool) (*devcluster.Cluster, *devcluster.Region, error) {
+	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: cfg.Binary, Dir: dir, TLS: useTLS, ACL: useACL,
 		Regions: []devcluster.RegionSpec{{Name: "bench", Coordinators: 1}}})
 	if err != nil {
 		return nil, nil, err
@@ -102,16 +111,24 @@ func startTLSCostRegion(ctx context.Context, cfg Config, dir string, useTLS bool
 // TLSCostSubmit runs the submit phase of one run: closed-loop SubmitJob
 // clients (as Submit does, tracing off) against a fresh 1-member region,
 // plaintext or with mutual TLS as the cluster's client certificate.
-func TLSCostSubmit(ctx context.Context, cfg Config, o TLSCostOptions, useTLS bool, run int) (TLSCostRun, error) {
-	res := TLSCostRun{TLS: useTLS, Run: run, Latency: hdrhistogram.New(1, 60_000_000, 3), ErrCodes: map[string]int64{}}
+func TLSCostSubmit(ctx context.Context, cfg Config, o TLSCostOptions, mode string, run int) (TLSCostRun, error) {
+	res := TLSCostRun{TLS: mode != "plain", ACL: mode == "acl", Run: run, Latency: hdrhistogram.New(1, 60_000_000, 3), ErrCodes: map[string]int64{}}
 	dir := filepath.Join(cfg.WorkDir, fmt.Sprintf("tlscost-submit-%s-%d", res.Mode(), run))
-	cl, r, err := startTLSCostRegion(ctx, cfg, dir, useTLS)
+	cl, r, err := startTLSCostRegion(ctx, cfg, dir, res.TLS, res.ACL)
 	if err != nil {
 		return res, err
 	}
 	defer cl.Stop()
 	pid := r.Coords[0].Pid()
-	conns, err := dialProbed(ctx, o.Conns, r.Dial)
+	dial := r.Dial
+	if res.ACL {
+		secret, err := benchClientToken(ctx, r)
+		if err != nil {
+			return res, err
+		}
+		dial = func() (*grpc.ClientConn, error) { return r.DialWithToken(secret) }
+	}
+	conns, err := dialProbed(ctx, o.Conns, dial)
 	if err != nil {
 		return res, err
 	}
@@ -146,7 +163,7 @@ func TLSCostRegister(ctx context.Context, cfg Config, o TLSCostOptions, res *TLS
 	res.RegNodes, res.RegErrCodes = o.Nodes, map[string]int64{}
 	res.RegLatency = hdrhistogram.New(1, 60_000_000, 3)
 	dir := filepath.Join(cfg.WorkDir, fmt.Sprintf("tlscost-register-%s-%d", res.Mode(), res.Run))
-	cl, r, err := startTLSCostRegion(ctx, cfg, dir, res.TLS)
+	cl, r, err := startTLSCostRegion(ctx, cfg, dir, res.TLS, res.ACL)
 	if err != nil {
 		return err
 	}
@@ -154,6 +171,14 @@ func TLSCostRegister(ctx context.Context, cfg Config, o TLSCostOptions, res *TLS
 	ids := []string{"reg-probe"}
 	for i := 1; i <= o.Nodes; i++ {
 		ids = append(ids, fmt.Sprintf("reg-%04d", i))
+	}
+	// Join tokens (ACL mode) are made before timing, one per node,
+	// unbound: the registration binds it in its epoch's Txn.
+	joins := make([]string, len(ids))
+	if res.ACL {
+		if joins, err = benchJoinTokens(ctx, r, len(ids)); err != nil {
+			return err
+		}
 	}
 	// Certificates are minted and loaded before timing.
 	creds := make([]*pki.Reloader, len(ids))
@@ -179,7 +204,7 @@ func TLSCostRegister(ctx context.Context, cfg Config, o TLSCostOptions, res *TLS
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		_, err = apiaryv1.NewAgentServiceClient(c).RegisterNode(cctx, &apiaryv1.RegisterNodeRequest{NodeId: ids[i],
-			Capacity: &apiaryv1.Resources{CpuMillis: 4000, MemoryMb: 4096}, MaxTasks: 4})
+			Capacity: &apiaryv1.Resources{CpuMillis: 4000, MemoryMb: 4096}, MaxTasks: 4, JoinToken: joins[i]})
 		return c, time.Since(t), err
 	}
 	probe, _, err := register(0)
@@ -240,15 +265,15 @@ func RunTLSCost(ctx context.Context, cfg Config, o TLSCostOptions, out string) (
 	var runs []TLSCostRun
 	var firstErr error
 	for run := 1; run <= o.Runs && ctx.Err() == nil; run++ {
-		order := []bool{false, true}
+		order := []string{"plain", "mtls", "acl"}
 		if run%2 == 0 {
-			order = []bool{true, false}
+			order = []string{"acl", "mtls", "plain"}
 		}
-		for _, useTLS := range order {
+		for _, mode := range order {
 			if ctx.Err() != nil {
 				break
 			}
-			r, err := TLSCostSubmit(ctx, cfg, o, useTLS, run)
+			r, err := TLSCostSubmit(ctx, cfg, o, mode, run)
 			if err == nil {
 				err = TLSCostRegister(ctx, cfg, o, &r)
 			}
@@ -286,12 +311,13 @@ func RunTLSCost(ctx context.Context, cfg Config, o TLSCostOptions, out string) (
 }
 
 // tlsCostMarkdown is the summary section: every run, then the median over
-// runs per mode with the mTLS/plain ratio.
+// runs per mode with each mode's ratio to plain.
 func tlsCostMarkdown(o TLSCostOptions, runs []TLSCostRun) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "## tlscost (issue 19): mutual TLS + role checks against plaintext\n\n"+
-		"1-member region, fresh per phase and run; mode plain = every process --insecure-dev, mtls = devcluster Options.TLS (CA, per-process certificates, authz on every RPC; no ACL tokens: not built). "+
-		"%d run(s) per mode, alternating (plain, mtls | mtls, plain | ...).\n"+
+	fmt.Fprintf(&b, "## tlscost (issue 19): mutual TLS + role checks, and ACL tokens, against plaintext\n\n"+
+		"1-member region, fresh per phase and run; mode plain = every process --insecure-dev, mtls = devcluster Options.TLS (CA, per-process certificates, authz on every RPC), "+
+		"acl = mtls plus --acl (submissions carry a client token whose one policy grants submit+read in namespace default; each registration a fresh unbound join token, bound in the epoch's Txn). "+
+		"%d run(s) per mode, alternating (plain, mtls, acl | acl, mtls, plain | ...).\n"+
 		"Submit: SubmitJob of single-task jobs (client_id + request_id), %d closed-loop clients over %d connections, %s warm-up, %s measured, no agents, tracing off; with mTLS the clients present the cluster's client certificate.\n"+
 		"Register: %d fake nodes call RegisterNode, %d workers at a time, each node on a new connection (dial + handshake + RPC timed; with mTLS its own agent certificate, minted before timing); rate = registered / wall time of the batch.\n\n",
 		o.Runs, o.Clients, o.Conns, o.Warmup, o.Duration, o.Nodes, o.Workers)
@@ -316,24 +342,30 @@ func tlsCostMarkdown(o TLSCostOptions, runs []TLSCostRun) string {
 		{"registration p50 ms", func(r TLSCostRun) float64 { return msq(r.RegLatency, 50) }},
 		{"registration p99 ms", func(r TLSCostRun) float64 { return msq(r.RegLatency, 99) }},
 	}
-	med := func(tls bool, c col) (Summary, int) {
+	med := func(mode string, c col) (Summary, int) {
 		var xs []float64
 		for _, r := range runs {
-			if r.TLS == tls {
+			if r.Mode() == mode {
 				xs = append(xs, c.get(r))
 			}
 		}
 		return Summarize(xs), len(xs)
 	}
-	b.WriteString("\nMedian over runs [min–max]; plain is the floor, ratio = mTLS median / plain median:\n\n| quantity | plain (n) | mTLS (n) | mTLS / plain |\n|---|---|---|---|\n")
-	for _, c := range cols {
-		p, np := med(false, c)
-		t, nt := med(true, c)
-		ratio := "-"
-		if np > 0 && nt > 0 && p.P50 != 0 {
-			ratio = strconv.FormatFloat(t.P50/p.P50, 'f', 2, 64)
+	b.WriteString("\nMedian over runs [min–max]; plain is the floor, ratios = mode median / plain median:\n\n" +
+		"| quantity | plain (n) | mTLS (n) | mTLS + ACL (n) | mTLS / plain | mTLS+ACL / plain |\n|---|---|---|---|---|---|\n")
+	ratio := func(x, floor Summary, nx, nf int) string {
+		if nx == 0 || nf == 0 || floor.P50 == 0 {
+			return "-"
 		}
-		fmt.Fprintf(&b, "| %s | %s [%s–%s] (%d) | %s [%s–%s] (%d) | %s |\n", c.name, f2(p.P50), f2(p.Min), f2(p.Max), np, f2(t.P50), f2(t.Min), f2(t.Max), nt, ratio)
+		return strconv.FormatFloat(x.P50/floor.P50, 'f', 2, 64)
+	}
+	for _, c := range cols {
+		p, np := med("plain", c)
+		t, nt := med("mtls", c)
+		a, na := med("acl", c)
+		fmt.Fprintf(&b, "| %s | %s [%s–%s] (%d) | %s [%s–%s] (%d) | %s [%s–%s] (%d) | %s | %s |\n", c.name,
+			f2(p.P50), f2(p.Min), f2(p.Max), np, f2(t.P50), f2(t.Min), f2(t.Max), nt, f2(a.P50), f2(a.Min), f2(a.Max), na,
+			ratio(t, p, nt, np), ratio(a, p, na, np))
 	}
 	b.WriteString("\n(median = nearest-rank p50 of the runs; coordinator CPU from /proc, the process with its embedded etcd member, warm-up start to window end, per accepted job; raw rows: tlscost.csv)\n\n")
 	return b.String()
@@ -348,3 +380,48 @@ func msq(h *hdrhistogram.Histogram, p float64) float64 {
 }
 
 func f2(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) }
+
+// benchClientToken makes, as the cluster's management token, a policy
+// granting submit and read in namespace "default" and a client token with
+// it, and returns the token's secret.
+func benchClientToken(ctx context.Context, r *devcluster.Region) (string, error) {
+	cc, err := r.Dial()
+	if err != nil {
+		return "", err
+	}
+	defer cc.Close()
+	c := apiaryv1.NewACLServiceClient(cc)
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := c.ApplyACLPolicy(cctx, &apiaryv1.ApplyACLPolicyRequest{Policy: &apiaryv1.ACLPolicy{Name: "bench-submit",
+		Namespaces: []*apiaryv1.ACLNamespaceRule{{Name: "default", Capabilities: []string{"submit", "read"}}}}}); err != nil {
+		return "", fmt.Errorf("acl policy: %w", err)
+	}
+	resp, err := c.CreateACLToken(cctx, &apiaryv1.CreateACLTokenRequest{Name: "bench-client", Type: "client", Policies: []string{"bench-submit"}})
+	if err != nil {
+		return "", fmt.Errorf("acl token: %w", err)
+	}
+	return resp.GetToken().GetSecretId(), nil
+}
+
+// benchJoinTokens makes n unbound agent join tokens of the region, as the
+// cluster's management token, and returns their secrets.
+func benchJoinTokens(ctx context.Context, r *devcluster.Region, n int) ([]string, error) {
+	cc, err := r.Dial()
+	if err != nil {
+		return nil, err
+	}
+	defer cc.Close()
+	c := apiaryv1.NewACLServiceClient(cc)
+	out := make([]string, n)
+	for i := range out {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		resp, err := c.CreateACLToken(cctx, &apiaryv1.CreateACLTokenRequest{Name: fmt.Sprintf("bench-join-%d", i), Type: "agent", Region: r.Spec.Name})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("join token %d: %w", i, err)
+		}
+		out[i] = resp.GetToken().GetSecretId()
+	}
+	return out, nil
+}

@@ -8,8 +8,8 @@
 // against a healthy control; a few minutes) is not in the default -only
 // set: `make bench-badnode`, or -only badnode.
 //
-// tlscost (issue 19: SubmitJob and RegisterNode with mutual TLS against
-// plaintext, 1-member region, -tlscost-runs per mode; about 1.5 minutes) is
+// tlscost (issue 19: SubmitJob and RegisterNode with mutual TLS, and with ACLs, against
+// plaintext, 1-member region, -tlscost-runs per mode; about 2.5 minutes) is
 // not in the default set either: `make bench-tls`, or -only tlscost.
 package main
 
@@ -35,7 +35,7 @@ var badnodeTrials = flag.Int("badnode-trials", bench.DefaultBadNode.Trials, "bad
 
 // tlscost flags (the submit flags -clients, -conns, -warmup, -duration apply too).
 var (
-	tlscostRuns  = flag.Int("tlscost-runs", bench.DefaultTLSCost.Runs, "tlscost: runs per mode (plain, mtls), alternating")
+	tlscostRuns  = flag.Int("tlscost-runs", bench.DefaultTLSCost.Runs, "tlscost: runs per mode (plain, mtls, acl), alternating")
 	tlscostNodes = flag.Int("tlscost-nodes", bench.DefaultTLSCost.Nodes, "tlscost: fake nodes registered per run")
 )
 
