@@ -225,11 +225,11 @@ so.`,
 	f.DurationVar(&disconnectGrace, "disconnect-grace", agent.DefaultDisconnectGrace, "keep attempts running this long while no coordinator answers (jobs' disconnect.lost_after overrides it), then kill them")
 	f.DurationVar(&drainDeadline, "drain-deadline", 0, "on SIGTERM/SIGINT: let running attempts finish this long, then stop the rest and hand them back (DRAINED, not charged) and release the lease (0: at once)")
 	f.StringVar(&joinTokenFile, "join-token-file", "", "file holding the secret of this node's join token (apiary acl token create --type agent --region R), sent with every registration; needed by a region that runs with --acl (default $"+EnvJoinToken+", which the agent removes from its environment so that tasks never see it)")
-	f.StringVar(&faultFile, "fault-file", "", "fault tests only (internal/faulthook): while this file exists, every gRPC call to the coordinators fails with UNAVAILABLE and open streams are cut, as in a network partition (the serf LAN member is not cut); `apiary loadtest failover --scenario partition-agent` creates and removes it")
+	f.StringVar(&faultFile, "fault-file", "", "fault tests only (internal/faulthook): while this file exists, every gRPC call to the coordinators fails with UNAVAILABLE and open streams are cut, as in a network partition (the serf LAN member is not cut); 'apiary loadtest failover --scenario partition-agent' creates and removes it")
 	_ = f.MarkHidden("fault-file")
 	tel.add(cmd)
 	tlsf.add(cmd)
-	gossipf.add(cmd, "where serf keeps the LAN member's gossip keyring, rewritten by every `apiary keyring` change so that it survives restarts; loaded instead of --gossip-key when it exists (default <data-dir>/gossip.keyring)")
+	gossipf.add(cmd, "where serf keeps the LAN member's gossip keyring, rewritten by every 'apiary keyring' change so that it survives restarts; loaded instead of --gossip-key when it exists (default <data-dir>/gossip.keyring)")
 	return cmd
 }
 

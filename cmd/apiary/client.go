@@ -39,7 +39,7 @@ type serverTLSFlags struct {
 
 func (t *serverTLSFlags) add(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.StringVar(&t.files.CA, "tls-ca", "", "CA bundle that peers' certificates must chain to (mutual TLS; with --tls-cert and --tls-key; see `apiary tls`)")
+	f.StringVar(&t.files.CA, "tls-ca", "", "CA bundle that peers' certificates must chain to (mutual TLS; with --tls-cert and --tls-key; see 'apiary tls')")
 	f.StringVar(&t.files.Cert, "tls-cert", "", "this process's certificate (apiary tls cert create --role "+tlsRoleOf(cmd.Name())+"); reloaded when the file changes")
 	f.StringVar(&t.files.Key, "tls-key", "", "this process's private key; reloaded when the file changes")
 	f.BoolVar(&t.insecureDev, "insecure-dev", false, "run WITHOUT TLS (plaintext, no authentication or authorization): for development on one machine only")

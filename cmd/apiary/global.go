@@ -201,6 +201,6 @@ start unless --insecure-dev says so.`,
 	f.StringVar(&ready, "ready-file", "", `write {"api": ADDR, "wan": ADDR} here once serving`)
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	tlsf.add(cmd)
-	gossipf.add(cmd, "where serf keeps the WAN member's gossip keyring, rewritten by every `apiary keyring` change so that it survives restarts; loaded instead of --gossip-key when it exists (default: none, a rotation lasts until the router stops)")
+	gossipf.add(cmd, "where serf keeps the WAN member's gossip keyring, rewritten by every 'apiary keyring' change so that it survives restarts; loaded instead of --gossip-key when it exists (default: none, a rotation lasts until the router stops)")
 	return cmd
 }

@@ -180,8 +180,8 @@ with apiary acl bootstrap.`,
 	f.IntVar(&cfg.ShardCount, "shards", 256, "virtual shards (fixed at region creation)")
 	f.StringVar(&cfg.APIAddr, "listen", "127.0.0.1:7070", "gRPC API listen address")
 	f.StringVar(&cfg.Etcd.DataDir, "data-dir", "apiary-data", "etcd data directory")
-	f.StringVar(&cfg.Etcd.ClientURL, "etcd-client-url", "http://127.0.0.1:2379", "etcd client URL (listen and advertise); with TLS it must be https:// (default https://127.0.0.1:2379)")
-	f.StringVar(&cfg.Etcd.PeerURL, "etcd-peer-url", "http://127.0.0.1:2380", "etcd peer URL (listen and advertise); with TLS it must be https:// (default https://127.0.0.1:2380)")
+	f.StringVar(&cfg.Etcd.ClientURL, "etcd-client-url", "http://127.0.0.1:2379", "etcd client URL (listen and advertise); with TLS it must be https://, and the default becomes https://127.0.0.1:2379")
+	f.StringVar(&cfg.Etcd.PeerURL, "etcd-peer-url", "http://127.0.0.1:2380", "etcd peer URL (listen and advertise); with TLS it must be https://, and the default becomes https://127.0.0.1:2380")
 	f.StringVar(&cfg.Etcd.InitialCluster, "initial-cluster", "", "name=peerURL,... of every member (default: this member alone)")
 	f.StringVar(&cfg.Etcd.ClusterState, "initial-cluster-state", "new", "new or existing")
 	f.UintVar(&cfg.Etcd.ElectionMs, "etcd-election-ms", 500, "etcd election timeout (ms)")
@@ -204,10 +204,10 @@ with apiary acl bootstrap.`,
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&debugAddr, "debug-addr", "", "serve Go pprof at http://ADDR/debug/pprof/ (empty: off)")
 	f.StringVar(&ready, "ready-file", "", "write the API address to this file once serving")
-	f.BoolVar(&cfg.ACL, "acl", false, "enforce ACL tokens (Nomad's acl { enabled = true }): every API call needs a token ($APIARY_TOKEN) whose policies grant it, per namespace for jobs, and nodes register only with an agent join token of this region; start every coordinator of the region with it, then run `apiary acl bootstrap` (off: tokens are ignored and the ACL API answers FAILED_PRECONDITION)")
+	f.BoolVar(&cfg.ACL, "acl", false, "enforce ACL tokens (Nomad's acl { enabled = true }): every API call needs a token ($APIARY_TOKEN) whose policies grant it, per namespace for jobs, and nodes register only with an agent join token of this region; start every coordinator of the region with it, then run 'apiary acl bootstrap' (off: tokens are ignored and the ACL API answers FAILED_PRECONDITION)")
 	tel.add(cmd)
 	tlsf.add(cmd)
-	gossipf.add(cmd, "where serf keeps the LAN pool's gossip keyring (the WAN pool's: this path + \".wan\"), rewritten by every `apiary keyring` change so that it survives restarts; loaded instead of --gossip-key when it exists (default <data-dir>/"+regional.DefaultGossipKeyringFile+")")
+	gossipf.add(cmd, "where serf keeps the LAN pool's gossip keyring (the WAN pool's: this path + \".wan\"), rewritten by every 'apiary keyring' change so that it survives restarts; loaded instead of --gossip-key when it exists (default <data-dir>/"+regional.DefaultGossipKeyringFile+")")
 	regionFederationHook(cmd, &cfg) // regionlist.go: --wan-*, --policy, --max-pending; `region list`
 	return cmd
 }
