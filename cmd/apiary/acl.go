@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -79,7 +80,7 @@ func printRegionsLine(w io.Writer, regions, failed []string) {
 // acl bootstrap
 
 func newACLBootstrapCmd(o *clientOpts) *cobra.Command {
-	var accessor string
+	var accessor, secretFile string
 	cmd := &cobra.Command{
 		Use:   "bootstrap [FILE]",
 		Short: "Create the first management token (once); prints its secret",
@@ -101,12 +102,15 @@ the repeat. A region bootstrapped before with other ids refuses (exit 2).`,
 						return withCode(exitInvalid, err)
 					}
 				}
+				if err := checkSecretFile(secretFile); err != nil {
+					return err
+				}
 				if len(args) == 0 {
 					return nil
 				}
 				b, err := os.ReadFile(args[0])
 				if err != nil {
-					return withCode(exitInvalid, fmt.Errorf("FILE: %w", err))
+					return withCode(exitInvalid, fmt.Errorf("the secret file to bootstrap with: %w", err))
 				}
 				secret := strings.TrimSpace(string(b))
 				if err := acl.ValidateID("FILE "+args[0], secret); err != nil {
@@ -120,6 +124,9 @@ the repeat. A region bootstrapped before with other ids refuses (exit 2).`,
 					return c.BootstrapACL(ctx, req)
 				})
 			if err != nil {
+				return err
+			}
+			if err := writeSecretFile(secretFile, resp.GetToken()); err != nil {
 				return err
 			}
 			if err := o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
@@ -137,6 +144,7 @@ the repeat. A region bootstrapped before with other ids refuses (exit 2).`,
 		},
 	}
 	cmd.Flags().StringVar(&accessor, "accessor", "", "accessor id to bootstrap with (a UUID; default: a new one, or repeat a partial bootstrap's)")
+	cmd.Flags().StringVar(&secretFile, "secret-file", "", secretFileHelp)
 	return cmd
 }
 
@@ -178,6 +186,7 @@ func expires(t *apiaryv1.ACLToken) string {
 func newACLTokenCreateCmd(o *clientOpts) *cobra.Command {
 	var (
 		name, typ, region, nodeID string
+		secretFile                string
 		policies                  []string
 		ttl                       time.Duration
 	)
@@ -218,7 +227,7 @@ region, an agent token in its region; a token is made everywhere or nowhere
 				if ttl < 0 {
 					return withCode(exitInvalid, fmt.Errorf("--ttl: must be >= 0 (0: never expires), got %s", ttl))
 				}
-				return nil
+				return checkSecretFile(secretFile)
 			}
 			req := &apiaryv1.CreateACLTokenRequest{Name: name, Type: typ, Policies: policies, Region: region, NodeId: nodeID,
 				TtlMs: ttl.Milliseconds()}
@@ -227,6 +236,9 @@ region, an agent token in its region; a token is made everywhere or nowhere
 					return c.CreateACLToken(ctx, req)
 				})
 			if err != nil {
+				return err
+			}
+			if err := writeSecretFile(secretFile, resp.GetToken()); err != nil {
 				return err
 			}
 			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
@@ -245,6 +257,7 @@ region, an agent token in its region; a token is made everywhere or nowhere
 	f.StringVar(&region, "region", "", "agent tokens: the region the node may join (required)")
 	f.StringVar(&nodeID, "node-id", "", "agent tokens: bind to this node id now (default: the first node that registers with it)")
 	f.DurationVar(&ttl, "ttl", 0, "the token expires this long after it is made (0: never)")
+	f.StringVar(&secretFile, "secret-file", "", secretFileHelp)
 	return cmd
 }
 
@@ -363,7 +376,7 @@ A client token holds the union of its policies' grants.`,
 			check := func() error {
 				b, err := os.ReadFile(args[1])
 				if err != nil {
-					return withCode(exitInvalid, fmt.Errorf("FILE: %w", err))
+					return withCode(exitInvalid, fmt.Errorf("the secret file to bootstrap with: %w", err))
 				}
 				if pol, err = acl.ParsePolicyYAML(args[0], b); err != nil {
 					return withCode(exitInvalid, fmt.Errorf("%s is not a valid policy (nothing was sent): %w", args[1], err))
@@ -458,4 +471,39 @@ func newACLPolicyDeleteCmd(o *clientOpts) *cobra.Command {
 			return partial("acl policy delete", resp.GetFailedRegions(), "delete it again once they answer")
 		},
 	}
+}
+
+const secretFileHelp = "also write the token's secret, alone, to this new file (mode 0600; an existing file is refused): " +
+	"what --join-token-file and \"apiary acl bootstrap FILE\" read"
+
+// checkSecretFile refuses a --secret-file that exists already or whose
+// directory does not (before any call is made, exit 2).
+func checkSecretFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	if _, err := os.Lstat(path); err == nil {
+		return withCode(exitInvalid, fmt.Errorf("--secret-file %s: exists already (a secret is never overwritten)", path))
+	}
+	if st, err := os.Stat(filepath.Dir(path)); err != nil || !st.IsDir() {
+		return withCode(exitInvalid, fmt.Errorf("--secret-file %s: its directory does not exist", path))
+	}
+	return nil
+}
+
+// writeSecretFile writes t's secret and a newline to path, mode 0600,
+// failing if the file exists ("": nothing).
+func writeSecretFile(path string, t *apiaryv1.ACLToken) error {
+	if path == "" || t.GetSecretId() == "" {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("--secret-file: %w (the token was made: its secret is printed below; accessor %s)", err, t.GetAccessorId())
+	}
+	if _, err := fmt.Fprintln(f, t.GetSecretId()); err != nil {
+		f.Close()
+		return fmt.Errorf("--secret-file: %w", err)
+	}
+	return f.Close()
 }

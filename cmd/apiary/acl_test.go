@@ -197,6 +197,20 @@ func TestACLThroughRouter(t *testing.T) {
 			t.Fatalf("region %s does not hold alice's token: %v", reg.Spec.Name, names)
 		}
 	}
+	// --secret-file: the secret alone, mode 0600; never overwritten (the
+	// refusal comes before any call: no token is made).
+	secretFile := filepath.Join(dir, "bob.secret")
+	bob := tokenJSON(t, mgmt, "--name", "bob", "--policy", "team-a", "--secret-file", secretFile)
+	if b, err := os.ReadFile(secretFile); err != nil || string(b) != bob.GetSecretId()+"\n" {
+		t.Fatalf("--secret-file holds %q (%v), want bob's secret and a newline", b, err)
+	}
+	if st, err := os.Stat(secretFile); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("--secret-file mode: %v %v, want 0600", st, err)
+	}
+	wantRefused(t, mgmt, []string{"exists already"}, "acl", "token", "create", "--name", "carol", "--policy", "team-a", "--secret-file", secretFile)
+	if names := tokenNames(t, mgmt, cl.GlobalAddr); slices.Contains(names, "carol") {
+		t.Fatalf("a refused --secret-file still made the token: %v", names)
+	}
 	aliceEnv := withToken(mgmt, alice.GetSecretId())
 	r = mustCLI(t, aliceEnv, "acl", "token", "self")
 	if !strings.Contains(r.stdout, alice.GetAccessorId()) || strings.Contains(r.stdout, alice.GetSecretId()) {
