@@ -205,7 +205,18 @@ type Result struct {
 }
 
 // RefusalExclusion is how long a node that refused a task stays excluded.
-const RefusalExclusion = 30 * time.Second
+// It outlasts the usual reason for a refusal ("no room"): the region's view
+// of a node lagging its agent's ledger, which lasts from an agent's
+// re-registration on a new epoch until AdoptAttempts commits (the region
+// places on the empty-looking epoch meanwhile) or until a killed stale
+// attempt's processes are gone, a few hundred ms under load. It was 30 s:
+// in a region of two nodes, a task refused by both (each re-registering
+// after a scheduler kill, `apiary loadtest failover --scenario
+// kill-scheduler`) then could not be placed for 30 s, and under load the
+// load-test harness's 45 s drain ran out (one job "lost", 1 in 7 CI runs;
+// 1 in 8 runs lost 23 jobs with 30 s against 0 in 8 with 3 s, on a 2-core
+// machine at load 9-15, alternating).
+const RefusalExclusion = 3 * time.Second
 
 // JobFaultNodes is on how many distinct nodes a task must fail to start by
 // its own fault (command missing or not executable), or fail with a
