@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"sort"
 	"strings"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/aclstore"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -317,7 +319,12 @@ func (s *jobServer) CancelJob(ctx context.Context, req *apiaryv1.CancelJobReques
 }
 
 // WatchJob sends the job now and after every change of its record or tasks,
-// until it is terminal or the client goes away.
+// until it is terminal or the client goes away. With ACLs on, the caller's
+// token is judged again before every message (watchACL): a stream ends
+// with UNAUTHENTICATED once its token is revoked or expired, and with
+// PERMISSION_DENIED once the token's policies no longer grant read on the
+// job's namespace; each read of the job (every change, and every 5 s)
+// checks, so a stream without changes ends within 5 s too.
 func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobService_WatchJobServer) error {
 	ctx := stream.Context()
 	shard, err := s.c.checkJobID(req.GetJobId())
@@ -331,11 +338,12 @@ func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobS
 		if err != nil {
 			return false, err
 		}
-		if last == nil {
-			// A job's namespace never changes: checked before the first send.
-			if err := s.c.aclCheck(ctx, apiaryv1.JobService_WatchJob_FullMethodName, v.rec.Spec.GetNamespace(), acl.CapRead); err != nil {
-				return false, err
-			}
+		actx, err := s.watchACL(ctx, last == nil)
+		if err != nil {
+			return false, err
+		}
+		if err := s.c.aclCheck(actx, apiaryv1.JobService_WatchJob_FullMethodName, v.rec.Spec.GetNamespace(), acl.CapRead); err != nil {
+			return false, err
 		}
 		rev = v.rev
 		j := v.toProto(true, false, s.c.cfg.SchedulerPolicy)
@@ -393,4 +401,29 @@ func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobS
 			return err
 		}
 	}
+}
+
+// watchACL returns ctx with the caller's ACL as it is now, for WatchJob's
+// check before a message: on the open (first true) the one the interceptor
+// resolved; afterwards the token resolved again (a cache lookup:
+// aclstore.Store.Resolve), so a revocation, an expiry or a policy change
+// reaches an open stream. A refusal (UNAUTHENTICATED) is logged and
+// counted like the interceptor's; this region's own coordinators (region
+// certificate) and ACLs off are not re-judged.
+func (s *jobServer) watchACL(ctx context.Context, first bool) (context.Context, error) {
+	if !s.c.cfg.ACL || first {
+		return ctx, nil
+	}
+	if a, _ := acl.FromContext(ctx); a == peerACL {
+		return ctx, nil
+	}
+	a, err := s.c.acls.Resolve(ctx, acl.FromIncoming(ctx))
+	if err != nil {
+		var d *aclstore.Denial
+		if errors.As(err, &d) {
+			return nil, s.c.aclDeny(ctx, apiaryv1.JobService_WatchJob_FullMethodName, d)
+		}
+		return nil, err
+	}
+	return acl.NewContext(ctx, a), nil
 }

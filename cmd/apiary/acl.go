@@ -230,7 +230,7 @@ region, an agent token in its region; a token is made everywhere or nowhere
 				return checkSecretFile(secretFile)
 			}
 			req := &apiaryv1.CreateACLTokenRequest{Name: name, Type: typ, Policies: policies, Region: region, NodeId: nodeID,
-				TtlMs: ttl.Milliseconds()}
+				TtlMs: ttlMillis(ttl)}
 			resp, err := unaryCall(cmd, o, check, apiaryv1.NewACLServiceClient, "",
 				func(ctx context.Context, c apiaryv1.ACLServiceClient) (*apiaryv1.CreateACLTokenResponse, error) {
 					return c.CreateACLToken(ctx, req)
@@ -256,9 +256,23 @@ region, an agent token in its region; a token is made everywhere or nowhere
 	f.StringArrayVar(&policies, "policy", nil, "policy a client token holds (repeatable)")
 	f.StringVar(&region, "region", "", "agent tokens: the region the node may join (required)")
 	f.StringVar(&nodeID, "node-id", "", "agent tokens: bind to this node id now (default: the first node that registers with it)")
-	f.DurationVar(&ttl, "ttl", 0, "the token expires this long after it is made (0: never)")
+	f.DurationVar(&ttl, "ttl", 0, "the token expires this long after it is made, rounded up to whole milliseconds (0: never)")
 	f.StringVar(&secretFile, "secret-file", "", secretFileHelp)
 	return cmd
+}
+
+// ttlMillis is a --ttl in whole milliseconds, rounded up: the request's
+// ttl_ms is in ms and 0 there means "never expires", so a positive TTL
+// below 1 ms (--ttl 1ns) must not be truncated to 0.
+func ttlMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
 }
 
 func newACLTokenListCmd(o *clientOpts) *cobra.Command {

@@ -192,6 +192,13 @@ func TestACLThroughRouter(t *testing.T) {
 	if alice.GetType() != acl.TypeClient || !slices.Equal(alice.GetPolicies(), []string{"team-a"}) {
 		t.Fatalf("alice's token: %v", alice)
 	}
+	// A --ttl below 1 ms is rounded up to 1 ms, never truncated to 0
+	// (which means "never expires"): the token is made expired at once.
+	short := tokenJSON(t, mgmt, "--name", "short", "--policy", "team-a", "--ttl", "1ns")
+	if e := short.GetExpirationTimeMs(); e != short.GetCreateTimeMs()+1 {
+		t.Fatalf("acl token create --ttl 1ns: expiration %d, create %d; want create + 1 ms", e, short.GetCreateTimeMs())
+	}
+	wantRefused(t, withToken(mgmt, short.GetSecretId()), []string{"not allowed", "expired at"}, "job", "list")
 	for _, reg := range []*devcluster.Region{eu, us} {
 		if names := tokenNames(t, mgmt, reg.APIAddrs[0]); !slices.Contains(names, "alice") {
 			t.Fatalf("region %s does not hold alice's token: %v", reg.Spec.Name, names)

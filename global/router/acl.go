@@ -75,10 +75,10 @@ func (w writeResult) failures() []string {
 	return out
 }
 
-// allFailed is the error of a write no region took: the regions' common
-// code when they all answered with the same one (every region refused the
-// token, or the same bad request), else UNAVAILABLE; the message names
-// every region and why.
+// allFailed is the error of a write no region took: a denial of the
+// caller when any region denied it (denialCode), else the regions' common
+// code when they all answered with the same one (the same bad request),
+// else UNAVAILABLE; the message names every region and why.
 func (w writeResult) allFailed(what string) error {
 	if len(w.errs) == 0 {
 		return status.Errorf(codes.Unavailable, "%s: no region is known to the router yet (is it joined to the WAN pool?)", what)
@@ -96,7 +96,28 @@ func (w writeResult) allFailed(what string) error {
 	case codes.DeadlineExceeded, codes.Canceled, codes.Unknown, codes.Internal:
 		code = codes.Unavailable
 	}
+	if c, denied := denialCode(w.errs); denied {
+		code = c
+	}
 	return status.Errorf(code, "%s: no region took it: %s", what, strings.Join(w.failures(), "; "))
+}
+
+// denialCode is the code of a write that a region refused for the caller
+// (a retry does not change that, whatever the other regions answered):
+// PERMISSION_DENIED when any region said so (the token is known there and
+// may not do it), else UNAUTHENTICATED when any region did (no token, or
+// one it does not know); denied is false when no region denied the
+// caller.
+func denialCode(errs map[string]error) (code codes.Code, denied bool) {
+	for _, err := range errs {
+		switch status.Code(err) {
+		case codes.PermissionDenied:
+			return codes.PermissionDenied, true
+		case codes.Unauthenticated:
+			code, denied = codes.Unauthenticated, true
+		}
+	}
+	return code, denied
 }
 
 // writeAll sends one ACL write to each of regions in parallel (a region
@@ -183,13 +204,16 @@ func (s *aclServer) BootstrapACL(ctx context.Context, req *apiaryv1.BootstrapACL
 // target region must be up before anything is sent (else UNAVAILABLE
 // naming the regions that are down), and when a region does not take it,
 // the token is revoked in the regions that took it (or may have) and the
-// answer names the failed regions: UNAVAILABLE, unless every failed region
-// refused it outright and alike (their common code: INVALID_ARGUMENT for a
-// policy a region lacks, PERMISSION_DENIED for the caller's token), which
-// a retry would not change. Errors before anything is sent:
-// INVALID_ARGUMENT for a bad type, an agent token without a region or
-// naming a region the router does not know, a negative ttl, or an id that
-// is not a UUID.
+// answer names the failed regions: PERMISSION_DENIED (or UNAUTHENTICATED)
+// when any region denied the caller's token, whatever the others
+// answered; else UNAVAILABLE, unless every failed region refused it
+// outright and alike (their common code: INVALID_ARGUMENT for a policy a
+// region lacks), which a retry would not change. Errors before anything
+// is sent: INVALID_ARGUMENT for a bad type, an agent token without a
+// region or naming a region the router does not know, a negative ttl, or
+// an id that is not a UUID; with a target region down, the refusal an up
+// region gives the caller's token (mayAdminister), else UNAVAILABLE
+// naming the regions that are down.
 func (s *aclServer) CreateACLToken(ctx context.Context, req *apiaryv1.CreateACLTokenRequest) (*apiaryv1.CreateACLTokenResponse, error) {
 	fwd := &apiaryv1.CreateACLTokenRequest{Name: req.GetName(), Type: req.GetType(), Policies: req.GetPolicies(), Region: req.GetRegion(),
 		NodeId: req.GetNodeId(), TtlMs: req.GetTtlMs(), AccessorId: req.GetAccessorId(), SecretId: req.GetSecretId()}
@@ -226,6 +250,11 @@ func (s *aclServer) CreateACLToken(ctx context.Context, req *apiaryv1.CreateACLT
 		}
 	}
 	if len(down) > 0 {
+		// Nothing may be sent, so no region judges the token by making
+		// it: ask one that is up whether the caller may.
+		if err := s.mayAdminister(ctx, "acl token create"); err != nil {
+			return nil, err
+		}
 		sort.Strings(down)
 		return nil, status.Errorf(codes.Unavailable, "acl token create: a token is made in every region or none, and these are down (nothing was sent): %s",
 			strings.Join(down, "; "))
@@ -243,6 +272,29 @@ func (s *aclServer) CreateACLToken(ctx context.Context, req *apiaryv1.CreateACLT
 		tok.AccessorId, tok.SecretId = fwd.GetAccessorId(), fwd.GetSecretId()
 	}
 	return &apiaryv1.CreateACLTokenResponse{Token: tok, Regions: res.ok}, nil
+}
+
+// mayAdminister asks the regions that are up who the caller's token is
+// (GetACLSelf, the region's judgement of the token) and returns the
+// refusal a region would give an ACL write: the region's own denial
+// (UNAUTHENTICATED: no, unknown or expired token), or PERMISSION_DENIED
+// for a token that is not a management token (every ACL write needs one,
+// docs/security.md). nil when the token is a management token or no
+// region answered: the router refuses earlier than a region would, never
+// admits what a region would refuse.
+func (s *aclServer) mayAdminister(ctx context.Context, what string) error {
+	self, err := s.GetACLSelf(ctx, &apiaryv1.GetACLSelfRequest{})
+	if err != nil {
+		if isDenial(err) {
+			return err
+		}
+		return nil
+	}
+	if t := self.GetToken(); t.GetType() != acl.TypeManagement {
+		return status.Errorf(codes.PermissionDenied, "permission denied: %s needs a management token; ACL token %s (%s) is not one",
+			what, t.GetAccessorId(), t.GetType())
+	}
+	return nil
 }
 
 // rollback revokes a token that not every target region took, in every
@@ -268,11 +320,14 @@ func (s *aclServer) rollback(ctx context.Context, accessor string, targets []fed
 			left = append(left, name+": "+status.Convert(rev.errs[name]).Message())
 		}
 	}
-	// UNAVAILABLE (worth a retry) unless every region that failed gave a
-	// definitive answer (their common code: INVALID_ARGUMENT for a policy
-	// a region lacks, PERMISSION_DENIED), which no retry changes.
+	// UNAVAILABLE (worth a retry) unless a region denied the caller
+	// (denialCode) or every region that failed gave a definitive answer
+	// (their common code: INVALID_ARGUMENT for a policy a region lacks),
+	// which no retry changes.
 	code := codes.Unavailable
-	if allRefusedOutright(res) {
+	if c, denied := denialCode(res.errs); denied {
+		code = c
+	} else if allRefusedOutright(res) {
 		failedOnly := writeResult{errs: res.errs}
 		code = status.Code(failedOnly.allFailed("acl token create"))
 	}
@@ -368,8 +423,9 @@ func (s *aclServer) RevokeACLToken(ctx context.Context, req *apiaryv1.RevokeACLT
 // knows, and answers the regions that took it and those that did not
 // ("region: why"; apply it again once they answer). Errors:
 // INVALID_ARGUMENT without a policy or its name; when no region took it,
-// the regions' common code (PERMISSION_DENIED, INVALID_ARGUMENT) or
-// UNAVAILABLE, naming every region.
+// PERMISSION_DENIED or UNAUTHENTICATED when a region denied the caller,
+// else the regions' common code (INVALID_ARGUMENT) or UNAVAILABLE, naming
+// every region (writeResult.allFailed).
 func (s *aclServer) ApplyACLPolicy(ctx context.Context, req *apiaryv1.ApplyACLPolicyRequest) (*apiaryv1.ApplyACLPolicyResponse, error) {
 	if req.GetPolicy().GetName() == "" {
 		return nil, status.Error(codes.InvalidArgument, "policy.name: is required")
@@ -400,8 +456,9 @@ func (s *aclServer) DeleteACLPolicy(ctx context.Context, req *apiaryv1.DeleteACL
 
 // ListACLTokens asks every region and merges by accessor (the same token
 // is in every region), sorted by name then accessor; regions that did not
-// answer are named in unavailable_regions. When every region refused the
-// caller, the first refusal is the answer.
+// answer are named in unavailable_regions. A region's refusal of the
+// caller is the answer, even when other regions answered
+// (fanResult.refused).
 func (s *aclServer) ListACLTokens(ctx context.Context, req *apiaryv1.ListACLTokensRequest) (*apiaryv1.ListACLTokensResponse, error) {
 	seen := map[string]bool{}
 	out := &apiaryv1.ListACLTokensResponse{}
@@ -416,7 +473,7 @@ func (s *aclServer) ListACLTokens(ctx context.Context, req *apiaryv1.ListACLToke
 			}
 		}, err
 	})
-	if err := res.denied(); err != nil {
+	if err := res.refused(); err != nil {
 		return nil, err
 	}
 	out.UnavailableRegions = res.failed()
@@ -430,8 +487,9 @@ func (s *aclServer) ListACLTokens(ctx context.Context, req *apiaryv1.ListACLToke
 }
 
 // ListACLPolicies asks every region and merges by name, sorted; regions
-// that did not answer are named in unavailable_regions. When every region
-// refused the caller, the first refusal is the answer.
+// that did not answer are named in unavailable_regions. A region's refusal
+// of the caller is the answer, even when other regions answered
+// (fanResult.refused).
 func (s *aclServer) ListACLPolicies(ctx context.Context, req *apiaryv1.ListACLPoliciesRequest) (*apiaryv1.ListACLPoliciesResponse, error) {
 	seen := map[string]bool{}
 	out := &apiaryv1.ListACLPoliciesResponse{}
@@ -446,7 +504,7 @@ func (s *aclServer) ListACLPolicies(ctx context.Context, req *apiaryv1.ListACLPo
 			}
 		}, err
 	})
-	if err := res.denied(); err != nil {
+	if err := res.refused(); err != nil {
 		return nil, err
 	}
 	out.UnavailableRegions = res.failed()

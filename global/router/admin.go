@@ -18,7 +18,8 @@ import (
 // AdminService.ListNodes, through its answering coordinators) and merges
 // them, sorted by region then node id; each node carries its region. Regions
 // that are down or did not answer are named in unavailable_regions, not an
-// error.
+// error; a region's refusal of the caller or the request is the answer
+// (fanResult.refused).
 func (s *adminServer) ListNodes(ctx context.Context, req *apiaryv1.ListNodesRequest) (*apiaryv1.ListNodesResponse, error) {
 	out := &apiaryv1.ListNodesResponse{}
 	res := s.r.fanOutEach(ctx, s.r.cfg.View.Regions(), "list nodes", func(ctx context.Context, reg federation.Region, cc *grpc.ClientConn) (func(), error) {
@@ -32,7 +33,7 @@ func (s *adminServer) ListNodes(ctx context.Context, req *apiaryv1.ListNodesRequ
 			}
 		}, err
 	})
-	if err := res.denied(); err != nil {
+	if err := res.refused(); err != nil {
 		return nil, err
 	}
 	out.UnavailableRegions = res.failed()
@@ -81,16 +82,31 @@ func (f fanResult) failures() []string {
 }
 
 // denied returns the first (by region name) ACL denial (PERMISSION_DENIED
-// or UNAUTHENTICATED) of a fan-out that no region answered, or nil: a
-// caller every region refused is told so, not that the regions are
-// unavailable.
+// or UNAUTHENTICATED) of a fan-out, its message prefixed with "region R:
+// ", or nil. Any region's denial is the answer, even when other regions
+// answered: a caller a region refused is told so (its token is unknown
+// there, say, as ACL state is per region), never that the region is
+// unavailable, and an answer that leaves a refusing region out would
+// depend on which regions happen to know the token.
 func (f fanResult) denied() error {
-	if len(f.ok) > 0 {
-		return nil
-	}
 	for _, name := range f.failed() {
 		if isDenial(f.errs[name]) {
-			return f.errs[name]
+			return withPrefix(f.errs[name], "region "+name+": ")
+		}
+	}
+	return nil
+}
+
+// refused is denied, else the first (by region name) INVALID_ARGUMENT of
+// a region (a request the region refuses is no unavailable region), else
+// nil.
+func (f fanResult) refused() error {
+	if err := f.denied(); err != nil {
+		return err
+	}
+	for _, name := range f.failed() {
+		if status.Code(f.errs[name]) == codes.InvalidArgument {
+			return withPrefix(f.errs[name], "region "+name+": ")
 		}
 	}
 	return nil
@@ -222,7 +238,7 @@ func (s *adminServer) nodeRegion(ctx context.Context, id string) (federation.Reg
 			}
 		}, err
 	})
-	if err := res.denied(); err != nil {
+	if err := res.refused(); err != nil {
 		return federation.Region{}, err
 	}
 	unavailable := res.failed()

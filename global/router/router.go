@@ -31,8 +31,10 @@
 // (forwarded calls, fan-outs, a submission's retries and idempotency
 // lookups) carries the caller's own token (acl.ForwardToken, in call), so
 // each region decides with its own tokens and policies and the router never
-// widens what a caller may do; a fan-out that every answering region
-// denied answers with the denial. Its one call for no caller, the region
+// widens what a caller may do; a fan-out in which any region denied the
+// caller answers with that denial, naming the region (never as an
+// unavailable region), and the router's own span buffer is shown only
+// with a region's successful answer (GetJobTrace). Its one call for no caller, the region
 // list read while routing a keyed submission (withPeerView), carries no
 // token and is marked acl.Internal. ACLService (acl.go) fans token and
 // policy writes out to every region with the same ids.
@@ -481,7 +483,8 @@ func (r *Router) regionOf(jobID string) (federation.Region, error) {
 	return reg, nil
 }
 
-// unary forwards an idempotent call about one job to its region.
+// unary forwards an idempotent call about one job to its region. A region
+// that does not answer is UNAVAILABLE naming the region and the job.
 func (r *Router) unary(ctx context.Context, jobID string, fn func(ctx context.Context, c apiaryv1.JobServiceClient) error) error {
 	reg, err := r.regionOf(jobID)
 	if err != nil {
@@ -493,7 +496,18 @@ func (r *Router) unary(ctx context.Context, jobID string, fn func(ctx context.Co
 	if err == errNoCoordinator {
 		return status.Errorf(codes.Unavailable, "region %s of job %s: no coordinator answering", reg.Name, jobID)
 	}
+	if err != nil && status.Code(err) == codes.Unavailable {
+		return withPrefix(err, fmt.Sprintf("region %s of job %s: ", reg.Name, jobID))
+	}
 	return err
+}
+
+// withPrefix returns err's status (code and details kept) with prefix
+// before its message.
+func withPrefix(err error, prefix string) error {
+	p := status.Convert(err).Proto()
+	p.Message = prefix + p.GetMessage()
+	return status.FromProto(p).Err()
 }
 
 // forwardJob makes one unary JobService call about req's job in the job's
@@ -568,12 +582,20 @@ func (r *Router) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobServ
 
 // ListJobs fans out to every region and merges, newest first. Each region
 // lists only what the caller's token may read (the namespace filter is
-// the region's to apply); when every region refused the caller, the
-// first refusal is the answer.
+// the region's to apply). Errors: INVALID_ARGUMENT from the router itself
+// for a limit outside 0..10000 or a namespace filter that is no namespace
+// ("*" included: "" lists every namespace the caller may read); a region's
+// refusal of the caller or the request (fanResult.refused), never
+// reported as an unavailable region.
 func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*apiaryv1.ListJobsResponse, error) {
 	limit := int(req.GetLimit())
 	if limit < 0 || limit > 10000 {
 		return nil, status.Errorf(codes.InvalidArgument, "limit: must be in 0..10000, got %d", limit)
+	}
+	if ns := req.GetNamespace(); ns != "" {
+		if err := acl.ValidateNamespace(ns); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "%v; leave it empty to list every namespace the token may read", err)
+		}
 	}
 	if limit == 0 {
 		limit = 100
@@ -583,9 +605,9 @@ func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*
 		resp, err := apiaryv1.NewJobServiceClient(cc).ListJobs(ctx, req, grpc.MaxCallRecvMsgSize(64<<20))
 		return func() { out.Jobs = append(out.Jobs, resp.GetJobs()...) }, err
 	})
-	if err := res.denied(); err != nil {
-		// Every region that answered refused the caller (no token, or
-		// none that may read the namespace asked for).
+	if err := res.refused(); err != nil {
+		// A region refused the caller (no token, or none that may read
+		// the namespace asked for) or the request.
 		return nil, err
 	}
 	out.UnavailableRegions = res.failed()
@@ -612,11 +634,12 @@ type adminServer struct {
 // regions have let the caller read it: the view is the router's, the right
 // to read it a region's to judge (with ACLs on, a token whose policies
 // grant node read; internal/acl). The caller's token goes, in parallel, to
-// every region that is up, as that region's own ListRegions; the first
-// answer decides: a denial is the answer, anything else lets the view
-// through. When no region answers either way, the view is returned: an
-// operator must be able to see that every region is down, and there is
-// nothing else behind it.
+// every region that is up, as that region's own ListRegions; a denial by
+// any of them is the answer (the first by region name, naming it), so the
+// answer does not depend on which region is fastest. When no region
+// denies (some answer, or none answers either way), the view is returned:
+// an operator must be able to see that every region is down, and there
+// is nothing else behind it.
 func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRequest) (*apiaryv1.ListRegionsResponse, error) {
 	regions := s.r.cfg.View.Regions()
 	if err := s.r.regionsAdmit(ctx, regions); err != nil {
@@ -630,34 +653,13 @@ func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRe
 }
 
 // regionsAdmit asks every region of regions that is up for its own
-// ListRegions with the caller's token, in parallel, and returns the first
-// denial (PERMISSION_DENIED, UNAUTHENTICATED) if it comes before any
-// answer; nil once a region answers, or when none answers either way.
+// ListRegions with the caller's token, in parallel (fanOutEach), and
+// returns the first denial (PERMISSION_DENIED, UNAUTHENTICATED) by region
+// name, naming the region; nil when no region denied the caller.
 func (r *Router) regionsAdmit(ctx context.Context, regions []federation.Region) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // the slower regions' calls
-	answers := make(chan error, len(regions))
-	n := 0
-	for _, reg := range regions {
-		if !reg.Up {
-			continue
-		}
-		n++
-		go func() {
-			answers <- r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
-				_, err := apiaryv1.NewAdminServiceClient(cc).ListRegions(ctx, &apiaryv1.ListRegionsRequest{})
-				return err
-			})
-		}()
-	}
-	for range n {
-		err := <-answers
-		if err == nil {
-			return nil
-		}
-		if isDenial(err) {
-			return err
-		}
-	}
-	return nil
+	res := r.fanOutEach(ctx, regions, "list regions (may the caller read them?)", func(ctx context.Context, _ federation.Region, cc *grpc.ClientConn) (func(), error) {
+		_, err := apiaryv1.NewAdminServiceClient(cc).ListRegions(ctx, &apiaryv1.ListRegionsRequest{})
+		return func() {}, err
+	})
+	return res.denied()
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"pgregory.net/rapid"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
@@ -16,15 +17,18 @@ import (
 func TestValidateNamespace(t *testing.T) {
 	for ns, ok := range map[string]bool{
 		"default": true, "a": true, "team-a": true, "a1-2-3": true, strings.Repeat("a", 63): true,
+		"a-b": true, "a1": true, strings.Repeat("a", 62) + "1": true,
 		"": false, "1abc": false, "-a": false, "Team": false, "a_b": false, "a.b": false, "*": false,
 		strings.Repeat("a", 64): false, "é": false,
+		// DNS labels (RFC 1123) do not end with '-'.
+		"a-": false, "team-a-": false, strings.Repeat("a", 62) + "-": false,
 	} {
 		err := ValidateNamespace(ns)
 		if (err == nil) != ok {
 			t.Errorf("ValidateNamespace(%q) = %v; want ok=%v", ns, err, ok)
 		}
 		var fe *FieldError
-		if err != nil && (!errors.As(err, &fe) || fe.Field != "namespace" || !strings.Contains(err.Error(), "starting with a letter")) {
+		if err != nil && (!errors.As(err, &fe) || fe.Field != "namespace" || !strings.Contains(err.Error(), "starting with a letter and not ending with '-'")) {
 			t.Errorf("ValidateNamespace(%q) = %v; want a FieldError naming namespace and the rule", ns, err)
 		}
 	}
@@ -111,18 +115,77 @@ operator: false
 	}
 	for _, tc := range []struct{ name, file, want string }{
 		{"p", "", "policy file is empty"},
-		{"p", "nodes: read\n", `unknown field "nodes"`},
-		{"p", "namespaces:\n  - name: a\n    caps: [read]\n", `unknown field "caps"`},
+		{"p", "nodes: read\n", "nodes: unknown field; a policy"},
+		{"p", "namespaces:\n  - name: a\n    caps: [read]\n", "namespaces[0].caps: unknown field; a namespace rule (a mapping of name, capabilities) has only name, capabilities (line 3)"},
 		{"p", "node: [read]\n", "node"},
-		{"p", "node: read\nnode: write\n", `key "node" already set`},
+		{"p", "node: read\nnode: write\n", "node: duplicate key (also on line 1) (line 2)"},
 		{"p", "namespaces:\n  - name: a\n    capabilities: [read, delete]\n", `namespaces[0].capabilities[1]: "delete" is not one of submit, read, cancel`},
 		{"bad name", "node: read\n", "name: must be 1-128"},
-		{"p", "- a\n", "policy file"},
+		{"p", "- a\n", "must be a policy (a mapping of description, namespaces, node, operator) (got a list)"},
+		{"p", "namespaces: [a]\n", "namespaces[0]: must be a namespace rule (a mapping of name, capabilities) (got the string \"a\")"},
+		{"p", "node: 1\n", "node: must be a string (got the number 1; quote it if it is one)"},
+		{"p", "description: [x]\n", "description: must be a string (got a list"},
+		{"p", "namespaces:\n  - name: a\n    capabilities: read\n", "namespaces[0].capabilities: must be a list of submit, read, cancel"},
+		{"p", "node: read\n---\n", "more than one YAML document"},
+		{"p", "node: [\n", "not valid YAML"},
+		{"p", "# only a comment\n", "policy file is empty"},
 		{"p", strings.Repeat("#", MaxPolicyFileBytes+1), "the limit is"},
 	} {
 		_, err := ParsePolicyYAML(tc.name, []byte(tc.file))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParsePolicyYAML(%q, %q) = %v; want %q", tc.name, tc.file, err, tc.want)
+		}
+	}
+}
+
+// TestParsePolicyYAMLIsStrict: the lax readings an adversarial test found
+// (issue 19) are refused, each naming the field: keys of another case
+// (NODE, Capabilities beside capabilities), a second document, explicit
+// tags (!!binary decoding to "write"), YAML 1.1 booleans (yes, on) and
+// booleans of another spelling, anchors and aliases; while true/false,
+// quoted strings and an empty value (the field unset) are read as written.
+func TestParsePolicyYAMLIsStrict(t *testing.T) {
+	for _, tc := range []struct{ file, want string }{
+		{"NODE: write\n", `NODE: unknown field; a policy (a mapping of description, namespaces, node, operator) has only description, namespaces, node, operator; keys are case-sensitive: did you mean "node"?`},
+		{"Node: read\nnode: read\n", `Node: unknown field`},
+		{"namespaces:\n  - name: a\n    capabilities: [read]\n    Capabilities: [submit, cancel]\n",
+			`namespaces[0].Capabilities: unknown field; a namespace rule (a mapping of name, capabilities) has only name, capabilities; keys are case-sensitive: did you mean "capabilities"? (line 4)`},
+		{"namespaces:\n  - name: a\n    capabilities: [read]\n    capabilities: [submit]\n", "namespaces[0].capabilities: duplicate key (also on line 3) (line 4)"},
+		{"node: read\n---\nnode: write\noperator: true\n", "more than one YAML document (separated by ---)"},
+		{"---\nnode: read\n---\n", "more than one YAML document"},
+		{"node: !!binary d3JpdGU=\n", "node: explicit tags (!!binary) are not allowed in a policy file (line 1)"},
+		{"node: !!str write\n", "node: explicit tags (!!str) are not allowed"},
+		{"operator: !!bool true\n", "operator: explicit tags (!!bool) are not allowed"},
+		{"!!map\nnode: read\n", "explicit tags (!!map) are not allowed"},
+		{"namespaces:\n  - name: a\n    capabilities: [!!str read]\n", "namespaces[0].capabilities[0]: explicit tags (!!str)"},
+		{"operator: yes\n", `operator: must be true or false (got the string "yes") (line 1)`},
+		{"operator: on\n", `operator: must be true or false (got the string "on")`},
+		{"operator: \"true\"\n", `operator: must be true or false (got the string "true")`},
+		{"operator: True\n", "operator: must be true or false (got the boolean True)"},
+		{"operator: 1\n", "operator: must be true or false (got the number 1)"},
+		{"node: yes\n", `node: "yes" is not one of "" (none), read, write`},
+		{"node: true\n", "node: must be a string (got the boolean true; quote it if it is one)"},
+		{"node: &b read\n", "node: anchors (&b) are not allowed"},
+		{"namespaces:\n  - &r {name: a, capabilities: [read]}\n  - *r\n", "namespaces[1]: aliases (*r) are not allowed"},
+		{"<<: {node: write}\n", `<<: is not a field name (got "<<" (!!merge))`},
+		{"NODE: write\noperator: yes\n", "operator: must be true or false"}, // every error, not the first only
+	} {
+		_, err := ParsePolicyYAML("p", []byte(tc.file))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParsePolicyYAML(%q) = %v; want %q", tc.file, err, tc.want)
+		}
+	}
+	for file, want := range map[string]*apiaryv1.ACLPolicy{
+		"operator: true\n":                   {Name: "p", Operator: true},
+		"operator: false\nnode: \"write\"\n": {Name: "p", Node: "write"},
+		"node:\ndescription:\nnamespaces:\n": {Name: "p"},
+		"---\nnode: 'read'\n...\n":           {Name: "p", Node: "read"},
+		"namespaces:\n  - {name: \"*\", capabilities: [\"read\"]}\n": {Name: "p",
+			Namespaces: []*apiaryv1.ACLNamespaceRule{rule("*", "read")}},
+	} {
+		got, err := ParsePolicyYAML("p", []byte(file))
+		if err != nil || !proto.Equal(got, want) {
+			t.Errorf("ParsePolicyYAML(%q) = %v, %v; want %v", file, got, err, want)
 		}
 	}
 }

@@ -72,14 +72,15 @@ func fieldErr(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Rule: fmt.Sprintf(format, args...)}
 }
 
-var namespaceRE = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+var namespaceRE = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 // namespaceRule is the rule text of a namespace name.
-const namespaceRule = "must be 1-63 characters of a-z, 0-9 and '-', starting with a letter"
+const namespaceRule = "must be 1-63 characters of a-z, 0-9 and '-', starting with a letter and not ending with '-'"
 
 // ValidateNamespace checks a namespace name: 1-63 characters of [a-z0-9-],
-// starting with a letter (Nomad's namespaces are looser; these are DNS
-// labels, so a namespace can name a host or a certificate). The empty name
+// starting with a letter and not ending with '-' (Nomad's namespaces are
+// looser; these are DNS labels, RFC 1123, so a namespace can name a host
+// or a certificate). The empty name
 // is refused here: callers map "" to DefaultNamespace first where it means
 // the default. The error is a *FieldError of field "namespace".
 func ValidateNamespace(ns string) error {

@@ -4,12 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"slices"
 	"strings"
 	"unicode/utf8"
 
-	"sigs.k8s.io/yaml"
+	"go.yaml.in/yaml/v3"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 )
@@ -93,20 +94,6 @@ func ValidatePolicy(p *apiaryv1.ACLPolicy) error {
 	return errors.Join(errs...)
 }
 
-// policyFile is the YAML form of a policy (ParsePolicyYAML).
-type policyFile struct {
-	Description string       `json:"description"`
-	Namespaces  []policyRule `json:"namespaces"`
-	Node        string       `json:"node"`
-	Operator    bool         `json:"operator"`
-}
-
-// policyRule is one entry of a policy file's namespaces.
-type policyRule struct {
-	Name         string   `json:"name"`
-	Capabilities []string `json:"capabilities"`
-}
-
 // ParsePolicyYAML reads a policy file (the CLI's `apiary acl policy apply
 // NAME FILE`; Nomad's policy files, in YAML) and returns the policy named
 // name, validated (ValidatePolicy). The format:
@@ -118,9 +105,18 @@ type policyRule struct {
 //	node: read              # "", read or write
 //	operator: false
 //
-// Decoding is strict: an unknown field, a value of the wrong type, a
-// duplicate key, an empty file or more than 64 KiB are errors. Errors name
-// the field where the decoder or the rules can.
+// Decoding is strict, because a policy grants access and a field read
+// another way than its author meant widens or narrows it silently. The
+// file must be one YAML document (YAML 1.2, go.yaml.in/yaml/v3) whose top
+// level is a mapping of the fields above, each at most once; keys are
+// case-sensitive ("NODE" is an unknown field, not node); description,
+// node, name and the capabilities are strings; operator is true or false,
+// nothing else (not yes, on, "true" or True); explicit tags (!!binary,
+// !!str, ...), anchors and aliases are refused; a field whose value is
+// empty (node:) is the field unset. Errors: the file is empty, more than
+// 64 KiB or not YAML; otherwise every broken rule, joined, each a
+// *FieldError naming the field and the line (`namespaces[0].caps: unknown
+// field (line 3); ...`), then ValidatePolicy's errors.
 func ParsePolicyYAML(name string, data []byte) (*apiaryv1.ACLPolicy, error) {
 	if len(data) > MaxPolicyFileBytes {
 		return nil, fmt.Errorf("policy file is %d bytes; the limit is %d (64 KiB)", len(data), MaxPolicyFileBytes)
@@ -128,13 +124,26 @@ func ParsePolicyYAML(name string, data []byte) (*apiaryv1.ACLPolicy, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, errors.New("policy file is empty")
 	}
-	var f policyFile
-	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("policy file: %s", cleanYAMLError(err))
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("policy file is empty (comments only)")
+		}
+		return nil, fmt.Errorf("policy file: not valid YAML: %s", strings.TrimPrefix(err.Error(), "yaml: "))
 	}
-	p := &apiaryv1.ACLPolicy{Name: name, Description: f.Description, Node: f.Node, Operator: f.Operator}
-	for _, r := range f.Namespaces {
-		p.Namespaces = append(p.Namespaces, &apiaryv1.ACLNamespaceRule{Name: r.Name, Capabilities: r.Capabilities})
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		return nil, errors.New("policy file: holds more than one YAML document (separated by ---); it must hold exactly one policy")
+	}
+	p := &apiaryv1.ACLPolicy{Name: name}
+	var d policyDecoder
+	if len(doc.Content) != 1 {
+		return nil, errors.New("policy file is empty (comments only)")
+	}
+	d.policy(doc.Content[0], p)
+	if err := errors.Join(d.errs...); err != nil {
+		return nil, err
 	}
 	if err := ValidatePolicy(p); err != nil {
 		return nil, err
@@ -142,15 +151,164 @@ func ParsePolicyYAML(name string, data []byte) (*apiaryv1.ACLPolicy, error) {
 	return p, nil
 }
 
-var yamlNoise = regexp.MustCompile(`^(error converting YAML to JSON: |error unmarshaling JSON: while decoding JSON: )?(yaml: )?(json: )?`)
+// policyDecoder walks a policy file's YAML nodes by the policy's schema
+// and collects one *FieldError per broken rule (ParsePolicyYAML).
+type policyDecoder struct{ errs []error }
 
-func cleanYAMLError(err error) string {
-	s := yamlNoise.ReplaceAllString(err.Error(), "")
-	s = strings.ReplaceAll(s, "unmarshal errors:\n  ", "")
-	s = strings.NewReplacer("Go struct field policyFile.", "", "Go struct field policyRule.", "namespaces[].", "Go value of type ", "").Replace(s)
-	s = strings.NewReplacer(
-		"into acl.policyFile", "into a policy (a mapping of description, namespaces, node, operator)",
-		"of type []acl.policyRule", "of type list of {name, capabilities}",
-		"into acl.policyRule", "into a namespace rule (a mapping of name, capabilities)").Replace(s)
-	return strings.ReplaceAll(s, "\n  ", "; ")
+func (d *policyDecoder) fail(field string, n *yaml.Node, format string, args ...any) {
+	d.errs = append(d.errs, fieldErr(field, "%s (line %d)", fmt.Sprintf(format, args...), n.Line))
+}
+
+// plain reports whether n may be read as a value: no explicit tag, no
+// anchor, not an alias (each refused, naming field).
+func (d *policyDecoder) plain(field string, n *yaml.Node) bool {
+	switch {
+	case n.Kind == yaml.AliasNode:
+		d.fail(field, n, "aliases (*%s) are not allowed in a policy file", n.Value)
+	case n.Anchor != "":
+		d.fail(field, n, "anchors (&%s) are not allowed in a policy file", n.Anchor)
+	case n.Style&yaml.TaggedStyle != 0:
+		d.fail(field, n, "explicit tags (%s) are not allowed in a policy file", n.Tag)
+	default:
+		return true
+	}
+	return false
+}
+
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
+
+// describe names what a node holds, for "must be X (got Y)".
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!str":
+			return fmt.Sprintf("the string %q", n.Value)
+		case "!!bool":
+			return "the boolean " + n.Value
+		case "!!int", "!!float":
+			return "the number " + n.Value
+		}
+		return fmt.Sprintf("%q (%s)", n.Value, n.ShortTag())
+	}
+	return "something else"
+}
+
+// str decodes a string field; an empty value (null) leaves *out unset.
+func (d *policyDecoder) str(field string, n *yaml.Node, out *string) {
+	if !d.plain(field, n) || isNull(n) {
+		return
+	}
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		d.fail(field, n, "must be a string (got %s; quote it if it is one)", describe(n))
+		return
+	}
+	*out = n.Value
+}
+
+// fields walks a mapping whose keys must be names (exact case, each at
+// most once), calling set with each key and value; set reports whether
+// it knows the key.
+func (d *policyDecoder) fields(field string, n *yaml.Node, what string, known []string, set func(key string, v *yaml.Node)) {
+	if !d.plain(field, n) {
+		return
+	}
+	if n.Kind != yaml.MappingNode {
+		d.fail(field, n, "must be %s (got %s)", what, describe(n))
+		return
+	}
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		path := k.Value
+		if field != "" {
+			path = field + "." + k.Value
+		}
+		if !d.plain(path, k) {
+			continue
+		}
+		if k.Kind != yaml.ScalarNode || k.ShortTag() != "!!str" {
+			d.fail(path, k, "is not a field name (got %s); %s has only %s", describe(k), what, strings.Join(known, ", "))
+			continue
+		}
+		if line, dup := seen[k.Value]; dup {
+			d.fail(path, k, "duplicate key (also on line %d)", line)
+			continue
+		}
+		seen[k.Value] = k.Line
+		if !slices.Contains(known, k.Value) {
+			hint := ""
+			for _, f := range known {
+				if strings.EqualFold(f, k.Value) {
+					hint = fmt.Sprintf("; keys are case-sensitive: did you mean %q?", f)
+				}
+			}
+			d.fail(path, k, "unknown field; %s has only %s%s", what, strings.Join(known, ", "), hint)
+			continue
+		}
+		set(k.Value, v)
+	}
+}
+
+// policy decodes the top-level mapping into p.
+func (d *policyDecoder) policy(n *yaml.Node, p *apiaryv1.ACLPolicy) {
+	d.fields("", n, "a policy (a mapping of description, namespaces, node, operator)",
+		[]string{"description", "namespaces", "node", "operator"}, func(key string, v *yaml.Node) {
+			switch key {
+			case "description":
+				d.str(key, v, &p.Description)
+			case "node":
+				d.str(key, v, &p.Node)
+			case "operator":
+				if !d.plain(key, v) || isNull(v) {
+					return
+				}
+				if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!bool" || (v.Value != "true" && v.Value != "false") {
+					d.fail(key, v, "must be true or false (got %s)", describe(v))
+					return
+				}
+				p.Operator = v.Value == "true"
+			case "namespaces":
+				d.namespaces(v, p)
+			}
+		})
+}
+
+func (d *policyDecoder) namespaces(n *yaml.Node, p *apiaryv1.ACLPolicy) {
+	if !d.plain("namespaces", n) || isNull(n) {
+		return
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.fail("namespaces", n, "must be a list of {name, capabilities} (got %s)", describe(n))
+		return
+	}
+	for i, item := range n.Content {
+		f := fmt.Sprintf("namespaces[%d]", i)
+		r := &apiaryv1.ACLNamespaceRule{}
+		d.fields(f, item, "a namespace rule (a mapping of name, capabilities)", []string{"name", "capabilities"}, func(key string, v *yaml.Node) {
+			switch key {
+			case "name":
+				d.str(f+".name", v, &r.Name)
+			case "capabilities":
+				cf := f + ".capabilities"
+				if !d.plain(cf, v) || isNull(v) {
+					return
+				}
+				if v.Kind != yaml.SequenceNode {
+					d.fail(cf, v, "must be a list of submit, read, cancel (got %s)", describe(v))
+					return
+				}
+				for k, c := range v.Content {
+					var s string
+					d.str(fmt.Sprintf("%s[%d]", cf, k), c, &s)
+					r.Capabilities = append(r.Capabilities, s)
+				}
+			}
+		})
+		p.Namespaces = append(p.Namespaces, r)
+	}
 }
