@@ -126,7 +126,7 @@ func NewAgentMetrics(reg prometheus.Registerer, running func() float64, free fun
 		Registrations:   f.counter("apiary_agent_registrations_total", "Node registrations (each one is a new node epoch)."),
 		Epoch:           f.gauge("apiary_agent_node_epoch", "Current node epoch (0 while unregistered)."),
 		StaleKills: f.counterVec("apiary_agent_stale_attempt_kills_total",
-			"Attempts the agent killed on its own, by reason (not_adopted, report_rejected: never reported; disconnect_grace: reported LOST once a coordinator answers).", "reason"),
+			"Attempts the agent killed on its own, by reason (not_adopted, report_rejected, registration_refused: never reported; disconnect_grace: reported LOST once a coordinator answers).", "reason"),
 		Disconnected: f.gauge("apiary_agent_disconnected", "1 while no coordinator has answered for a whole lease TTL (attempts keep running up to their lost_after)."),
 		Drained:      f.counter("apiary_agent_drained_attempts_total", "Attempts stopped by a drain and handed back (DRAINED)."),
 	}
