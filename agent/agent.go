@@ -281,7 +281,7 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 	quick := backoff.New(sctx, a.backoff)
 	quickEnds := 0
 	for {
-		sess, err := register(sctx, coords, req, a.cfg.RPCTimeout, a.backoff, a.log)
+		sess, err := register(sctx, coords, req, a.cfg.RPCTimeout, a.backoff, a.log, a.dropRefused)
 		if sctx.Err() != nil {
 			break
 		}
@@ -360,7 +360,8 @@ func (a *Agent) serveEpoch(ctx context.Context, sess *session, rep *reporter) er
 	defer a.mu.Unlock()
 	a.setEpochLocked(0)
 	if ctx.Err() == nil {
-		a.log.Warn("epoch ended; its attempts run on until the next epoch adopts or refuses them",
+		a.log.Warn("epoch ended; its attempts run on until the next epoch adopts or refuses them, "+
+			"or the region refuses the registration (then they are killed)",
 			"epoch", sess.epoch, "since_heartbeat", time.Since(a.lastContact).Round(time.Millisecond))
 	}
 	return err

@@ -42,9 +42,10 @@ type fakeCoord struct {
 	reject      func(*apiaryv1.ReportTaskStatusRequest) string
 	failReports int // answer this many reports with UNAVAILABLE first
 	failed      int
-	leaseTTLms  int64 // default 5000
-	hbDown      bool  // answer heartbeats with UNAVAILABLE
-	drainMs     int64 // HeartbeatResponse.drain_deadline_ms
+	leaseTTLms  int64  // default 5000
+	hbDown      bool   // answer heartbeats with UNAVAILABLE
+	refuse      string // answer registrations with UNAUTHENTICATED and this message
+	drainMs     int64  // HeartbeatResponse.drain_deadline_ms
 	// adopt decides AdoptAttempts (nil: refuse all); adoptions records
 	// the requests; drains and deregisters the epochs of those calls.
 	adopt       func(*apiaryv1.AttemptRef) bool
@@ -106,6 +107,9 @@ func (f *fakeCoord) RegisterNode(_ context.Context, req *apiaryv1.RegisterNodeRe
 	defer f.mu.Unlock()
 	if strings.Contains(req.GetNodeId(), "/") {
 		return nil, status.Error(codes.InvalidArgument, "node_id: bad")
+	}
+	if f.refuse != "" {
+		return nil, status.Error(codes.Unauthenticated, f.refuse)
 	}
 	f.nextEpoch++
 	f.valid[f.nextEpoch] = true
@@ -934,5 +938,61 @@ func TestAgentStopsWhenRegistrationIsInvalid(t *testing.T) {
 	defer cancel()
 	if err := a.Run(ctx); status.Code(errors.Unwrap(err)) != codes.InvalidArgument || ctx.Err() != nil {
 		t.Fatalf("Run: %v, want the INVALID_ARGUMENT refusal", err)
+	}
+}
+
+// TestAgentRefusedRegistrationKillsHeldAttempts: the epoch ends (a revoked
+// join token) and the region refuses the registration for good
+// (UNAUTHENTICATED, not an outage): no epoch can adopt what the agent still
+// holds, so it kills the attempt still running and drops the final report
+// it still held (its attempt ended while reports failed), at once, and
+// reports neither. It keeps registering with backoff and gets in once the
+// refusal is lifted, with nothing left to offer for adoption.
+func TestAgentRefusedRegistrationKillsHeldAttempts(t *testing.T) {
+	f, ta, epoch := startConnected(t, nil)
+	running := AttemptKey{JobID: "r1-refused", TaskIndex: 0, Attempt: 1}
+	held := AttemptKey{JobID: "r1-refused", TaskIndex: 1, Attempt: 1}
+	f.push(runAsg(epoch, running, `echo $$ > pids; exec sleep 100`))
+	f.waitReport(t, running, apiaryv1.ReportKind_REPORT_KIND_STARTED)
+	pid := readPids(t, filepath.Join(ta.workDir(running), "pids"), 1)[0]
+	f.mu.Lock()
+	f.failReports, f.failed = 1<<30, 0 // every report from now on is held
+	f.mu.Unlock()
+	f.push(runAsg(epoch, held, "exit 3"))
+	waitFor(t, 10*time.Second, func() bool {
+		ta.mu.Lock()
+		defer ta.mu.Unlock()
+		st := ta.seen[held]
+		return st != nil && !st.finished.IsZero()
+	}, "the second attempt ended, its report held")
+
+	f.mu.Lock()
+	f.refuse = "join_token: no such token in region r1 (revoked, or never made here)"
+	f.current = nil
+	f.mu.Unlock()
+	f.expire(epoch)
+	waitFor(t, 5*time.Second, func() bool { return processGone(pid) }, "the running attempt killed once the registration is refused")
+	waitFor(t, 5*time.Second, func() bool { return agentMetric(t, ta, "apiary_agent_stale_attempt_kills_total") == 2 },
+		"both attempts given up as stale")
+	if ta.Epoch() != 0 {
+		t.Fatalf("epoch %d while refused", ta.Epoch())
+	}
+
+	f.mu.Lock()
+	f.refuse, f.failReports = "", 0
+	f.mu.Unlock()
+	e2 := ta.waitEpoch(t, epoch+1)
+	f.sync(t, e2) // reports flow again: a held report not dropped would have gone first
+	f.mu.Lock()
+	adoptions := len(f.adoptions)
+	f.mu.Unlock()
+	if adoptions != 0 {
+		t.Errorf("%d adoption requests; nothing should be left to adopt", adoptions)
+	}
+	if ks := kinds(f.reportsFor(running)); len(ks) != 1 {
+		t.Errorf("killed attempt reports %v, want only STARTED", ks)
+	}
+	if ks := kinds(f.reportsFor(held)); len(ks) != 0 {
+		t.Errorf("dropped attempt reports %v, want none", ks)
 	}
 }

@@ -352,6 +352,7 @@ type containment struct {
 	parentName string
 	recDir     string // <DataDir>/attempts: the records list attempt cgroups
 	log        *slog.Logger
+	users      *taskUsers // the attempts' own users (taskusers.go); nil: off
 
 	mu      sync.Mutex
 	layout  *cgroupLayout // nil: no cgroups
@@ -365,6 +366,9 @@ type containment struct {
 func newContainment(c Config, log *slog.Logger, reg prometheus.Registerer) *containment {
 	ct := &containment{mode: c.Cgroups, parentName: cgroupParentName(c.DataDir),
 		recDir: filepath.Join(c.DataDir, "attempts"), log: log, running: map[*attemptCgroup]struct{}{}}
+	if c.TaskUsers == TaskUsersOn {
+		ct.users = newTaskUsers(c.TaskUIDs, log)
+	}
 	if reg != nil {
 		telemetry.RegisterTaskUsage(reg, ct.metrics)
 	}
@@ -530,23 +534,24 @@ func (c *containment) start(cmd *exec.Cmd, g *attemptCgroup) error {
 }
 
 // finish kills whatever is left in g (kill), reads its usage, and removes
-// it. A cgroup that does not empty within killWait is left for the next
-// agent start's sweep, and logged.
-func (c *containment) finish(g *attemptCgroup) Usage {
-	empty := g.kill(killWait)
-	u := g.usage()
+// it; empty says whether no process is left in it. A cgroup that does not
+// empty within killWait is left for the next agent start's sweep, and
+// logged.
+func (c *containment) finish(g *attemptCgroup) (u Usage, empty bool) {
+	empty = g.kill(killWait)
+	u = g.usage()
 	c.mu.Lock()
 	delete(c.running, g)
 	c.doneCPU += u.CPUSeconds
 	c.mu.Unlock()
 	if !empty {
 		c.log.Error("an attempt's cgroup still holds processes after the kill; left for the next start", "cgroup", g.dirs)
-		return u
+		return u, false
 	}
 	if err := g.remove(); err != nil {
 		c.log.Warn("attempt cgroup not removed", "err", err)
 	}
-	return u
+	return u, true
 }
 
 // metrics is the usage of the attempts for the metrics: CPU seconds of
@@ -639,9 +644,11 @@ func (c *containment) close() {
 }
 
 // startContainment sets up the agent's containment (cgroups, launcher
-// threads) and kills and removes every attempt cgroup a previous run left.
-// It runs in the data-dir part, before killOrphans' scans.
+// threads, task users) and kills and removes every attempt cgroup a
+// previous run left. It runs in the data-dir part, before killOrphans'
+// scans.
 func (a *Agent) startContainment() {
+	a.setupTaskUsers()
 	a.contain.setup()
 	if n := a.contain.sweep(); n > 0 {
 		a.log.Warn("killed processes in a previous run's attempt cgroups", "processes", n)

@@ -164,6 +164,25 @@ type Config struct {
 	// GossipWarnPlain logs a WARN when the LAN member gossips in plain text
 	// (`apiary agent` sets it when its gRPC hops use TLS).
 	GossipWarnPlain bool
+
+	// TaskUsers says whether each running attempt runs as a user of its
+	// own (taskusers.go; systemd's DynamicUser): "auto" (default: on when
+	// the agent runs as root on Linux and every directory above DataDir is
+	// searchable by others, else off), "on" (New fails where it cannot
+	// work) or "off". Off, tasks run as the agent's user and can read its
+	// credentials and each other's environment (logged at WARN at start).
+	// New resolves it to "on" or "off".
+	TaskUsers string
+	// TaskUIDs is the range of user and group ids task users are taken
+	// from; no account may use them. Default DefaultTaskUIDs
+	// (200000-265535).
+	TaskUIDs UIDRange
+	// SecretFiles are the agent's credential files besides its gossip
+	// keyring (TLS key, join token file): with task users on, each one a
+	// task user could read is logged at WARN at start.
+	SecretFiles []string
+
+	taskUsersWhy string // why TaskUsers resolved to off (logged at start)
 }
 
 // withDefaults returns a copy of c with defaults filled in, or an error that
@@ -226,6 +245,9 @@ func (c Config) withDefaults() (Config, error) {
 	c.DataDir = abs
 	if c.GossipKeyringFile == "" {
 		c.GossipKeyringFile = filepath.Join(c.DataDir, "gossip.keyring")
+	}
+	if err := c.resolveTaskUsers(); err != nil {
+		return c, err
 	}
 	if n := len(c.GossipKey); c.GossipKey != nil && n != 16 && n != 24 && n != 32 {
 		return c, fmt.Errorf("gossip key: a key must be 16, 24 or 32 bytes, this one is %d (make one with `apiary keygen`)", n)

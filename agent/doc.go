@@ -36,12 +36,17 @@
 //     answers, attempts keep running up to their lost_after. When a
 //     coordinator answers that the epoch ended, the agent registers again
 //     and offers its attempts to the new epoch (AdoptAttempts); those
-//     refused are killed and never reported. A drain (the heartbeat answer,
+//     refused are killed and never reported. When the region refuses the
+//     registration itself (PERMISSION_DENIED, UNAUTHENTICATED: a revoked
+//     join token, a refused certificate), no epoch can adopt them: they are
+//     all killed at once, unreported, while the agent keeps registering
+//     with backoff. A drain (the heartbeat answer,
 //     or the agent's own stop) stops attempts at its deadline and reports
 //     them DRAINED; a clean stop then deregisters.
 //   - The node's member of its region's serf LAN pool (lan.go): joined
 //     after registering, tagged with the node id, epoch and free capacity,
-//     left on a clean stop.
+//     left on a clean stop. A join that fails (most often a gossip key
+//     missing or not the pool's) is logged at ERROR with its cause.
 //
 // # What it must not touch
 //

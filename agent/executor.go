@@ -39,8 +39,9 @@ type Spec struct {
 	// contain, if set, starts the process on one of its launcher threads,
 	// at a lower priority than the agent, in a cgroup of its own named
 	// cgroup (when the agent has cgroups), which is killed as a whole when
-	// the attempt ends and then removed (see containment). nil: the process
-	// group only, at the agent's priority.
+	// the attempt ends and then removed, and as a user of its own when the
+	// agent has task users (see containment, taskusers.go). nil: the
+	// process group only, at the agent's priority, as the agent's user.
 	contain *containment
 	cgroup  string
 }
@@ -98,6 +99,7 @@ type Execution struct {
 	cmd     *exec.Cmd
 	pgid    int
 	cg      *attemptCgroup // nil without a cgroup
+	user    *taskUser      // nil without task users
 	started time.Time
 	done    chan struct{}
 	result  Result
@@ -112,16 +114,38 @@ type Execution struct {
 // Start starts the attempt described by spec. An error means no process was
 // started; it is the START_FAILED case, and is a *StartError saying whose
 // fault it is: the job's (empty command, command not found or not
-// executable) or the node's (work dir or log files not creatable, fork
-// limits, ...; see classifyExec).
+// executable) or the node's (work dir or log files not creatable, no free
+// task user, fork limits, ...; see classifyExec).
 func Start(spec Spec) (*Execution, error) {
 	if spec.Command == "" {
 		return nil, jobFault(errors.New("empty command"))
 	}
-	// The common case is a new attempt dir under an existing task dir: one
-	// mkdir, not MkdirAll's stat of every level (file system calls are most
-	// of an agent's own cost per attempt).
-	if err := os.Mkdir(spec.Dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+	var user *taskUser
+	if spec.contain != nil && spec.contain.users != nil {
+		var err error
+		if user, err = spec.contain.users.acquire(); err != nil {
+			return nil, nodeFault(err)
+		}
+	}
+	e, err := start(spec, user)
+	if err != nil && user != nil {
+		user.release() // no process ran as it
+	}
+	return e, err
+}
+
+// start is Start once the attempt's task user (nil: none) is held.
+func start(spec Spec, user *taskUser) (*Execution, error) {
+	if user != nil {
+		if err := user.makeAttemptDir(spec.Dir); err != nil {
+			return nil, nodeFault(fmt.Errorf("work dir: %w", err))
+		}
+		// A HOME inherited from the agent is not the task user's to write.
+		spec.Env = homeEnv(spec.Env, spec.Dir)
+	} else if err := os.Mkdir(spec.Dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		// The common case is a new attempt dir under an existing task dir:
+		// one mkdir, not MkdirAll's stat of every level (file system calls
+		// are most of an agent's own cost per attempt).
 		if err := os.MkdirAll(spec.Dir, 0o755); err != nil {
 			return nil, nodeFault(fmt.Errorf("work dir: %w", err))
 		}
@@ -134,16 +158,31 @@ func Start(spec Spec) (*Execution, error) {
 	cmd.Env = spec.Env
 	// Own process group; and if the agent dies, the kernel kills the task's
 	// main process (a restarted agent also sweeps every leftover process: see
-	// killOrphans).
+	// killOrphans). Go sets the parent-death signal after the credential
+	// change, which would clear it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if user != nil {
+		cmd.SysProcAttr.Credential = user.credential()
+	}
 
 	// The process writes straight into its log files (no pipes, no copier
 	// goroutines: less work per attempt, and a background child that keeps
 	// the files open cannot hold the result back); the tails are read back
 	// from the files once the process has exited.
+	// With a task user they are its files (0600, in its 0700 dir), opened
+	// without following a symlink.
 	var files [2]*os.File
 	for i, name := range []string{"stdout.log", "stderr.log"} {
-		f, err := os.OpenFile(filepath.Join(spec.Dir, name), os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o644)
+		flags, mode := os.O_CREATE|os.O_TRUNC|os.O_RDWR, os.FileMode(0o644)
+		if user != nil {
+			flags, mode = flags|syscall.O_NOFOLLOW, 0o600
+		}
+		f, err := os.OpenFile(filepath.Join(spec.Dir, name), flags, mode)
+		if err == nil && user != nil {
+			if err = f.Chown(int(user.id), int(user.id)); err != nil {
+				f.Close()
+			}
+		}
 		if err != nil {
 			if i == 1 {
 				files[0].Close()
@@ -173,7 +212,7 @@ func Start(spec Spec) (*Execution, error) {
 			files[0].Close()
 			files[1].Close()
 			if cg != nil {
-				spec.contain.finish(cg)
+				_, _ = spec.contain.finish(cg)
 			}
 			return nil, nodeFault(err)
 		}
@@ -188,7 +227,7 @@ func Start(spec Spec) (*Execution, error) {
 		files[0].Close()
 		files[1].Close()
 		if cg != nil {
-			spec.contain.finish(cg)
+			_, _ = spec.contain.finish(cg)
 		}
 		if rec != nil {
 			rec.Close()
@@ -215,6 +254,7 @@ func Start(spec Spec) (*Execution, error) {
 		cmd:     cmd,
 		pgid:    cmd.Process.Pid,
 		cg:      cg,
+		user:    user,
 		started: time.Now(),
 		done:    make(chan struct{}),
 	}
@@ -240,8 +280,15 @@ func Start(spec Spec) (*Execution, error) {
 		}
 		e.mu.Unlock()
 		var usage Usage
+		gone := false
 		if cg != nil {
-			usage = spec.contain.finish(cg)
+			usage, gone = spec.contain.finish(cg)
+		}
+		if user != nil {
+			// Free for another attempt once none of this one's processes
+			// is left (escapees of the group too, without a cgroup: the
+			// reaper kills them).
+			user.end(gone)
 		}
 		if spec.Record != "" {
 			_ = os.Remove(spec.Record)

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/grafana/dskit/backoff"
@@ -28,6 +30,14 @@ import (
 //     attempt dies within a registration round trip, and one that was not
 //     replaced (disconnect.replace: false, a false suspicion the owner had
 //     not acted on yet) is not lost.
+//   - The region refuses the new registration for good (refusedForGood:
+//     its join token revoked, unknown or bound elsewhere, its certificate
+//     refused): no epoch will ever adopt the attempts, and the region
+//     reclaimed their tasks when the epoch ended, so the agent kills every
+//     attempt it still holds at once and drops their reports (dropRefused),
+//     instead of running the work twice. It keeps registering with backoff
+//     (an operator may give it a new token). An outage (UNAVAILABLE,
+//     DEADLINE_EXCEEDED) is not a refusal: attempts run on as above.
 //   - Drain (an operator's, from the heartbeat answer, or the agent's own on
 //     stop): no new attempts are accepted; at the deadline those still
 //     running are stopped and reported DRAINED.
@@ -103,6 +113,47 @@ func (a *Agent) killStaleLocked(st *attemptState, reason string) {
 	a.metrics.StaleKills.WithLabelValues(reason).Inc()
 	a.log.Warn("killing stale attempt", "job", st.key.JobID, "task", st.key.TaskIndex, "attempt", st.key.Attempt,
 		"epoch", st.epoch, "reason", reason)
+}
+
+// dropRefused is the agent's answer to a registration the region refused
+// for good (refusedForGood; answer is the region's message): it kills at
+// once every attempt still held from an ended epoch (running, or owing its
+// final report) and drops their reports. None can be adopted (the region
+// refuses this node), and the region reclaimed their tasks when the epoch
+// ended (a revoked join token ends it at once), so each would otherwise run
+// its work a second time. One ERROR says how many and why; the attempts'
+// StaleKills reason is "registration_refused".
+func (a *Agent) dropRefused(answer string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	running, reports := 0, 0
+	epochs := map[int64]bool{}
+	for _, st := range a.seen {
+		if st.stale || st.settled || st.epoch == a.epoch {
+			continue
+		}
+		if st.finished.IsZero() {
+			running++
+		} else {
+			reports++
+		}
+		epochs[st.epoch] = true
+		a.killStaleLocked(st, "registration_refused")
+	}
+	if running+reports == 0 {
+		return
+	}
+	a.log.Error("the region refuses this node, so no epoch can adopt the attempts of the ended one: killed them at once, unreported "+
+		"(the region has given their tasks to other nodes)",
+		"running_killed", running, "reports_dropped", reports, "epochs", slices.Sorted(maps.Keys(epochs)), "refusal", answer)
+}
+
+// inContact reports whether the agent holds an epoch and a coordinator
+// answered it within the lease TTL.
+func (a *Agent) inContact() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.epoch != 0 && a.leaseTTL > 0 && time.Since(a.lastContact) < a.leaseTTL
 }
 
 // contact applies an answered heartbeat: the coordinators are reachable
@@ -243,7 +294,10 @@ func (a *Agent) adoptSurvivors(ctx context.Context, sess *session) {
 // draining until now+DrainDeadline, let attempts finish until then, stop
 // the rest (reported DRAINED by their goroutines), end the sessions (so
 // that the ended epoch is not registered again), then deregister. Each step
-// is bounded; a region that cannot be reached only makes it shorter.
+// is bounded; a region that cannot be reached only makes it shorter. Every
+// wait is logged with what it waits for and until when; attempts the agent
+// killed as stale (a registration refused for good among them) owe no
+// report, so a refused agent stops at once.
 func (a *Agent) shutdownDrain(coords *coordinators, stopSessions func()) {
 	deadline := time.Now().Add(a.cfg.DrainDeadline)
 	a.mu.Lock()
@@ -254,8 +308,16 @@ func (a *Agent) shutdownDrain(coords *coordinators, stopSessions func()) {
 	}
 	a.mu.Unlock()
 	_, running := a.ledger.Used()
-	a.log.Info("stopping: draining the node", "epoch", epoch, "deadline", deadline, "running", running)
-	call := func(what string, f func(context.Context, apiaryv1.AgentServiceClient) error) bool {
+	switch {
+	case epoch == 0 && running == 0:
+		a.log.Info("stopping: the node holds no epoch (not registered) and runs no attempt")
+	case epoch == 0:
+		a.log.Info("stopping: the node holds no epoch (not registered); running attempts stop at the deadline",
+			"deadline", deadline, "running", running)
+	default:
+		a.log.Info("stopping: draining the node", "epoch", epoch, "deadline", deadline, "running", running)
+	}
+	call := func(what string, epoch int64, f func(context.Context, apiaryv1.AgentServiceClient) error) bool {
 		if epoch == 0 {
 			return false
 		}
@@ -268,39 +330,61 @@ func (a *Agent) shutdownDrain(coords *coordinators, stopSessions func()) {
 		}
 		return true
 	}
-	call("drain", func(ctx context.Context, cl apiaryv1.AgentServiceClient) error {
+	call("drain", epoch, func(ctx context.Context, cl apiaryv1.AgentServiceClient) error {
 		_, err := cl.DrainSelf(ctx, &apiaryv1.DrainSelfRequest{NodeId: a.cfg.NodeID, NodeEpoch: epoch, DeadlineMs: deadline.UnixMilli()})
 		return err
 	})
 	// Wait for every final report to be answered: attempts that finish by
 	// themselves, and those the watchdog stops at the deadline.
 	bound := time.Now().Add(a.cfg.DrainDeadline + a.cfg.KillGrace + 2*a.cfg.RPCTimeout)
-	for time.Now().Before(bound) {
+	var owed []string
+	for said := false; ; said = true {
 		a.mu.Lock()
-		ch, owed := a.changed, 0
+		ch := a.changed
+		owed = owed[:0]
 		for _, st := range a.seen {
 			if !st.settled && !st.stale && st.exec != nil {
-				owed++
+				owed = append(owed, st.key.String())
 			}
 		}
+		registered := a.epoch != 0
 		a.mu.Unlock()
-		if owed == 0 {
+		if len(owed) == 0 || !time.Now().Before(bound) {
 			break
+		}
+		if !said {
+			slices.Sort(owed)
+			a.log.Info("stopping: waiting for the attempts to end and their final reports to be answered",
+				"attempts", len(owed), "first", owed[0], "until", bound.Round(time.Millisecond), "registered", registered)
 		}
 		select {
 		case <-ch:
 		case <-time.After(watchdogEvery):
 		}
 	}
+	if len(owed) > 0 {
+		a.log.Warn("stopping: gave up waiting for final reports (their tasks are requeued when the node's lease lapses)",
+			"attempts", len(owed))
+	}
+	// The sessions may have registered a new epoch meanwhile (an outage
+	// that ended during the drain): that is the one to release.
+	a.mu.Lock()
+	if a.epoch != 0 {
+		epoch = a.epoch
+	}
+	a.mu.Unlock()
 	stopSessions()
-	released := call("deregister", func(ctx context.Context, cl apiaryv1.AgentServiceClient) error {
+	released := call("deregister", epoch, func(ctx context.Context, cl apiaryv1.AgentServiceClient) error {
 		_, err := cl.Deregister(ctx, &apiaryv1.DeregisterRequest{NodeId: a.cfg.NodeID, NodeEpoch: epoch})
 		return err
 	})
-	if released {
+	switch {
+	case released:
 		a.log.Info("drained; lease released", "epoch", epoch)
-	} else if epoch != 0 {
+	case epoch != 0:
 		a.log.Warn("stopping without releasing the lease (no coordinator took the deregistration); the region requeues this node's tasks when the lease lapses",
 			"epoch", epoch)
+	default:
+		a.log.Info("stopping: no epoch to release")
 	}
 }

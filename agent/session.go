@@ -46,19 +46,41 @@ type session struct {
 	log        *slog.Logger
 }
 
+// remindEvery is how often an answer that stays the same (a refused
+// registration, a coordinator that keeps failing the same way) is logged
+// again at its level; in between, repeats go to DEBUG.
+const remindEvery = 5 * time.Minute
+
+// refusedForGood reports whether err is a coordinator's refusal of this
+// node that no retry fixes by itself (PERMISSION_DENIED, UNAUTHENTICATED:
+// a revoked, unknown or foreign join token, a join token bound to another
+// node, a certificate the region's authorization refuses), as opposed to an
+// outage (UNAVAILABLE, DEADLINE_EXCEEDED), which ends when the region is
+// back. Only an operator can change the answer (a new token, a fixed ACL).
+func refusedForGood(err error) bool {
+	c := status.Code(err)
+	return c == codes.PermissionDenied || c == codes.Unauthenticated
+}
+
 // register creates a new node epoch, retrying with backoff (and moving to
 // the next coordinator) until it succeeds or ctx ends. It returns ctx's
 // error, or an error wrapping the coordinator's INVALID_ARGUMENT answer (the
 // node's own description is refused: bad node id, zero capacity), which no
-// retry can fix. A refusal of the node's join token (PERMISSION_DENIED,
-// UNAUTHENTICATED) is logged once at ERROR with what to do, and retried
-// with backoff like an unavailable coordinator: it is fixed outside the
-// agent, and the agent must then register without a restart.
+// retry can fix. A refusal of the node itself (refusedForGood: its join
+// token, its certificate) is passed to refused (if not nil) at every such
+// answer, logged at ERROR with what to do once per distinct answer and
+// again every remindEvery while it recurs (repeatLog), and retried with backoff like
+// an unavailable coordinator: it is fixed outside the agent, and the agent
+// must then register without a restart. Other failures are logged at WARN
+// when they are new for their coordinator (then every remindEvery), with a
+// hint when the agent's TLS settings are the cause (tlsMismatch, once per
+// coordinator).
 func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterNodeRequest,
-	rpcTimeout time.Duration, bo backoff.Config, log *slog.Logger) (*session, error) {
+	rpcTimeout time.Duration, bo backoff.Config, log *slog.Logger, refused func(answer string)) (*session, error) {
 	b := backoff.New(ctx, bo)
-	explained := map[string]bool{} // addresses whose TLS mismatch was logged
-	refused := map[string]bool{}   // refusals (join token, identity) logged
+	explained := map[string]bool{}    // addresses whose TLS mismatch was logged
+	var refusal repeatLog             // the region's refusals of this node
+	failed := map[string]*repeatLog{} // per coordinator: its other failures
 	for b.Ongoing() {
 		idx, cl := coords.client()
 		cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
@@ -83,6 +105,9 @@ func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterN
 			if s.leaseTTL <= 0 {
 				s.leaseTTL = fallbackLeaseTTL
 			}
+			if refusal.logged() {
+				log.Info("registration accepted after being refused", "coordinator", coords.addr(idx), "refused_with", refusal.last)
+			}
 			log.Info("registered", "coordinator", coords.addr(idx), "epoch", s.epoch,
 				"region", s.region, "heartbeat", s.heartbeat, "lease_ttl", s.leaseTTL)
 			return s, nil
@@ -93,23 +118,28 @@ func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterN
 		if status.Code(err) == codes.InvalidArgument {
 			return nil, fmt.Errorf("register: refused by %s: %w", coords.addr(idx), err)
 		}
-		if c := status.Code(err); c == codes.PermissionDenied || c == codes.Unauthenticated {
+		if refusedForGood(err) {
 			// Refused for its join token (or identity): an operator
 			// must act, but the agent keeps trying (a token may be
 			// created, or the region's ACLs fixed, while it waits). Said
-			// once per distinct answer, not every retry.
+			// once per distinct answer and again every remindEvery, not
+			// every retry; what the agent still holds of its ended epoch
+			// is killed (refused: Agent.dropRefused).
 			msg := status.Convert(err).Message()
-			if !refused[msg] {
-				refused[msg] = true
-				log.Error("registration refused: "+msg+"; "+joinTokenHint(req, msg)+"; retrying with backoff", "coordinator", coords.addr(idx))
-			} else {
-				log.Debug("registration refused again", "coordinator", coords.addr(idx), "err", err)
+			refusal.log(log, slog.LevelError, msg, "registration refused: "+msg+"; "+joinTokenHint(req, msg)+"; retrying with backoff",
+				"coordinator", coords.addr(idx))
+			if refused != nil {
+				refused(msg)
 			}
 			b.Wait()
 			continue
 		}
-		log.Warn("register failed", "coordinator", coords.addr(idx), "err", err)
-		if addr := coords.addr(idx); !explained[addr] {
+		addr := coords.addr(idx)
+		if failed[addr] == nil {
+			failed[addr] = &repeatLog{}
+		}
+		failed[addr].log(log, slog.LevelWarn, err.Error(), "register failed", "coordinator", addr, "err", err)
+		if !explained[addr] {
 			if why := tlsMismatch(ctx, addr, err, &p); why != "" {
 				explained[addr] = true
 				log.Error(why, "coordinator", addr)
@@ -120,6 +150,42 @@ func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterN
 	}
 	return nil, ctx.Err()
 }
+
+// repeatLog logs a message that recurs (a retried call failing): at its
+// level once per distinct cause (a key, e.g. the error's text; failures
+// that alternate, "EOF" and "connection reset", are each said once), again
+// every remindEvery while a cause recurs (with how many repeats were kept
+// quiet), and at DEBUG in between.
+type repeatLog struct {
+	said  map[string]time.Time // cause -> when it was last logged at its level
+	quiet map[string]int       // cause -> repeats since
+	last  string               // the latest cause
+}
+
+// repeatLogCauses bounds the causes remembered (error texts that vary
+// without end would otherwise grow the map); past it, all are forgotten.
+const repeatLogCauses = 64
+
+func (r *repeatLog) log(log *slog.Logger, level slog.Level, cause, msg string, args ...any) {
+	if r.said == nil || len(r.said) >= repeatLogCauses {
+		r.said, r.quiet = map[string]time.Time{}, map[string]int{}
+	}
+	r.last = cause
+	at, ok := r.said[cause]
+	if ok && time.Since(at) < remindEvery {
+		r.quiet[cause]++
+		log.Debug(msg, args...)
+		return
+	}
+	if ok {
+		args = append(args, "repeats", r.quiet[cause], "since", time.Since(at).Round(time.Second))
+	}
+	log.Log(context.Background(), level, msg, args...)
+	r.said[cause], r.quiet[cause] = time.Now(), 0
+}
+
+// logged reports whether anything was logged.
+func (r *repeatLog) logged() bool { return r.last != "" }
 
 // joinTokenHint is what an operator is told when a region refused the
 // node's registration (answer: the region's message) for its join token.
@@ -137,7 +203,8 @@ func joinTokenHint(req *apiaryv1.RegisterNodeRequest, answer string) string {
 
 // heartbeatLoop renews the lease every heartbeat interval and passes each
 // answer to contact. It returns errEpochLost when a coordinator answers that
-// the epoch is gone, or ctx's error. While no coordinator answers it keeps
+// the epoch is gone (FAILED_PRECONDITION) or refuses the node
+// (refusedForGood), or ctx's error. While no coordinator answers it keeps
 // trying (a quarter interval apart): the agent cannot tell an outage of the
 // region, which leaves its lease alive (etcd is down with it, and a new etcd
 // leader refreshes every lease), from a partition that let it lapse, until
@@ -175,6 +242,14 @@ func (s *session) heartbeatLoop(ctx context.Context, contact func(*apiaryv1.Hear
 			return ctx.Err()
 		case status.Code(err) == codes.FailedPrecondition:
 			s.log.Warn("node epoch gone", "epoch", s.epoch, "coordinator", s.coords.addr(idx), "err", err)
+			return errEpochLost
+		case refusedForGood(err):
+			// The region refuses this node (its certificate): no
+			// coordinator renews the lease, so the epoch is as good as
+			// gone. Registering again says whether the refusal stands
+			// (then the epoch's attempts are killed) or was a fluke
+			// (then they are offered for adoption).
+			s.log.Warn("heartbeat refused; treating the epoch as ended", "epoch", s.epoch, "coordinator", s.coords.addr(idx), "err", err)
 			return errEpochLost
 		default:
 			s.log.Debug("heartbeat failed", "epoch", s.epoch, "coordinator", s.coords.addr(idx), "err", err)

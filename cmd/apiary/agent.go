@@ -43,6 +43,8 @@ func newAgentCmd() *cobra.Command {
 		reservedCPU                    int64
 		faultFile                      string
 		joinTokenFile                  string
+		taskUsers                      bool
+		taskUIDRange                   string
 		tel                            telemetryFlags
 		tlsf                           serverTLSFlags
 		gossipf                        gossipFlags
@@ -65,11 +67,29 @@ drains it: no new tasks, running ones stopped after --drain-deadline (default
 at once) and handed back to run elsewhere without using up their
 max_attempts, then the node's lease is released.
 
+Run as root, the agent runs each attempt as a user of its own, taken from
+--task-uid-range (uid and gid, no supplementary groups; systemd's
+DynamicUser): its working dir is its own (mode 0700), and it can read neither
+another attempt's environment (/proc/<pid>/environ, secret_env values
+included) nor the agent's data dir, keyring, join token or TLS key. Without
+root, or with --task-user-isolation=false, tasks run as the agent's user and
+can read all of these; the agent says so at start. Run agents as root, or one
+agent per trust domain.
+
 A region that runs with ACLs (--acl) takes a node only with an agent join
 token of that region (apiary acl token create --type agent --region R
 [--node-id ID]): give its secret as --join-token-file or $` + EnvJoinToken + `.
-A registration refused for its token is logged once, at ERROR, with what to
-do, and retried with backoff.
+A registration refused for its token (or certificate) is logged at ERROR with
+what to do, once per distinct answer and again every 5 minutes, and retried
+with backoff; the attempts the node still ran from its ended epoch are killed
+at once and not reported, as the region has given their tasks to other nodes
+(after 'apiary acl token revoke', say). A coordinator that is only
+unreachable is not a refusal: tasks then run on for --disconnect-grace.
+
+With --gossip-key (or $` + EnvGossipKey + `) the agent's member of the region's
+serf LAN pool is encrypted; it must hold a key of the region's pool. An agent
+that cannot join the pool (no key, another key) says so at ERROR and runs on
+its lease alone: the region then sees it fail only when the lease lapses.
 
 With --tls-ca, --tls-cert and --tls-key (an agent certificate: apiary tls
 cert create --role agent --region R --id NODE), the agent reaches its
@@ -141,6 +161,23 @@ so.`,
 			if joinToken != "" && tlsR == nil {
 				logger.Warn("the join token goes to the coordinators in plaintext (--insecure-dev): anyone on the way can read it and register a node with it")
 			}
+			// Task users: default on as root (agent.TaskUsersAuto), on
+			// when asked for (New then refuses where it cannot work).
+			taskUsersMode := agent.TaskUsersAuto
+			if cmd.Flags().Changed("task-user-isolation") {
+				taskUsersMode = map[bool]string{true: agent.TaskUsersOn, false: agent.TaskUsersOff}[taskUsers]
+			}
+			uidRange, err := agent.ParseUIDRange(taskUIDRange)
+			if err != nil {
+				return withCode(exitInvalid, fmt.Errorf("--task-uid-range: %w", err))
+			}
+			var secretFiles []string
+			if tlsR != nil {
+				secretFiles = append(secretFiles, tlsf.files.Key)
+			}
+			if joinTokenFile != "" {
+				secretFiles = append(secretFiles, joinTokenFile)
+			}
 			dialOpts := []grpc.DialOption{creds}
 			if faultFile != "" {
 				hook, err := faulthook.New(faultFile, 0)
@@ -185,6 +222,9 @@ so.`,
 				// Containment of the tasks (agent/cgroup.go), the host's reserve.
 				Cgroups:           cgroups,
 				ReservedCPUMillis: reservedCPU,
+				TaskUsers:         taskUsersMode,
+				TaskUIDs:          uidRange,
+				SecretFiles:       secretFiles,
 			})
 			if err != nil {
 				return withCode(exitInvalid, err)
@@ -224,6 +264,9 @@ so.`,
 	f.StringVar(&lanAddr, "lan-addr", "", `host:port (UDP and TCP) of this agent's member of the region's serf LAN pool, joined through the addresses the coordinator returns at registration; a crash is then seen in about 1 s instead of a lease TTL (default: the local address of the route to the first --addr, port 0; "off": no member, the lease alone)`)
 	f.DurationVar(&disconnectGrace, "disconnect-grace", agent.DefaultDisconnectGrace, "keep attempts running this long while no coordinator answers (jobs' disconnect.lost_after overrides it), then kill them")
 	f.DurationVar(&drainDeadline, "drain-deadline", 0, "on SIGTERM/SIGINT: let running attempts finish this long, then stop the rest and hand them back (DRAINED, not charged) and release the lease (0: at once)")
+	f.BoolVar(&taskUsers, "task-user-isolation", true, "run each attempt as a user of its own from --task-uid-range (its work dir 0700 and owned by it), so that tasks cannot read each other's environment (secret_env values) or the agent's credentials; "+
+		"needs root and a --data-dir every directory above which others may search (default: on when both hold, else off with a warning; true: refuse to start without them; false: tasks run as the agent's user, with a warning)")
+	f.StringVar(&taskUIDRange, "task-uid-range", agent.DefaultTaskUIDs.String(), "user and group ids for --task-user-isolation, FIRST-LAST; no account on the host may use them (ids of /etc/passwd and /etc/group are skipped)")
 	f.StringVar(&joinTokenFile, "join-token-file", "", "file holding the secret of this node's join token (apiary acl token create --type agent --region R), sent with every registration; needed by a region that runs with --acl (default $"+EnvJoinToken+", which the agent removes from its environment so that tasks never see it)")
 	f.StringVar(&faultFile, "fault-file", "", "fault tests only (internal/faulthook): while this file exists, every gRPC call to the coordinators fails with UNAVAILABLE and open streams are cut, as in a network partition (the serf LAN member is not cut); 'apiary loadtest failover --scenario partition-agent' creates and removes it")
 	_ = f.MarkHidden("fault-file")

@@ -95,24 +95,37 @@ type Options struct {
 	// <Dir>/acl/<node-id>.token). Every call the cluster makes (Dial,
 	// Region.Dial, the waits) then carries the management token.
 	ACL bool
-	// GossipKey, when set, is passed as --gossip-key to every coordinator,
-	// router and agent (base64, `apiary keygen`): both serf pools are
-	// encrypted. Each keeps its keyring file under its data dir (routers:
-	// <Dir>/<name>.keyring).
+	// GossipKey, when set, is given to every coordinator, router and agent
+	// (base64, `apiary keygen`) as $APIARY_GOSSIP_KEY, never on a command
+	// line, which every user of the host can read (/proc/<pid>/cmdline):
+	// both serf pools are encrypted. Each keeps its keyring file under its
+	// data dir (routers: <Dir>/<name>.keyring).
 	GossipKey string
 }
 
-// gossipArgs are the --gossip-key (and, for a router, which has no data
-// dir, --gossip-keyring-file) flags of Options.GossipKey; none without it.
+// EnvGossipKey is the variable that gives a process Options.GossipKey
+// (`apiary`'s fallback of --gossip-key, removed from the environment of
+// every process that reads it).
+const EnvGossipKey = "APIARY_GOSSIP_KEY"
+
+// gossipArgs are the flags of Options.GossipKey: for a router, which has
+// no data dir, --gossip-keyring-file; none without a key. The key itself
+// goes in the environment (gossipEnv).
 func (o *Options) gossipArgs(routerName string) []string {
-	if o.GossipKey == "" {
+	if o.GossipKey == "" || routerName == "" {
 		return nil
 	}
-	args := []string{"--gossip-key", o.GossipKey}
-	if routerName != "" {
-		args = append(args, "--gossip-keyring-file", filepath.Join(o.Dir, routerName+".keyring"))
+	return []string{"--gossip-keyring-file", filepath.Join(o.Dir, routerName+".keyring")}
+}
+
+// gossipEnv is env plus $APIARY_GOSSIP_KEY of Options.GossipKey (env
+// itself without a key), in a new slice.
+func (o *Options) gossipEnv(env []string) []string {
+	env = slices.Clone(env)
+	if o.GossipKey == "" {
+		return env
 	}
-	return args
+	return append(env, EnvGossipKey+"="+o.GossipKey)
 }
 
 // GlobalSpec describes the global router process.
@@ -144,7 +157,7 @@ func (p *Proc) Start() error {
 	if p.cmd != nil && !p.exited() {
 		return fmt.Errorf("%s is running", p.Name)
 	}
-	logf, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(p.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
@@ -303,7 +316,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.Binary == "" {
 		return nil, errors.New("devcluster: Binary is required")
 	}
-	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+	// Searchable, not listable, by other users: the agents' tasks run as
+	// users of their own when the agents run as root (agent.TaskUsersAuto)
+	// and must reach their work dirs under it; the secrets under it are in
+	// 0700 directories (tls, acl) or 0600 files.
+	if err := os.MkdirAll(opts.Dir, 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(opts.Dir, 0o711); err != nil {
 		return nil, err
 	}
 	if err := opts.checkACL(); err != nil {
@@ -403,7 +423,6 @@ func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
 		}
 		args = append(args, targs...)
 		args = append(args, c.opts.aclArgs()...)
-		args = append(args, c.opts.gossipArgs("")...)
 		for k, v := range rs.Labels {
 			args = append(args, "--label", k+"="+v)
 		}
@@ -416,7 +435,7 @@ func (c *Cluster) startRegion(rs RegionSpec) (*Region, error) {
 			args = append(args, "--lan-addr", r.LANAddrs[i])
 		}
 		args = append(args, rs.ExtraArgs...)
-		p := &Proc{Name: id, Args: args, LogPath: filepath.Join(c.opts.Dir, id+".log"), env: c.opts.ExtraEnv, bin: c.opts.Binary}
+		p := &Proc{Name: id, Args: args, LogPath: filepath.Join(c.opts.Dir, id+".log"), env: c.opts.gossipEnv(c.opts.ExtraEnv), bin: c.opts.Binary}
 		if err := p.Start(); err != nil {
 			return nil, err
 		}
@@ -534,9 +553,8 @@ func (r *Region) startAgent(ctx context.Context, c *Cluster, i int) error {
 		lanAddr = fmt.Sprintf("127.0.0.1:%d", port) // kept across restarts
 	}
 	args = append(args, "--lan-addr", lanAddr)
-	args = append(args, c.opts.gossipArgs("")...)
 	args = append(args, as.ExtraArgs...)
-	env := append(slices.Clip(c.opts.ExtraEnv), as.Env...)
+	env := append(c.opts.gossipEnv(c.opts.ExtraEnv), as.Env...)
 	p := &Proc{Name: as.ID, Args: args, LogPath: filepath.Join(c.opts.Dir, as.ID+".log"), env: env, bin: c.opts.Binary}
 	if err := p.Start(); err != nil {
 		return err

@@ -53,7 +53,7 @@ func (c *Cluster) startGlobal() error {
 	args = append(args, targs...)
 	args = append(args, c.opts.gossipArgs("global-1")...)
 	args = append(args, c.opts.Global.ExtraArgs...)
-	c.Global = &Proc{Name: "global-1", Args: args, LogPath: filepath.Join(c.opts.Dir, "global-1.log"), env: c.opts.ExtraEnv, bin: c.opts.Binary}
+	c.Global = &Proc{Name: "global-1", Args: args, LogPath: filepath.Join(c.opts.Dir, "global-1.log"), env: c.opts.gossipEnv(c.opts.ExtraEnv), bin: c.opts.Binary}
 	return c.Global.Start()
 }
 

@@ -22,5 +22,5 @@ func (c *Cluster) AddRouter(ctx context.Context, name string) (*Proc, string, er
 	}
 	extra = append(extra, c.opts.gossipArgs(name)...)
 	return StartRouter(ctx, RouterSpec{Binary: c.opts.Binary, Dir: c.opts.Dir, Name: name, Join: []string{c.GlobalWAN},
-		ExtraArgs: append(extra, c.opts.Global.ExtraArgs...), Env: c.opts.ExtraEnv, PKI: c.pki})
+		ExtraArgs: append(extra, c.opts.Global.ExtraArgs...), Env: c.opts.gossipEnv(c.opts.ExtraEnv), PKI: c.pki})
 }
