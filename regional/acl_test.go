@@ -114,19 +114,10 @@ func TestACLRegion(t *testing.T) {
 	bin := testutil.Binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: bin, Dir: t.TempDir(), TLS: true, ACL: true,
+	cl := startCluster(t, ctx, devcluster.Options{Binary: bin, Dir: t.TempDir(), TLS: true, ACL: true,
 		Regions: []devcluster.RegionSpec{{Name: "eu-west", Jurisdiction: "eu", Agents: twoAgents(),
 			ExtraArgs: []string{"--node-lease-ttl", "1s", "--failover-grace", "0s", "--metrics-addr", metrics}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := cl.Regions[0]
-	t.Cleanup(func() {
-		cl.Stop()
-		if t.Failed() {
-			dumpLogs(t, cl)
-		}
-	})
 	mgmtSecret := cl.ManagementToken()
 	m := asToken(t, cl, r, mgmtSecret)
 	self, err := m.acl.GetACLSelf(callCtx(t), &apiaryv1.GetACLSelfRequest{})
@@ -491,22 +482,13 @@ func TestACLWithoutTLS(t *testing.T) {
 	bin := testutil.Binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: bin, Dir: t.TempDir(), Regions: []devcluster.RegionSpec{
+	cl := startCluster(t, ctx, devcluster.Options{Binary: bin, Dir: t.TempDir(), Regions: []devcluster.RegionSpec{
 		{Name: "eu-west", Jurisdiction: "eu", ExtraArgs: []string{"--acl"}},
 		{Name: "us-east", Jurisdiction: "us"},
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cl.Stop()
-		if t.Failed() {
-			dumpLogs(t, cl)
-		}
-	})
 	on, off := cl.Regions[0], cl.Regions[1]
 	anon := asToken(t, cl, on, "")
-	_, err = anon.jobs.ListJobs(callCtx(t), &apiaryv1.ListJobsRequest{})
+	_, err := anon.jobs.ListJobs(callCtx(t), &apiaryv1.ListJobsRequest{})
 	refused(t, "ListJobs without a token", err, codes.Unauthenticated, "no ACL token: region eu-west runs with ACLs on; set APIARY_TOKEN")
 	_, err = anon.admin.ListRegions(acl.Internal(callCtx(t)), &apiaryv1.ListRegionsRequest{})
 	refused(t, "ListRegions marked internal, without TLS", err, codes.Unauthenticated, "set APIARY_TOKEN")

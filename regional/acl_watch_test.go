@@ -29,17 +29,8 @@ import (
 func TestACLWatchRechecksToken(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: testutil.Binary(t), Dir: t.TempDir(), Regions: []devcluster.RegionSpec{
+	cl := startCluster(t, ctx, devcluster.Options{Binary: testutil.Binary(t), Dir: t.TempDir(), Regions: []devcluster.RegionSpec{
 		{Name: "eu-west", Jurisdiction: "eu", ExtraArgs: []string{"--acl"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cl.Stop()
-		if t.Failed() {
-			dumpLogs(t, cl)
-		}
-	})
 	r := cl.Regions[0]
 	boot, err := asToken(t, cl, r, "").acl.BootstrapACL(callCtx(t), &apiaryv1.BootstrapACLRequest{})
 	if err != nil {

@@ -48,19 +48,8 @@ func gossipCluster(t *testing.T, dir string, tls bool, key string) (*devcluster.
 	bin := testutil.Binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: bin, Dir: dir, Regions: []devcluster.RegionSpec{rs},
+	cl := startCluster(t, ctx, devcluster.Options{Binary: bin, Dir: dir, Regions: []devcluster.RegionSpec{rs},
 		Global: &devcluster.GlobalSpec{}, TLS: tls, GossipKey: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cl.Stop()
-		if t.Failed() {
-			dumpLogs(t, cl)
-			b, _ := os.ReadFile(cl.Global.LogPath)
-			t.Logf("--- router log ---\n%s", b[max(0, len(b)-4000):])
-		}
-	})
 	return cl, cl.Regions[0], metrics
 }
 

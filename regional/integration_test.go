@@ -44,7 +44,16 @@ func cluster(t *testing.T, rs devcluster.RegionSpec) (*devcluster.Cluster, *devc
 	bin := testutil.Binary(t) // built before the start deadline runs
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: bin, Dir: t.TempDir(), Regions: []devcluster.RegionSpec{rs}})
+	cl := startCluster(t, ctx, devcluster.Options{Binary: bin, Dir: t.TempDir(), Regions: []devcluster.RegionSpec{rs}})
+	return cl, cl.Regions[0]
+}
+
+// startCluster is the one way these tests start processes: devcluster.Start
+// with opts (failing the test if it fails), stopped at test end; a failed
+// test gets each process's goroutine stacks (SIGQUIT) and log tail.
+func startCluster(t *testing.T, ctx context.Context, opts devcluster.Options) *devcluster.Cluster {
+	t.Helper()
+	cl, err := devcluster.Start(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +72,7 @@ func cluster(t *testing.T, rs devcluster.RegionSpec) (*devcluster.Cluster, *devc
 			dumpLogs(t, cl)
 		}
 	})
-	return cl, cl.Regions[0]
+	return cl
 }
 
 func procs(cl *devcluster.Cluster) []*devcluster.Proc {
@@ -74,8 +83,8 @@ func procs(cl *devcluster.Cluster) []*devcluster.Proc {
 	return ps
 }
 
-// dumpLogs logs each process's log tail, and in full the goroutine dump a
-// SIGQUIT left in it (up to 256 KiB).
+// dumpLogs logs each process's log tail (the router's too), and in full the
+// goroutine dump a SIGQUIT left in it (up to 256 KiB).
 func dumpLogs(t *testing.T, cl *devcluster.Cluster) {
 	for _, p := range procs(cl) {
 		b, _ := os.ReadFile(p.LogPath)
@@ -89,6 +98,10 @@ func dumpLogs(t *testing.T, cl *devcluster.Cluster) {
 			tail = b[len(b)-4000:]
 		}
 		t.Logf("--- %s log tail ---\n%s", p.Name, tail)
+	}
+	if cl.Global != nil {
+		b, _ := os.ReadFile(cl.Global.LogPath)
+		t.Logf("--- router log tail ---\n%s", b[max(0, len(b)-4000):])
 	}
 }
 

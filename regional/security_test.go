@@ -52,20 +52,7 @@ func tlsCluster(t *testing.T, rs devcluster.RegionSpec, global bool) (*devcluste
 	if global {
 		opts.Global = &devcluster.GlobalSpec{}
 	}
-	cl, err := devcluster.Start(ctx, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cl.Stop()
-		if t.Failed() {
-			dumpLogs(t, cl)
-			if cl.Global != nil {
-				b, _ := os.ReadFile(cl.Global.LogPath)
-				t.Logf("--- router log ---\n%s", b[max(0, len(b)-4000):])
-			}
-		}
-	})
+	cl := startCluster(t, ctx, opts)
 	return cl, cl.Regions[0]
 }
 

@@ -28,19 +28,10 @@ func TestTraceSurvivesSchedulerKill(t *testing.T) {
 	bin := testutil.Binary(t) // built before the start deadline runs
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl, err := devcluster.Start(ctx, devcluster.Options{Binary: bin, Dir: dir,
+	cl := startCluster(t, ctx, devcluster.Options{Binary: bin, Dir: dir,
 		ExtraEnv: []string{telemetry.EnvTraceFile + "=" + traceFile},
 		Regions: []devcluster.RegionSpec{{Name: "eu-west", Jurisdiction: "eu", Coordinators: 3, Agents: agents,
 			ExtraArgs: []string{"--node-lease-ttl", "1s"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cl.Stop()
-		if t.Failed() {
-			dumpLogs(t, cl)
-		}
-	})
 	r := cl.Regions[0]
 	c := dial(t, r)
 

@@ -3,52 +3,16 @@ package shards
 import (
 	"context"
 	"errors"
-	"net/url"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 
-	"apiary.dev/apiary/internal/testutil"
+	"apiary.dev/apiary/internal/testutil/etcdtest"
 )
 
-// freeURL returns http://127.0.0.1:<a free port>.
-func freeURL(t *testing.T) url.URL {
-	t.Helper()
-	u, _ := url.Parse("http://" + testutil.FreeAddr(t))
-	return *u
-}
-
 // startEtcd runs a one-member embedded etcd on loopback for the test.
-func startEtcd(t *testing.T) *clientv3.Client {
-	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Name, cfg.Dir = "m1", t.TempDir()
-	cu, pu := freeURL(t), freeURL(t)
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-	cfg.InitialCluster = "m1=" + pu.String()
-	cfg.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(20 * time.Second):
-		t.Fatal("etcd not ready")
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{cu.String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
+func startEtcd(t *testing.T) *clientv3.Client { return etcdtest.Start(t) }
 
 // TestCampaignRefusesLostKey: a candidate whose lease is revoked while it
 // waits behind the owner must not win when the owner resigns (etcd's

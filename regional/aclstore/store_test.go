@@ -4,16 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
-	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -21,35 +17,11 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/testutil"
+	"apiary.dev/apiary/internal/testutil/etcdtest"
 )
 
-// startEtcd runs a one-member embedded etcd on loopback for the test and
-// returns an in-process client of it.
-func startEtcd(t *testing.T) *clientv3.Client {
-	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Name, cfg.Dir = "m1", t.TempDir()
-	cu, _ := url.Parse("http://" + testutil.FreeAddr(t))
-	pu, _ := url.Parse("http://" + testutil.FreeAddr(t))
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
-	cfg.InitialCluster = "m1=" + pu.String()
-	cfg.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(20 * time.Second):
-		t.Fatal("etcd not ready")
-	}
-	cli := v3client.New(e.Server)
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
+// startEtcd runs a one-member embedded etcd on loopback for the test.
+func startEtcd(t *testing.T) *clientv3.Client { return etcdtest.Start(t) }
 
 // aliveKey stands for regional's node epoch key in these tests.
 func aliveKey(node string) string { return "/test/alive/" + node }
