@@ -149,6 +149,10 @@ func TestLANDeposesPausedOwner(t *testing.T) {
 	if victim == nil {
 		t.Fatalf("no scheduler among %v", info.GetCoordinators())
 	}
+	// The pool must hold the owner before it is paused: a member that has
+	// not joined yet (peers are found through etcd about every 2 s) cannot
+	// be declared failed, and the lease decides instead.
+	waitLANCoordinators(t, r)
 	if err := victim.Pause(); err != nil {
 		t.Fatal(err)
 	}
@@ -186,4 +190,25 @@ func TestLANDeposesPausedOwner(t *testing.T) {
 	if after.GetSchedulerEpoch() <= info.GetSchedulerEpoch() {
 		t.Fatalf("scheduler epoch %d after the resume, was %d", after.GetSchedulerEpoch(), info.GetSchedulerEpoch())
 	}
+}
+
+// waitLANCoordinators waits until every coordinator of r has seen every
+// coordinator (itself included) join its LAN pool (serf's EventMemberJoin
+// lines in its log).
+func waitLANCoordinators(t *testing.T, r *devcluster.Region) {
+	t.Helper()
+	testutil.Eventually(t, 20*time.Second, "every coordinator in every coordinator's LAN pool", func() error {
+		for _, p := range r.Coords {
+			b, err := os.ReadFile(p.LogPath)
+			if err != nil {
+				return err
+			}
+			for _, q := range r.Coords {
+				if !strings.Contains(string(b), "EventMemberJoin: coordinator."+q.Name+".") {
+					return fmt.Errorf("%s has not seen %s join", p.Name, q.Name)
+				}
+			}
+		}
+		return nil
+	})
 }
