@@ -56,7 +56,14 @@ type cliResult struct {
 // copy of the environment without APIARY_ADDR.
 func runCLI(t *testing.T, env []string, args ...string) cliResult {
 	t.Helper()
+	return runCLIInput(t, "", env, args...)
+}
+
+// runCLIInput is runCLI with stdin as the command's standard input.
+func runCLIInput(t *testing.T, stdin string, env []string, args ...string) cliResult {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestCLIHelperProcess$", "--"}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
 	for _, e := range os.Environ() {
 		if !strings.HasPrefix(e, "APIARY_ADDR=") {
 			cmd.Env = append(cmd.Env, e)

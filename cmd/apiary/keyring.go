@@ -111,6 +111,9 @@ or only one of them with --pool. Each change is a serf query that reaches
 every member of the pool; each member that keeps a keyring file
 (--gossip-keyring-file) rewrites it, so the change survives restarts.
 
+KEY "-" reads the key from standard input, so that it appears on no command
+line (apiary keygen | tee new.key | apiary keyring install -).
+
 Rotating the key, as serf does it:
   apiary keygen                       # NEW
   apiary keyring install NEW          # every member accepts NEW, still sends with OLD
@@ -139,10 +142,20 @@ is not encrypted, 3 when the coordinator cannot be reached.`,
 				if !keyArg {
 					return nil
 				}
-				if _, err := federation.DecodeGossipKey(args[0]); err != nil {
+				key := args[0]
+				if key == "-" {
+					// From standard input, so that the key is on no
+					// command line (/proc/<pid>/cmdline is world-readable).
+					b, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), 4096))
+					if err != nil {
+						return withCode(exitInvalid, fmt.Errorf("KEY -: reading standard input: %w", err))
+					}
+					key = string(b)
+				}
+				if _, err := federation.DecodeGossipKey(strings.TrimSpace(key)); err != nil {
 					return withCode(exitInvalid, fmt.Errorf("KEY: %w", err))
 				}
-				req.Key = strings.TrimSpace(args[0])
+				req.Key = strings.TrimSpace(key)
 				return nil
 			}
 			resp, err := unaryCall(cmd, o, check, apiaryv1.NewAdminServiceClient, "",
@@ -179,17 +192,17 @@ is not encrypted, 3 when the coordinator cannot be reached.`,
 		Args:  cobra.NoArgs,
 		RunE:  run(apiaryv1.GossipKeyringOp_GOSSIP_KEYRING_OP_LIST, false),
 	}, &cobra.Command{
-		Use:   "install KEY",
+		Use:   "install KEY|-",
 		Short: "Add KEY to every member's keyring (members keep sending with the primary key)",
 		Args:  cobra.ExactArgs(1),
 		RunE:  run(apiaryv1.GossipKeyringOp_GOSSIP_KEYRING_OP_INSTALL, true),
 	}, &cobra.Command{
-		Use:   "use KEY",
+		Use:   "use KEY|-",
 		Short: "Make KEY (installed everywhere) the key every member sends with",
 		Args:  cobra.ExactArgs(1),
 		RunE:  run(apiaryv1.GossipKeyringOp_GOSSIP_KEYRING_OP_USE, true),
 	}, &cobra.Command{
-		Use:   "remove KEY",
+		Use:   "remove KEY|-",
 		Short: "Remove KEY (not the one in use) from every member's keyring",
 		Args:  cobra.ExactArgs(1),
 		RunE:  run(apiaryv1.GossipKeyringOp_GOSSIP_KEYRING_OP_REMOVE, true),

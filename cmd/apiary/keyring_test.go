@@ -65,6 +65,10 @@ func TestKeyringFlagErrorsExit2(t *testing.T) {
 			t.Errorf("keyring %v: exit %d after %d dials, want 2 and none:\n%s", args, r.code, dials.Load(), r.stderr)
 		}
 	}
+	if r := runCLIInput(t, "c2hvcnQ=\n", nil, "keyring", "--addr", addr, "install", "-"); r.code != 2 || dials.Load() != 0 ||
+		!strings.Contains(r.stderr, "KEY:") {
+		t.Errorf("keyring install - with a short key on stdin: exit %d after %d dials, want 2 and none:\n%s", r.code, dials.Load(), r.stderr)
+	}
 	_, fake := startFake(t) // AdminService without GossipKeyring, as the router's
 	r := runCLI(t, nil, "keyring", "list", "--addr", fake)
 	if r.code != 2 || !strings.Contains(r.stderr, "a global router does not") || !strings.Contains(r.stderr, "give --addr of a region's coordinators") {
@@ -75,7 +79,13 @@ func TestKeyringFlagErrorsExit2(t *testing.T) {
 // keyringJSON runs `apiary keyring ARGS -o json --addr api`.
 func keyringJSON(t *testing.T, api string, args ...string) (*apiaryv1.GossipKeyringResponse, cliResult) {
 	t.Helper()
-	r := runCLI(t, nil, append(append([]string{"keyring"}, args...), "-o", "json", "--addr", api)...)
+	return keyringJSONInput(t, "", api, args...)
+}
+
+// keyringJSONInput is keyringJSON with stdin as the command's input.
+func keyringJSONInput(t *testing.T, stdin, api string, args ...string) (*apiaryv1.GossipKeyringResponse, cliResult) {
+	t.Helper()
+	r := runCLIInput(t, stdin, nil, append(append([]string{"keyring"}, args...), "-o", "json", "--addr", api)...)
 	out := &apiaryv1.GossipKeyringResponse{}
 	if r.code == 0 {
 		if err := protojson.Unmarshal([]byte(r.stdout), out); err != nil {
@@ -158,8 +168,8 @@ func TestKeyringRotationThroughTheCLI(t *testing.T) {
 
 	newKey := strings.TrimSpace(runCLI(t, nil, "keygen").stdout)
 	want := map[string]int32{"lan": 2, "wan": 1}
-	for _, step := range [][]string{{"install", newKey}, {"use", newKey}, {"remove", oldKey}} {
-		resp, r := keyringJSON(t, api, step...)
+	for _, step := range [][]string{{"install", "-"}, {"use", newKey}, {"remove", oldKey}} {
+		resp, r := keyringJSONInput(t, newKey+"\n", api, step...) // install reads the key from stdin
 		if r.code != 0 || len(resp.GetPools()) != 2 {
 			t.Fatalf("keyring %s: exit %d\n%s\n%s", step[0], r.code, r.stdout, r.stderr)
 		}
