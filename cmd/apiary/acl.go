@@ -113,7 +113,7 @@ the repeat. A region bootstrapped before with other ids refuses (exit 2).`,
 					return withCode(exitInvalid, fmt.Errorf("the secret file to bootstrap with: %w", err))
 				}
 				secret := strings.TrimSpace(string(b))
-				if err := acl.ValidateID("FILE "+args[0], secret); err != nil {
+				if err := acl.ValidateID("the secret file "+args[0], secret); err != nil {
 					return withCode(exitInvalid, fmt.Errorf("%w: the file holds the secret to bootstrap with, alone", err))
 				}
 				req.SecretId = secret
@@ -390,7 +390,7 @@ A client token holds the union of its policies' grants.`,
 			check := func() error {
 				b, err := os.ReadFile(args[1])
 				if err != nil {
-					return withCode(exitInvalid, fmt.Errorf("the secret file to bootstrap with: %w", err))
+					return withCode(exitInvalid, fmt.Errorf("the policy file: %w", err))
 				}
 				if pol, err = acl.ParsePolicyYAML(args[0], b); err != nil {
 					return withCode(exitInvalid, fmt.Errorf("%s is not a valid policy (nothing was sent): %w", args[1], err))

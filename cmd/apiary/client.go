@@ -295,8 +295,14 @@ func rpcError(err error, addr, what string) error {
 		if strings.HasPrefix(msg, cliconn.TokenRefusedPrefix) {
 			return withCode(exitInvalid, errors.New(msg)) // this CLI's own refusal: nothing was sent
 		}
+		if strings.Contains(msg, acl.EnvToken) { // the region's message says what to set already
+			return withCode(exitInvalid, fmt.Errorf("not allowed: %s", msg))
+		}
 		return withCode(exitInvalid, fmt.Errorf("not allowed: %s\nhint: %s", msg, cliconn.TokenHint))
 	case codes.PermissionDenied:
+		if strings.Contains(msg, "needs a management token") {
+			return withCode(exitInvalid, fmt.Errorf("not allowed: %s\nhint: %s", msg, managementHint))
+		}
 		return withCode(exitInvalid, fmt.Errorf("not allowed: %s\nhint: %s", msg, permissionHint))
 	case codes.Canceled:
 		return withCode(exitInterrupted, errors.New("interrupted"))
@@ -325,6 +331,11 @@ func rpcError(err error, addr, what string) error {
 // certificate) is known but may not do this.
 const permissionHint = "with ACLs on, the token in --token or $" + acl.EnvToken + " may not do this: ask an operator for a policy that grants it " +
 	"(`apiary acl policy apply`, then a token with it: `apiary acl token create --policy P`), or use another token"
+
+// managementHint follows a PERMISSION_DENIED answer for a call only a
+// management token may make (ACL administration): no policy grants it.
+const managementHint = "only a management token may do this (no policy grants it): use the bootstrap token or one made with " +
+	"`apiary acl token create --type management`"
 
 // withViolations appends BadRequest / PreconditionFailure details that the
 // message does not already say.

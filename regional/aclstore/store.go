@@ -289,7 +289,7 @@ func (s *Store) Resolve(ctx context.Context, secret string) (*acl.ACL, error) {
 	if a == nil {
 		var err error
 		if a, err = s.resolveDirect(ctx, hash); err != nil {
-			return nil, err
+			return nil, s.accessorAsSecret(secret, err)
 		}
 	}
 	if a.Expired(s.now()) {
@@ -298,6 +298,26 @@ func (s *Store) Resolve(ctx context.Context, secret string) (*acl.ACL, error) {
 				time.UnixMilli(a.Token().GetExpirationTimeMs()).UTC().Format(time.RFC3339), tokenHint())}
 	}
 	return a, nil
+}
+
+// accessorAsSecret is err, or, when err says the token is unknown and
+// secret is the accessor id of a token this region holds, a refusal that
+// says so (a user who copied the Accessor ID line instead of the Secret
+// ID). Accessor ids are public, so naming one reveals nothing.
+func (s *Store) accessorAsSecret(secret string, err error) error {
+	var d *Denial
+	if !errors.As(err, &d) || d.Reason != acl.ReasonUnknownToken {
+		return err
+	}
+	s.mu.RLock()
+	_, ok := s.tokens[secret]
+	s.mu.RUnlock()
+	if !ok {
+		return err
+	}
+	return &Denial{Code: codes.Unauthenticated, Reason: acl.ReasonUnknownToken, Accessor: secret,
+		Msg: fmt.Sprintf("%s is the Accessor ID of an ACL token, not its secret: set %s to the token's Secret ID "+
+			"(shown once, when it was made)", secret, acl.EnvToken)}
 }
 
 func (s *Store) unknownToken() error {

@@ -227,6 +227,10 @@ func TestTokensAndPolicies(t *testing.T) {
 			t.Errorf("%s no token: %v", name, err)
 		}
 	}
+	// The Accessor ID presented as the secret: the refusal says which ID
+	// to use (the cached store knows the accessor).
+	_, err = s.Resolve(ctx, acc)
+	code(t, "accessor id as the secret", err, codes.Unauthenticated, acc+" is the Accessor ID of an ACL token, not its secret")
 	// A policy change reaches the cached grants.
 	if err := s.ApplyPolicy(ctx, &apiaryv1.ACLPolicy{Name: "nodes", Node: "write"}); err != nil {
 		t.Fatal(err)
