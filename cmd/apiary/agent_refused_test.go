@@ -79,9 +79,12 @@ func TestRevokedAgentKillsItsAttempts(t *testing.T) {
 	eu := cl.Regions[0]
 	env := append(cl.ClientEnv(), cliconn.EnvAddr+"="+eu.Addr())
 	dir := t.TempDir()
-	// The first attempt to start claims the task and sleeps; any other
-	// completes it and says where.
-	script := fmt.Sprintf(`echo "$APIARY_NODE_ID $$" >> %[1]s/pids; if mkdir %[1]s/first 2>/dev/null; then exec sleep 60; fi; echo "$APIARY_NODE_ID" >> %[1]s/done`, dir)
+	// The first attempt to start claims the task (mkdir), then says where
+	// and sleeps; any other completes it and says where. The pid is
+	// written only after the claim: a CI run revoked between the two (the
+	// claim is a fork+exec of mkdir, slow under load), the claim never
+	// happened and the second attempt slept instead.
+	script := fmt.Sprintf(`if mkdir %[1]s/first 2>/dev/null; then echo "$APIARY_NODE_ID $$" >> %[1]s/pids; exec sleep 60; fi; echo "$APIARY_NODE_ID" >> %[1]s/done`, dir)
 	job := filepath.Join(dir, "job.yaml")
 	if err := os.WriteFile(job, []byte(fmt.Sprintf("name: revoked\ntasks:\n  - name: t\n    command: sh\n    args: [\"-c\", %q]\n", script)), 0o644); err != nil {
 		t.Fatal(err)
