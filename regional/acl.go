@@ -26,6 +26,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/pki"
+	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/regional/aclstore"
 )
 
@@ -122,13 +123,8 @@ func aclDenialCounter(reg prometheus.Registerer, log *slog.Logger) *prometheus.C
 	cv := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricACLDenials,
 		Help: "Calls refused by the region's ACL layer, by reason (no_token, unknown_token, expired_token, permission, join_token)."},
 		[]string{"reason"})
-	if err := reg.Register(cv); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
-				return existing
-			}
-		}
+	cv, err := telemetry.RegisterCounterVec(reg, cv)
+	if err != nil {
 		log.Warn("acl: denial counter not registered; denials are logged only", "metric", MetricACLDenials, "err", err)
 		return nil
 	}

@@ -231,14 +231,7 @@ func skippedCounter(reg prometheus.Registerer) *prometheus.CounterVec {
 	if reg == nil {
 		return cv
 	}
-	if err := reg.Register(cv); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
-				return existing
-			}
-		}
-	}
+	cv, _ = telemetry.RegisterCounterVec(reg, cv) // unregistered on another error: still counts, unexported
 	return cv
 }
 

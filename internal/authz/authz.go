@@ -17,6 +17,7 @@ import (
 
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/pki"
+	"apiary.dev/apiary/internal/telemetry"
 )
 
 // Reasons a call is refused: the reason label of
@@ -341,18 +342,10 @@ func (p Policy) enforcer() *enforcer {
 		cv := prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDenials,
 			Help: "gRPC calls refused by the authorization gate, by service (gRPC service full name, unknown for a method without a rule) and reason (no_certificate, bad_identity, wrong_role, other_region, node_mismatch, unknown_method, misconfigured)."},
 			[]string{"service", "reason"})
-		if err := p.Registerer.Register(cv); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			existing, ok := (*prometheus.CounterVec)(nil), false
-			if errors.As(err, &are) {
-				existing, ok = are.ExistingCollector.(*prometheus.CounterVec)
-			}
-			if ok {
-				cv = existing
-			} else {
-				e.log.Warn("authz: denial counter not registered; denials are logged only", "metric", MetricDenials, "err", err)
-				cv = nil
-			}
+		cv, err := telemetry.RegisterCounterVec(p.Registerer, cv)
+		if err != nil {
+			e.log.Warn("authz: denial counter not registered; denials are logged only", "metric", MetricDenials, "err", err)
+			cv = nil
 		}
 		e.denials = cv
 	}

@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -271,4 +272,23 @@ func (s *Server) Close() error {
 		return nil
 	}
 	return s.srv.Close()
+}
+
+// RegisterCounterVec registers cv on reg and returns it, or, when reg
+// already holds a collector of the same description (a server or owner
+// term built again on one registry), that CounterVec, so that both count
+// into one series. Any other registration failure returns cv unregistered
+// and the error; the caller decides whether to count anyway or not.
+func RegisterCounterVec(reg prometheus.Registerer, cv *prometheus.CounterVec) (*prometheus.CounterVec, error) {
+	err := reg.Register(cv)
+	if err == nil {
+		return cv, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+			return existing, nil
+		}
+	}
+	return cv, err
 }
