@@ -82,6 +82,7 @@ var aclMethods = map[string]aclNeed{
 
 	apiaryv1.AdminService_ListNodes_FullMethodName:          needNodeRead,
 	apiaryv1.AdminService_GetRegionInfo_FullMethodName:      needNodeRead,
+	apiaryv1.AdminService_ListShards_FullMethodName:         needNodeRead,
 	apiaryv1.AdminService_ListRegions_FullMethodName:        needNodeRead, // a router's own call (acl.IsInternal): none
 	apiaryv1.AdminService_QuarantineNode_FullMethodName:     needNodeWrite,
 	apiaryv1.AdminService_ReleaseNode_FullMethodName:        needNodeWrite,

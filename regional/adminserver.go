@@ -77,11 +77,20 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 	defer cancel()
 	out := &apiaryv1.GetRegionInfoResponse{Region: c.meta.Region, Jurisdiction: c.meta.Jurisdiction,
 		Labels: c.meta.Labels, ShardCount: int32(c.meta.ShardCount)}
-	owner, err := shards.CurrentOwner(cctx, c.cli, prefOwner)
-	if err != nil && err != shards.ErrNoOwner {
+	owned, err := c.shardOwners(cctx)
+	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "region info: %v", err)
 	}
-	out.SchedulerEpoch, out.Scheduler = owner.Epoch, owner.Value
+	perCoord := map[string]int32{}
+	for _, o := range owned.Owners {
+		perCoord[o.Member]++
+		out.SchedulerEpoch = max(out.SchedulerEpoch, int64(o.Epoch))
+	}
+	for id, n := range perCoord {
+		if best := perCoord[out.Scheduler]; n > best || (n == best && id < out.Scheduler) {
+			out.Scheduler = id
+		}
+	}
 	if e := c.etcd; e != nil && e.Server != nil {
 		if lead := e.Server.Leader(); lead != 0 {
 			if m := e.Server.Cluster().Member(lead); m != nil {
@@ -100,10 +109,7 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 		if json.Unmarshal(kv.Value, &m) != nil {
 			continue
 		}
-		co := &apiaryv1.Coordinator{Id: m.ID, ApiAddr: m.APIAddr, Scheduler: m.ID == owner.Value}
-		if co.Scheduler {
-			co.ShardsOwned = int32(c.meta.ShardCount)
-		}
+		co := &apiaryv1.Coordinator{Id: m.ID, ApiAddr: m.APIAddr, Scheduler: perCoord[m.ID] > 0, ShardsOwned: perCoord[m.ID]}
 		out.Coordinators = append(out.Coordinators, co)
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
@@ -166,6 +172,44 @@ func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRe
 	out := &apiaryv1.ListRegionsResponse{}
 	for _, reg := range federation.BuildRegions(members, func(string) bool { return true }) {
 		out.Regions = append(out.Regions, reg.Summary())
+	}
+	return out, nil
+}
+
+// shardOwners is the owners view of the owner part, or (before it runs) a
+// read of the owner keys.
+func (c *Coordinator) shardOwners(ctx context.Context) (shards.Snapshot, error) {
+	if o := c.owners.Load(); o != nil {
+		return o.Snapshot(), nil
+	}
+	return shards.ReadOwners(ctx, c.cli, c.shardLayout())
+}
+
+// ListShards answers from the owners view and the scheduling loop's cache
+// (every coordinator keeps one).
+func (s *adminServer) ListShards(ctx context.Context, _ *apiaryv1.ListShardsRequest) (*apiaryv1.ListShardsResponse, error) {
+	c := s.c
+	stats := c.shardStats.Load()
+	if stats == nil {
+		return nil, status.Errorf(codes.Unavailable, "list shards: coordinator %s has not loaded its cache yet; retry", c.cfg.ID)
+	}
+	cctx, cancel := etcdCtx(ctx)
+	defer cancel()
+	owned, err := c.shardOwners(cctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list shards: %v", err)
+	}
+	out := &apiaryv1.ListShardsResponse{ShardCount: int32(c.meta.ShardCount), Revision: owned.Rev, Coordinator: c.cfg.ID}
+	for sh := 0; sh < c.meta.ShardCount; sh++ {
+		r := &apiaryv1.Shard{Shard: int32(sh)}
+		if o, ok := owned.Owners[sh]; ok {
+			r.Owner, r.Epoch = o.Member, int64(o.Epoch)
+		}
+		if sh < len(*stats) {
+			st := (*stats)[sh]
+			r.PendingTasks, r.RunningTasks, r.LastPlanMs = int32(st.pending), int32(st.running), st.lastPlanMs
+		}
+		out.Shards = append(out.Shards, r)
 	}
 	return out, nil
 }

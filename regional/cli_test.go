@@ -132,8 +132,8 @@ func TestCLIRegionStatusNamesScheduler(t *testing.T) {
 	}
 	text := runApiary(t, "region", "status", "--addr", r.Addr())
 	t.Logf("region status:\n%s%s", text.stdout, text.stderr)
-	if text.code != 0 || !regexp.MustCompile(`Scheduler:\s+`+first+` \(owns all`).MatchString(text.stdout) ||
-		!regexp.MustCompile(`(?m)^`+first+`\s+127\.0\.0\.1:\d+\s+answers\s+scheduler`).MatchString(text.stdout) ||
+	if text.code != 0 || !regexp.MustCompile(`Shards:\s+256 \(`).MatchString(text.stdout) ||
+		!regexp.MustCompile(`(?m)^`+first+`\s+127\.0\.0\.1:\d+\s+answers\s+\d+\s+scheduler`).MatchString(text.stdout) ||
 		!regexp.MustCompile(`etcd leader:\s+eu-west-c\d`).MatchString(text.stdout) {
 		t.Fatalf("text output does not name the scheduler %s", first)
 	}
@@ -171,7 +171,7 @@ func TestCLIRegionStatusNamesScheduler(t *testing.T) {
 	t.Logf("scheduler %s killed; region status named %s after %v", first, second, time.Since(start).Round(100*time.Millisecond))
 	text = runApiary(t, "region", "status", "--addr", r.Addr())
 	t.Logf("region status:\n%s%s", text.stdout, text.stderr)
-	if text.code != 0 || !regexp.MustCompile(`Scheduler:\s+`+second+` \(owns all`).MatchString(text.stdout) {
+	if text.code != 0 || !regexp.MustCompile(`(?m)^`+second+`\s+127\.0\.0\.1:\d+\s+answers\s+\d+\s+scheduler`).MatchString(text.stdout) {
 		t.Fatalf("text output does not name the new scheduler %s", second)
 	}
 	// The killed member, while its record has not lapsed, does not answer.

@@ -18,7 +18,6 @@ import (
 	"github.com/grafana/dskit/services"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 	"go.opentelemetry.io/otel/trace"
@@ -55,10 +54,21 @@ type Config struct {
 	Etcd    EtcdConfig
 	// NodeLeaseTTL is the node lease (whole seconds, at least 1; default 2 s).
 	NodeLeaseTTL time.Duration
-	// OwnerLeaseTTL is the shard owner's session lease (default 2 s: a 1 s
-	// lease can lapse on the client side during an etcd leader election,
-	// which churns ownership; crashes are taken over on suspicion anyway).
+	// OwnerLeaseTTL is the coordinator's session lease, which holds its
+	// member key and its shard claims (default 2 s: a 1 s lease can lapse
+	// on the client side during an etcd leader election, which churns
+	// ownership; crashes are taken over on suspicion anyway).
 	OwnerLeaseTTL time.Duration
+	// APIOnly makes a coordinator that owns no shards (`apiary region
+	// --schedule=false`): it serves the API (and its etcd member, if it
+	// embeds one) and follows the region like the others, but stays out of
+	// the shard assignment. For a region whose scheduling is to run on
+	// other hosts, and for benchmarks of one owner against several.
+	APIOnly bool
+	// ShardSettle is how long a coordinator that joins must stay in the
+	// live set before shards move to it (default shards.DefaultSettle;
+	// shards.ReconcilerConfig.Settle).
+	ShardSettle time.Duration
 	// SuspectAfter: a follower that cannot reach the owner's API this long
 	// (connection refused) revokes the owner's lease (default 300 ms; 0 keeps
 	// the default, negative disables this probe). With LANAddr, a follower
@@ -76,8 +86,9 @@ type Config struct {
 	// coordinators) the node leases lapse although the agents kept running,
 	// and the agents need this long to reconnect, register again and have
 	// their attempts adopted. A coordinator that has run longer owns with no
-	// grace: etcd kept the leases while it ran. Default 10 s; negative: no
-	// grace.
+	// grace: etcd kept the leases while it ran; so does one that started
+	// into a running region (its shards had live owners when it started).
+	// Default 10 s; negative: no grace.
 	FailoverGrace time.Duration
 	// JobRetention is how long a finished job is kept before its records are
 	// deleted (default 24 h; negative keeps jobs forever).
@@ -181,6 +192,9 @@ func (c *Config) validate() error {
 	if c.OwnerLeaseTTL == 0 {
 		c.OwnerLeaseTTL = 2 * time.Second
 	}
+	if c.ShardSettle < 0 {
+		return fmt.Errorf("shard-settle: must be >= 0, got %s", c.ShardSettle)
+	}
 	if c.JobRetention == 0 {
 		c.JobRetention = 24 * time.Hour
 	}
@@ -210,6 +224,9 @@ func (c *Config) validate() error {
 		return err
 	}
 	if c.Etcd.DataDir == "" {
+		if c.Etcd.ClientOnly() {
+			return errors.New("data-dir: must be set, also with --etcd-endpoints (no etcd data there, but the gossip keyrings)")
+		}
 		return errors.New("data-dir: must be set")
 	}
 	if c.Logger == nil {
@@ -224,9 +241,12 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// validateTLS checks that TLS and Etcd.TLS are given together, that the
-// certificate is a region certificate of this region, and that the etcd
-// URLs' schemes match (https with TLS, http without). Errors name the flag.
+// validateTLS checks that TLS and Etcd.TLS are given together (a
+// client-only coordinator, Etcd.Endpoints, needs no Etcd.TLS: its client
+// uses TLS itself), that the certificate is a region certificate of this
+// region, and that the etcd URLs' schemes match (https with TLS, http
+// without; with Etcd.Endpoints, the endpoints', and no member URL or
+// cluster: EtcdConfig.checkClientOnly). Errors name the flag.
 func (c *Config) validateTLS() error {
 	etcdTLS := c.Etcd.TLS.CertFile != "" || c.Etcd.TLS.KeyFile != "" || c.Etcd.TLS.CAFile != ""
 	if c.TLS == nil {
@@ -235,7 +255,7 @@ func (c *Config) validateTLS() error {
 		}
 		return c.Etcd.checkSchemes("http")
 	}
-	if !etcdTLS || c.Etcd.TLS.CertFile == "" || c.Etcd.TLS.KeyFile == "" || c.Etcd.TLS.CAFile == "" {
+	if !c.Etcd.ClientOnly() && (!etcdTLS || c.Etcd.TLS.CertFile == "" || c.Etcd.TLS.KeyFile == "" || c.Etcd.TLS.CAFile == "") {
 		return errors.New("TLS: the embedded etcd member needs the same files (Etcd.TLS: CA, certificate and key)")
 	}
 	id := c.TLS.Identity()
@@ -296,8 +316,18 @@ type Coordinator struct {
 	metrics    *telemetry.RegionMetrics
 	metricsSrv *telemetry.Server
 
-	mu     sync.Mutex
-	owning bool
+	// Sharded ownership (ownership.go): the member session, the loop's
+	// shard set, the owners view and the current reconciler.
+	sessions   *sessionBox
+	members    *memberFeed
+	shardSet   *shardSet
+	owners     atomic.Pointer[shards.Owners]
+	reconciler atomic.Pointer[shards.Reconciler]
+	shardStats atomic.Pointer[[]shardStat] // from the loop, for ListShards
+	// noGrace: the coordinator started into a running region (its shards
+	// had live owners), so it owns with no failover grace.
+	noGrace atomic.Bool
+
 	crash  atomic.Bool // Kill: stop as a crash would (no leave, no resign)
 	group  *lifecycle.Group
 	done   chan struct{}
@@ -313,7 +343,8 @@ func New(cfg Config) (*Coordinator, error) {
 		tracer: telemetry.Tracer(telemetry.OrNoop(cfg.TracerProvider)), tracing: telemetry.IsEnabled(cfg.TracerProvider),
 		metrics:  telemetry.NewRegionMetrics(cfg.Registry),
 		capState: capacityState{extra: map[string]localJob{}},
-		done:     make(chan struct{})}
+		sessions: newSessionBox(), members: newMemberFeed(), shardSet: newShardSet(),
+		done: make(chan struct{})}
 	if cfg.ACL {
 		c.aclDenials = aclDenialCounter(cfg.Registry, c.log)
 	}
@@ -336,7 +367,8 @@ func (c *Coordinator) MetricsAddr() string {
 	return c.metricsSrv.Addr()
 }
 
-// Etcd is the embedded member (valid after Start).
+// Etcd is the embedded member (valid after Start); nil for a client-only
+// coordinator (Config.Etcd.Endpoints).
 func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
 
 // Parts returns the coordinator's long-running parts in start order; they
@@ -354,12 +386,14 @@ func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
 //   - lan: the serf LAN member (with LANAddr): joins the peers named in
 //     the member records, ends the epochs of failed agents (lan.go); it
 //     leaves the pool after the owner has resigned.
-//   - members: /apiary/members/<id> (API and LAN addresses) under a
-//     session lease.
+//   - members: /apiary/members/<id> (API and LAN addresses) under the
+//     coordinator's session lease, which also holds its shard claims
+//     (ownership.go); revoked on a graceful stop, handing its shards over.
 //   - capacity: the capacity and backlog summary (first read on start).
-//   - suspicion: takeover when the owner's API refuses connections or
-//     its LAN member failed.
-//   - owner: campaign for the shards, schedule while owning them.
+//   - suspicion: revokes the lease of a peer coordinator whose API refuses
+//     connections or whose LAN member failed (its shards move).
+//   - owner: the shard reconciler (claims and hand-backs) and the
+//     scheduling loop of the owned shards (ownership.go).
 //   - wan: the serf WAN member (with WAN enabled); it joins in the
 //     background for as long as the process runs, and leaves the pool first
 //     on stop.
@@ -399,7 +433,7 @@ func (c *Coordinator) Parts() []lifecycle.Part {
 			return nil
 		}, func(ctx context.Context) error { c.capacityLoop(ctx); return nil }, nil)),
 		lifecycle.Loop("suspicion", c.suspicionLoop),
-		lifecycle.Loop("owner", c.run),
+		lifecycle.Loop("owner", c.runOwner),
 	)
 	if c.cfg.WAN.enabled() {
 		parts = append(parts, lifecycle.New("wan", services.NewBasicService(c.startWAN, c.runWAN, c.stopWANPart)))
@@ -460,8 +494,12 @@ func (c *Coordinator) Err() error {
 }
 
 // startEtcdPart starts the member, makes its client and initialises or
-// checks the region meta. It cleans up itself on failure.
+// checks the region meta; with Etcd.Endpoints it only makes the client
+// (startEtcdClient). It cleans up itself on failure.
 func (c *Coordinator) startEtcdPart(ctx context.Context) error {
+	if c.cfg.Etcd.ClientOnly() {
+		return c.startEtcdClient(ctx)
+	}
 	ecfg := c.cfg.Etcd
 	if c.cfg.TLS != nil {
 		// etcd reads copies of what the Reloader accepted (EtcdTLS).
@@ -486,7 +524,11 @@ func (c *Coordinator) startEtcdPart(ctx context.Context) error {
 
 // runEtcdPart fails when the member stops serving on its own. With TLS it
 // rewrites etcd's copies of the certificate after each reload (EtcdTLS).
+// With Etcd.Endpoints it never fails: see runEtcdClient.
 func (c *Coordinator) runEtcdPart(ctx context.Context) error {
+	if c.cfg.Etcd.ClientOnly() {
+		return c.runEtcdClient(ctx)
+	}
 	var reloads <-chan time.Time
 	if c.cfg.TLS != nil {
 		t := time.NewTicker(EtcdTLSPoll)
@@ -507,8 +549,10 @@ func (c *Coordinator) runEtcdPart(ctx context.Context) error {
 	}
 }
 
+// stopEtcdPart closes the client and the member (stopped hard on Kill);
+// a client-only coordinator has only its client to close.
 func (c *Coordinator) stopEtcdPart(error) error {
-	if c.crash.Load() {
+	if c.crash.Load() && c.etcd != nil {
 		c.etcd.Server.HardStop()
 	}
 	c.closeEtcd()
@@ -639,83 +683,6 @@ func (c *Coordinator) initMeta(ctx context.Context) error {
 	}
 }
 
-// run loops until ctx ends: campaign for the shards, schedule while owning
-// them, campaign again when the term ends (the "owner" part).
-func (c *Coordinator) run(ctx context.Context) {
-	el := shards.NewElector(c.cli, prefOwner, c.cfg.ID, int(c.cfg.OwnerLeaseTTL.Seconds()+0.5))
-	for ctx.Err() == nil {
-		term, err := el.Campaign(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				c.log.Warn("campaign failed", "err", err)
-				time.Sleep(100 * time.Millisecond)
-			}
-			continue
-		}
-		c.setOwning(true)
-		c.log.Info("owns all shards", "epoch", term.Epoch)
-		c.metrics.Owner.Set(1)
-		c.metrics.OwnerEpoch.Set(float64(term.Epoch))
-		s := newScheduler(c, term)
-		err = s.run(ctx)
-		c.setOwning(false)
-		c.metrics.Owner.Set(0)
-		c.metrics.OwnerEpoch.Set(0)
-		c.metrics.PendingTasks.Reset()
-		c.metrics.Tasks.Reset()
-		c.metrics.Nodes.Reset()
-		if ctx.Err() != nil {
-			if !c.crash.Load() {
-				rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
-				_ = term.Resign(rctx)
-				rcancel()
-			}
-			return
-		}
-		c.log.Warn(ownerEndMessage(err), "epoch", term.Epoch, "err", err)
-		rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
-		_ = term.Resign(rctx)
-		rcancel()
-	}
-}
-
-func (c *Coordinator) setOwning(v bool) {
-	c.mu.Lock()
-	c.owning = v
-	c.mu.Unlock()
-}
-
-// Owning reports whether this coordinator currently owns the shards.
-func (c *Coordinator) Owning() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.owning
-}
-
-// memberLoop keeps /apiary/members/<id> under a session lease.
-func (c *Coordinator) memberLoop(ctx context.Context) {
-	for ctx.Err() == nil {
-		s, err := concurrency.NewSession(c.cli, concurrency.WithTTL(int(c.cfg.OwnerLeaseTTL.Seconds()+0.5)), concurrency.WithContext(ctx))
-		if err != nil {
-			time.Sleep(200 * time.Millisecond)
-			continue
-		}
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err = c.cli.Put(pctx, keyMember(c.cfg.ID), mustJSON(memberRecord{ID: c.cfg.ID, APIAddr: c.Addr(), LANAddr: c.lanAddr()}), clientv3.WithLease(s.Lease()))
-		cancel()
-		if err != nil {
-			_ = s.Close()
-			time.Sleep(200 * time.Millisecond)
-			continue
-		}
-		select {
-		case <-s.Done():
-		case <-ctx.Done():
-			_ = s.Close()
-		}
-	}
-}
-
 // Stop shuts the coordinator down gracefully, its parts in reverse order
 // (see Parts): leaves the WAN pool, resigns ownership, stops the API, flushes
 // the group-commit queues and closes etcd (which hands raft leadership
@@ -738,7 +705,8 @@ func (c *Coordinator) Kill() {
 	c.Stop()
 }
 
-// closeEtcd closes the client (its lease keep-alive loops) and the member.
+// closeEtcd closes the client (its lease keep-alive loops) and the member
+// (none with Etcd.Endpoints).
 func (c *Coordinator) closeEtcd() {
 	if c.cli != nil {
 		_ = c.cli.Close()

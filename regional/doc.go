@@ -11,8 +11,8 @@
 //   - The embedded etcd member and its settings (etcd.go). The region meta is
 //     written once at creation and checked on every start; the region name and
 //     shard count are fixed then (coordinator.go).
-//   - The gRPC services, served by every coordinator, whether it owns the
-//     shards or not:
+//   - The gRPC services, served by every coordinator, whatever shards it
+//     owns:
 //     JobService (jobserver.go, submit.go), AgentService (agentserver.go,
 //     reports.go) and AdminService (adminserver.go).
 //   - Submission: validation (through internal/jobspec), idempotency by
@@ -21,20 +21,27 @@
 //   - Node registration and liveness. Registration creates a node epoch: the
 //     CreateRevision of /apiary/nodes/<id>/alive, held under a lease that the
 //     agent renews by heartbeat.
-//   - The shard owner's scheduling loop (scheduler.go, place.go; its pieces
-//     are listed in scheduler.go). This is a watch cache of jobs, tasks and
-//     nodes (ownercache.go), and rounds of reclaim (node loss) → cancel →
-//     place → usage sync. Every write the owner makes goes through its
-//     committer's fencedTxn (committer.go), which compares the owner's epoch
-//     (the CreateRevision of its election key, package shards). Plans also compare
-//     each node's alive epoch and usage ModRevision and each task's
+//   - Sharded ownership (ownership.go): each coordinator's session lease
+//     holds its member key and the owner keys of the shards it claimed; a
+//     shards.Reconciler per session converges the claims on the rendezvous
+//     assignment of the live members.
+//   - The scheduling loop of the owned shards (scheduler.go, place.go; its
+//     pieces are listed in scheduler.go). This is a watch cache of the
+//     region's jobs, tasks and nodes (ownercache.go), and rounds of reclaim
+//     (node loss) → cancel → place → usage sync over the tasks of the owned
+//     shards. Every write it makes goes through its committer's fencedTxn
+//     (committer.go), which compares the epoch of each shard written for
+//     (the CreateRevision of its owner key, package shards). Plans also
+//     compare each node's alive epoch and usage ModRevision and each task's
 //     ModRevision; a conflict is re-read and requeued.
 //   - Reports. They are group-committed: one read Txn, then
 //     taskstate.ApplyReport, then one write Txn. The write Txn compares each
 //     task's ModRevision and each reporting node's epoch. Any coordinator may
 //     commit a report.
-//   - Takeover on suspicion (suspicion.go). A follower revokes the lease of an
-//     owner whose API port refuses connections for SuspectAfter.
+//   - Takeover on suspicion (suspicion.go). A coordinator revokes the
+//     session lease of a peer whose API port refuses connections for
+//     SuspectAfter or whose LAN member failed; the survivors claim its
+//     shards.
 //   - Its lifecycle (coordinator.go, Coordinator.Parts): every long-running
 //     part (etcd, metrics, group commit, API, the member, capacity,
 //     suspicion and owner loops, the WAN member) is a dskit service in one

@@ -21,11 +21,32 @@ import (
 	"apiary.dev/apiary/internal/pki"
 )
 
-// EtcdConfig configures the embedded etcd member of a coordinator.
+// EtcdConfig configures the coordinator's etcd: an embedded member (the
+// default; the region's consensus tier is 1, 3 or 5 such coordinators) or,
+// with Endpoints, a client of the members of other coordinators only
+// (etcdclient.go; the scheduling tier may hold any number of these).
 type EtcdConfig struct {
+	// Endpoints, when set, makes the coordinator client-only
+	// (`apiary region --etcd-endpoints`): it embeds no member and talks to
+	// the region's etcd through these client URLs (the members'
+	// --etcd-client-url, e.g. http://127.0.0.1:2379), https:// with the
+	// coordinator's TLS (Config.TLS), http:// without. List every member,
+	// so that the client fails over when one dies; the list is not synced
+	// from the cluster. ClientURL, PeerURL and InitialCluster must then be
+	// empty and ClusterState "" or "new" (Config.validate refuses them,
+	// naming their flags); the member settings (Name, ElectionMs,
+	// HeartbeatMs, QuotaBytes, CompactionRetention, the TLS files) are not
+	// used.
+	Endpoints []string
 	// Name is the member name (defaults to the coordinator id).
 	Name string
-	// DataDir holds the member's WAL and snapshots.
+	// DataDir holds the member's WAL and snapshots, and the coordinator's
+	// own files (the gossip keyrings: Config.GossipKeyringFile; with TLS,
+	// the copies etcd reads, EtcdTLSDir). It must be set with Endpoints
+	// too: a client-only coordinator keeps its gossip keyrings there (made
+	// with mode 0700 if missing), and refuses a directory that holds an
+	// etcd member's data (a member/ subdirectory), which would mean a
+	// member of the cluster that no longer runs.
 	DataDir string
 	// ClientURL and PeerURL are listened on and advertised, e.g.
 	// http://127.0.0.1:2379 and http://127.0.0.1:2380.
@@ -189,9 +210,14 @@ func writeTemp(path string, b []byte) error {
 	return err
 }
 
+// ClientOnly reports whether the coordinator embeds no member (Endpoints
+// set).
+func (c EtcdConfig) ClientOnly() bool { return len(c.Endpoints) > 0 }
+
 // checkSchemes refuses an etcd URL (client, peer, or one of the initial
-// cluster) whose scheme is not scheme (https with TLS, http without),
-// naming the flag.
+// cluster; with Endpoints, each endpoint) whose scheme is not scheme
+// (https with TLS, http without), naming the flag. With Endpoints it also
+// refuses the member's settings (checkClientOnly).
 func (c EtcdConfig) checkSchemes(scheme string) error {
 	why := map[string]string{"https": "with TLS (--tls-*) etcd serves mutual TLS", "http": "without TLS (--insecure-dev) etcd serves plaintext"}[scheme]
 	check := func(flag, raw string) error {
@@ -201,6 +227,17 @@ func (c EtcdConfig) checkSchemes(scheme string) error {
 		}
 		if u.Scheme != scheme {
 			return fmt.Errorf("%s: %q must be a %s:// URL: %s", flag, raw, scheme, why)
+		}
+		return nil
+	}
+	if c.ClientOnly() {
+		if err := c.checkClientOnly(); err != nil {
+			return err
+		}
+		for _, ep := range c.Endpoints {
+			if err := check("--etcd-endpoints", ep); err != nil {
+				return err
+			}
 		}
 		return nil
 	}
@@ -224,6 +261,11 @@ func (c EtcdConfig) checkSchemes(scheme string) error {
 	}
 	return nil
 }
+
+// etcdMaxRequestBytes is the largest request the embedded members accept
+// (plans, submissions and report batches are multi-key Txns); a
+// client-only coordinator's client may send as much (etcdClientConfig).
+const etcdMaxRequestBytes = 16 << 20
 
 // startEtcd starts the embedded member and waits until it serves (or ctx
 // ends). The caller closes it with e.Close() exactly once.
@@ -268,7 +310,7 @@ func startEtcd(ctx context.Context, c EtcdConfig, log *slog.Logger) (*embed.Etcd
 	}
 	// Plans, submissions and report batches are multi-key Txns.
 	cfg.MaxTxnOps = 32768
-	cfg.MaxRequestBytes = 16 << 20
+	cfg.MaxRequestBytes = etcdMaxRequestBytes
 	cfg.Logger = "zap"
 	cfg.LogLevel = "error"
 	cfg.LogOutputs = []string{"stderr"}

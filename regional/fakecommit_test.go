@@ -10,6 +10,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"apiary.dev/apiary/shards"
 )
 
 // fakeStore is an in-memory committer for unit tests of the owner loop (as
@@ -20,8 +22,10 @@ import (
 type fakeStore struct {
 	rev int64
 	kvs map[string]*mvccpb.KeyValue
-	// fenced makes every fencedTxn fail on the owner's fence.
+	// fenced makes every fencedTxn fail on its fences (all of them).
 	fenced bool
+	// fences is the fences of the last fencedTxn.
+	fences []fence
 	// err, when set, is returned by the next fencedTxn (an unknown outcome).
 	err error
 	// txns counts fencedTxn calls; failed those whose compares failed.
@@ -66,22 +70,23 @@ func (f *fakeStore) all() []*mvccpb.KeyValue {
 	return out
 }
 
-func (f *fakeStore) fencedTxn(_ context.Context, cmps []clientv3.Cmp, ops []clientv3.Op) (*clientv3.TxnResponse, error) {
+func (f *fakeStore) fencedTxn(_ context.Context, fences []fence, cmps []clientv3.Cmp, ops []clientv3.Op) (*clientv3.TxnResponse, error) {
 	f.txns++
+	f.fences = fences
 	if err := f.err; err != nil {
 		f.err = nil
 		return nil, err
 	}
 	if f.fenced {
-		return nil, fmt.Errorf("epoch 1: %w", errFenced)
+		return nil, &fencedError{shards: fences}
 	}
 	if !f.holds(cmps) {
 		f.failed++
 		return &clientv3.TxnResponse{Header: &pb.ResponseHeader{Revision: f.rev}}, nil
 	}
 	f.rev++
-	f.apply(ops)
-	return &clientv3.TxnResponse{Header: &pb.ResponseHeader{Revision: f.rev}, Succeeded: true}, nil
+	resps := f.apply(ops)
+	return &clientv3.TxnResponse{Header: &pb.ResponseHeader{Revision: f.rev}, Succeeded: true, Responses: resps}, nil
 }
 
 func (f *fakeStore) read(_ context.Context, keys []string) ([]*mvccpb.KeyValue, int64, error) {
@@ -142,14 +147,19 @@ func cmpInt(a, b int64) int {
 	return 0
 }
 
-// apply applies ops at the current revision.
-func (f *fakeStore) apply(ops []clientv3.Op) {
+// apply applies ops at the current revision and returns a response per op
+// (a nested Txn's says whether its compares held; f.failed counts those
+// that did not).
+func (f *fakeStore) apply(ops []clientv3.Op) []*pb.ResponseOp {
+	out := make([]*pb.ResponseOp, 0, len(ops))
 	for _, op := range ops {
 		key := string(op.KeyBytes())
 		switch {
 		case op.IsPut():
 			f.putAt(key, string(op.ValueBytes()), f.rev)
+			out = append(out, &pb.ResponseOp{Response: &pb.ResponseOp_ResponsePut{ResponsePut: &pb.PutResponse{}}})
 		case op.IsDelete():
+			out = append(out, &pb.ResponseOp{Response: &pb.ResponseOp_ResponseDeleteRange{ResponseDeleteRange: &pb.DeleteRangeResponse{}}})
 			end := string(op.RangeBytes())
 			if end == "" {
 				delete(f.kvs, key)
@@ -162,15 +172,19 @@ func (f *fakeStore) apply(ops []clientv3.Op) {
 			}
 		case op.IsTxn():
 			cmps, thenOps, elseOps := op.Txn()
-			if f.holds(cmps) {
+			ok := f.holds(cmps)
+			if ok {
 				f.apply(thenOps)
 			} else {
+				f.failed++
 				f.apply(elseOps)
 			}
+			out = append(out, &pb.ResponseOp{Response: &pb.ResponseOp_ResponseTxn{ResponseTxn: &pb.TxnResponse{Succeeded: ok}}})
 		default:
 			panic("fakeStore: unsupported op on " + key)
 		}
 	}
+	return out
 }
 
 // keys lists the stored keys under prefix.
@@ -183,4 +197,12 @@ func (f *fakeStore) keys(prefix string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// ownedShardSet is a shard set that owns the given shards, as the
+// reconciler would leave it after claiming them.
+func ownedShardSet(owned map[int]shards.Epoch) *shardSet {
+	ss := newShardSet()
+	ss.set(owned)
+	return ss
 }

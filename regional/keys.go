@@ -11,7 +11,7 @@ import (
 //
 //	/apiary/meta                              region name, jurisdiction, shard count (fixed at creation)
 //	/apiary/members/<coordID>                 coordinator presence (its API and LAN addresses), under its lease
-//	/apiary/shards/owner/<lease>              election key of the shard owner; CreateRevision = epoch
+//	/apiary/shards/<s>/owner                  owner of shard s (coordinator id), under its session lease; CreateRevision = the shard's epoch
 //	/apiary/jobs/<s>/<jobID>                  job record (spec, submission, cancel flag)
 //	/apiary/tasks/<s>/<jobID>/<index>         task record (state, attempt, node, node epoch)
 //	/apiary/results/<s>/<jobID>/<index>/<n>   result of attempt n (exit code, output tails)
@@ -29,7 +29,7 @@ const (
 	root             = "/apiary/"
 	keyMeta          = root + "meta"
 	prefMembers      = root + "members/"
-	prefOwner        = root + "shards/owner"
+	prefShards       = root + "shards" // shards.Layout.Prefix: <prefShards>/<s>/owner
 	prefJobs         = root + "jobs/"
 	prefTasks        = root + "tasks/"
 	prefResults      = root + "results/"

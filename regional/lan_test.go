@@ -125,11 +125,12 @@ func TestLANFalseSuspicionCommitsOnce(t *testing.T) {
 	}
 }
 
-// TestLANDeposesPausedOwner: SIGSTOP the shard owner of a 3-coordinator
+// TestLANDeposesPausedOwner: SIGSTOP a shard owner of a 3-coordinator
 // region with a 10 s owner lease. Its API port still accepts connections,
-// so the TCP probe (--suspect-after) never fires; a peer deposes it within
-// 5 s because its LAN member was declared failed (logged via=lan_failed).
-// Without the pool the owner keeps the shards until its lease expires.
+// so the TCP probe (--suspect-after) never fires; a peer revokes its lease
+// within 5 s because its LAN member was declared failed (logged
+// via=lan_failed), and the survivors own every shard. Without the pool the
+// paused coordinator keeps its shards until its lease expires.
 func TestLANDeposesPausedOwner(t *testing.T) {
 	_, r := cluster(t, devcluster.RegionSpec{Coordinators: 3, ExtraArgs: []string{"--owner-lease-ttl", "10s"}})
 	c := dial(t, r)
@@ -165,18 +166,25 @@ func TestLANDeposesPausedOwner(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		var owned int32
+		var by []string
 		for _, co := range in.GetCoordinators() {
-			if co.GetScheduler() && co.GetId() != owner && in.GetSchedulerEpoch() > info.GetSchedulerEpoch() {
-				next = co.GetId()
-				return nil
+			if co.GetId() == owner && co.GetShardsOwned() > 0 {
+				return fmt.Errorf("the paused %s still owns %d shards", owner, co.GetShardsOwned())
 			}
+			owned += co.GetShardsOwned()
+			by = append(by, fmt.Sprintf("%s:%d", co.GetId(), co.GetShardsOwned()))
 		}
-		return fmt.Errorf("scheduler epoch %d", in.GetSchedulerEpoch())
+		if owned != in.GetShardCount() || in.GetSchedulerEpoch() <= info.GetSchedulerEpoch() {
+			return fmt.Errorf("%d of %d shards owned (%v), highest epoch %d", owned, in.GetShardCount(), by, in.GetSchedulerEpoch())
+		}
+		next = strings.Join(by, " ")
+		return nil
 	})
-	t.Logf("paused owner %s replaced by %s after %v (owner lease 10 s)", owner, next, time.Since(t0).Round(time.Millisecond))
+	t.Logf("paused %s's shards taken over (%s) after %v (owner lease 10 s)", owner, next, time.Since(t0).Round(time.Millisecond))
 	var via bool
 	for _, p := range r.Coords {
-		if b, _ := os.ReadFile(p.LogPath); p != victim && strings.Contains(string(b), "deposed unreachable shard owner") && strings.Contains(string(b), "via=lan_failed") {
+		if b, _ := os.ReadFile(p.LogPath); p != victim && strings.Contains(string(b), "revoked an unreachable coordinator's lease") && strings.Contains(string(b), "via=lan_failed") {
 			via = true
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +18,7 @@ import (
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/taskstate"
+	"apiary.dev/apiary/shards"
 )
 
 // Unit tests of the owner loop's rounds against fakeStore (no etcd, no
@@ -37,8 +39,10 @@ func newOwnerHarness(t *testing.T) *ownerHarness {
 	reg := prometheus.NewRegistry()
 	h := &ownerHarness{t: t, store: newFakeStore(), metrics: telemetry.NewRegionMetrics(reg), skipped: skippedCounter(reg)}
 	h.s = newOwnerLoop(ownerDeps{region: "eu-west", jurisdiction: "eu", coordID: "c1",
-		placer:    placement.New(placement.Options{Policy: placement.PolicyBinpack, Seed: 1, DisablePreemption: true}),
-		retention: -1, commit: h.store, log: slog.New(slog.DiscardHandler), metrics: h.metrics, skipped: h.skipped}, nil)
+		placer:     placement.New(placement.Options{Policy: placement.PolicyBinpack, Seed: 1, DisablePreemption: true}),
+		shardCount: 1, retention: -1, commit: h.store, log: slog.New(slog.DiscardHandler), metrics: h.metrics, skipped: h.skipped},
+		ownedShardSet(map[int]shards.Epoch{0: 1}))
+	h.s.refreshOwned()
 	return h
 }
 
@@ -149,44 +153,71 @@ func TestOwnerRoundCommitsPlan(t *testing.T) {
 	}
 }
 
-// TestOwnerFencedCommitEndsLoop: a commit whose fence fails ends the round
-// with an error that is errFenced (the coordinator logs lost ownership); an
-// error of unknown outcome (a timeout) ends it with an error that is not, and
-// is logged as a failure. Nothing is written either way.
-func TestOwnerFencedCommitEndsLoop(t *testing.T) {
+// TestOwnerFencedCommitDropsShard: a commit whose fence fails drops the
+// shard (another coordinator owns it now): the round goes on without error,
+// nothing is written, the fenced write is counted, and later rounds write
+// nothing for the shard. An error of unknown outcome (a timeout) ends the
+// round with an error that is not errFenced, and keeps the shard.
+func TestOwnerFencedCommitDropsShard(t *testing.T) {
 	h := newOwnerHarness(t)
 	h.addNode("n1", 4000, 8192)
 	h.addJob("j1", 1000, false, pending())
 	h.load()
 	rev := h.store.rev
 
-	h.store.fenced = true
-	err := h.round()
-	if !errors.Is(err, errFenced) {
-		t.Fatalf("round with the fence gone: err %v, want errFenced", err)
-	}
-	if msg := ownerEndMessage(err); msg != "lost shard ownership" {
-		t.Fatalf("fenced end logged as %q", msg)
-	}
-
-	h.store.fenced = false
 	h.store.err = fmt.Errorf("commit: %w", context.DeadlineExceeded)
-	err = h.round()
+	err := h.round()
 	if err == nil || errors.Is(err, errFenced) {
 		t.Fatalf("round with an etcd timeout: err %v, want an error that is not errFenced", err)
 	}
-	if msg := ownerEndMessage(err); msg == "lost shard ownership" {
-		t.Fatalf("an etcd timeout is logged as %q", msg)
+	if !h.s.owns(0) {
+		t.Fatal("an etcd timeout dropped the shard")
+	}
+	if want := []fence{{shard: 0, epoch: 1}}; !slices.Equal(h.store.fences, want) {
+		t.Fatalf("the plan was fenced on %v, want %v", h.store.fences, want)
+	}
+
+	h.store.fenced = true
+	if err := h.round(); err != nil {
+		t.Fatalf("round with the fence gone: %v, want the shard dropped and no error", err)
+	}
+	if h.s.owns(0) {
+		t.Fatal("shard 0 still owned after its fence failed")
+	}
+	if got := counterValue(h.metrics.FencedWrites); got != 1 {
+		t.Fatalf("fenced writes counted: %v, want 1", got)
+	}
+	h.store.fenced = false
+	txns := h.store.txns
+	if err := h.round(); err != nil {
+		t.Fatal(err)
+	}
+	if h.store.txns != txns {
+		t.Fatalf("a round after the shard was dropped committed %d Txns", h.store.txns-txns)
 	}
 	if h.store.rev != rev || h.task("j1", 0).State != apiaryv1.TaskState_TASK_STATE_PENDING {
 		t.Fatalf("a failed commit wrote: revision %d -> %d, task %s", rev, h.store.rev, h.task("j1", 0).State)
+	}
+	// The reconciler's owned set still holding the shard at the dropped
+	// epoch does not bring it back; a new claim (a new epoch) does.
+	h.s.set.set(map[int]shards.Epoch{0: 1})
+	h.s.refreshOwned()
+	if h.s.owns(0) {
+		t.Fatal("a dropped shard came back at the same epoch")
+	}
+	h.s.set.set(map[int]shards.Epoch{0: 9})
+	h.s.refreshOwned()
+	if !h.s.owns(0) {
+		t.Fatal("a shard claimed again at a new epoch is not owned")
 	}
 }
 
 // TestOwnerUsageConflictRequeues: when the node's usage changed since the
 // cache read it (another owner's plan), the plan's compare on its
-// ModRevision fails: the tasks stay PENDING and are counted as requeued, the
-// cache re-reads the usage, and the next round commits.
+// ModRevision fails: the tasks stay PENDING and are counted as requeued.
+// The cache does not re-read the usage key (another owner's tasks written
+// with it would be missing from the derived usage): it waits for the
+// watch, and the round after the watch delivered the change commits.
 func TestOwnerUsageConflictRequeues(t *testing.T) {
 	h := newOwnerHarness(t)
 	epoch := h.addNode("n1", 4000, 8192)
@@ -206,9 +237,16 @@ func TestOwnerUsageConflictRequeues(t *testing.T) {
 	if c, r := counterValue(h.metrics.PlanConflicts), counterValue(h.metrics.Requeues); c != 1 || r != 1 {
 		t.Fatalf("conflicts %v, requeues %v; want 1 and 1", c, r)
 	}
-	if got := h.s.cache.nodes["n1"].usageRev; got != newRev {
-		t.Fatalf("cached usage revision %d after the conflict, want the re-read %d", got, newRev)
+	if got := h.s.cache.nodes["n1"].usageRev; got == newRev {
+		t.Fatalf("cached usage revision %d after the conflict: re-read ahead of the watch", got)
 	}
+	if err := h.round(); err != nil {
+		t.Fatalf("round before the watch: %v", err)
+	}
+	if tk := h.task("j1", 0); tk.State != apiaryv1.TaskState_TASK_STATE_PENDING {
+		t.Fatalf("task placed before the watch delivered the node's usage: %s", tk.State)
+	}
+	h.s.cache.apply(h.store.get(keyNodeUsage("n1")), false) // the watch event
 
 	if err := h.round(); err != nil {
 		t.Fatalf("second round: %v", err)

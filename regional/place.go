@@ -27,22 +27,13 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 	if len(c.pending) == 0 {
 		return next, nil
 	}
-	snap := s.snap.build()
-	due, d := s.snap.canaries(nowMs)
-	if d > 0 && d < next {
-		next = d
-	}
-	// used accumulates the usage of the nodes this round's plan writes.
-	used := map[string]usageRecord{}
-	if len(snap.Nodes) == 0 {
-		// Nothing can be placed; GetJob reports "no ready nodes" itself,
-		// so the backlog is not rewritten.
-		return next, nil
-	}
 	// Bucket placeable tasks by group: a group's tasks are identical in size.
 	groups := map[string]*candGroup{}
 	for key := range c.pending {
 		ct := c.tasks[key]
+		if !s.owns(ct.shard) {
+			continue // another coordinator's shard
+		}
 		j := c.jobs[ct.rec.JobID]
 		if j == nil || j.rec.CancelRequested {
 			continue
@@ -62,6 +53,18 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		g.tasks = append(g.tasks, ct)
 	}
 	if len(groups) == 0 {
+		return next, nil // (a coordinator owning none of the pending tasks' shards stops here)
+	}
+	snap := s.snap.build()
+	due, d := s.snap.canaries(nowMs)
+	if d > 0 && d < next {
+		next = d
+	}
+	// used accumulates the usage of the nodes this round's plan writes.
+	used := map[string]usageRecord{}
+	if len(snap.Nodes) == 0 {
+		// Nothing can be placed; GetJob reports "no ready nodes" itself,
+		// so the backlog is not rewritten.
 		return next, nil
 	}
 	cands, waiting := admit(c, groups, snap)
@@ -207,7 +210,7 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 		// cache's view: a report that quarantines the node must stop a
 		// plan computed before it (health.go).
 		clientv3.Compare(clientv3.ModRevision(keyQuarantineSet), "<", c.nodesRev+1),
-	}, keys: []string{aliveKey, usageKey}}
+	}, keys: []string{aliveKey, usageKey}, node: nodeID}
 	type upd struct {
 		ct  *cTask
 		rec taskstate.Task
@@ -250,6 +253,7 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 		w.ops = append(w.ops, clientv3.OpPut(ct.key, mustJSON(&rec)),
 			clientv3.OpPut(keyAssign(nodeID, ct.rec.JobID, ct.rec.Index), string(b)))
 		w.keys = append(w.keys, ct.key)
+		w.forShard(ct.shard)
 		upds = append(upds, upd{ct, rec})
 	}
 	if len(upds) == 0 {
@@ -275,7 +279,7 @@ func (s *scheduler) reasonWrite(ct *cTask, reason string, now time.Time) (write,
 	}
 	rec := ct.rec
 	rec.UnplacedReason = reason
-	return write{
+	return write{shards: []int{ct.shard},
 		cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev)},
 		ops:  []clientv3.Op{clientv3.OpPut(ct.key, mustJSON(&rec))},
 		keys: []string{ct.key},
@@ -286,11 +290,13 @@ func (s *scheduler) reasonWrite(ct *cTask, reason string, now time.Time) (write,
 }
 
 // syncUsage writes the usage key of every ready node whose derived usage
-// differs from the stored one (tasks finished since the last plan on it).
+// differs from the stored one (tasks finished since the last plan on it),
+// for the nodes whose home shard this loop owns (one writer per node).
 func (s *scheduler) syncUsage(ctx context.Context) error {
 	var ws []write
 	for id, n := range s.cache.nodes {
-		if !n.ready() {
+		home := s.homeShard(id)
+		if !n.ready() || !s.owns(home) {
 			continue
 		}
 		u := s.snap.usage(n).usageRecord
@@ -299,7 +305,7 @@ func (s *scheduler) syncUsage(ctx context.Context) error {
 		}
 
 		k := keyNodeUsage(id)
-		ws = append(ws, write{
+		ws = append(ws, write{shards: []int{home},
 			cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", n.usageRev)},
 			ops:  []clientv3.Op{clientv3.OpPut(k, mustJSON(u))},
 			keys: []string{k},

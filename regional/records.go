@@ -132,6 +132,9 @@ type memberRecord struct {
 	// LANAddr is the coordinator's serf LAN member (host:port; "" without
 	// a pool): its peers join it, agents get it in lan_join.
 	LANAddr string `json:"lan_addr,omitempty"`
+	// APIOnly: the coordinator owns no shards (Config.APIOnly); the
+	// others leave it out of the shard assignment.
+	APIOnly bool `json:"api_only,omitempty"`
 }
 
 // mustJSON encodes a record without HTML escaping (json.Marshal would store

@@ -2,6 +2,8 @@ package regional
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -9,7 +11,8 @@ import (
 	"apiary.dev/apiary/regional/taskstate"
 )
 
-// maxRetentionDeletes bounds the jobs deleted per sweep (one fenced Txn).
+// maxRetentionDeletes bounds the jobs deleted per sweep (one Txn, fenced
+// on the shards of the jobs it deletes).
 const maxRetentionDeletes = 200
 
 // sweepRetention deletes jobs that have been terminal for longer than the
@@ -26,9 +29,14 @@ func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
 	var ops []clientv3.Op
 	var victims []string
 	c := s.cache
+	var fences []fence
 	for jobID, j := range c.jobs {
 		if len(victims) >= maxRetentionDeletes {
 			break
+		}
+		e, owned := s.owned[j.rec.Shard]
+		if !owned {
+			continue
 		}
 		keys := c.jobTasks[jobID]
 		if len(keys) == 0 {
@@ -58,11 +66,19 @@ func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
 			ops = append(ops, clientv3.OpDelete(keyDedup(j.rec.ClientID, j.rec.RequestID)))
 		}
 		victims = append(victims, jobID)
+		if f := (fence{shard: j.rec.Shard, epoch: e}); !slices.Contains(fences, f) {
+			fences = append(fences, f)
+		}
 	}
 	if len(victims) == 0 {
 		return nil
 	}
-	resp, err := s.d.commit.fencedTxn(ctx, cmps, ops)
+	resp, err := s.d.commit.fencedTxn(ctx, fences, cmps, ops)
+	var fe *fencedError
+	if errors.As(err, &fe) {
+		s.dropShards(fe.shards, "retention")
+		return nil
+	}
 	if err != nil {
 		return err
 	}

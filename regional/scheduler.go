@@ -2,7 +2,6 @@ package regional
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -47,7 +46,13 @@ type ownerDeps struct {
 	jurisdiction string // of nodes without a "jurisdiction" label
 	coordID      string // span attribute
 	placer       placement.Placer
-	retention    time.Duration // JobRetention; <= 0 keeps jobs forever
+	// shardCount is the region's S (a node's home shard is shards.Of of
+	// its id: the shard whose owner syncs its usage key).
+	shardCount int
+	// publish receives the per-shard counts for ListShards once a second
+	// (nil: none).
+	publish   func([]shardStat)
+	retention time.Duration // JobRetention; <= 0 keeps jobs forever
 	// cli feeds the cache (load, watches); unused by round, so nil in
 	// unit tests.
 	cli *clientv3.Client
@@ -66,28 +71,34 @@ type ownerDeps struct {
 	graceUntil time.Time
 }
 
-// ownerDeps is what the owner loop of term needs from c.
-func (c *Coordinator) ownerDeps(term *shards.Term) ownerDeps {
+// ownerDeps is what the scheduling loop needs from c.
+func (c *Coordinator) ownerDeps() ownerDeps {
 	p := c.cfg.Placer
 	if p == nil {
 		// Preemption proposals are not committed by the coordinator (yet),
 		// and the snapshot carries only the existing allocations of the
 		// batch's groups, so the engine does not compute them.
-		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: term.Epoch, DisablePreemption: true,
+		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: c.born.UnixNano(), DisablePreemption: true,
 			Workload: c.cfg.Workload})
 	}
 	return ownerDeps{region: c.meta.Region, jurisdiction: c.meta.Jurisdiction, coordID: c.cfg.ID, placer: p,
-		retention: c.cfg.JobRetention, cli: c.cli, commit: &etcdCommitter{cli: c.cli, term: term, retry: c.txnRetry},
+		shardCount: c.meta.ShardCount, publish: c.publishShardStats,
+		retention: c.cfg.JobRetention, cli: c.cli, commit: &etcdCommitter{cli: c.cli, layout: c.shardLayout(), retry: c.txnRetry},
 		specs: &c.specs, log: c.log, metrics: c.metrics, skipped: skippedCounter(c.cfg.Registry),
-		tracer: c.tracer, tracing: c.tracing, defaultLostAfter: c.cfg.DefaultLostAfter, graceUntil: c.born.Add(c.cfg.FailoverGrace)}
+		tracer: c.tracer, tracing: c.tracing, defaultLostAfter: c.cfg.DefaultLostAfter, graceUntil: c.graceUntil()}
 }
 
-// scheduler is the shard owner's loop: a cache of jobs, tasks and nodes kept
-// by a range read plus watches, and rounds of reclaim → cancel → place →
-// commit. Every write it makes goes through d.commit (fenced).
+// scheduler is the scheduling loop of the shards a coordinator owns: a
+// cache of the region's jobs, tasks and nodes kept by a range read plus one
+// watch, and rounds of reclaim → cancel → place → commit over the tasks of
+// the owned shards. Every write it makes goes through d.commit, fenced on
+// the shards it writes for.
 type scheduler struct {
-	d     ownerDeps
-	term  *shards.Term
+	d   ownerDeps
+	set *shardSet
+	// owned is the shards this round may write for (set.current() at the
+	// round's start, less those found fenced during it).
+	owned map[int]shards.Epoch
 	cache *ownerCache
 	snap  *nodeSnapshot
 	// reasons gates unplaced-reason writes.
@@ -103,14 +114,14 @@ type scheduler struct {
 	lostSince map[nodeEpoch]time.Time
 }
 
-// newScheduler is the owner loop of term on c.
-func newScheduler(c *Coordinator, term *shards.Term) *scheduler {
-	return newOwnerLoop(c.ownerDeps(term), term)
+// newScheduler is the scheduling loop of c's shards.
+func newScheduler(c *Coordinator) *scheduler {
+	return newOwnerLoop(c.ownerDeps(), c.shardSet)
 }
 
 // newOwnerLoop builds the loop over an empty cache (run fills it).
-func newOwnerLoop(d ownerDeps, term *shards.Term) *scheduler {
-	s := &scheduler{d: d, term: term, cache: newOwnerCache(d.specs), reasons: newReasonGate(),
+func newOwnerLoop(d ownerDeps, set *shardSet) *scheduler {
+	s := &scheduler{d: d, set: set, owned: map[int]shards.Epoch{}, cache: newOwnerCache(d.specs), reasons: newReasonGate(),
 		skipLogged: map[string]time.Time{}, lostSince: map[nodeEpoch]time.Time{}}
 	s.snap = newNodeSnapshot(s.cache, d.jurisdiction)
 	s.cache.leftPending = s.reasons.forget
@@ -131,8 +142,14 @@ func (s *scheduler) skip(what, key string, err error) {
 	}
 }
 
-// run loads the cache and runs rounds until ctx ends or the loop fails; an
-// error wrapping errFenced means the shards were lost to another owner.
+// run loads the cache and runs rounds until ctx ends or the loop fails (a
+// closed watch, an etcd error; the coordinator then rebuilds it). Losing a
+// shard does not end it: the shard leaves the owned set.
+//
+// One watch covers jobs, nodes and tasks (the key range between them holds
+// a few other prefixes the cache ignores): etcd delivers every event of a
+// revision in one response, so the cache never holds a node's usage key at
+// a revision whose task writes it has not applied (see reread).
 func (s *scheduler) run(ctx context.Context) error {
 	cli := s.d.cli
 	rev, err := s.cache.load(ctx, cli)
@@ -141,9 +158,7 @@ func (s *scheduler) run(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	jobsW := cli.Watch(wctx, prefJobs, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	tasksW := cli.Watch(wctx, prefTasks, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	nodesW := cli.Watch(wctx, prefNodes, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	events := cli.Watch(wctx, prefJobs, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefTasks)), clientv3.WithRev(rev+1))
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	// take applies one watch response; block chooses whether to wait for it.
@@ -154,19 +169,15 @@ func (s *scheduler) run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return false, ctx.Err()
-			case <-s.term.Done():
-				return false, errLeaseEnded
-			case wr, ok = <-jobsW:
-			case wr, ok = <-tasksW:
-			case wr, ok = <-nodesW:
+			case <-s.set.changed:
+				return false, nil
+			case wr, ok = <-events:
 			case <-timer.C:
 				return false, nil
 			}
 		} else {
 			select {
-			case wr, ok = <-jobsW:
-			case wr, ok = <-tasksW:
-			case wr, ok = <-nodesW:
+			case wr, ok = <-events:
 			default:
 				return false, nil
 			}
@@ -203,7 +214,12 @@ func (s *scheduler) run(ctx context.Context) error {
 			resetTimer(minRoundGap - since)
 			continue
 		}
+		if !s.set.beginRound(ctx) {
+			return ctx.Err()
+		}
+		s.refreshOwned()
 		next, err := s.round(ctx)
+		s.set.endRound()
 		if err != nil {
 			return err
 		}
@@ -219,6 +235,13 @@ const minRoundGap = 15 * time.Millisecond
 // event comes first.
 func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
 	now := time.Now()
+	if len(s.owned) == 0 {
+		// Owns nothing: keep the published per-shard counts fresh only.
+		s.updateGauges(now)
+		return time.Second, nil
+	}
+	before := s.conflicts
+	defer func() { s.d.metrics.RoundConflicts.Observe(float64(s.conflicts - before)) }()
 	reclaimNext, err := s.reclaim(ctx, now)
 	if err != nil {
 		return 0, err
@@ -264,7 +287,7 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 		var perEpoch map[int64]int // active tasks per epoch, counted once a lost one is found
 		for key := range keys {
 			ct := c.tasks[key]
-			if n != nil && n.alive != 0 && n.alive == ct.rec.NodeEpoch {
+			if !s.owns(ct.shard) || (n != nil && n.alive != 0 && n.alive == ct.rec.NodeEpoch) {
 				continue
 			}
 			if perEpoch == nil {
@@ -320,7 +343,7 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 				Error: why, StartTimeMs: ct.rec.StartedMs, EndTimeMs: now.UnixMilli()}
 			newRec := res.Task
 			lostEpochs[ct.rec.NodeEpoch] = true
-			ws = append(ws, write{
+			ws = append(ws, write{shards: []int{ct.shard},
 				cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", ct.modRev)},
 				ops: []clientv3.Op{clientv3.OpPut(key, mustJSON(&newRec)),
 					clientv3.OpPut(keyResult(ct.shard, ct.rec.JobID, ct.rec.Index, ct.rec.Attempt), mustJSON(result)),
@@ -359,8 +382,8 @@ func (s *scheduler) cancels(ctx context.Context, now time.Time) error {
 	for jobID := range c.dirtyCancel {
 		delete(c.dirtyCancel, jobID)
 		j := c.jobs[jobID]
-		if j == nil {
-			continue
+		if j == nil || !s.owns(j.rec.Shard) {
+			continue // another owner's (marked again if this one gains it)
 		}
 		for key := range c.jobTasks[jobID] {
 			ct := c.tasks[key]
@@ -384,7 +407,7 @@ func (s *scheduler) cancels(ctx context.Context, now time.Time) error {
 					[]clientv3.Op{clientv3.OpPut(ak, string(b))}, nil))
 			}
 
-			ws = append(ws, write{
+			ws = append(ws, write{shards: []int{ct.shard},
 				cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", ct.modRev)},
 				ops:  ops, keys: []string{key},
 				after: func(rev int64) {
@@ -410,12 +433,78 @@ func (s *scheduler) cancels(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// ownerEndMessage is how the coordinator logs the end of an owner loop: the
-// shards were lost (err wraps errFenced), or the loop failed (an etcd error,
-// a closed watch) and the coordinator campaigns again.
-func ownerEndMessage(err error) string {
-	if errors.Is(err, errFenced) {
-		return "lost shard ownership"
+// refreshOwned takes the round's owned shards from the shard set. For each
+// shard gained, its jobs' pending cancellations are marked for the cancels
+// pass (another owner may have left them).
+func (s *scheduler) refreshOwned() {
+	now := s.set.current()
+	var gained []int
+	for sh, e := range now {
+		if old, ok := s.owned[sh]; !ok || old != e {
+			gained = append(gained, sh)
+		}
 	}
-	return "owner loop failed; campaigning again"
+	lost := 0
+	for sh := range s.owned {
+		if _, ok := now[sh]; !ok {
+			lost++
+		}
+	}
+	s.owned = now
+	if len(gained) == 0 && lost == 0 {
+		return
+	}
+	if len(gained) > 0 {
+		g := make(map[int]bool, len(gained))
+		for _, sh := range gained {
+			g[sh] = true
+		}
+		for id, j := range s.cache.jobs {
+			if g[j.rec.Shard] && j.rec.CancelRequested {
+				s.cache.dirtyCancel[id] = true
+			}
+		}
+	}
+	s.d.log.Info("scheduling shards", "owned", len(now), "gained", len(gained), "dropped", lost)
+}
+
+// owns reports whether this round may write for shard sh.
+func (s *scheduler) owns(sh int) bool {
+	_, ok := s.owned[sh]
+	return ok
+}
+
+// fences returns the fences of a write's shards; false when one of them is
+// not owned (any more).
+func (s *scheduler) fences(shs []int) ([]fence, bool) {
+	out := make([]fence, 0, len(shs))
+	for _, sh := range shs {
+		e, ok := s.owned[sh]
+		if !ok {
+			return nil, false
+		}
+		out = append(out, fence{shard: sh, epoch: e})
+	}
+	return out, true
+}
+
+// dropShards stops writing for shards whose fence failed: another
+// coordinator owns them now (this one's lease lapsed or was revoked, or it
+// handed them back). The reconciler learns the same from its owners view.
+func (s *scheduler) dropShards(fs []fence, why string) {
+	for _, f := range fs {
+		delete(s.owned, f.shard)
+	}
+	s.set.drop(fs)
+	s.d.metrics.FencedWrites.Inc()
+	s.d.log.Warn("shards lost: "+why+" found another owner", "shards", len(fs), "first", fs[0].shard, "epoch", int64(fs[0].epoch))
+}
+
+// homeShard is the shard whose owner keeps node id's usage key in step
+// (syncUsage): one writer per node, spread like the jobs.
+func (s *scheduler) homeShard(id string) int {
+	if s.d.shardCount <= 0 {
+		return 0
+	}
+	return shards.Of(id, s.d.shardCount)
 }

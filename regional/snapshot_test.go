@@ -11,7 +11,7 @@ import (
 // benchScheduler fills a scheduler's caches (no etcd) with nodes ready
 // nodes and perNode running tasks on each, in jobs of 100 tasks.
 func benchScheduler(nodes, perNode int) *scheduler {
-	s := newOwnerLoop(ownerDeps{jurisdiction: "eu"}, nil)
+	s := newOwnerLoop(ownerDeps{jurisdiction: "eu"}, newShardSet())
 	c := s.cache
 	spec := &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 100,
 		Resources: &apiaryv1.Resources{CpuMillis: 500, MemoryMb: 512}}}}

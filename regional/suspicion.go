@@ -2,27 +2,30 @@ package regional
 
 import (
 	"context"
-	"encoding/json"
 	"net"
 	"time"
 
-	"apiary.dev/apiary/shards"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// suspicionLoop lets a follower take the shards over on suspicion instead of
-// waiting out the owner's lease. Two detectors, each catching what the other
-// cannot (measured in loadtest/results/lan-*/summary.md):
+// suspicionLoop lets the region take a dead coordinator's shards over on
+// suspicion instead of waiting out its session lease. Every coordinator
+// watches every memberPeer in the member set, with two detectors, each catching
+// what the other cannot (measured in loadtest/results/lan-*/summary.md):
 //
-//   - TCP probe (SuspectAfter >= 0): the owner's API port refuses
+//   - TCP probe (SuspectAfter >= 0): the memberPeer's API port refuses
 //     connections for SuspectAfter. A crashed process is seen in about
 //     SuspectAfter + 100 ms, faster than serf; a paused one still accepts
 //     connections (the kernel completes the handshake) and is never seen.
-//   - LAN pool (with LANAddr): the owner's LAN member was declared failed
+//   - LAN pool (with LANAddr): the memberPeer's LAN member was declared failed
 //     (lanCoordinatorFailed). serf sees a paused process as well as a dead
 //     one (about 1 s), and a host that is gone rather than refusing.
 //
-// Either way the follower revokes the owner's lease. Fencing makes a wrong
-// suspicion harmless: the deposed owner's next write fails its epoch compare.
+// Either way the coordinator revokes the memberPeer's session lease: its member
+// key and every shard owner key go at one revision, and the survivors
+// claim its shards by rendezvous order. Fencing makes a wrong suspicion
+// harmless: the deposed coordinator's next write for a shard fails the
+// shard's epoch compare, and it rejoins with a new session.
 func (c *Coordinator) suspicionLoop(ctx context.Context) {
 	met := c.lanMetrics()
 	if c.cfg.SuspectAfter < 0 && c.cfg.LANAddr == "" {
@@ -30,22 +33,18 @@ func (c *Coordinator) suspicionLoop(ctx context.Context) {
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	var (
-		suspect    shards.Owner
-		since      time.Time
-		lastAddr   = map[string]string{}
-		lastDeposd int64
-	)
-	depose := func(owner shards.Owner, via string, attrs ...any) {
+	refusedSince := map[clientv3.LeaseID]time.Time{}
+	deposed := map[clientv3.LeaseID]bool{}
+	depose := func(id string, p memberPeer, via string, attrs ...any) {
 		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-		err := shards.Depose(rctx, c.cli, owner)
+		_, err := c.cli.Revoke(rctx, p.lease)
 		rcancel()
 		if err == nil {
-			lastDeposd = owner.Epoch
+			deposed[p.lease] = true
 			met.OwnerDepositions.WithLabelValues(via).Inc()
-			c.log.Warn("deposed unreachable shard owner", append([]any{"owner", owner.Value, "epoch", owner.Epoch, "via", via}, attrs...)...)
+			c.log.Warn("revoked an unreachable coordinator's lease; its shards move", append([]any{"peer", id, "lease", int64(p.lease), "via", via}, attrs...)...)
 		}
-		since = time.Time{}
+		delete(refusedSince, p.lease)
 	}
 	for {
 		select {
@@ -53,49 +52,53 @@ func (c *Coordinator) suspicionLoop(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		if c.Owning() {
-			since = time.Time{}
-			continue
-		}
-		gctx, cancel := context.WithTimeout(ctx, time.Second)
-		owner, err := shards.CurrentOwner(gctx, c.cli, prefOwner)
-		if err == nil && owner.Value != c.cfg.ID && c.cfg.SuspectAfter >= 0 {
-			if m, gerr := c.cli.Get(gctx, keyMember(owner.Value)); gerr == nil && len(m.Kvs) == 1 {
-				var rec memberRecord
-				if json.Unmarshal(m.Kvs[0].Value, &rec) == nil {
-					lastAddr[owner.Value] = rec.APIAddr
-				}
+		peers := c.members.live()
+		seen := map[clientv3.LeaseID]bool{}
+		for id, p := range peers {
+			if id == c.cfg.ID || p.lease == 0 || deposed[p.lease] {
+				continue
+			}
+			seen[p.lease] = true
+			if c.lanCoordinatorFailed(id) {
+				depose(id, p, "lan_failed", "reason", "its LAN member was declared failed")
+				continue
+			}
+			if c.cfg.SuspectAfter < 0 || p.rec.APIAddr == "" {
+				continue
+			}
+			conn, derr := net.DialTimeout("tcp", p.rec.APIAddr, 100*time.Millisecond)
+			if derr == nil {
+				conn.Close()
+				delete(refusedSince, p.lease)
+				continue
+			}
+			since, ok := refusedSince[p.lease]
+			if !ok {
+				refusedSince[p.lease] = time.Now()
+				continue
+			}
+			if time.Since(since) >= c.cfg.SuspectAfter {
+				depose(id, p, "tcp_refused", "reason", "its API refused connections", "unreachable_for", time.Since(since).Round(time.Millisecond), "dial_err", derr)
 			}
 		}
-		cancel()
-		if err != nil || owner.Value == c.cfg.ID || owner.Epoch == lastDeposd {
-			since = time.Time{}
-			continue
+		for l := range refusedSince {
+			if !seen[l] {
+				delete(refusedSince, l)
+			}
 		}
-		if c.lanCoordinatorFailed(owner.Value) {
-			depose(owner, "lan_failed", "reason", "the owner's LAN member was declared failed")
-			continue
+		live := peersByLease(peers)
+		for l := range deposed {
+			if !live[l] {
+				delete(deposed, l)
+			}
 		}
-		if c.cfg.SuspectAfter < 0 {
-			continue
-		}
-		addr := lastAddr[owner.Value]
-		if addr == "" {
-			continue
-		}
-		conn, derr := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if derr == nil {
-			conn.Close()
-			since = time.Time{}
-			continue
-		}
-		if since.IsZero() || suspect.Epoch != owner.Epoch {
-			suspect, since = owner, time.Now()
-			continue
-		}
-		if time.Since(since) < c.cfg.SuspectAfter {
-			continue
-		}
-		depose(owner, "tcp_refused", "reason", "the owner's API refused connections", "unreachable_for", time.Since(since).Round(time.Millisecond), "dial_err", derr)
 	}
+}
+
+func peersByLease(peers map[string]memberPeer) map[clientv3.LeaseID]bool {
+	out := make(map[clientv3.LeaseID]bool, len(peers))
+	for _, p := range peers {
+		out[p.lease] = true
+	}
+	return out
 }

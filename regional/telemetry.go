@@ -137,7 +137,7 @@ func (s *scheduler) observePlacements(chunks []*placedChunk, byKey map[string]*c
 				telemetry.AttrJobID.String(ct.rec.JobID), telemetry.AttrTaskIndex.Int(int(ct.rec.Index)),
 				telemetry.AttrAttempt.Int(int(attempt)), telemetry.AttrRegion.String(s.d.region),
 				telemetry.AttrNodeID.String(p.NodeID), telemetry.AttrShard.Int(ct.shard),
-				telemetry.AttrEpoch.Int64(s.term.Epoch), telemetry.AttrScore.Float64(p.Score),
+				telemetry.AttrEpoch.Int64(int64(s.owned[ct.shard])), telemetry.AttrScore.Float64(p.Score),
 				telemetry.AttrConflict.Bool(!ch.committed), telemetry.AttrRequeued.Bool(!ch.committed),
 				telemetry.AttrCoord.String(s.d.coordID))}
 			if l, ok := telemetry.AttemptLink(j.rec.Traceparent, ct.rec.JobID, ct.rec.Index, ct.rec.Attempt, "replaces"); ok {
@@ -164,7 +164,7 @@ func (s *scheduler) observeReclaim(ct *cTask, newRec *taskstate.Task, nodeID, wh
 		telemetry.AttrJobID.String(ct.rec.JobID), telemetry.AttrTaskIndex.Int(int(ct.rec.Index)),
 		telemetry.AttrAttempt.Int(int(ct.rec.Attempt)), telemetry.AttrRegion.String(s.d.region),
 		telemetry.AttrNodeID.String(nodeID), telemetry.AttrNodeEpoch.Int64(ct.rec.NodeEpoch),
-		telemetry.AttrShard.Int(ct.shard), telemetry.AttrEpoch.Int64(s.term.Epoch),
+		telemetry.AttrShard.Int(ct.shard), telemetry.AttrEpoch.Int64(int64(s.owned[ct.shard])),
 		telemetry.AttrOutcome.String(newRec.State.String()), telemetry.AttrCoord.String(s.d.coordID),
 		telemetry.AttrReason.String(why))}
 	if l, ok := telemetry.AttemptLink(j.rec.Traceparent, ct.rec.JobID, ct.rec.Index, ct.rec.Attempt, "reclaims"); ok {
@@ -177,8 +177,9 @@ func (s *scheduler) observeReclaim(ct *cTask, newRec *taskstate.Task, nodeID, wh
 	span.End()
 }
 
-// updateGauges sets the owner's task, pending-per-shard and node gauges, at
-// most once a second.
+// updateGauges sets the task and pending-per-shard gauges of the owned
+// shards and the node gauges, and publishes every shard's counts
+// (ListShards), at most once a second.
 func (s *scheduler) updateGauges(now time.Time) {
 	if now.Sub(s.gaugesAt) < time.Second {
 		return
@@ -186,19 +187,31 @@ func (s *scheduler) updateGauges(now time.Time) {
 	s.gaugesAt = now
 	m := s.d.metrics
 	c := s.cache
-	perShard := map[int]int{}
-	for key := range c.pending {
-		if ct := c.tasks[key]; ct != nil {
-			perShard[ct.shard]++
+	stats := make([]shardStat, s.d.shardCount)
+	states := map[apiaryv1.TaskState]int{}
+	for _, ct := range c.tasks {
+		if ct.shard >= 0 && ct.shard < len(stats) {
+			st := &stats[ct.shard]
+			switch {
+			case ct.rec.State == apiaryv1.TaskState_TASK_STATE_PENDING:
+				st.pending++
+			case taskstate.Active(ct.rec.State):
+				st.running++
+			}
+			st.lastPlanMs = max(st.lastPlanMs, ct.rec.AssignedMs)
+		}
+		if s.owns(ct.shard) {
+			states[ct.rec.State]++
 		}
 	}
 	m.PendingTasks.Reset()
-	for sh, n := range perShard {
-		m.PendingTasks.WithLabelValues(telemetry.ShardLabel(sh)).Set(float64(n))
+	for sh := range s.owned {
+		if sh < len(stats) && stats[sh].pending > 0 {
+			m.PendingTasks.WithLabelValues(telemetry.ShardLabel(sh)).Set(float64(stats[sh].pending))
+		}
 	}
-	states := map[apiaryv1.TaskState]int{}
-	for _, ct := range c.tasks {
-		states[ct.rec.State]++
+	if s.d.publish != nil {
+		s.d.publish(stats)
 	}
 	m.Tasks.Reset()
 	for st, n := range states {

@@ -12,8 +12,7 @@ import (
 )
 
 // DefaultPrefix is where the per-shard owner keys live in a region's etcd:
-// <DefaultPrefix>/<s>/owner. (Today's single election uses
-// <DefaultPrefix>/owner/<lease>, which no per-shard key can collide with.)
+// <DefaultPrefix>/<s>/owner.
 const DefaultPrefix = "/apiary/shards"
 
 // shardDigits pads shard numbers in keys so that a range read returns the
@@ -181,6 +180,59 @@ func (c *Claimer) Claim(ctx context.Context, s int) (Epoch, error) {
 		return Epoch(kv.CreateRevision), nil
 	}
 	return 0, &OwnedError{Shard: s, Member: string(kv.Value), Epoch: Epoch(kv.CreateRevision), Lease: clientv3.LeaseID(kv.Lease)}
+}
+
+// MaxClaimBatch is the most shards ClaimMany claims in one Txn (etcd's
+// default --max-txn-ops is 128; each shard costs one nested Txn).
+const MaxClaimBatch = 64
+
+// ClaimMany claims each of ss as Claim does, in one Txn of nested Txns (one
+// per shard, at most MaxClaimBatch shards), so that taking a dead member's
+// hundred shards costs one commit rather than a hundred. It returns the
+// epochs of the shards claimed (all claimed in one Txn share its revision:
+// an epoch is per shard key, so that is fine) and an *OwnedError per shard
+// that another lease holds. Errors: ErrLeaseGone; a shard out of range or
+// too many shards (nothing is claimed); etcd errors (the claims may or may
+// not have committed: call again, a retry finds its own keys).
+func (c *Claimer) ClaimMany(ctx context.Context, ss []int) (claimed map[int]Epoch, owned map[int]error, err error) {
+	if len(ss) > MaxClaimBatch {
+		return nil, nil, fmt.Errorf("claim: at most %d shards per call, got %d", MaxClaimBatch, len(ss))
+	}
+	ops := make([]clientv3.Op, 0, len(ss))
+	for _, s := range ss {
+		if err := c.layout.CheckShard(s); err != nil {
+			return nil, nil, err
+		}
+		key := c.layout.OwnerKey(s)
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(key, c.id, clientv3.WithLease(c.lease))}, []clientv3.Op{clientv3.OpGet(key)}))
+	}
+	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil, nil, fmt.Errorf("claim %d shards: %w", len(ss), ErrLeaseGone)
+		}
+		return nil, nil, fmt.Errorf("claim %d shards: %w", len(ss), err)
+	}
+	claimed, owned = map[int]Epoch{}, map[int]error{}
+	for i, r := range resp.Responses {
+		s, tr := ss[i], r.GetResponseTxn()
+		if tr.GetSucceeded() {
+			claimed[s] = Epoch(resp.Header.Revision)
+			continue
+		}
+		kvs := tr.GetResponses()[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			return nil, nil, fmt.Errorf("claim shard %d: owner key vanished inside a txn", s)
+		}
+		kv := kvs[0]
+		if clientv3.LeaseID(kv.Lease) == c.lease && string(kv.Value) == c.id {
+			claimed[s] = Epoch(kv.CreateRevision)
+			continue
+		}
+		owned[s] = &OwnedError{Shard: s, Member: string(kv.Value), Epoch: Epoch(kv.CreateRevision), Lease: clientv3.LeaseID(kv.Lease)}
+	}
+	return claimed, owned, nil
 }
 
 // Release gives shard s up: one Txn that deletes the owner key only if its

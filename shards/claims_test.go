@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"apiary.dev/apiary/internal/testutil"
+	"apiary.dev/apiary/internal/testutil/etcdtest"
 )
 
 func containsAll(s string, parts ...string) bool {
@@ -226,4 +227,55 @@ func TestOwnersView(t *testing.T) {
 	}
 	e4, _ := c2.Claim(ctx, 4)
 	testutil.Eventually(t, 5*time.Second, "watch resumed after the reload", want(map[int]Ownership{2: {"m2", e2, lease2}, 4: {"m2", e4, lease2}}))
+}
+
+// startEtcd starts an embedded etcd for a test (closed at cleanup).
+func startEtcd(t *testing.T) *clientv3.Client { return etcdtest.Start(t) }
+
+// TestClaimMany: one Txn claims the free shards of a batch, reports the
+// ones another member holds, finds its own earlier claims again (a retry),
+// and fails with ErrLeaseGone once the lease is revoked.
+func TestClaimMany(t *testing.T) {
+	cli := startEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l := Layout{Prefix: "/t/shards", Count: 16}
+	grant := func() clientv3.LeaseID {
+		g, err := cli.Grant(ctx, 30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g.ID
+	}
+	la, lb := grant(), grant()
+	a, _ := NewClaimer(cli, l, "a", la)
+	b, _ := NewClaimer(cli, l, "b", lb)
+	eb, err := b.Claim(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, owned, err := a.ClaimMany(ctx, []int{1, 2, 3, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[1] == 0 || got[1] != got[2] || got[2] != got[4] {
+		t.Fatalf("claimed %v, want shards 1, 2, 4 at one epoch", got)
+	}
+	var oe *OwnedError
+	if !errors.As(owned[3], &oe) || oe.Member != "b" || oe.Epoch != eb {
+		t.Fatalf("shard 3: %v, want owned by b at epoch %d", owned[3], eb)
+	}
+	again, _, err := a.ClaimMany(ctx, []int{1, 2})
+	if err != nil || again[1] != got[1] || again[2] != got[2] {
+		t.Fatalf("retried claim: %v, %v; want the epochs of the first claim %v", again, err, got)
+	}
+	if _, _, err := a.ClaimMany(ctx, make([]int, MaxClaimBatch+1)); err == nil {
+		t.Fatal("a batch over MaxClaimBatch was accepted")
+	}
+	if _, err := cli.Revoke(ctx, la); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.ClaimMany(ctx, []int{5}); !errors.Is(err, ErrLeaseGone) {
+		t.Fatalf("claim under a revoked lease: %v, want ErrLeaseGone", err)
+	}
 }

@@ -26,9 +26,10 @@
 //     cannot churn the region. Members act on their own views and etcd's
 //     compare decides, as in Omega's shared-state scheduling (Schwarzkopf et
 //     al., EuroSys 2013).
-//   - Today's single election (election.go): one Elector term owns every
-//     shard. The regional coordinator still uses it and is not yet wired to
-//     the per-shard claims and reconciler above.
+//
+// The regional coordinator (regional/ownership.go) runs one Reconciler per
+// session lease, with the lease of its member key, so that a lapsed or
+// revoked lease drops the member and all its shards at one revision.
 //
 // This package must not touch job, task or node state: it decides who may
 // write, the regional coordinator does the writing.

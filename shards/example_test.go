@@ -33,32 +33,6 @@ func ExampleValidate() {
 	// shard count: must be in 1..65536, got 0
 }
 
-// A coordinator campaigns for the shards and, once it owns them, fences every
-// write with its term (regional's owner loop does exactly this). Compiled but
-// not run: it needs an etcd cluster.
-func ExampleElector() {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer cli.Close()
-	ctx := context.Background()
-	term, err := shards.NewElector(cli, "/apiary/shards/owner", "coord-1", 2).Campaign(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer term.Resign(ctx)
-	// The put commits only while this term still owns the shards.
-	resp, err := cli.Txn(ctx).If(term.Fence()).Then(clientv3.OpPut("/apiary/example", "owned")).Commit()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if !resp.Succeeded {
-		log.Print("fenced: ownership lost")
-	}
-	<-term.Done() // the term's lease is gone: campaign again
-}
-
 // Each coordinator runs a Reconciler under its session lease, fed the live
 // member set; OnChange starts and stops per-shard work, and every write for
 // shard s is fenced on its epoch. Compiled but not run: it needs an etcd

@@ -94,23 +94,33 @@ func (o *Owners) notifyLocked() {
 }
 
 func (o *Owners) load(ctx context.Context) error {
-	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := o.cli.Get(gctx, o.layout.watchPrefix(), clientv3.WithPrefix())
+	snap, err := ReadOwners(ctx, o.cli, o.layout)
 	if err != nil {
 		return err
 	}
-	m := make(map[int]Ownership, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		if s, ok := o.layout.ShardOf(string(kv.Key)); ok {
-			m[s] = Ownership{Member: string(kv.Value), Epoch: Epoch(kv.CreateRevision), Lease: clientv3.LeaseID(kv.Lease)}
-		}
-	}
 	o.mu.Lock()
-	o.owners, o.rev = m, resp.Header.Revision
+	o.owners, o.rev = snap.Owners, snap.Rev
 	o.notifyLocked()
 	o.mu.Unlock()
 	return nil
+}
+
+// ReadOwners reads every shard's owner once (one range read, bounded by
+// 5 s); the Snapshot's Changed is nil. Errors are etcd's.
+func ReadOwners(ctx context.Context, cli *clientv3.Client, l Layout) (Snapshot, error) {
+	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(gctx, l.watchPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return Snapshot{}, err
+	}
+	m := make(map[int]Ownership, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		if s, ok := l.ShardOf(string(kv.Key)); ok {
+			m[s] = Ownership{Member: string(kv.Value), Epoch: Epoch(kv.CreateRevision), Lease: clientv3.LeaseID(kv.Lease)}
+		}
+	}
+	return Snapshot{Owners: m, Rev: resp.Header.Revision}, nil
 }
 
 func (o *Owners) run(ctx context.Context) {

@@ -21,9 +21,9 @@ const (
 	// shards move to it.
 	DefaultSettle = 2 * time.Second
 	// DefaultMovesPerSecond bounds a member's hand-backs per second.
-	DefaultMovesPerSecond = 32
+	DefaultMovesPerSecond = 128
 	// DefaultMoveBurst is the hand-backs a member may make at once.
-	DefaultMoveBurst = 8
+	DefaultMoveBurst = 32
 	// DefaultHandBackTimeout bounds one HandBack call.
 	DefaultHandBackTimeout = 5 * time.Second
 	// etcdTimeout bounds each claim and release (a call without a deadline
@@ -324,7 +324,7 @@ func (r *Reconciler) step(ctx context.Context, desired []string, snap Snapshot) 
 		}
 	}
 
-	claimed := 0
+	var want []int
 	for s, d := range desired {
 		if d != id || ctx.Err() != nil {
 			continue
@@ -336,34 +336,43 @@ func (r *Reconciler) step(ctx context.Context, desired []string, snap Snapshot) 
 		if _, taken := snap.Owners[s]; mine || pending || taken {
 			continue
 		}
+		want = append(want, s)
+	}
+	// Claim in batches (one Txn each), publishing each batch at once, so
+	// that a takeover of many shards costs a few commits.
+	claimed := 0
+	for len(want) > 0 && ctx.Err() == nil {
+		batch := want[:min(len(want), MaxClaimBatch)]
+		want = want[len(batch):]
 		cctx, cancel := context.WithTimeout(ctx, etcdTimeout)
-		e, err := r.claimer.Claim(cctx, s)
+		got, _, err := r.claimer.ClaimMany(cctx, batch)
 		cancel()
 		switch {
 		case err == nil:
+			// Shards another holds: the view is behind; its next change
+			// wakes us.
 			r.mu.Lock()
-			r.owned[s] = e
-			r.stats.Claims++
+			for s, e := range got {
+				r.owned[s] = e
+			}
+			r.stats.Claims += len(got)
 			r.mu.Unlock()
-			claimed++
-			r.log.Debug("shard claimed", "shard", s, "epoch", e)
-		case errors.Is(err, ErrOwned):
-			// The view is behind; its next change wakes us.
-		case errors.Is(err, ErrLeaseGone):
-			if claimed > 0 {
+			claimed += len(got)
+			if len(got) > 0 {
+				r.log.Debug("shards claimed", "count", len(got))
 				r.notify()
 			}
+		case errors.Is(err, ErrLeaseGone):
 			return wait, err
 		default:
 			if ctx.Err() == nil {
-				r.log.Warn("claim failed", "shard", s, "err", err)
+				r.log.Warn("claim failed", "shards", len(batch), "err", err)
 				wait = retryDelay
 			}
 		}
 	}
 	if claimed > 0 {
 		r.log.Info("shards claimed", "count", claimed)
-		r.notify()
 	}
 
 	// Hand back, rate-limited, the shards desired for another settled

@@ -1,4 +1,4 @@
-package shards
+package shards_test
 
 import (
 	"context"
@@ -6,140 +6,20 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
 	"apiary.dev/apiary/internal/testutil"
+	"apiary.dev/apiary/internal/testutil/etcdtest"
+	"apiary.dev/apiary/shards"
+	"apiary.dev/apiary/shards/shardstest"
 )
-
-// ownerEvent is one change of an owner key, as the checker saw it.
-type ownerEvent struct {
-	at     time.Time
-	shard  int
-	member string // the new owner (create) or the old one (delete)
-	rev    int64
-	create bool
-}
-
-// ownerChecker watches every owner key of a layout and checks each event:
-// a put always creates its key (never overwrites: claims are
-// create-if-absent), no shard has two owners at any revision, and a new
-// owner's CreateRevision is above the previous owner's delete.
-type ownerChecker struct {
-	layout Layout
-
-	mu         sync.Mutex
-	owners     map[int]Ownership
-	lastDelete map[int]int64
-	events     []ownerEvent
-	rev        int64
-	violations []string
-}
-
-func startChecker(t *testing.T, cli *clientv3.Client, l Layout) *ownerChecker {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	resp, err := cli.Get(ctx, l.watchPrefix(), clientv3.WithPrefix())
-	if err != nil || len(resp.Kvs) != 0 {
-		t.Fatalf("owner prefix not empty at start: %v %v", resp, err)
-	}
-	c := &ownerChecker{layout: l, owners: map[int]Ownership{}, lastDelete: map[int]int64{}, rev: resp.Header.Revision}
-	wch := cli.Watch(ctx, l.watchPrefix(), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithPrevKV())
-	go func() {
-		for wr := range wch {
-			if wr.Err() != nil || wr.CompactRevision != 0 {
-				c.fail("checker watch failed: %v", wr.Err())
-				return
-			}
-			for _, ev := range wr.Events {
-				c.apply(ev)
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, v := range c.violations {
-			t.Error(v)
-		}
-	})
-	return c
-}
-
-func (c *ownerChecker) fail(format string, args ...any) {
-	c.mu.Lock()
-	c.violations = append(c.violations, fmt.Sprintf(format, args...))
-	c.mu.Unlock()
-}
-
-func (c *ownerChecker) apply(ev *clientv3.Event) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	kv := ev.Kv
-	c.rev = kv.ModRevision
-	s, ok := c.layout.ShardOf(string(kv.Key))
-	if !ok {
-		return
-	}
-	cur, owned := c.owners[s]
-	if ev.Type == mvccpb.DELETE {
-		if !owned {
-			c.violations = append(c.violations, fmt.Sprintf("rev %d: delete of shard %d, which had no owner", kv.ModRevision, s))
-		}
-		delete(c.owners, s)
-		c.lastDelete[s] = kv.ModRevision
-		c.events = append(c.events, ownerEvent{at: time.Now(), shard: s, member: cur.Member, rev: kv.ModRevision})
-		return
-	}
-	if kv.CreateRevision != kv.ModRevision {
-		c.violations = append(c.violations, fmt.Sprintf("rev %d: shard %d's owner key overwritten (created at %d) by %s", kv.ModRevision, s, kv.CreateRevision, kv.Value))
-	}
-	if owned {
-		c.violations = append(c.violations, fmt.Sprintf("rev %d: shard %d has two owners: %s (epoch %d) and %s", kv.ModRevision, s, cur.Member, cur.Epoch, kv.Value))
-	}
-	if d, ok := c.lastDelete[s]; ok && kv.CreateRevision <= d {
-		c.violations = append(c.violations, fmt.Sprintf("rev %d: shard %d claimed by %s at or before the old key's delete at %d", kv.ModRevision, s, kv.Value, d))
-	}
-	c.owners[s] = Ownership{Member: string(kv.Value), Epoch: Epoch(kv.CreateRevision), Lease: clientv3.LeaseID(kv.Lease)}
-	c.events = append(c.events, ownerEvent{at: time.Now(), shard: s, member: string(kv.Value), rev: kv.ModRevision, create: true})
-}
-
-// eventsSince returns the events at or after t.
-func (c *ownerChecker) eventsSince(t time.Time) []ownerEvent {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	i := slices.IndexFunc(c.events, func(e ownerEvent) bool { return !e.at.Before(t) })
-	if i < 0 {
-		return nil
-	}
-	return slices.Clone(c.events[i:])
-}
-
-// caughtUp waits until the checker has seen every revision up to now.
-func (c *ownerChecker) caughtUp(t *testing.T, cli *clientv3.Client) {
-	t.Helper()
-	// A put outside the layout moves the revision and is seen by the
-	// checker's watch in order.
-	resp, err := cli.Put(context.Background(), c.layout.Prefix+"/checker-mark", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, 5*time.Second, "owner checker caught up", func() error {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.rev < resp.Header.Revision {
-			return fmt.Errorf("checker at rev %d, etcd at %d", c.rev, resp.Header.Revision)
-		}
-		return nil
-	})
-}
 
 // testMember is one reconciler with its own client and session lease.
 type testMember struct {
@@ -147,7 +27,7 @@ type testMember struct {
 	cli       *clientv3.Client
 	sess      *concurrency.Session
 	feed      chan []string
-	r         *Reconciler
+	r         *shards.Reconciler
 	done      chan error
 	mu        sync.Mutex
 	handBacks []int
@@ -157,17 +37,17 @@ type testMember struct {
 type cluster struct {
 	t       *testing.T
 	cli     *clientv3.Client
-	layout  Layout
-	base    ReconcilerConfig
+	layout  shards.Layout
+	base    shards.ReconcilerConfig
 	members map[string]*testMember
-	checker *ownerChecker
+	checker *shardstest.Checker
 	// refuse, if set before the members start, runs first in every
 	// HandBack hook (on the member's Run goroutine); its error fails it.
 	refuse func(id string, s int) error
 }
 
-func newCluster(t *testing.T, cli *clientv3.Client, l Layout, base ReconcilerConfig) *cluster {
-	return &cluster{t: t, cli: cli, layout: l, base: base, members: map[string]*testMember{}, checker: startChecker(t, cli, l)}
+func newCluster(t *testing.T, cli *clientv3.Client, l shards.Layout, base shards.ReconcilerConfig) *cluster {
+	return &cluster{t: t, cli: cli, layout: l, base: base, members: map[string]*testMember{}, checker: shardstest.WatchNoDoubleOwner(t, cli, l)}
 }
 
 // push sends list to a member, replacing a list it has not read yet.
@@ -209,10 +89,10 @@ func (c *cluster) start(id string, list []string) *testMember {
 			return err
 		}
 		if len(resp.Kvs) == 0 || string(resp.Kvs[0].Value) != id {
-			c.checker.fail("%s: hand-back of shard %d called while the key is %v", id, s, resp.Kvs)
+			c.checker.Fail("%s: hand-back of shard %d called while the key is %v", id, s, resp.Kvs)
 		}
 		if _, ok := m.r.Owned()[s]; !ok {
-			c.checker.fail("%s: hand-back of shard %d called after it left Owned", id, s)
+			c.checker.Fail("%s: hand-back of shard %d called after it left Owned", id, s)
 		}
 		if c.refuse != nil {
 			if err := c.refuse(id, s); err != nil {
@@ -224,7 +104,7 @@ func (c *cluster) start(id string, list []string) *testMember {
 		m.mu.Unlock()
 		return nil
 	}
-	if m.r, err = NewReconciler(cfg); err != nil {
+	if m.r, err = shards.NewReconciler(cfg); err != nil {
 		t.Fatal(err)
 	}
 	push(m.feed, list)
@@ -252,26 +132,26 @@ func (c *cluster) setMembers(list []string, feedTo ...string) {
 }
 
 // keys reads every owner key from etcd.
-func (c *cluster) keys() map[int]Ownership {
+func (c *cluster) keys() map[int]shards.Ownership {
 	c.t.Helper()
-	resp, err := c.cli.Get(context.Background(), c.layout.watchPrefix(), clientv3.WithPrefix())
+	resp, err := c.cli.Get(context.Background(), c.layout.Prefix+"/", clientv3.WithPrefix())
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	m := map[int]Ownership{}
+	m := map[int]shards.Ownership{}
 	for _, kv := range resp.Kvs {
 		if s, ok := c.layout.ShardOf(string(kv.Key)); ok {
-			m[s] = Ownership{Member: string(kv.Value), Epoch: Epoch(kv.CreateRevision), Lease: clientv3.LeaseID(kv.Lease)}
+			m[s] = shards.Ownership{Member: string(kv.Value), Epoch: shards.Epoch(kv.CreateRevision), Lease: clientv3.LeaseID(kv.Lease)}
 		}
 	}
 	return m
 }
 
-// converged is nil once etcd's owner keys are Desired(ids) and each of ids
+// converged is nil once etcd's owner keys are shards.Desired(ids) and each of ids
 // reports exactly its keys (same epochs) as Owned.
 func (c *cluster) converged(ids []string) func() error {
 	return func() error {
-		want := Desired(ids, c.layout.Count)
+		want := shards.Desired(ids, c.layout.Count)
 		got := c.keys()
 		for s, w := range want {
 			if got[s].Member != w {
@@ -299,7 +179,7 @@ func (c *cluster) converged(ids []string) func() error {
 	}
 }
 
-func countOf(keys map[int]Ownership, id string) int {
+func countOf(keys map[int]shards.Ownership, id string) int {
 	n := 0
 	for _, o := range keys {
 		if o.Member == id {
@@ -309,7 +189,7 @@ func countOf(keys map[int]Ownership, id string) int {
 	return n
 }
 
-func assertShare(t *testing.T, keys map[int]Ownership, id string, S, n int) {
+func assertShare(t *testing.T, keys map[int]shards.Ownership, id string, S, n int) {
 	t.Helper()
 	share := float64(S) / float64(n)
 	if got := countOf(keys, id); math.Abs(float64(got)-share) > 0.2*share {
@@ -323,15 +203,15 @@ func assertShare(t *testing.T, keys map[int]Ownership, id string, S, n int) {
 // after HandBack and the old key's delete; no shard has two owners at any
 // revision (the checker sees every event).
 func TestReconcilersStartAndJoin(t *testing.T) {
-	cli := startEtcd(t)
+	cli := etcdtest.Start(t)
 	const S = 256
-	c := newCluster(t, cli, Layout{Prefix: "/t/join", Count: S}, ReconcilerConfig{Settle: 300 * time.Millisecond, MovesPerSecond: 200, MoveBurst: 32})
+	c := newCluster(t, cli, shards.Layout{Prefix: "/t/join", Count: S}, shards.ReconcilerConfig{Settle: 300 * time.Millisecond, MovesPerSecond: 200, MoveBurst: 32})
 	three := []string{"coord-a", "coord-b", "coord-c"}
 	start := time.Now()
 	for _, id := range three {
 		c.start(id, three)
 	}
-	testutil.Eventually(t, 5*time.Second, "three reconcilers own Desired", c.converged(three))
+	testutil.Eventually(t, 5*time.Second, "three reconcilers own shards.Desired", c.converged(three))
 	t.Logf("3 reconcilers converged %s after start", time.Since(start).Round(time.Millisecond))
 	before := c.keys()
 	for _, id := range three {
@@ -345,7 +225,7 @@ func TestReconcilersStartAndJoin(t *testing.T) {
 	joined := time.Now()
 	d := c.start("coord-d", four)
 	c.setMembers(four, three...)
-	testutil.Eventually(t, 5*time.Second, "four reconcilers own Desired", c.converged(four))
+	testutil.Eventually(t, 5*time.Second, "four reconcilers own shards.Desired", c.converged(four))
 	t.Logf("coord-d's share moved %s after it joined (settle 300 ms)", time.Since(joined).Round(time.Millisecond))
 	after := c.keys()
 	assertShare(t, after, "coord-d", S, 4)
@@ -377,10 +257,10 @@ func TestReconcilersStartAndJoin(t *testing.T) {
 		countOf(before, "coord-a"), countOf(before, "coord-b"), countOf(before, "coord-c"),
 		countOf(after, "coord-a"), countOf(after, "coord-b"), countOf(after, "coord-c"), countOf(after, "coord-d"), moved)
 
-	c.checker.caughtUp(t, cli)
+	c.checker.CaughtUp(t, cli)
 	creates, deletes := 0, 0
-	for _, ev := range c.checker.eventsSince(start) {
-		if ev.create {
+	for _, ev := range c.checker.EventsSince(start) {
+		if ev.Create {
 			creates++
 		} else {
 			deletes++
@@ -393,18 +273,18 @@ func TestReconcilersStartAndJoin(t *testing.T) {
 
 // TestReconcilerLeaseRevoked: when a member's lease is revoked (what
 // suspicion does), its owner keys vanish at one revision, its reconciler
-// drops every shard and returns ErrLeaseGone, and the survivors claim its
-// shards in rendezvous order (each goes to the next member in Rank), while
+// drops every shard and returns shards.ErrLeaseGone, and the survivors claim its
+// shards in rendezvous order (each goes to the next member in shards.Rank), while
 // their own shards keep their epochs.
 func TestReconcilerLeaseRevoked(t *testing.T) {
-	cli := startEtcd(t)
+	cli := etcdtest.Start(t)
 	const S = 64
-	c := newCluster(t, cli, Layout{Prefix: "/t/revoke", Count: S}, ReconcilerConfig{Settle: 300 * time.Millisecond})
+	c := newCluster(t, cli, shards.Layout{Prefix: "/t/revoke", Count: S}, shards.ReconcilerConfig{Settle: 300 * time.Millisecond})
 	three := []string{"coord-a", "coord-b", "coord-c"}
 	for _, id := range three {
 		c.start(id, three)
 	}
-	testutil.Eventually(t, 5*time.Second, "three reconcilers own Desired", c.converged(three))
+	testutil.Eventually(t, 5*time.Second, "three reconcilers own shards.Desired", c.converged(three))
 	before := c.keys()
 
 	victim := c.members["coord-c"]
@@ -420,8 +300,8 @@ func TestReconcilerLeaseRevoked(t *testing.T) {
 	select {
 	case err := <-victim.done:
 		victim.done <- err // for the cleanup
-		if !errors.Is(err, ErrLeaseGone) {
-			t.Errorf("victim's Run returned %v, want ErrLeaseGone", err)
+		if !errors.Is(err, shards.ErrLeaseGone) {
+			t.Errorf("victim's Run returned %v, want shards.ErrLeaseGone", err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Error("victim's Run still running 5 s after its lease was revoked")
@@ -436,7 +316,7 @@ func TestReconcilerLeaseRevoked(t *testing.T) {
 	for s := range S {
 		switch b := before[s]; {
 		case b.Member == "coord-c":
-			if next := Rank(three, s, S)[1]; after[s].Member != next {
+			if next := shards.Rank(three, s, S)[1]; after[s].Member != next {
 				t.Errorf("shard %d of coord-c went to %s, next in rendezvous order is %s", s, after[s].Member, next)
 			}
 		case after[s] != b:
@@ -468,36 +348,36 @@ func flap(c *cluster, three []string) time.Time {
 // back more than the token bucket allows (burst + rate x elapsed), every
 // claim follows a hand-back, and no shard ever has two owners.
 func TestReconcilerFlapRateLimited(t *testing.T) {
-	cli := startEtcd(t)
+	cli := etcdtest.Start(t)
 	const (
 		S     = 64
 		rate  = 8.0
 		burst = 2
 	)
-	c := newCluster(t, cli, Layout{Prefix: "/t/flap", Count: S}, ReconcilerConfig{Settle: 20 * time.Millisecond, MovesPerSecond: rate, MoveBurst: burst})
+	c := newCluster(t, cli, shards.Layout{Prefix: "/t/flap", Count: S}, shards.ReconcilerConfig{Settle: 20 * time.Millisecond, MovesPerSecond: rate, MoveBurst: burst})
 	three := []string{"coord-a", "coord-b", "coord-c"}
 	for _, id := range three {
 		c.start(id, three)
 	}
 	c.start("coord-d", three)
-	testutil.Eventually(t, 5*time.Second, "three reconcilers own Desired", c.converged(three))
-	c.checker.caughtUp(t, cli)
+	testutil.Eventually(t, 5*time.Second, "three reconcilers own shards.Desired", c.converged(three))
+	c.checker.CaughtUp(t, cli)
 
 	began := flap(c, three)
 	// coord-d ends out: it hands its shards back, at its own rate.
 	testutil.Eventually(t, 8*time.Second, "back to the three after the flapping", c.converged(three))
 	elapsed := time.Since(began)
-	c.checker.caughtUp(t, cli)
+	c.checker.CaughtUp(t, cli)
 
 	releases, claims, during := map[string]int{}, map[string]int{}, map[string]int{}
-	for _, ev := range c.checker.eventsSince(began) {
+	for _, ev := range c.checker.EventsSince(began) {
 		switch {
-		case ev.create:
-			claims[ev.member]++
+		case ev.Create:
+			claims[ev.Member]++
 		default:
-			releases[ev.member]++
-			if ev.at.Before(began.Add(flapTime)) {
-				during[ev.member]++
+			releases[ev.Member]++
+			if ev.At.Before(began.Add(flapTime)) {
+				during[ev.Member]++
 			}
 		}
 	}
@@ -535,20 +415,20 @@ func TestReconcilerFlapRateLimited(t *testing.T) {
 // TestReconcilerFlapSettle: with a settle time (1 s) longer than the
 // flapper's stays (100 ms), the same flapping moves no shard at all.
 func TestReconcilerFlapSettle(t *testing.T) {
-	cli := startEtcd(t)
+	cli := etcdtest.Start(t)
 	const S = 64
-	c := newCluster(t, cli, Layout{Prefix: "/t/settle", Count: S}, ReconcilerConfig{Settle: time.Second, MovesPerSecond: 1000, MoveBurst: S})
+	c := newCluster(t, cli, shards.Layout{Prefix: "/t/settle", Count: S}, shards.ReconcilerConfig{Settle: time.Second, MovesPerSecond: 1000, MoveBurst: S})
 	three := []string{"coord-a", "coord-b", "coord-c"}
 	for _, id := range three {
 		c.start(id, three)
 	}
 	c.start("coord-d", three)
-	testutil.Eventually(t, 5*time.Second, "three reconcilers own Desired", c.converged(three))
+	testutil.Eventually(t, 5*time.Second, "three reconcilers own shards.Desired", c.converged(three))
 	before := c.keys()
-	c.checker.caughtUp(t, cli)
+	c.checker.CaughtUp(t, cli)
 	began := flap(c, three)
-	c.checker.caughtUp(t, cli)
-	if evs := c.checker.eventsSince(began); len(evs) != 0 {
+	c.checker.CaughtUp(t, cli)
+	if evs := c.checker.EventsSince(began); len(evs) != 0 {
 		t.Errorf("flapping faster than the settle time moved shards: %d owner key events, first %+v", len(evs), evs[0])
 	}
 	if after := c.keys(); fmt.Sprint(after) != fmt.Sprint(before) {
@@ -558,30 +438,38 @@ func TestReconcilerFlapSettle(t *testing.T) {
 
 // TestNewReconcilerValidation: each bad field is named with its rule.
 func TestNewReconcilerValidation(t *testing.T) {
-	cli := startEtcd(t)
-	l := Layout{Prefix: "/t/v", Count: 8}
-	lease := grant(t, cli, 30)
-	ok := ReconcilerConfig{Client: cli, Layout: l, ID: "a", Lease: lease, Members: make(chan []string)}
+	cli := etcdtest.Start(t)
+	l := shards.Layout{Prefix: "/t/v", Count: 8}
+	lresp, err := cli.Grant(context.Background(), 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := lresp.ID
+	ok := shards.ReconcilerConfig{Client: cli, Layout: l, ID: "a", Lease: lease, Members: make(chan []string)}
 	for _, tc := range []struct {
-		edit func(*ReconcilerConfig)
+		edit func(*shards.ReconcilerConfig)
 		want []string
 	}{
-		{func(c *ReconcilerConfig) { c.Members = nil }, []string{"members", "nil"}},
-		{func(c *ReconcilerConfig) { c.Settle = -1 }, []string{"settle", ">= 0"}},
-		{func(c *ReconcilerConfig) { c.MovesPerSecond = -1 }, []string{"moves per second", ">= 0"}},
-		{func(c *ReconcilerConfig) { c.MoveBurst = -1 }, []string{"move burst", ">= 0"}},
-		{func(c *ReconcilerConfig) { c.HandBackTimeout = -1 }, []string{"hand-back timeout", ">= 0"}},
-		{func(c *ReconcilerConfig) { c.ID = "" }, []string{"id", "non-empty"}},
-		{func(c *ReconcilerConfig) { c.Lease = clientv3.NoLease }, []string{"lease"}},
-		{func(c *ReconcilerConfig) { c.Layout.Count = 0 }, []string{"shard count", "1..65536"}},
+		{func(c *shards.ReconcilerConfig) { c.Members = nil }, []string{"members", "nil"}},
+		{func(c *shards.ReconcilerConfig) { c.Settle = -1 }, []string{"settle", ">= 0"}},
+		{func(c *shards.ReconcilerConfig) { c.MovesPerSecond = -1 }, []string{"moves per second", ">= 0"}},
+		{func(c *shards.ReconcilerConfig) { c.MoveBurst = -1 }, []string{"move burst", ">= 0"}},
+		{func(c *shards.ReconcilerConfig) { c.HandBackTimeout = -1 }, []string{"hand-back timeout", ">= 0"}},
+		{func(c *shards.ReconcilerConfig) { c.ID = "" }, []string{"id", "non-empty"}},
+		{func(c *shards.ReconcilerConfig) { c.Lease = clientv3.NoLease }, []string{"lease"}},
+		{func(c *shards.ReconcilerConfig) { c.Layout.Count = 0 }, []string{"shard count", "1..65536"}},
 	} {
 		cfg := ok
 		tc.edit(&cfg)
-		if _, err := NewReconciler(cfg); err == nil || !containsAll(err.Error(), tc.want...) {
-			t.Errorf("error %v, want it to name %v", err, tc.want)
+		_, err := shards.NewReconciler(cfg)
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("error %v, want it to name %v", err, tc.want)
+				break
+			}
 		}
 	}
-	if _, err := NewReconciler(ok); err != nil {
+	if _, err := shards.NewReconciler(ok); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -590,9 +478,9 @@ func TestNewReconcilerValidation(t *testing.T) {
 // old owner still owns it, nobody else claims it) and is retried until it
 // succeeds; then the shard moves.
 func TestReconcilerHandBackError(t *testing.T) {
-	cli := startEtcd(t)
+	cli := etcdtest.Start(t)
 	const S = 16
-	c := newCluster(t, cli, Layout{Prefix: "/t/hberr", Count: S}, ReconcilerConfig{Settle: 50 * time.Millisecond})
+	c := newCluster(t, cli, shards.Layout{Prefix: "/t/hberr", Count: S}, shards.ReconcilerConfig{Settle: 50 * time.Millisecond})
 	// coord-a's hook refuses its first 3 calls.
 	refused := 0
 	c.refuse = func(id string, s int) error {
@@ -608,7 +496,7 @@ func TestReconcilerHandBackError(t *testing.T) {
 	both := []string{"coord-a", "coord-b"}
 	c.start("coord-b", both)
 	c.setMembers(both, "coord-a")
-	testutil.Eventually(t, 5*time.Second, "two reconcilers own Desired", c.converged(both))
+	testutil.Eventually(t, 5*time.Second, "two reconcilers own shards.Desired", c.converged(both))
 	if st := a.r.Stats(); st.HandBackErrors != 3 || st.HandBacks != countOf(c.keys(), "coord-b") {
 		t.Errorf("coord-a: %+v, want 3 hand-back errors and %d hand-backs", st, countOf(c.keys(), "coord-b"))
 	}
@@ -617,11 +505,11 @@ func TestReconcilerHandBackError(t *testing.T) {
 // TestReconcilersDisagree: two members whose member lists disagree (each
 // sees only itself, as in a partitioned gossip view) both want every shard
 // at once. Create-if-absent lets exactly one win each shard, at every
-// revision; once their lists agree they converge on Desired.
+// revision; once their lists agree they converge on shards.Desired.
 func TestReconcilersDisagree(t *testing.T) {
-	cli := startEtcd(t)
+	cli := etcdtest.Start(t)
 	const S = 256
-	c := newCluster(t, cli, Layout{Prefix: "/t/disagree", Count: S}, ReconcilerConfig{Settle: 50 * time.Millisecond, MovesPerSecond: 1000, MoveBurst: S})
+	c := newCluster(t, cli, shards.Layout{Prefix: "/t/disagree", Count: S}, shards.ReconcilerConfig{Settle: 50 * time.Millisecond, MovesPerSecond: 1000, MoveBurst: S})
 	c.start("coord-a", []string{"coord-a"})
 	c.start("coord-b", []string{"coord-b"})
 	testutil.Eventually(t, 5*time.Second, "every shard owned", func() error {
@@ -634,6 +522,6 @@ func TestReconcilersDisagree(t *testing.T) {
 	t.Logf("with disagreeing lists: coord-a won %d shards, coord-b %d", countOf(split, "coord-a"), countOf(split, "coord-b"))
 	both := []string{"coord-a", "coord-b"}
 	c.setMembers(both, both...)
-	testutil.Eventually(t, 5*time.Second, "both own Desired", c.converged(both))
-	c.checker.caughtUp(t, cli)
+	testutil.Eventually(t, 5*time.Second, "both own shards.Desired", c.converged(both))
+	c.checker.CaughtUp(t, cli)
 }

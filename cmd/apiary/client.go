@@ -308,7 +308,7 @@ func rpcError(err error, addr, what string) error {
 		return withCode(exitInterrupted, errors.New("interrupted"))
 	case codes.Unimplemented:
 		return withCode(exitInvalid, fmt.Errorf("the server at %s does not serve this command (%s); a global router serves job, "+
-			"region list and node list/quarantine/release, a region's coordinators serve job, node, region list and region status", addr, msg))
+			"region list and node list/quarantine/release, a region's coordinators serve job, node, region list, region status and region shards", addr, msg))
 	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
 		var re *cliconn.RetryError
 		detail := msg

@@ -19,6 +19,7 @@ import (
 	"apiary.dev/apiary/placement/sim"
 	"apiary.dev/apiary/regional"
 	"apiary.dev/apiary/regional/nodehealth"
+	"apiary.dev/apiary/shards"
 )
 
 func init() { register(newRegionCmd) }
@@ -56,14 +57,32 @@ func newRegionCmd() *cobra.Command {
 		tel          telemetryFlags
 		tlsf         serverTLSFlags
 		gossipf      gossipFlags
+		schedule     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "region",
-		Short: "Run a regional coordinator (embedded etcd member + gRPC API + scheduler)",
-		Long: `Run one coordinator of a region. A region is 1, 3 or 5 coordinators; each
-embeds one etcd member. Start a 3-member region by giving every member the same
---initial-cluster (name=peerURL,...). All regional state lives in etcd: a region
-restarted from the same data dirs loses nothing.
+		Short: "Run a regional coordinator (embedded etcd member or etcd client + gRPC API + scheduler)",
+		Long: `Run one coordinator of a region. All regional state lives in the region's etcd:
+a region restarted from the same data dirs loses nothing.
+
+A region has two tiers. The consensus tier is 1, 3 or 5 coordinators that each
+embed one etcd member; together they are the region's etcd cluster. Start a
+3-member region by giving every member the same --initial-cluster
+(name=peerURL,...). The scheduling tier is every coordinator: each one serves
+the API and owns about 1/n of the region's shards (n = the live
+coordinators), so more coordinators spread the scheduling work. To add
+coordinators without adding etcd members (raft gets slower with every member,
+and needs a majority of them), start them with --etcd-endpoints, the members'
+client URLs: such a coordinator embeds no member, takes its share of the shards
+like any other, and can be started and stopped freely. Its --data-dir holds
+only its gossip keyrings; it must not be a member's data dir. It needs the
+members running: when it cannot reach a quorum of them, its shards move to the
+coordinators that can (after --owner-lease-ttl), and it keeps running and takes
+a share again when etcd answers. With TLS it dials the members with its own
+region certificate (the members accept only certificates of their region).
+--etcd-endpoints cannot be combined with --etcd-client-url, --etcd-peer-url,
+--initial-cluster, --initial-cluster-state, --etcd-election-ms or
+--etcd-heartbeat-ms, which configure a member.
 
 With --tls-ca, --tls-cert and --tls-key (a region certificate of --region:
 apiary tls cert create --role region --region R --id ID), the API serves
@@ -81,7 +100,10 @@ with apiary acl bootstrap.`,
     --tls-ca apiary-ca.pem --tls-cert eu-west-region-c1.pem --tls-key eu-west-region-c1-key.pem
   apiary region --insecure-dev --id c1 --region eu-west --data-dir d1 --listen 127.0.0.1:7071 \
     --etcd-client-url http://127.0.0.1:2379 --etcd-peer-url http://127.0.0.1:2380 \
-    --initial-cluster c1=http://127.0.0.1:2380,c2=http://127.0.0.1:2382,c3=http://127.0.0.1:2384`,
+    --initial-cluster c1=http://127.0.0.1:2380,c2=http://127.0.0.1:2382,c3=http://127.0.0.1:2384
+  # a fourth coordinator of that region, in the scheduling tier only (no etcd member):
+  apiary region --insecure-dev --id c4 --region eu-west --data-dir d4 --listen 127.0.0.1:7074 \
+    --etcd-endpoints http://127.0.0.1:2379,http://127.0.0.1:2381,http://127.0.0.1:2383`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			l, err := parseLabels(labels)
@@ -89,6 +111,7 @@ with apiary acl bootstrap.`,
 				return withCode(exitInvalid, err)
 			}
 			cfg.Labels = l
+			cfg.APIOnly = !schedule
 			if cfg.FailoverGrace < 0 {
 				return withCode(exitInvalid, fmt.Errorf("--failover-grace: must be >= 0 (0: no grace), got %s", cfg.FailoverGrace))
 			}
@@ -136,6 +159,9 @@ with apiary acl bootstrap.`,
 			if cfg.ID == "" {
 				cfg.ID = cfg.Region + "-1"
 			}
+			if err := regionEtcdEndpoints(cmd, &cfg); err != nil {
+				return err
+			}
 			if err := regionTLS(cmd, &tlsf, &cfg); err != nil {
 				return err
 			}
@@ -179,7 +205,8 @@ with apiary acl bootstrap.`,
 	f.StringSliceVar(&labels, "label", nil, "region label k=v (repeatable)")
 	f.IntVar(&cfg.ShardCount, "shards", 256, "virtual shards (fixed at region creation)")
 	f.StringVar(&cfg.APIAddr, "listen", "127.0.0.1:7070", "gRPC API listen address")
-	f.StringVar(&cfg.Etcd.DataDir, "data-dir", "apiary-data", "etcd data directory")
+	f.StringVar(&cfg.Etcd.DataDir, "data-dir", "apiary-data", "data directory: the etcd member's data and the gossip keyrings (with --etcd-endpoints: the keyrings only; it must not hold a member's data)")
+	f.StringSliceVar(&cfg.Etcd.Endpoints, "etcd-endpoints", nil, "comma-separated client URLs of the region's etcd members (their --etcd-client-url; https:// with TLS): run this coordinator without an embedded member, as a client of those (the scheduling tier grows apart from the consensus tier; see above)")
 	f.StringVar(&cfg.Etcd.ClientURL, "etcd-client-url", "http://127.0.0.1:2379", "etcd client URL (listen and advertise); with TLS it must be https://, and the default becomes https://127.0.0.1:2379")
 	f.StringVar(&cfg.Etcd.PeerURL, "etcd-peer-url", "http://127.0.0.1:2380", "etcd peer URL (listen and advertise); with TLS it must be https://, and the default becomes https://127.0.0.1:2380")
 	f.StringVar(&cfg.Etcd.InitialCluster, "initial-cluster", "", "name=peerURL,... of every member (default: this member alone)")
@@ -187,7 +214,9 @@ with apiary acl bootstrap.`,
 	f.UintVar(&cfg.Etcd.ElectionMs, "etcd-election-ms", 500, "etcd election timeout (ms)")
 	f.UintVar(&cfg.Etcd.HeartbeatMs, "etcd-heartbeat-ms", 50, "etcd heartbeat interval (ms)")
 	f.DurationVar(&cfg.NodeLeaseTTL, "node-lease-ttl", 2*time.Second, "node lease TTL (whole seconds, >= 1s)")
-	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", 2*time.Second, "shard owner lease TTL (whole seconds, >= 1s)")
+	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", 2*time.Second, "the coordinator's session lease TTL, which holds its member key and its shard claims (whole seconds, >= 1s)")
+	f.DurationVar(&cfg.ShardSettle, "shard-settle", shards.DefaultSettle, "how long a coordinator that joins must stay live before shards move to it (a flapping member moves nothing)")
+	f.BoolVar(&schedule, "schedule", true, "own a share of the region's shards and schedule them; false: serve the API (and the etcd member) only, owning no shard")
 	f.DurationVar(&cfg.SuspectAfter, "suspect-after", 300*time.Millisecond, "take the shards over when the owner's API refuses connections this long (negative: never; with --lan-addr, a failed LAN member still counts)")
 	f.StringVar(&cfg.LANAddr, "lan-addr", "", "host:port (UDP and TCP; port 0 picks one) of this coordinator's member of the region's serf LAN pool: peers are found through etcd, agents are told it when they register, and an agent whose member fails has its node epoch ended at once (empty: no LAN pool, leases only)")
 	f.DurationVar(&cfg.FailoverGrace, "failover-grace", regional.DefaultFailoverGrace, "for this long after the coordinator starts, as shard owner it replaces no task of a lost node epoch (nor charges its loss), so agents cut off by an outage of the region can reconnect and keep them (0: no grace)")
@@ -212,17 +241,55 @@ with apiary acl bootstrap.`,
 	return cmd
 }
 
+// memberFlags are the flags that configure an embedded etcd member, which
+// --etcd-endpoints (no member) refuses.
+var memberFlags = []string{"etcd-client-url", "etcd-peer-url", "initial-cluster", "initial-cluster-state", "etcd-election-ms", "etcd-heartbeat-ms"}
+
+// regionEtcdEndpoints applies --etcd-endpoints to cfg: refused (exit 2,
+// naming every flag) together with a flag of memberFlags given on the
+// command line; otherwise the member's URLs and cluster state, which have
+// defaults, are cleared, so that cfg configures a client-only coordinator
+// (regional.EtcdConfig.Endpoints, which regional.Config checks further).
+func regionEtcdEndpoints(cmd *cobra.Command, cfg *regional.Config) error {
+	if len(cfg.Etcd.Endpoints) == 0 {
+		return nil
+	}
+	var given []string
+	for _, f := range memberFlags {
+		if cmd.Flags().Changed(f) {
+			given = append(given, "--"+f)
+		}
+	}
+	if len(given) > 0 {
+		return withCode(exitInvalid, fmt.Errorf("%s: not with --etcd-endpoints: a coordinator with --etcd-endpoints embeds no etcd member "+
+			"(it is a client of the members at %s), and these flags configure a member; give one or the other",
+			strings.Join(given, ", "), strings.Join(cfg.Etcd.Endpoints, ",")))
+	}
+	cfg.Etcd.ClientURL, cfg.Etcd.PeerURL, cfg.Etcd.ClusterState = "", "", ""
+	return nil
+}
+
 // regionTLS applies the TLS flags to cfg: with the three files, the
 // region certificate (of cfg.Region) for the API and the dials to other
 // coordinators, the same files for etcd, and https:// etcd URLs (the
 // defaults become https; an http:// URL given explicitly is refused, exit
-// 2 naming the flag); with --insecure-dev, plaintext, logged at WARN.
+// 2 naming the flag; --etcd-endpoints must be https:// too, which
+// regional.Config checks); with --insecure-dev, plaintext, logged at WARN.
 func regionTLS(cmd *cobra.Command, tlsf *serverTLSFlags, cfg *regional.Config) error {
+	etcdAt := cfg.Etcd.ClientURL + ", " + cfg.Etcd.PeerURL
+	if cfg.Etcd.ClientOnly() {
+		etcdAt = strings.Join(cfg.Etcd.Endpoints, ", ")
+	}
 	r, err := tlsf.load("region", pki.RoleRegion, cfg.Region, cfg.Logger, fmt.Sprintf("any process that can reach the API (%s) "+
-		"can submit, read and cancel every job, register as a node and report for any task, and any that can reach etcd (%s, %s) "+
-		"can read and write all of the region's state", cfg.APIAddr, cfg.Etcd.ClientURL, cfg.Etcd.PeerURL))
+		"can submit, read and cancel every job, register as a node and report for any task, and any that can reach etcd (%s) "+
+		"can read and write all of the region's state", cfg.APIAddr, etcdAt))
 	if err != nil || r == nil {
 		return err
+	}
+	cfg.TLS = r
+	cfg.Etcd.TLS = regional.EtcdTLS{CAFile: tlsf.files.CA, CertFile: tlsf.files.Cert, KeyFile: tlsf.files.Key}
+	if cfg.Etcd.ClientOnly() {
+		return nil // no member URLs; the client dials with cfg.TLS
 	}
 	for _, u := range []struct {
 		flag string
@@ -234,8 +301,6 @@ func regionTLS(cmd *cobra.Command, tlsf *serverTLSFlags, cfg *regional.Config) e
 			return withCode(exitInvalid, fmt.Errorf("--%s %s: with TLS etcd serves mutual TLS only: give an https:// URL", u.flag, *u.url))
 		}
 	}
-	cfg.TLS = r
-	cfg.Etcd.TLS = regional.EtcdTLS{CAFile: tlsf.files.CA, CertFile: tlsf.files.Cert, KeyFile: tlsf.files.Key}
 	return nil
 }
 

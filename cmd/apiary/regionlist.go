@@ -3,7 +3,8 @@ package main
 // The federation side of `apiary region`: the coordinator's WAN, policy and
 // admission flags, `apiary region list` (AdminService.ListRegions, on the
 // global router or a coordinator) and `apiary region status`
-// (AdminService.GetRegionInfo on a region's coordinators).
+// (AdminService.GetRegionInfo on a region's coordinators); `apiary region
+// shards` is in regionshards.go.
 
 import (
 	"context"
@@ -62,7 +63,7 @@ func regionFederationHook(cmd *cobra.Command, cfg *regional.Config) {
 		cfg.Backlog = b
 		return nil
 	}
-	cmd.AddCommand(newRegionListCmd(), newRegionStatusCmd())
+	cmd.AddCommand(newRegionListCmd(), newRegionStatusCmd(), newRegionShardsCmd())
 }
 
 func newRegionListCmd() *cobra.Command {
@@ -78,7 +79,8 @@ backlog against the region's bound.
 Against a coordinator, the answer is that coordinator's view: every region of
 its WAN pool if it is in one (an alive coordinator counts as answering: a
 coordinator does not probe the others' APIs as the router does), else its own
-region only. 'apiary region status' shows which coordinator schedules.`,
+region only. 'apiary region status' shows how many shards each coordinator
+owns (each schedules its own), 'apiary region shards' lists them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
@@ -146,21 +148,30 @@ func newRegionStatusCmd() *cobra.Command {
 	o := &clientOpts{}
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show a region's coordinators, which one schedules, the etcd leader and node counts (ask its coordinators)",
+		Short: "Show a region's coordinators, the shards each owns, the etcd leader and node counts (ask its coordinators)",
 		Long: `Show the region whose coordinators --addr names: name, jurisdiction and
-labels; each live coordinator (one holding an etcd session) with its API
-address and whether that API answers a health check now (within 1 s); the
-scheduler, the one coordinator that owns all shards and places tasks, with
-its fencing epoch; the etcd raft leader (often another member); ready and
-registered nodes; pending tasks.
+labels; its shard count (the S virtual shards of its job keyspace, fixed at
+creation) with how many shards each live coordinator owns, how many no live
+coordinator owns ("unowned"), and the highest fencing epoch of any shard (it
+grows with every claim, so a takeover shows as a change); the etcd raft
+leader (often another member); ready and registered nodes; pending tasks;
+then each live coordinator (one holding an etcd session) with its API
+address, whether that API answers a health check now (within 1 s), and the
+shards it owns (SHARDS; ROLE "scheduler" when it owns at least one).
 
-After the scheduler dies, another member takes over about a second later
-when the dead one's API refuses connections (--suspect-after), else when its
-owner lease (--owner-lease-ttl) ends; until then the scheduler shows as
-"none" or as the dead member, whose API shows "no answer". Give every
-coordinator's address (--addr a,b,c) so that the answer does not depend on
-one member. A global router does not serve this: against one, it exits 2
-and names each region's coordinator addresses.`,
+Ownership is sharded: a rendezvous hash of the live members gives each
+coordinator about S/n shards, and each one places the tasks of its own
+shards. A coordinator that joins gets its share a few seconds after it
+joined. When one dies, only its shards move: the others keep scheduling
+theirs, and the survivors claim the dead one's shards about a second later
+when its API refuses connections (--suspect-after) or its LAN member fails,
+else when its owner lease (--owner-lease-ttl) ends; until then those shards
+stay counted for the dead member, whose API shows "no answer", or show as
+unowned, and their tasks wait. 'apiary region shards' lists every shard
+with its owner and epoch. Give every coordinator's address (--addr a,b,c) so
+that the answer does not depend on one member. A global router does not
+serve this: against one, it exits 2 and names each region's coordinator
+addresses.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var code codes.Code
@@ -171,7 +182,7 @@ and names each region's coordinator addresses.`,
 					return r, err
 				})
 			if err != nil && code == codes.Unimplemented {
-				return routerHint(cmd, o)
+				return routerHint(cmd, o, "status")
 			}
 			if err != nil {
 				return err
@@ -187,9 +198,11 @@ and names each region's coordinator addresses.`,
 	return cmd
 }
 
-// routerHint is region status's answer when --addr is a global router
-// (GetRegionInfo unimplemented): exit 2, naming each region's coordinators.
-func routerHint(cmd *cobra.Command, o *clientOpts) error {
+// routerHint is the answer of `apiary region <sub>`, a command that a
+// region's coordinators serve (status, shards), when --addr is a global
+// router (the call is UNIMPLEMENTED there): exit 2, naming for each region
+// the same command with its coordinators' addresses.
+func routerHint(cmd *cobra.Command, o *clientOpts, sub string) error {
 	addr := cliconn.ResolveAddr(o.addr, cmd.Flag("addr").Changed)
 	var hints []string
 	resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
@@ -202,11 +215,11 @@ func routerHint(cmd *cobra.Command, o *clientOpts) error {
 			for _, c := range r.GetCoordinators() {
 				addrs = append(addrs, c.GetApiAddr())
 			}
-			hints = append(hints, fmt.Sprintf("\n  apiary region status --addr %s   # %s", strings.Join(addrs, ","), r.GetName()))
+			hints = append(hints, fmt.Sprintf("\n  apiary region %s --addr %s   # %s", sub, strings.Join(addrs, ","), r.GetName()))
 		}
 	}
-	return withCode(exitInvalid, fmt.Errorf("%s is a global router; region status asks a region's coordinators: "+
-		"give their API addresses (apiary region list -o json shows them)%s", addr, strings.Join(hints, "")))
+	return withCode(exitInvalid, fmt.Errorf("%s is a global router; region %s asks a region's coordinators: "+
+		"give their API addresses (apiary region list -o json shows them)%s", addr, sub, strings.Join(hints, "")))
 }
 
 // probeTimeout bounds region status's health check of each coordinator.
@@ -255,34 +268,60 @@ func printRegionStatus(w io.Writer, r *apiaryv1.GetRegionInfoResponse, api map[s
 	fmt.Fprintf(h, "Region:\t%s\n", r.GetRegion())
 	fmt.Fprintf(h, "Jurisdiction:\t%s\n", cell(r.GetJurisdiction(), 0))
 	fmt.Fprintf(h, "Labels:\t%s\n", cell(fmtLabels(r.GetLabels()), 0))
-	sched := "none (no coordinator owns the shards: an election is under way)"
-	if id := r.GetScheduler(); id != "" {
-		sched = fmt.Sprintf("%s (owns all %d shards, fencing epoch %d)", id, r.GetShardCount(), r.GetSchedulerEpoch())
-		live := false
-		for _, c := range r.GetCoordinators() {
-			live = live || c.GetId() == id
-		}
-		if !live {
-			sched += "; its member record has lapsed: it is probably dead, and a new scheduler is elected when its owner lease ends"
-		}
-	}
-	fmt.Fprintf(h, "Scheduler:\t%s\n", sched)
+	fmt.Fprintf(h, "Shards:\t%s\n", shardOwnership(r))
 	fmt.Fprintf(h, "etcd leader:\t%s\n", cell(r.GetEtcdLeader(), 0))
 	fmt.Fprintf(h, "Nodes:\t%d ready, %d registered\n", r.GetNodesReady(), r.GetNodesRegistered())
 	fmt.Fprintf(h, "Pending tasks:\t%d\n", r.GetPendingTasks())
 	h.Flush()
 	fmt.Fprintln(w)
 	t := newTable(w)
-	fmt.Fprintln(t, "COORDINATOR\tAPI ADDRESS\tAPI\tROLE")
+	fmt.Fprintln(t, "COORDINATOR\tAPI ADDRESS\tAPI\tSHARDS\tROLE")
 	for _, c := range r.GetCoordinators() {
 		var roles []string
 		if c.GetScheduler() {
-			roles = append(roles, fmt.Sprintf("scheduler (%d shards)", c.GetShardsOwned()))
+			roles = append(roles, "scheduler")
 		}
 		if c.GetId() == r.GetEtcdLeader() {
 			roles = append(roles, "etcd leader")
 		}
-		fmt.Fprintf(t, "%s\t%s\t%s\t%s\n", c.GetId(), cell(c.GetApiAddr(), 0), cell(api[c.GetId()], 0), cell(strings.Join(roles, ", "), 0))
+		fmt.Fprintf(t, "%s\t%s\t%s\t%d\t%s\n", c.GetId(), cell(c.GetApiAddr(), 0), cell(api[c.GetId()], 0), c.GetShardsOwned(),
+			cell(strings.Join(roles, ", "), 0))
 	}
 	t.Flush()
+}
+
+// shardOwnership is region status's "Shards:" value: the shard count, then
+// the shards each live coordinator owns (those owning none left out), the
+// shards no live coordinator owns, and the highest shard epoch, e.g.
+// "256 (c1 86, c2 85, c3 85; highest epoch 123)".
+func shardOwnership(r *apiaryv1.GetRegionInfoResponse) string {
+	var owners []string
+	var owned int32
+	live := false
+	for _, c := range r.GetCoordinators() {
+		live = live || c.GetId() == r.GetScheduler()
+		if n := c.GetShardsOwned(); n > 0 {
+			owners = append(owners, fmt.Sprintf("%s %d", c.GetId(), n))
+			owned += n
+		}
+	}
+	var parts []string
+	if len(owners) > 0 {
+		parts = append(parts, strings.Join(owners, ", "))
+	}
+	if un := r.GetShardCount() - owned; un > 0 {
+		u := fmt.Sprintf("unowned: %d", un)
+		if owned == 0 {
+			u += " (no live coordinator owns a shard: the members are starting or claiming)"
+		}
+		parts = append(parts, u)
+	}
+	if e := r.GetSchedulerEpoch(); e > 0 {
+		parts = append(parts, fmt.Sprintf("highest epoch %d", e))
+	}
+	s := fmt.Sprintf("%d (%s)", r.GetShardCount(), strings.Join(parts, "; "))
+	if id := r.GetScheduler(); id != "" && !live {
+		s += fmt.Sprintf("; %s owns shards but its member record has lapsed: it is probably dead, and the others claim its shards when its owner lease ends", id)
+	}
+	return s
 }

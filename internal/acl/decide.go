@@ -134,7 +134,7 @@ func (a *ACL) ReadableNamespaces() (names []string, all bool) {
 }
 
 // AllowNode reports whether the token may read nodes (write false:
-// ListNodes, GetRegionInfo, ListRegions) or change them (write true:
+// ListNodes, GetRegionInfo, ListShards, ListRegions) or change them (write true:
 // drain, eligibility, quarantine, release).
 func (a *ACL) AllowNode(write bool) bool {
 	if a == nil {

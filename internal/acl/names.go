@@ -42,7 +42,7 @@ var Capabilities = []string{CapSubmit, CapRead, CapCancel}
 const (
 	// NodeNone grants nothing on nodes.
 	NodeNone = ""
-	// NodeRead: ListNodes, GetRegionInfo, ListRegions.
+	// NodeRead: ListNodes, GetRegionInfo, ListShards, ListRegions.
 	NodeRead = "read"
 	// NodeWrite: read, plus drain, eligibility, quarantine and release.
 	NodeWrite = "write"

@@ -243,6 +243,11 @@ func (s adminSrv) ListNodes(ctx context.Context, _ *apiaryv1.ListNodesRequest) (
 	s.r.hit(ctx, "ListNodes")
 	return &apiaryv1.ListNodesResponse{}, nil
 }
+func (s adminSrv) ListShards(ctx context.Context, _ *apiaryv1.ListShardsRequest) (*apiaryv1.ListShardsResponse, error) {
+	s.r.hit(ctx, "ListShards")
+	return &apiaryv1.ListShardsResponse{}, nil
+}
+
 func (s adminSrv) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionInfoRequest) (*apiaryv1.GetRegionInfoResponse, error) {
 	s.r.hit(ctx, "GetRegionInfo")
 	return &apiaryv1.GetRegionInfoResponse{}, nil

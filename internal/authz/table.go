@@ -76,6 +76,7 @@ var methods = map[string]rule{
 
 	apiaryv1.AdminService_ListNodes_FullMethodName:          admin(accessAPI),
 	apiaryv1.AdminService_GetRegionInfo_FullMethodName:      admin(accessAPI),
+	apiaryv1.AdminService_ListShards_FullMethodName:         admin(accessAPI),
 	apiaryv1.AdminService_ListRegions_FullMethodName:        admin(accessAPI), // also router -> region (peer view)
 	apiaryv1.AdminService_QuarantineNode_FullMethodName:     admin(accessAPI),
 	apiaryv1.AdminService_ReleaseNode_FullMethodName:        admin(accessAPI),

@@ -29,8 +29,8 @@ var latencyBuckets = prometheus.ExponentialBucketsRange(0.001, 300, 20)
 var etcdBuckets = prometheus.ExponentialBuckets(0.0005, 2, 15)
 
 // RegionMetrics are a regional coordinator's metrics. The scheduler gauges
-// (pending per shard, tasks per state, nodes) are set by the shard owner
-// only; other coordinators report them empty.
+// (pending per shard, tasks per state) count the shards the coordinator
+// owns; the node gauges, the whole region as its cache sees it.
 type RegionMetrics struct {
 	Submissions   *prometheus.CounterVec // outcome: accepted, deduplicated
 	Refusals      *prometheus.CounterVec // reason
@@ -56,6 +56,17 @@ type RegionMetrics struct {
 	EtcdTxn          *prometheus.HistogramVec // result: ok, error
 	Owner            prometheus.Gauge
 	OwnerEpoch       prometheus.Gauge
+	ShardsOwned      prometheus.Gauge
+	// ShardMoves counts this coordinator's shard claims, hand-backs and
+	// losses (a lapsed or revoked lease), by kind.
+	ShardMoves *prometheus.CounterVec
+	// NodeConflicts counts plan writes whose compares failed, by node;
+	// RoundConflicts is the failed writes per scheduling round.
+	NodeConflicts  *prometheus.CounterVec
+	RoundConflicts prometheus.Histogram
+	// FencedWrites counts writes refused because a shard's owner key had
+	// moved on (the shards are dropped).
+	FencedWrites prometheus.Counter
 	SerfMembers      *prometheus.GaugeVec   // pool, state
 	Adoptions        *prometheus.CounterVec // result: adopted, refused
 	Drains           *prometheus.CounterVec // by: operator, agent; and deregister
@@ -72,10 +83,10 @@ func NewRegionMetrics(reg prometheus.Registerer) *RegionMetrics {
 			"Plan transactions whose compares failed (another writer changed a task or node first)."),
 		Requeues:     f.counter("apiary_plan_requeues_total", "Tasks of a conflicting plan returned to the queue to be placed again."),
 		Unplaced:     f.counter("apiary_placement_unplaced_total", "Tasks that a placement pass could not place anywhere."),
-		PendingTasks: f.gaugeVec("apiary_pending_tasks", "PENDING tasks per shard (shard owner only).", "shard"),
-		Tasks:        f.gaugeVec("apiary_tasks", "Tasks known to the shard owner, by state.", "state"),
-		Nodes:        f.gaugeVec("apiary_nodes", "Nodes known to the shard owner, by state (ready, lost).", "state"),
-		Quarantined:  f.gauge("apiary_nodes_quarantined", "Nodes of the region under quarantine (an operator's or automatic), ready or not: no new placements but a due canary (shard owner only)."),
+		PendingTasks: f.gaugeVec("apiary_pending_tasks", "PENDING tasks per shard (of the shards this coordinator owns).", "shard"),
+		Tasks:        f.gaugeVec("apiary_tasks", "Tasks of the shards this coordinator owns, by state.", "state"),
+		Nodes:        f.gaugeVec("apiary_nodes", "Nodes of the region, by state (ready, lost).", "state"),
+		Quarantined:  f.gauge("apiary_nodes_quarantined", "Nodes of the region under quarantine (an operator's or automatic), ready or not: no new placements but a due canary."),
 		QuarantineEvents: f.counterVec("apiary_node_quarantine_events_total",
 			"Automatic quarantine decisions committed with reports, by event: quarantined, refused (the share guard kept an outlier out of quarantine), released (a canary succeeded), requarantined (a canary failed).", "event"),
 		LeaseExpiries: f.counter("apiary_node_lease_expiries_total", "Node epochs whose lease was seen gone (expired or revoked) with tasks on them."),
@@ -88,8 +99,17 @@ func NewRegionMetrics(reg prometheus.Registerer) *RegionMetrics {
 		ToComplete: f.histogram("apiary_task_submit_to_complete_seconds",
 			"Time from a job's submission to the completion of each of its tasks.", latencyBuckets),
 		EtcdTxn:     f.histogramVec("apiary_etcd_txn_duration_seconds", "etcd transaction latency per attempt, by result (ok, error).", etcdBuckets, "result"),
-		Owner:       f.gauge("apiary_shard_owner", "1 while this coordinator owns the region's shards."),
-		OwnerEpoch:  f.gauge("apiary_shard_owner_epoch", "Fencing epoch of the current ownership term (0 when not owning)."),
+		Owner:       f.gauge("apiary_shard_owner", "1 while this coordinator owns at least one shard."),
+		OwnerEpoch:  f.gauge("apiary_shard_owner_epoch", "The highest fencing epoch of the shards this coordinator owns (0 when it owns none)."),
+		ShardsOwned: f.gauge("apiary_shards_owned", "Shards this coordinator owns."),
+		ShardMoves: f.counterVec("apiary_shard_moves_total",
+			"Shard ownership changes of this coordinator, by kind (claim, hand_back, lost).", "kind"),
+		NodeConflicts: f.counterVec("apiary_plan_node_conflicts_total",
+			"Plan writes onto a node whose compares failed (its usage, epoch or a task changed first: often another shard owner's plan), by node.", "node"),
+		RoundConflicts: f.histogram("apiary_plan_conflicts_per_round",
+			"Writes of one scheduling round whose compares failed.", []float64{0, 1, 2, 5, 10, 20, 50, 100, 200}),
+		FencedWrites: f.counter("apiary_fenced_writes_total",
+			"Scheduler writes refused because a shard's owner key had moved to another coordinator (the shard is dropped)."),
 		SerfMembers: f.gaugeVec("apiary_serf_members", "serf pool members by pool (lan, wan) and state (alive, suspect, failed, left).", "pool", "state"),
 		Adoptions: f.counterVec("apiary_attempt_adoptions_total",
 			"Attempts an agent asked to carry over from an ended node epoch after a disconnect, by result (adopted, refused).", "result"),

@@ -5054,8 +5054,10 @@ type Coordinator struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	ApiAddr string                 `protobuf:"bytes,2,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
-	// True for the coordinator that currently owns (schedules) shards.
-	Scheduler     bool  `protobuf:"varint,3,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	// True for a coordinator that currently owns (schedules) at least one
+	// shard.
+	Scheduler bool `protobuf:"varint,3,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	// Shards it owns (of the region's shard_count).
 	ShardsOwned   int32 `protobuf:"varint,4,opt,name=shards_owned,json=shardsOwned,proto3" json:"shards_owned,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -5126,7 +5128,9 @@ type GetRegionInfoResponse struct {
 	Labels       map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	ShardCount   int32                  `protobuf:"varint,4,opt,name=shard_count,json=shardCount,proto3" json:"shard_count,omitempty"`
 	Coordinators []*Coordinator         `protobuf:"bytes,5,rep,name=coordinators,proto3" json:"coordinators,omitempty"`
-	// Fencing epoch of the scheduling coordinator (its election key's create revision).
+	// The highest fencing epoch of any shard (the CreateRevision of the
+	// newest owner key): it grows with every claim, so a takeover shows as a
+	// change.
 	SchedulerEpoch int64 `protobuf:"varint,6,opt,name=scheduler_epoch,json=schedulerEpoch,proto3" json:"scheduler_epoch,omitempty"`
 	PendingTasks   int32 `protobuf:"varint,7,opt,name=pending_tasks,json=pendingTasks,proto3" json:"pending_tasks,omitempty"`
 	NodesReady     int32 `protobuf:"varint,8,opt,name=nodes_ready,json=nodesReady,proto3" json:"nodes_ready,omitempty"`
@@ -5139,9 +5143,9 @@ type GetRegionInfoResponse struct {
 	EtcdLeader string `protobuf:"bytes,10,opt,name=etcd_leader,json=etcdLeader,proto3" json:"etcd_leader,omitempty"`
 	// Nodes with a record (ready or down).
 	NodesRegistered int32 `protobuf:"varint,11,opt,name=nodes_registered,json=nodesRegistered,proto3" json:"nodes_registered,omitempty"`
-	// Id of the coordinator that owns (schedules) the shards ("" while none
-	// does, e.g. during a fail-over); also set when its member record has
-	// already lapsed, so it may be missing from coordinators.
+	// Id of the coordinator that owns the most shards (ties: the lowest id;
+	// "" while none owns any). Each coordinator owns a hash range of shards
+	// (coordinators[].shards_owned, ListShards).
 	Scheduler     string `protobuf:"bytes,12,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -5261,6 +5265,204 @@ func (x *GetRegionInfoResponse) GetScheduler() string {
 	return ""
 }
 
+type ListShardsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListShardsRequest) Reset() {
+	*x = ListShardsRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListShardsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListShardsRequest) ProtoMessage() {}
+
+func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListShardsRequest.ProtoReflect.Descriptor instead.
+func (*ListShardsRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
+}
+
+// Shard is one virtual shard of a region (package shards).
+type Shard struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Shard int32                  `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	// Coordinator id of the owner; "" while no coordinator owns the shard
+	// (between a lost lease and the next claim).
+	Owner string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Fencing epoch: the CreateRevision of the shard's owner key; 0 while
+	// unowned. Every write for the shard compares it.
+	Epoch        int64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	PendingTasks int32 `protobuf:"varint,4,opt,name=pending_tasks,json=pendingTasks,proto3" json:"pending_tasks,omitempty"`
+	// Tasks assigned or running (active on a node).
+	RunningTasks int32 `protobuf:"varint,5,opt,name=running_tasks,json=runningTasks,proto3" json:"running_tasks,omitempty"`
+	// Unix ms of the latest assignment of a task of the shard still in the
+	// cache (0: none).
+	LastPlanMs    int64 `protobuf:"varint,6,opt,name=last_plan_ms,json=lastPlanMs,proto3" json:"last_plan_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Shard) Reset() {
+	*x = Shard{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Shard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Shard) ProtoMessage() {}
+
+func (x *Shard) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Shard.ProtoReflect.Descriptor instead.
+func (*Shard) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *Shard) GetShard() int32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *Shard) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *Shard) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Shard) GetPendingTasks() int32 {
+	if x != nil {
+		return x.PendingTasks
+	}
+	return 0
+}
+
+func (x *Shard) GetRunningTasks() int32 {
+	if x != nil {
+		return x.RunningTasks
+	}
+	return 0
+}
+
+func (x *Shard) GetLastPlanMs() int64 {
+	if x != nil {
+		return x.LastPlanMs
+	}
+	return 0
+}
+
+type ListShardsResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Shards     []*Shard               `protobuf:"bytes,1,rep,name=shards,proto3" json:"shards,omitempty"`
+	ShardCount int32                  `protobuf:"varint,2,opt,name=shard_count,json=shardCount,proto3" json:"shard_count,omitempty"`
+	// etcd revision of the owners view the answer was read at.
+	Revision int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Coordinator that answered.
+	Coordinator   string `protobuf:"bytes,4,opt,name=coordinator,proto3" json:"coordinator,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListShardsResponse) Reset() {
+	*x = ListShardsResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListShardsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListShardsResponse) ProtoMessage() {}
+
+func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListShardsResponse.ProtoReflect.Descriptor instead.
+func (*ListShardsResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *ListShardsResponse) GetShards() []*Shard {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *ListShardsResponse) GetShardCount() int32 {
+	if x != nil {
+		return x.ShardCount
+	}
+	return 0
+}
+
+func (x *ListShardsResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ListShardsResponse) GetCoordinator() string {
+	if x != nil {
+		return x.Coordinator
+	}
+	return ""
+}
+
 type ListRegionsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -5269,7 +5471,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5281,7 +5483,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5294,7 +5496,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -5314,7 +5516,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5326,7 +5528,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5339,7 +5541,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -5391,7 +5593,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5403,7 +5605,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5416,7 +5618,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -5465,7 +5667,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5477,7 +5679,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5490,7 +5692,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -5579,7 +5781,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5591,7 +5793,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5604,7 +5806,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -5642,7 +5844,7 @@ type ACLToken struct {
 
 func (x *ACLToken) Reset() {
 	*x = ACLToken{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5654,7 +5856,7 @@ func (x *ACLToken) String() string {
 func (*ACLToken) ProtoMessage() {}
 
 func (x *ACLToken) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5667,7 +5869,7 @@ func (x *ACLToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
 func (*ACLToken) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ACLToken) GetAccessorId() string {
@@ -5752,7 +5954,7 @@ type ACLPolicy struct {
 
 func (x *ACLPolicy) Reset() {
 	*x = ACLPolicy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5764,7 +5966,7 @@ func (x *ACLPolicy) String() string {
 func (*ACLPolicy) ProtoMessage() {}
 
 func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5777,7 +5979,7 @@ func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLPolicy.ProtoReflect.Descriptor instead.
 func (*ACLPolicy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ACLPolicy) GetName() string {
@@ -5828,7 +6030,7 @@ type ACLNamespaceRule struct {
 
 func (x *ACLNamespaceRule) Reset() {
 	*x = ACLNamespaceRule{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5840,7 +6042,7 @@ func (x *ACLNamespaceRule) String() string {
 func (*ACLNamespaceRule) ProtoMessage() {}
 
 func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5853,7 +6055,7 @@ func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLNamespaceRule.ProtoReflect.Descriptor instead.
 func (*ACLNamespaceRule) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ACLNamespaceRule) GetName() string {
@@ -5882,7 +6084,7 @@ type BootstrapACLRequest struct {
 
 func (x *BootstrapACLRequest) Reset() {
 	*x = BootstrapACLRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5894,7 +6096,7 @@ func (x *BootstrapACLRequest) String() string {
 func (*BootstrapACLRequest) ProtoMessage() {}
 
 func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5907,7 +6109,7 @@ func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLRequest.ProtoReflect.Descriptor instead.
 func (*BootstrapACLRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *BootstrapACLRequest) GetAccessorId() string {
@@ -5937,7 +6139,7 @@ type BootstrapACLResponse struct {
 
 func (x *BootstrapACLResponse) Reset() {
 	*x = BootstrapACLResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5949,7 +6151,7 @@ func (x *BootstrapACLResponse) String() string {
 func (*BootstrapACLResponse) ProtoMessage() {}
 
 func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5962,7 +6164,7 @@ func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLResponse.ProtoReflect.Descriptor instead.
 func (*BootstrapACLResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *BootstrapACLResponse) GetToken() *ACLToken {
@@ -6008,7 +6210,7 @@ type CreateACLTokenRequest struct {
 
 func (x *CreateACLTokenRequest) Reset() {
 	*x = CreateACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6020,7 +6222,7 @@ func (x *CreateACLTokenRequest) String() string {
 func (*CreateACLTokenRequest) ProtoMessage() {}
 
 func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6033,7 +6235,7 @@ func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CreateACLTokenRequest) GetName() string {
@@ -6102,7 +6304,7 @@ type CreateACLTokenResponse struct {
 
 func (x *CreateACLTokenResponse) Reset() {
 	*x = CreateACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6114,7 +6316,7 @@ func (x *CreateACLTokenResponse) String() string {
 func (*CreateACLTokenResponse) ProtoMessage() {}
 
 func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6127,7 +6329,7 @@ func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CreateACLTokenResponse) GetToken() *ACLToken {
@@ -6152,7 +6354,7 @@ type ListACLTokensRequest struct {
 
 func (x *ListACLTokensRequest) Reset() {
 	*x = ListACLTokensRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6164,7 +6366,7 @@ func (x *ListACLTokensRequest) String() string {
 func (*ListACLTokensRequest) ProtoMessage() {}
 
 func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6177,7 +6379,7 @@ func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListACLTokensRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
 }
 
 type ListACLTokensResponse struct {
@@ -6191,7 +6393,7 @@ type ListACLTokensResponse struct {
 
 func (x *ListACLTokensResponse) Reset() {
 	*x = ListACLTokensResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6203,7 +6405,7 @@ func (x *ListACLTokensResponse) String() string {
 func (*ListACLTokensResponse) ProtoMessage() {}
 
 func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6216,7 +6418,7 @@ func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListACLTokensResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ListACLTokensResponse) GetTokens() []*ACLToken {
@@ -6242,7 +6444,7 @@ type RevokeACLTokenRequest struct {
 
 func (x *RevokeACLTokenRequest) Reset() {
 	*x = RevokeACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6254,7 +6456,7 @@ func (x *RevokeACLTokenRequest) String() string {
 func (*RevokeACLTokenRequest) ProtoMessage() {}
 
 func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6267,7 +6469,7 @@ func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *RevokeACLTokenRequest) GetAccessorId() string {
@@ -6289,7 +6491,7 @@ type RevokeACLTokenResponse struct {
 
 func (x *RevokeACLTokenResponse) Reset() {
 	*x = RevokeACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6301,7 +6503,7 @@ func (x *RevokeACLTokenResponse) String() string {
 func (*RevokeACLTokenResponse) ProtoMessage() {}
 
 func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6314,7 +6516,7 @@ func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *RevokeACLTokenResponse) GetEndedNodeId() string {
@@ -6346,7 +6548,7 @@ type GetACLSelfRequest struct {
 
 func (x *GetACLSelfRequest) Reset() {
 	*x = GetACLSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6358,7 +6560,7 @@ func (x *GetACLSelfRequest) String() string {
 func (*GetACLSelfRequest) ProtoMessage() {}
 
 func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6371,7 +6573,7 @@ func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfRequest.ProtoReflect.Descriptor instead.
 func (*GetACLSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
 }
 
 type GetACLSelfResponse struct {
@@ -6383,7 +6585,7 @@ type GetACLSelfResponse struct {
 
 func (x *GetACLSelfResponse) Reset() {
 	*x = GetACLSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6395,7 +6597,7 @@ func (x *GetACLSelfResponse) String() string {
 func (*GetACLSelfResponse) ProtoMessage() {}
 
 func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6408,7 +6610,7 @@ func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfResponse.ProtoReflect.Descriptor instead.
 func (*GetACLSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *GetACLSelfResponse) GetToken() *ACLToken {
@@ -6427,7 +6629,7 @@ type ApplyACLPolicyRequest struct {
 
 func (x *ApplyACLPolicyRequest) Reset() {
 	*x = ApplyACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6439,7 +6641,7 @@ func (x *ApplyACLPolicyRequest) String() string {
 func (*ApplyACLPolicyRequest) ProtoMessage() {}
 
 func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6452,7 +6654,7 @@ func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ApplyACLPolicyRequest) GetPolicy() *ACLPolicy {
@@ -6472,7 +6674,7 @@ type ApplyACLPolicyResponse struct {
 
 func (x *ApplyACLPolicyResponse) Reset() {
 	*x = ApplyACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6484,7 +6686,7 @@ func (x *ApplyACLPolicyResponse) String() string {
 func (*ApplyACLPolicyResponse) ProtoMessage() {}
 
 func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6497,7 +6699,7 @@ func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ApplyACLPolicyResponse) GetRegions() []string {
@@ -6522,7 +6724,7 @@ type ListACLPoliciesRequest struct {
 
 func (x *ListACLPoliciesRequest) Reset() {
 	*x = ListACLPoliciesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6534,7 +6736,7 @@ func (x *ListACLPoliciesRequest) String() string {
 func (*ListACLPoliciesRequest) ProtoMessage() {}
 
 func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6547,7 +6749,7 @@ func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
 }
 
 type ListACLPoliciesResponse struct {
@@ -6560,7 +6762,7 @@ type ListACLPoliciesResponse struct {
 
 func (x *ListACLPoliciesResponse) Reset() {
 	*x = ListACLPoliciesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6572,7 +6774,7 @@ func (x *ListACLPoliciesResponse) String() string {
 func (*ListACLPoliciesResponse) ProtoMessage() {}
 
 func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6585,7 +6787,7 @@ func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ListACLPoliciesResponse) GetPolicies() []*ACLPolicy {
@@ -6611,7 +6813,7 @@ type DeleteACLPolicyRequest struct {
 
 func (x *DeleteACLPolicyRequest) Reset() {
 	*x = DeleteACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6623,7 +6825,7 @@ func (x *DeleteACLPolicyRequest) String() string {
 func (*DeleteACLPolicyRequest) ProtoMessage() {}
 
 func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6636,7 +6838,7 @@ func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *DeleteACLPolicyRequest) GetName() string {
@@ -6656,7 +6858,7 @@ type DeleteACLPolicyResponse struct {
 
 func (x *DeleteACLPolicyResponse) Reset() {
 	*x = DeleteACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6668,7 +6870,7 @@ func (x *DeleteACLPolicyResponse) String() string {
 func (*DeleteACLPolicyResponse) ProtoMessage() {}
 
 func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6681,7 +6883,7 @@ func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *DeleteACLPolicyResponse) GetRegions() []string {
@@ -7145,7 +7347,22 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tscheduler\x18\f \x01(\tR\tscheduler\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x13\n" +
+	"\x11ListShardsRequest\"\xb5\x01\n" +
+	"\x05Shard\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12#\n" +
+	"\rpending_tasks\x18\x04 \x01(\x05R\fpendingTasks\x12#\n" +
+	"\rrunning_tasks\x18\x05 \x01(\x05R\frunningTasks\x12 \n" +
+	"\flast_plan_ms\x18\x06 \x01(\x03R\n" +
+	"lastPlanMs\"\x9d\x01\n" +
+	"\x12ListShardsResponse\x12(\n" +
+	"\x06shards\x18\x01 \x03(\v2\x10.apiary.v1.ShardR\x06shards\x12\x1f\n" +
+	"\vshard_count\x18\x02 \x01(\x05R\n" +
+	"shardCount\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\x12 \n" +
+	"\vcoordinator\x18\x04 \x01(\tR\vcoordinator\"\x14\n" +
 	"\x12ListRegionsRequest\"\x95\x01\n" +
 	"\x11RegionCoordinator\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
@@ -7311,10 +7528,12 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tDrainSelf\x12\x1b.apiary.v1.DrainSelfRequest\x1a\x1c.apiary.v1.DrainSelfResponse\x12I\n" +
 	"\n" +
 	"Deregister\x12\x1c.apiary.v1.DeregisterRequest\x1a\x1d.apiary.v1.DeregisterResponse\x12L\n" +
-	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\x9c\x05\n" +
+	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\xe7\x05\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.apiary.v1.ListNodesRequest\x1a\x1c.apiary.v1.ListNodesResponse\x12R\n" +
-	"\rGetRegionInfo\x12\x1f.apiary.v1.GetRegionInfoRequest\x1a .apiary.v1.GetRegionInfoResponse\x12L\n" +
+	"\rGetRegionInfo\x12\x1f.apiary.v1.GetRegionInfoRequest\x1a .apiary.v1.GetRegionInfoResponse\x12I\n" +
+	"\n" +
+	"ListShards\x12\x1c.apiary.v1.ListShardsRequest\x1a\x1d.apiary.v1.ListShardsResponse\x12L\n" +
 	"\vListRegions\x12\x1d.apiary.v1.ListRegionsRequest\x1a\x1e.apiary.v1.ListRegionsResponse\x12U\n" +
 	"\x0eQuarantineNode\x12 .apiary.v1.QuarantineNodeRequest\x1a!.apiary.v1.QuarantineNodeResponse\x12L\n" +
 	"\vReleaseNode\x12\x1d.apiary.v1.ReleaseNodeRequest\x1a\x1e.apiary.v1.ReleaseNodeResponse\x12F\n" +
@@ -7346,7 +7565,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 104)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 107)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                      // 0: apiary.v1.JobState
 	(TaskState)(0),                     // 1: apiary.v1.TaskState
@@ -7423,57 +7642,60 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(*GetRegionInfoRequest)(nil),       // 72: apiary.v1.GetRegionInfoRequest
 	(*Coordinator)(nil),                // 73: apiary.v1.Coordinator
 	(*GetRegionInfoResponse)(nil),      // 74: apiary.v1.GetRegionInfoResponse
-	(*ListRegionsRequest)(nil),         // 75: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),          // 76: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),            // 77: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),              // 78: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),        // 79: apiary.v1.ListRegionsResponse
-	(*ACLToken)(nil),                   // 80: apiary.v1.ACLToken
-	(*ACLPolicy)(nil),                  // 81: apiary.v1.ACLPolicy
-	(*ACLNamespaceRule)(nil),           // 82: apiary.v1.ACLNamespaceRule
-	(*BootstrapACLRequest)(nil),        // 83: apiary.v1.BootstrapACLRequest
-	(*BootstrapACLResponse)(nil),       // 84: apiary.v1.BootstrapACLResponse
-	(*CreateACLTokenRequest)(nil),      // 85: apiary.v1.CreateACLTokenRequest
-	(*CreateACLTokenResponse)(nil),     // 86: apiary.v1.CreateACLTokenResponse
-	(*ListACLTokensRequest)(nil),       // 87: apiary.v1.ListACLTokensRequest
-	(*ListACLTokensResponse)(nil),      // 88: apiary.v1.ListACLTokensResponse
-	(*RevokeACLTokenRequest)(nil),      // 89: apiary.v1.RevokeACLTokenRequest
-	(*RevokeACLTokenResponse)(nil),     // 90: apiary.v1.RevokeACLTokenResponse
-	(*GetACLSelfRequest)(nil),          // 91: apiary.v1.GetACLSelfRequest
-	(*GetACLSelfResponse)(nil),         // 92: apiary.v1.GetACLSelfResponse
-	(*ApplyACLPolicyRequest)(nil),      // 93: apiary.v1.ApplyACLPolicyRequest
-	(*ApplyACLPolicyResponse)(nil),     // 94: apiary.v1.ApplyACLPolicyResponse
-	(*ListACLPoliciesRequest)(nil),     // 95: apiary.v1.ListACLPoliciesRequest
-	(*ListACLPoliciesResponse)(nil),    // 96: apiary.v1.ListACLPoliciesResponse
-	(*DeleteACLPolicyRequest)(nil),     // 97: apiary.v1.DeleteACLPolicyRequest
-	(*DeleteACLPolicyResponse)(nil),    // 98: apiary.v1.DeleteACLPolicyResponse
-	nil,                                // 99: apiary.v1.RegionSpec.SelectorEntry
-	nil,                                // 100: apiary.v1.TaskGroup.EnvEntry
-	nil,                                // 101: apiary.v1.TaskGroup.SecretEnvEntry
-	nil,                                // 102: apiary.v1.Spread.TargetsEntry
-	nil,                                // 103: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                // 104: apiary.v1.Assignment.EnvEntry
-	nil,                                // 105: apiary.v1.GossipKeyringPool.MessagesEntry
-	nil,                                // 106: apiary.v1.GossipKeyringPool.KeysEntry
-	nil,                                // 107: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	nil,                                // 108: apiary.v1.Node.LabelsEntry
-	nil,                                // 109: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                                // 110: apiary.v1.RegionSummary.LabelsEntry
+	(*ListShardsRequest)(nil),          // 75: apiary.v1.ListShardsRequest
+	(*Shard)(nil),                      // 76: apiary.v1.Shard
+	(*ListShardsResponse)(nil),         // 77: apiary.v1.ListShardsResponse
+	(*ListRegionsRequest)(nil),         // 78: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),          // 79: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),            // 80: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),              // 81: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),        // 82: apiary.v1.ListRegionsResponse
+	(*ACLToken)(nil),                   // 83: apiary.v1.ACLToken
+	(*ACLPolicy)(nil),                  // 84: apiary.v1.ACLPolicy
+	(*ACLNamespaceRule)(nil),           // 85: apiary.v1.ACLNamespaceRule
+	(*BootstrapACLRequest)(nil),        // 86: apiary.v1.BootstrapACLRequest
+	(*BootstrapACLResponse)(nil),       // 87: apiary.v1.BootstrapACLResponse
+	(*CreateACLTokenRequest)(nil),      // 88: apiary.v1.CreateACLTokenRequest
+	(*CreateACLTokenResponse)(nil),     // 89: apiary.v1.CreateACLTokenResponse
+	(*ListACLTokensRequest)(nil),       // 90: apiary.v1.ListACLTokensRequest
+	(*ListACLTokensResponse)(nil),      // 91: apiary.v1.ListACLTokensResponse
+	(*RevokeACLTokenRequest)(nil),      // 92: apiary.v1.RevokeACLTokenRequest
+	(*RevokeACLTokenResponse)(nil),     // 93: apiary.v1.RevokeACLTokenResponse
+	(*GetACLSelfRequest)(nil),          // 94: apiary.v1.GetACLSelfRequest
+	(*GetACLSelfResponse)(nil),         // 95: apiary.v1.GetACLSelfResponse
+	(*ApplyACLPolicyRequest)(nil),      // 96: apiary.v1.ApplyACLPolicyRequest
+	(*ApplyACLPolicyResponse)(nil),     // 97: apiary.v1.ApplyACLPolicyResponse
+	(*ListACLPoliciesRequest)(nil),     // 98: apiary.v1.ListACLPoliciesRequest
+	(*ListACLPoliciesResponse)(nil),    // 99: apiary.v1.ListACLPoliciesResponse
+	(*DeleteACLPolicyRequest)(nil),     // 100: apiary.v1.DeleteACLPolicyRequest
+	(*DeleteACLPolicyResponse)(nil),    // 101: apiary.v1.DeleteACLPolicyResponse
+	nil,                                // 102: apiary.v1.RegionSpec.SelectorEntry
+	nil,                                // 103: apiary.v1.TaskGroup.EnvEntry
+	nil,                                // 104: apiary.v1.TaskGroup.SecretEnvEntry
+	nil,                                // 105: apiary.v1.Spread.TargetsEntry
+	nil,                                // 106: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                // 107: apiary.v1.Assignment.EnvEntry
+	nil,                                // 108: apiary.v1.GossipKeyringPool.MessagesEntry
+	nil,                                // 109: apiary.v1.GossipKeyringPool.KeysEntry
+	nil,                                // 110: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	nil,                                // 111: apiary.v1.Node.LabelsEntry
+	nil,                                // 112: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                                // 113: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	9,   // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
 	10,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
 	8,   // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
-	99,  // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	100, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	102, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	103, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
 	11,  // 5: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
 	12,  // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
 	13,  // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
 	14,  // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
 	15,  // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
 	16,  // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	101, // 11: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
-	102, // 12: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	104, // 11: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
+	105, // 12: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
 	7,   // 13: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
 	0,   // 14: apiary.v1.Job.state:type_name -> apiary.v1.JobState
 	18,  // 15: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
@@ -7488,117 +7710,120 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	17,  // 24: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
 	17,  // 25: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
 	19,  // 26: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	103, // 27: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	106, // 27: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
 	11,  // 28: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
 	43,  // 29: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
 	46,  // 30: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
 	43,  // 31: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
 	53,  // 32: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
 	6,   // 33: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	104, // 34: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	107, // 34: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
 	11,  // 35: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
 	2,   // 36: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
 	3,   // 37: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
 	4,   // 38: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
-	105, // 39: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
-	106, // 40: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
-	107, // 41: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	108, // 39: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
+	109, // 40: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
+	110, // 41: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
 	59,  // 42: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
 	70,  // 43: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
 	70,  // 44: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
 	70,  // 45: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
 	70,  // 46: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	108, // 47: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	111, // 47: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
 	11,  // 48: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
 	11,  // 49: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
 	5,   // 50: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
 	70,  // 51: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	109, // 52: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	112, // 52: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
 	73,  // 53: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	110, // 54: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	76,  // 55: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	11,  // 56: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	11,  // 57: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	77,  // 58: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	78,  // 59: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	82,  // 60: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
-	80,  // 61: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
-	80,  // 62: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
-	80,  // 63: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
-	80,  // 64: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
-	81,  // 65: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
-	81,  // 66: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
-	25,  // 67: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	27,  // 68: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	29,  // 69: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	31,  // 70: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	33,  // 71: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	35,  // 72: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	37,  // 73: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	23,  // 74: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	21,  // 75: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	39,  // 76: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	41,  // 77: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	51,  // 78: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	54,  // 79: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	44,  // 80: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
-	47,  // 81: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
-	49,  // 82: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
-	55,  // 83: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	69,  // 84: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	72,  // 85: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	75,  // 86: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	65,  // 87: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	67,  // 88: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	61,  // 89: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
-	63,  // 90: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
-	58,  // 91: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
-	83,  // 92: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
-	85,  // 93: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
-	87,  // 94: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
-	89,  // 95: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
-	91,  // 96: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
-	93,  // 97: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
-	95,  // 98: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
-	97,  // 99: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
-	26,  // 100: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	28,  // 101: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	30,  // 102: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	32,  // 103: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	34,  // 104: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	36,  // 105: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	38,  // 106: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	24,  // 107: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	22,  // 108: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	40,  // 109: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	42,  // 110: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	52,  // 111: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	57,  // 112: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	45,  // 113: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
-	48,  // 114: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
-	50,  // 115: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
-	56,  // 116: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	71,  // 117: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	74,  // 118: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	79,  // 119: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	66,  // 120: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	68,  // 121: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	62,  // 122: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
-	64,  // 123: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
-	60,  // 124: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
-	84,  // 125: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
-	86,  // 126: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
-	88,  // 127: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
-	90,  // 128: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
-	92,  // 129: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
-	94,  // 130: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
-	96,  // 131: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
-	98,  // 132: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
-	100, // [100:133] is the sub-list for method output_type
-	67,  // [67:100] is the sub-list for method input_type
-	67,  // [67:67] is the sub-list for extension type_name
-	67,  // [67:67] is the sub-list for extension extendee
-	0,   // [0:67] is the sub-list for field type_name
+	76,  // 54: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
+	113, // 55: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	79,  // 56: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	11,  // 57: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	11,  // 58: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	80,  // 59: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	81,  // 60: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	85,  // 61: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
+	83,  // 62: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
+	83,  // 63: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
+	83,  // 64: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
+	83,  // 65: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
+	84,  // 66: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
+	84,  // 67: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
+	25,  // 68: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	27,  // 69: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	29,  // 70: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	31,  // 71: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	33,  // 72: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	35,  // 73: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	37,  // 74: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	23,  // 75: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	21,  // 76: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	39,  // 77: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	41,  // 78: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	51,  // 79: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	54,  // 80: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	44,  // 81: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
+	47,  // 82: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
+	49,  // 83: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
+	55,  // 84: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	69,  // 85: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	72,  // 86: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	75,  // 87: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
+	78,  // 88: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	65,  // 89: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	67,  // 90: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	61,  // 91: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	63,  // 92: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	58,  // 93: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
+	86,  // 94: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
+	88,  // 95: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
+	90,  // 96: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
+	92,  // 97: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
+	94,  // 98: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
+	96,  // 99: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
+	98,  // 100: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
+	100, // 101: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
+	26,  // 102: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	28,  // 103: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	30,  // 104: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	32,  // 105: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	34,  // 106: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	36,  // 107: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	38,  // 108: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	24,  // 109: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	22,  // 110: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	40,  // 111: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	42,  // 112: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	52,  // 113: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	57,  // 114: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	45,  // 115: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	48,  // 116: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	50,  // 117: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	56,  // 118: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	71,  // 119: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	74,  // 120: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	77,  // 121: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
+	82,  // 122: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	66,  // 123: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	68,  // 124: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	62,  // 125: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	64,  // 126: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	60,  // 127: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
+	87,  // 128: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
+	89,  // 129: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
+	91,  // 130: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
+	93,  // 131: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
+	95,  // 132: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
+	97,  // 133: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
+	99,  // 134: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
+	101, // 135: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
+	102, // [102:136] is the sub-list for method output_type
+	68,  // [68:102] is the sub-list for method input_type
+	68,  // [68:68] is the sub-list for extension type_name
+	68,  // [68:68] is the sub-list for extension extendee
+	0,   // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -7613,7 +7838,7 @@ func file_apiary_v1_apiary_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   104,
+			NumMessages:   107,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -912,6 +912,7 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 const (
 	AdminService_ListNodes_FullMethodName          = "/apiary.v1.AdminService/ListNodes"
 	AdminService_GetRegionInfo_FullMethodName      = "/apiary.v1.AdminService/GetRegionInfo"
+	AdminService_ListShards_FullMethodName         = "/apiary.v1.AdminService/ListShards"
 	AdminService_ListRegions_FullMethodName        = "/apiary.v1.AdminService/ListRegions"
 	AdminService_QuarantineNode_FullMethodName     = "/apiary.v1.AdminService/QuarantineNode"
 	AdminService_ReleaseNode_FullMethodName        = "/apiary.v1.AdminService/ReleaseNode"
@@ -926,6 +927,13 @@ const (
 type AdminServiceClient interface {
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	GetRegionInfo(ctx context.Context, in *GetRegionInfoRequest, opts ...grpc.CallOption) (*GetRegionInfoResponse, error)
+	// ListShards lists the region's S shards: each one's owning coordinator
+	// and fencing epoch (from /apiary/shards/<s>/owner), its pending and
+	// running tasks and when a task of it was last placed, from the answering
+	// coordinator's watch cache (every coordinator keeps one). Served by
+	// coordinators only (the router answers UNIMPLEMENTED: ask a region).
+	// Errors: UNAVAILABLE while the coordinator's cache is not loaded.
+	ListShards(ctx context.Context, in *ListShardsRequest, opts ...grpc.CallOption) (*ListShardsResponse, error)
 	// ListRegions is served by the global router: every region it knows from
 	// the serf WAN pool, with health, capacity and backlog (from the
 	// coordinators' tags, refreshed every few seconds).
@@ -989,6 +997,16 @@ func (c *adminServiceClient) GetRegionInfo(ctx context.Context, in *GetRegionInf
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetRegionInfoResponse)
 	err := c.cc.Invoke(ctx, AdminService_GetRegionInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListShards(ctx context.Context, in *ListShardsRequest, opts ...grpc.CallOption) (*ListShardsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListShardsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListShards_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -1061,6 +1079,13 @@ func (c *adminServiceClient) GossipKeyring(ctx context.Context, in *GossipKeyrin
 type AdminServiceServer interface {
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
 	GetRegionInfo(context.Context, *GetRegionInfoRequest) (*GetRegionInfoResponse, error)
+	// ListShards lists the region's S shards: each one's owning coordinator
+	// and fencing epoch (from /apiary/shards/<s>/owner), its pending and
+	// running tasks and when a task of it was last placed, from the answering
+	// coordinator's watch cache (every coordinator keeps one). Served by
+	// coordinators only (the router answers UNIMPLEMENTED: ask a region).
+	// Errors: UNAVAILABLE while the coordinator's cache is not loaded.
+	ListShards(context.Context, *ListShardsRequest) (*ListShardsResponse, error)
 	// ListRegions is served by the global router: every region it knows from
 	// the serf WAN pool, with health, capacity and backlog (from the
 	// coordinators' tags, refreshed every few seconds).
@@ -1115,6 +1140,9 @@ func (UnimplementedAdminServiceServer) ListNodes(context.Context, *ListNodesRequ
 }
 func (UnimplementedAdminServiceServer) GetRegionInfo(context.Context, *GetRegionInfoRequest) (*GetRegionInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRegionInfo not implemented")
+}
+func (UnimplementedAdminServiceServer) ListShards(context.Context, *ListShardsRequest) (*ListShardsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListShards not implemented")
 }
 func (UnimplementedAdminServiceServer) ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRegions not implemented")
@@ -1187,6 +1215,24 @@ func _AdminService_GetRegionInfo_Handler(srv interface{}, ctx context.Context, d
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).GetRegionInfo(ctx, req.(*GetRegionInfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListShards_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListShardsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListShards(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListShards_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListShards(ctx, req.(*ListShardsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1313,6 +1359,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRegionInfo",
 			Handler:    _AdminService_GetRegionInfo_Handler,
+		},
+		{
+			MethodName: "ListShards",
+			Handler:    _AdminService_ListShards_Handler,
 		},
 		{
 			MethodName: "ListRegions",
