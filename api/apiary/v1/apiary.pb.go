@@ -5509,7 +5509,10 @@ type RegionCoordinator struct {
 	// Health tag the coordinator publishes: "ok", "no-nodes", "etcd-unavailable".
 	Health string `protobuf:"bytes,4,opt,name=health,proto3" json:"health,omitempty"`
 	// True when the router's last gRPC health probe of api_addr succeeded.
-	Answers       bool `protobuf:"varint,5,opt,name=answers,proto3" json:"answers,omitempty"`
+	Answers bool `protobuf:"varint,5,opt,name=answers,proto3" json:"answers,omitempty"`
+	// Shards the coordinator owns, from its WAN tags (refreshed with them,
+	// every few seconds; -1 when it publishes none: an older coordinator).
+	ShardsOwned   int32 `protobuf:"varint,6,opt,name=shards_owned,json=shardsOwned,proto3" json:"shards_owned,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5577,6 +5580,13 @@ func (x *RegionCoordinator) GetAnswers() bool {
 		return x.Answers
 	}
 	return false
+}
+
+func (x *RegionCoordinator) GetShardsOwned() int32 {
+	if x != nil {
+		return x.ShardsOwned
+	}
+	return 0
 }
 
 // PriorityBacklog is one priority class's pending tasks against the region's
@@ -7363,13 +7373,14 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"shardCount\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x03R\brevision\x12 \n" +
 	"\vcoordinator\x18\x04 \x01(\tR\vcoordinator\"\x14\n" +
-	"\x12ListRegionsRequest\"\x95\x01\n" +
+	"\x12ListRegionsRequest\"\xb8\x01\n" +
 	"\x11RegionCoordinator\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12#\n" +
 	"\rmember_status\x18\x03 \x01(\tR\fmemberStatus\x12\x16\n" +
 	"\x06health\x18\x04 \x01(\tR\x06health\x12\x18\n" +
-	"\aanswers\x18\x05 \x01(\bR\aanswers\"W\n" +
+	"\aanswers\x18\x05 \x01(\bR\aanswers\x12!\n" +
+	"\fshards_owned\x18\x06 \x01(\x05R\vshardsOwned\"W\n" +
 	"\x0fPriorityBacklog\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x18\n" +
 	"\apending\x18\x02 \x01(\x03R\apending\x12\x14\n" +
