@@ -28,6 +28,7 @@ import (
 	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/regional/aclstore"
+	"apiary.dev/apiary/regional/store"
 )
 
 // MetricACLDenials counts calls the ACL layer refused, by reason
@@ -115,7 +116,7 @@ var peerACL = acl.Compile(&apiaryv1.ACLToken{Type: acl.TypeManagement, Name: "re
 // aclstore's RevokeToken puts in the Txn that revokes the node's join
 // token.
 func endNodeOps(nodeID string) []clientv3.Op {
-	return []clientv3.Op{clientv3.OpDelete(keyNodeAlive(nodeID))}
+	return []clientv3.Op{clientv3.OpDelete(store.KeyNodeAlive(nodeID))}
 }
 
 // aclDenialCounter registers apiary_acl_denials_total{reason} on reg (or

@@ -13,6 +13,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/federation"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -27,15 +28,15 @@ type adminServer struct {
 }
 
 func (s *adminServer) ListNodes(ctx context.Context, _ *apiaryv1.ListNodesRequest) (*apiaryv1.ListNodesResponse, error) {
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	resp, err := s.c.cli.Get(cctx, prefNodes, clientv3.WithPrefix())
+	resp, err := s.c.cli.Get(cctx, store.PrefNodes, clientv3.WithPrefix())
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "list nodes: %v", err)
 	}
 	out := &apiaryv1.ListNodesResponse{}
-	for id, nv := range decodeNodes(resp.Kvs) {
-		if nv.rec == nil {
+	for id, nv := range store.DecodeNodes(resp.Kvs) {
+		if nv.Rec == nil {
 			continue
 		}
 		out.Nodes = append(out.Nodes, s.c.nodeProto(id, nv))
@@ -45,25 +46,25 @@ func (s *adminServer) ListNodes(ctx context.Context, _ *apiaryv1.ListNodesReques
 }
 
 // nodeProto is the API view of a node with a record (nv.rec not nil).
-func (c *Coordinator) nodeProto(id string, nv *nodeView) *apiaryv1.Node {
-	r := nv.rec
+func (c *Coordinator) nodeProto(id string, nv *store.NodeView) *apiaryv1.Node {
+	r := nv.Rec
 	n := &apiaryv1.Node{Id: id, Labels: r.Labels, Capacity: r.Capacity, Epoch: r.Epoch, GpuModel: r.GPUModel,
 		MaxTasks: r.MaxTasks, RegisteredTimeMs: r.RegisteredMs, Quarantined: r.Quarantined,
 		QuarantineReason: r.QuarantineReason, QuarantinedBy: r.QuarantinedBy, QuarantinedTimeMs: r.QuarantinedMs,
 		Draining: r.Draining, DrainDeadlineMs: r.DrainDeadlineMs, Ineligible: r.Ineligible,
 		Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{},
 		Region: c.meta.Region}
-	if h := nv.health; nv.autoQuarantined() {
+	if h := nv.Health; nv.AutoQuarantined() {
 		q := h.Quarantine
 		n.Quarantined, n.QuarantineReason, n.QuarantinedBy, n.QuarantinedTimeMs = true, q.Reason, autoQuarantineBy, q.SinceMs
 		n.QuarantineAutomatic, n.QuarantineProbeTimeMs = true, q.ProbeAtMs
 	}
-	n.QuarantineStrikes = nv.health.Strikes
-	tot := nv.health.Totals(c.cfg.Quarantine, time.Now().UnixMilli())
+	n.QuarantineStrikes = nv.Health.Strikes
+	tot := nv.Health.Totals(c.cfg.Quarantine, time.Now().UnixMilli())
 	n.RecentAttempts, n.RecentFailures = int32(tot.Attempts), int32(tot.Failures)
-	if nv.ready() {
+	if nv.Ready() {
 		n.Status = apiaryv1.NodeStatus_NODE_STATUS_READY
-		if u := nv.usage; u != nil && u.Epoch == r.Epoch {
+		if u := nv.Usage; u != nil && u.Epoch == r.Epoch {
 			n.Allocated = &apiaryv1.Resources{CpuMillis: u.CPUMillis, MemoryMb: u.MemoryMiB, Gpus: u.GPUs, GpuMilli: u.GPUMilli}
 			n.RunningTasks = u.Tasks
 		}
@@ -73,7 +74,7 @@ func (c *Coordinator) nodeProto(id string, nv *nodeView) *apiaryv1.Node {
 
 func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionInfoRequest) (*apiaryv1.GetRegionInfoResponse, error) {
 	c := s.c
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
 	out := &apiaryv1.GetRegionInfoResponse{Region: c.meta.Region, Jurisdiction: c.meta.Jurisdiction,
 		Labels: c.meta.Labels, ShardCount: int32(c.meta.ShardCount)}
@@ -98,14 +99,14 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 			}
 		}
 	}
-	resp, err := c.cli.Txn(cctx).Then(clientv3.OpGet(prefMembers, clientv3.WithPrefix()),
-		clientv3.OpGet(prefTasks, clientv3.WithPrefix()), clientv3.OpGet(prefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	resp, err := c.cli.Txn(cctx).Then(clientv3.OpGet(store.PrefMembers, clientv3.WithPrefix()),
+		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()), clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "region info: %v", err)
 	}
 	out.Revision = resp.Header.Revision
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		var m memberRecord
+		var m store.MemberRecord
 		if json.Unmarshal(kv.Value, &m) != nil {
 			continue
 		}
@@ -119,7 +120,7 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 		}
 	}
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
-		switch _, kind, ok := nodeKeyKind(string(kv.Key)); {
+		switch _, kind, ok := store.NodeKeyKind(string(kv.Key)); {
 		case ok && kind == "alive":
 			out.NodesReady++
 		case ok && kind == "record":
@@ -135,7 +136,10 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 // the router does, except that a coordinator does not probe the others'
 // APIs: an alive member counts as answering. Outside a pool it lists its own
 // region: itself and the coordinators that hold an etcd session (member
-// records). Errors: UNAVAILABLE when etcd cannot be read (outside a pool).
+// records). Each coordinator's shards_owned is what its WAN tags say (-1 for
+// one that publishes none); outside a pool, the others' counts come from the
+// shard owners view (-1 if it cannot be read). Errors: UNAVAILABLE when etcd
+// cannot be read (outside a pool).
 func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRequest) (*apiaryv1.ListRegionsResponse, error) {
 	c := s.c
 	c.wan.mu.Lock()
@@ -150,19 +154,30 @@ func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRe
 			return nil, status.Errorf(codes.Internal, "list regions: %v", err)
 		}
 		members = append(members, serf.Member{Name: c.cfg.ID, Tags: own, Status: serf.StatusAlive})
-		cctx, cancel := etcdCtx(ctx)
+		cctx, cancel := store.EtcdCtx(ctx)
 		defer cancel()
-		resp, err := c.cli.Get(cctx, prefMembers, clientv3.WithPrefix())
+		resp, err := c.cli.Get(cctx, store.PrefMembers, clientv3.WithPrefix())
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "list regions: read the region's members: %v", err)
 		}
+		var perCoord map[string]int // nil: unknown (-1 below)
+		if owned, err := c.shardOwners(cctx); err == nil {
+			perCoord = map[string]int{}
+			for _, o := range owned.Owners {
+				perCoord[o.Member]++
+			}
+		}
 		for _, kv := range resp.Kvs {
-			var m memberRecord
+			var m store.MemberRecord
 			if json.Unmarshal(kv.Value, &m) != nil || m.ID == c.cfg.ID {
 				continue
 			}
+			n := -1
+			if perCoord != nil {
+				n = perCoord[m.ID]
+			}
 			tags, err := federation.CoordinatorTags{Region: c.meta.Region, ID: m.ID, Jurisdiction: c.meta.Jurisdiction,
-				Labels: c.meta.Labels, APIAddr: m.APIAddr}.Encode()
+				Labels: c.meta.Labels, APIAddr: m.APIAddr, ShardsOwned: n}.Encode()
 			if err != nil {
 				continue
 			}
@@ -171,7 +186,14 @@ func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRe
 	}
 	out := &apiaryv1.ListRegionsResponse{}
 	for _, reg := range federation.BuildRegions(members, func(string) bool { return true }) {
-		out.Regions = append(out.Regions, reg.Summary())
+		rs := reg.Summary()
+		for i, co := range rs.Coordinators {
+			co.ShardsOwned = -1 // unknown, unless its tags (in Summary's order, reg's) say
+			if i < len(reg.Coordinators) && reg.Coordinators[i].Tags.ID == co.GetId() {
+				co.ShardsOwned = int32(reg.Coordinators[i].Tags.ShardsOwned)
+			}
+		}
+		out.Regions = append(out.Regions, rs)
 	}
 	return out, nil
 }
@@ -193,7 +215,7 @@ func (s *adminServer) ListShards(ctx context.Context, _ *apiaryv1.ListShardsRequ
 	if stats == nil {
 		return nil, status.Errorf(codes.Unavailable, "list shards: coordinator %s has not loaded its cache yet; retry", c.cfg.ID)
 	}
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
 	owned, err := c.shardOwners(cctx)
 	if err != nil {
@@ -207,7 +229,7 @@ func (s *adminServer) ListShards(ctx context.Context, _ *apiaryv1.ListShardsRequ
 		}
 		if sh < len(*stats) {
 			st := (*stats)[sh]
-			r.PendingTasks, r.RunningTasks, r.LastPlanMs = int32(st.pending), int32(st.running), st.lastPlanMs
+			r.PendingTasks, r.RunningTasks, r.LastPlanMs = int32(st.Pending), int32(st.Running), st.LastPlanMs
 		}
 		out.Shards = append(out.Shards, r)
 	}

@@ -20,6 +20,7 @@ import (
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/priority"
 	"apiary.dev/apiary/regional/nodehealth"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
@@ -135,10 +136,10 @@ func (st *capacityState) extraBy(class string) int64 {
 // refreshCapacity reads nodes (and the backlog when bounded) from etcd.
 func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	st := &c.capState
-	ops := []clientv3.Op{clientv3.OpGet(prefNodes, clientv3.WithPrefix())}
+	ops := []clientv3.Op{clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix())}
 	bounded := c.cfg.Backlog.any()
 	if bounded {
-		ops = append(ops, clientv3.OpGet(prefJobs, clientv3.WithPrefix()), clientv3.OpGet(prefTasks, clientv3.WithPrefix()))
+		ops = append(ops, clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()), clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()))
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	resp, err := c.cli.Txn(cctx).Then(ops...).Commit()
@@ -172,19 +173,19 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	models := map[string]bool{}
 	health := map[string]nodehealth.Record{}
 	ready, eligible, held := map[string]bool{}, map[string]bool{}, map[string]bool{}
-	for id, nv := range decodeNodes(resp.Responses[0].GetResponseRange().Kvs) {
-		if nv.healthRev != 0 {
-			health[id] = nv.health
+	for id, nv := range store.DecodeNodes(resp.Responses[0].GetResponseRange().Kvs) {
+		if nv.HealthRev != 0 {
+			health[id] = nv.Health
 		}
-		if nv.ready() {
+		if nv.Ready() {
 			live++
 			ready[id] = true
-			eligible[id] = !nv.noPlacements()
+			eligible[id] = !nv.NoPlacements()
 		}
-		if nv.rec != nil && nv.rec.Quarantined {
+		if nv.Rec != nil && nv.Rec.Quarantined {
 			held[id] = true
 		}
-		r := nv.rec
+		r := nv.Rec
 		if r == nil || r.Capacity == nil {
 			continue
 		}
@@ -200,12 +201,12 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		sum.Largest.CPUMillis = max(sum.Largest.CPUMillis, size.CPUMillis)
 		sum.Largest.MemoryMiB = max(sum.Largest.MemoryMiB, size.MemoryMiB)
 		sum.Largest.GPUs = max(sum.Largest.GPUs, size.GPUs)
-		if !nv.ready() || nv.noPlacements() {
+		if !nv.Ready() || nv.NoPlacements() {
 			continue
 		}
 		sum.NodesReady++
 		free := size
-		if u := nv.usage; u != nil && u.Epoch == r.Epoch {
+		if u := nv.Usage; u != nil && u.Epoch == r.Epoch {
 			free.CPUMillis -= u.CPUMillis
 			free.MemoryMiB -= u.MemoryMiB
 			free.GPUs -= int64(u.GPUs)
@@ -220,7 +221,7 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		prio := map[string]int32{}
 		seenJobs = prio
 		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-			var j jobRecord
+			var j store.JobRecord
 			if json.Unmarshal(kv.Value, &j) == nil {
 				prio[j.ID] = j.Spec.GetPriority()
 			}

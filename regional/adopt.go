@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
@@ -38,7 +39,7 @@ func (s *agentServer) AdoptAttempts(ctx context.Context, req *apiaryv1.AdoptAtte
 	if n := len(req.GetAttempts()); n > maxAdoptAttempts {
 		return nil, status.Errorf(codes.InvalidArgument, "attempts: at most %d (got %d)", maxAdoptAttempts, n)
 	}
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
 	if _, err := c.nodeLease(cctx, req.GetNodeId(), req.GetNodeEpoch()); err != nil {
 		return nil, err
@@ -75,7 +76,7 @@ func (c *Coordinator) adoptOne(ctx context.Context, nodeID string, epoch int64, 
 	if err != nil {
 		return nil, err
 	}
-	tk, ak := keyTask(shard, ref.GetJobId(), ref.GetTaskIndex()), keyAssign(nodeID, ref.GetJobId(), ref.GetTaskIndex())
+	tk, ak := store.KeyTask(shard, ref.GetJobId(), ref.GetTaskIndex()), store.KeyAssign(nodeID, ref.GetJobId(), ref.GetTaskIndex())
 	for try := 0; try < 3; try++ {
 		resp, err := c.cli.Txn(ctx).Then(clientv3.OpGet(tk), clientv3.OpGet(ak)).Commit()
 		if err != nil {
@@ -114,9 +115,9 @@ func (c *Coordinator) adoptOne(ctx context.Context, nodeID string, epoch int64, 
 		}
 		put, err := c.cli.Txn(ctx).If(
 			clientv3.Compare(clientv3.ModRevision(tk), "=", tkv[0].ModRevision),
-			clientv3.Compare(clientv3.CreateRevision(keyNodeAlive(nodeID)), "=", epoch),
+			clientv3.Compare(clientv3.CreateRevision(store.KeyNodeAlive(nodeID)), "=", epoch),
 			clientv3.Compare(clientv3.CreateRevision(ak), "=", ref.GetFencingToken()),
-		).Then(clientv3.OpPut(tk, mustJSON(&nt)), clientv3.OpPut(ak, string(b))).Commit()
+		).Then(clientv3.OpPut(tk, store.MustJSON(&nt)), clientv3.OpPut(ak, string(b))).Commit()
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "adopt: %v", err)
 		}

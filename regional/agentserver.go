@@ -19,6 +19,7 @@ import (
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/aclstore"
+	"apiary.dev/apiary/regional/store"
 )
 
 // agentServer serves AgentService on every coordinator. Registration and
@@ -89,9 +90,9 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 		}
 	}
 	ttl := int64(c.cfg.NodeLeaseTTL.Seconds() + 0.5)
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	alive := keyNodeAlive(req.GetNodeId())
+	alive := store.KeyNodeAlive(req.GetNodeId())
 	// End any earlier epoch: revoking its lease deletes its alive key, which
 	// the shard owner sees as node loss (its tasks are reclaimed) and which
 	// fails every later compare of that epoch.
@@ -148,27 +149,27 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 		labels = maps.Clone(labels)
 		labels[placement.JurisdictionLabel] = strings.ToLower(j)
 	}
-	rec := nodeRecord{ID: req.GetNodeId(), Labels: labels, Capacity: cp, GPUModel: req.GetGpuModel(),
+	rec := store.NodeRecord{ID: req.GetNodeId(), Labels: labels, Capacity: cp, GPUModel: req.GetGpuModel(),
 		MaxTasks: req.GetMaxTasks(), Epoch: epoch, LeaseID: int64(lease.ID), RegisteredMs: time.Now().UnixMilli()}
-	usage := keyNodeUsage(req.GetNodeId())
+	usage := store.KeyNodeUsage(req.GetNodeId())
 	// An operator's quarantine, drain and eligibility outlive the node's
 	// epochs: carry them over
 	// from the record being replaced, compared on its ModRevision so that a
 	// quarantine or release committed meanwhile is not overwritten.
 	for i := 0; ; i++ {
-		prev, err := c.cli.Get(cctx, keyNode(req.GetNodeId()))
+		prev, err := c.cli.Get(cctx, store.KeyNode(req.GetNodeId()))
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "register: %v", err)
 		}
 		var prevRev int64
 		if len(prev.Kvs) == 1 {
 			prevRev = prev.Kvs[0].ModRevision
-			var old nodeRecord
+			var old store.NodeRecord
 			if json.Unmarshal(prev.Kvs[0].Value, &old) == nil {
 				rec.Quarantined, rec.QuarantineReason = old.Quarantined, old.QuarantineReason
 				rec.QuarantinedBy, rec.QuarantinedMs = old.QuarantinedBy, old.QuarantinedMs
 				rec.Ineligible = old.Ineligible
-				if old.Draining && old.DrainBy != drainByAgent {
+				if old.Draining && old.DrainBy != store.DrainByAgent {
 					// An operator's drain outlives the agent's restarts; the
 					// agent's own shutdown drain ends with that run.
 					rec.Draining, rec.DrainDeadlineMs, rec.DrainBy = true, old.DrainDeadlineMs, old.DrainBy
@@ -176,10 +177,10 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 			}
 		}
 		resp, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(alive), "=", epoch),
-			clientv3.Compare(clientv3.ModRevision(keyNode(req.GetNodeId())), "=", prevRev)).
-			Then(clientv3.OpPut(keyNode(req.GetNodeId()), mustJSON(rec)),
+			clientv3.Compare(clientv3.ModRevision(store.KeyNode(req.GetNodeId())), "=", prevRev)).
+			Then(clientv3.OpPut(store.KeyNode(req.GetNodeId()), store.MustJSON(rec)),
 				clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(usage), "=", 0)},
-					[]clientv3.Op{clientv3.OpPut(usage, mustJSON(usageRecord{}))}, nil)).
+					[]clientv3.Op{clientv3.OpPut(usage, store.MustJSON(store.UsageRecord{}))}, nil)).
 			Else(clientv3.OpGet(alive)).Commit()
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "register: %v", err)
@@ -218,7 +219,7 @@ func (c *Coordinator) checkJoin(ctx context.Context, req *apiaryv1.RegisterNodeR
 
 // nodeLease checks that (node, epoch) is current and returns its lease.
 func (c *Coordinator) nodeLease(ctx context.Context, nodeID string, epoch int64) (clientv3.LeaseID, error) {
-	resp, err := c.cli.Get(ctx, keyNodeAlive(nodeID))
+	resp, err := c.cli.Get(ctx, store.KeyNodeAlive(nodeID))
 	if err != nil {
 		return 0, status.Errorf(codes.Unavailable, "read node: %v", err)
 	}
@@ -229,11 +230,11 @@ func (c *Coordinator) nodeLease(ctx context.Context, nodeID string, epoch int64)
 }
 
 func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequest) (*apiaryv1.HeartbeatResponse, error) {
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
 	// One read of the alive key and the node record: the lease to renew
 	// and any drain the agent must apply.
-	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(keyNodeAlive(req.GetNodeId())), clientv3.OpGet(keyNode(req.GetNodeId()))).Commit()
+	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(store.KeyNodeAlive(req.GetNodeId())), clientv3.OpGet(store.KeyNode(req.GetNodeId()))).Commit()
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "read node: %v", err)
 	}
@@ -251,7 +252,7 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 	s.c.beats.note(req.GetNodeId(), req.GetNodeEpoch(), time.Now())
 	out := &apiaryv1.HeartbeatResponse{LeaseTtlMs: ka.TTL * 1000}
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
-		var rec nodeRecord
+		var rec store.NodeRecord
 		if json.Unmarshal(kvs[0].Value, &rec) == nil && rec.Draining {
 			out.DrainDeadlineMs = max(rec.DrainDeadlineMs, 1)
 		}
@@ -265,12 +266,12 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, stream apiaryv1.AgentService_StreamAssignmentsServer) error {
 	c := s.c
 	ctx := stream.Context()
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	if _, err := c.nodeLease(cctx, req.GetNodeId(), req.GetNodeEpoch()); err != nil {
 		cancel()
 		return err
 	}
-	resp, err := c.cli.Get(cctx, prefNodeAssign(req.GetNodeId()), clientv3.WithPrefix())
+	resp, err := c.cli.Get(cctx, store.PrefNodeAssign(req.GetNodeId()), clientv3.WithPrefix())
 	cancel()
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "read assignments: %v", err)
@@ -307,8 +308,8 @@ func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, 
 	}
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer wcancel()
-	w := c.cli.Watch(wctx, prefNodeAssign(req.GetNodeId()), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	aw := c.cli.Watch(wctx, keyNodeAlive(req.GetNodeId()), clientv3.WithRev(resp.Header.Revision+1))
+	w := c.cli.Watch(wctx, store.PrefNodeAssign(req.GetNodeId()), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	aw := c.cli.Watch(wctx, store.KeyNodeAlive(req.GetNodeId()), clientv3.WithRev(resp.Header.Revision+1))
 	for {
 		select {
 		case <-ctx.Done():

@@ -16,9 +16,3 @@ func TestCapTailKeepsTheEndOnARuneBoundary(t *testing.T) {
 		t.Fatal("short tails must be kept whole")
 	}
 }
-
-func TestMustJSONDoesNotEscapeHTML(t *testing.T) {
-	if got := mustJSON(map[string]string{"out": "<a>&"}); got != `{"out":"<a>&"}` {
-		t.Fatalf("mustJSON = %s", got)
-	}
-}

@@ -35,6 +35,8 @@ import (
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/aclstore"
 	"apiary.dev/apiary/regional/nodehealth"
+	"apiary.dev/apiary/regional/scheduler"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/shards"
 )
 
@@ -291,14 +293,14 @@ type Coordinator struct {
 	grpc   *grpc.Server
 	health *health.Server
 	lis    net.Listener
-	meta   metaRecord
+	meta   store.MetaRecord
 
 	// etcdTLS: the copies of the accepted TLS material etcd reads (etcd part)
 	etcdTLS etcdTLSCopy
 
 	submits *groupCommit[*submitItem]
 	reports *groupCommit[*reportItem]
-	specs   specCache
+	specs   store.SpecCache
 
 	capState capacityState
 	// acls is the ACL store and cache (Config.ACL; set by the "acl" part)
@@ -320,10 +322,10 @@ type Coordinator struct {
 	// shard set, the owners view and the current reconciler.
 	sessions   *sessionBox
 	members    *memberFeed
-	shardSet   *shardSet
+	shardSet   *scheduler.ShardSet
 	owners     atomic.Pointer[shards.Owners]
 	reconciler atomic.Pointer[shards.Reconciler]
-	shardStats atomic.Pointer[[]shardStat] // from the loop, for ListShards
+	shardStats atomic.Pointer[[]scheduler.ShardStat] // from the loop, for ListShards
 	// noGrace: the coordinator started into a running region (its shards
 	// had live owners), so it owns with no failover grace.
 	noGrace atomic.Bool
@@ -343,7 +345,7 @@ func New(cfg Config) (*Coordinator, error) {
 		tracer: telemetry.Tracer(telemetry.OrNoop(cfg.TracerProvider)), tracing: telemetry.IsEnabled(cfg.TracerProvider),
 		metrics:  telemetry.NewRegionMetrics(cfg.Registry),
 		capState: capacityState{extra: map[string]localJob{}},
-		sessions: newSessionBox(), members: newMemberFeed(), shardSet: newShardSet(),
+		sessions: newSessionBox(), members: newMemberFeed(), shardSet: scheduler.NewShardSet(),
 		done: make(chan struct{})}
 	if cfg.ACL {
 		c.aclDenials = aclDenialCounter(cfg.Registry, c.log)
@@ -638,11 +640,11 @@ func (c *Coordinator) serveAPI(ctx context.Context) error {
 // initMeta writes /apiary/meta on first start and checks it on later ones:
 // the region name and shard count are fixed at creation.
 func (c *Coordinator) initMeta(ctx context.Context) error {
-	want := metaRecord{Region: c.cfg.Region, Jurisdiction: c.cfg.Jurisdiction, Labels: c.cfg.Labels, ShardCount: c.cfg.ShardCount}
+	want := store.MetaRecord{Region: c.cfg.Region, Jurisdiction: c.cfg.Jurisdiction, Labels: c.cfg.Labels, ShardCount: c.cfg.ShardCount}
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(keyMeta), "=", 0)).
-			Then(clientv3.OpPut(keyMeta, mustJSON(want))).Else(clientv3.OpGet(keyMeta)).Commit()
+		resp, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(store.KeyMeta), "=", 0)).
+			Then(clientv3.OpPut(store.KeyMeta, store.MustJSON(want))).Else(clientv3.OpGet(store.KeyMeta)).Commit()
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -655,7 +657,7 @@ func (c *Coordinator) initMeta(ctx context.Context) error {
 			c.meta = want
 			return nil
 		}
-		var got metaRecord
+		var got store.MetaRecord
 		if err := json.Unmarshal(resp.Responses[0].GetResponseRange().Kvs[0].Value, &got); err != nil {
 			return fmt.Errorf("region meta: %w", err)
 		}
@@ -671,8 +673,8 @@ func (c *Coordinator) initMeta(ctx context.Context) error {
 		if !maps.Equal(got.Labels, want.Labels) {
 			// Labels describe the region to the router; the latest start wins.
 			got.Labels = want.Labels
-			pctx, cancel := etcdCtx(ctx)
-			_, err := c.cli.Put(pctx, keyMeta, mustJSON(got))
+			pctx, cancel := store.EtcdCtx(ctx)
+			_, err := c.cli.Put(pctx, store.KeyMeta, store.MustJSON(got))
 			cancel()
 			if err != nil {
 				return fmt.Errorf("update region labels: %w", err)
@@ -727,11 +729,6 @@ func (c *Coordinator) peerDialOption() grpc.DialOption {
 		return grpc.WithTransportCredentials(insecure.NewCredentials())
 	}
 	return pki.DialOption(c.cfg.TLS, pki.RegionServerName(c.cfg.Region))
-}
-
-// etcdCtx bounds every etcd call (MEASURED.md trap 4).
-func etcdCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, 5*time.Second)
 }
 
 // Commit attempts: a write sent to a member whose raft leader just died

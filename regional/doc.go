@@ -6,8 +6,6 @@
 //
 // # What it owns
 //
-//   - The etcd keyspace of a region. keys.go is the only place that spells a
-//     key, and docs/architecture.md describes the same layout.
 //   - The embedded etcd member and its settings (etcd.go). The region meta is
 //     written once at creation and checked on every start; the region name and
 //     shard count are fixed then (coordinator.go).
@@ -21,19 +19,16 @@
 //   - Node registration and liveness. Registration creates a node epoch: the
 //     CreateRevision of /apiary/nodes/<id>/alive, held under a lease that the
 //     agent renews by heartbeat.
-//   - Sharded ownership (ownership.go): each coordinator's session lease
-//     holds its member key and the owner keys of the shards it claimed; a
-//     shards.Reconciler per session converges the claims on the rendezvous
-//     assignment of the live members.
-//   - The scheduling loop of the owned shards (scheduler.go, place.go; its
-//     pieces are listed in scheduler.go). This is a watch cache of the
-//     region's jobs, tasks and nodes (ownercache.go), and rounds of reclaim
-//     (node loss) → cancel → place → usage sync over the tasks of the owned
-//     shards. Every write it makes goes through its committer's fencedTxn
-//     (committer.go), which compares the epoch of each shard written for
-//     (the CreateRevision of its owner key, package shards). Plans also
-//     compare each node's alive epoch and usage ModRevision and each task's
-//     ModRevision; a conflict is re-read and requeued.
+//   - Sharded ownership wiring (ownership.go): each coordinator's session
+//     lease holds its member key and the owner keys of the shards it
+//     claimed; a shards.Reconciler per session converges the claims on the
+//     rendezvous assignment of the live members, and its hooks feed the
+//     scheduling loop's shard set. The member feed, the sessions, the
+//     failover grace and the per-shard counts for ListShards are here too.
+//     The scheduling loop itself (watch cache, reclaim → cancel → place →
+//     usage sync, retention) is package regional/scheduler: ownership.go
+//     builds it (ownerDeps) with a store.EtcdCommitter as its write path,
+//     and rebuilds it when it fails.
 //   - Reports. They are group-committed: one read Txn, then
 //     taskstate.ApplyReport, then one write Txn. The write Txn compares each
 //     task's ModRevision and each reporting node's epoch. Any coordinator may
@@ -49,13 +44,20 @@
 //     reverse; a part that fails stops the process. No part runs on a
 //     start-up context.
 //
+// What moved out: the etcd keyspace, the stored records, the job spec cache
+// and the fenced-Txn helpers are package regional/store (keys.go there is
+// the only place that spells a key); the scheduling loop of the owned shards
+// and its shard set are package regional/scheduler.
+//
 // # What it must not touch
 //
 // It must not decide a task transition itself: every change of a task's
 // state goes through package regional/taskstate, and the result is committed
 // in one compared or fenced Txn. It must not choose nodes: placement is
-// package placement, given a snapshot, and regional only commits its plan.
-// It must not run user processes (package agent does) or keep state that
-// exists only in memory. It must not write for the shards outside fencedTxn,
-// and must not spell an etcd key outside keys.go.
+// package placement, given a snapshot, and the scheduling loop only commits
+// its plan. It must not run user processes (package agent does) or keep
+// state that exists only in memory. It must not make a write that needs a
+// shard's ownership (plans, reclaims, cancels, usage sync, retention): those
+// are the scheduling loop's, fenced through its scheduler.Committer. It must
+// not spell an etcd key: every key comes from package regional/store.
 package regional

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/store"
 )
 
 // Drain and eligibility (Nomad's node drain and node eligibility): both are
@@ -46,7 +47,7 @@ func (s *adminServer) DrainNode(ctx context.Context, req *apiaryv1.DrainNodeRequ
 		return nil, err
 	}
 	c := s.c
-	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) (bool, error) {
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *store.NodeRecord) (bool, error) {
 		if req.GetCancel() {
 			if !r.Draining {
 				return false, nil
@@ -84,7 +85,7 @@ func (s *adminServer) SetNodeEligibility(ctx context.Context, req *apiaryv1.SetN
 		return nil, err
 	}
 	c := s.c
-	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) (bool, error) {
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *store.NodeRecord) (bool, error) {
 		if req.GetEligible() && r.Draining {
 			return false, status.Errorf(codes.FailedPrecondition,
 				"eligible: node %s is draining; end the drain first (apiary node drain %s --cancel), as Nomad requires", req.GetNodeId(), req.GetNodeId())
@@ -115,18 +116,18 @@ func (s *agentServer) DrainSelf(ctx context.Context, req *apiaryv1.DrainSelfRequ
 		return nil, err
 	}
 	c := s.c
-	_, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) (bool, error) {
+	_, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *store.NodeRecord) (bool, error) {
 		if r.Epoch != req.GetNodeEpoch() {
 			return false, status.Errorf(codes.FailedPrecondition, "node %s epoch %d is gone", req.GetNodeId(), req.GetNodeEpoch())
 		}
-		if r.Draining && r.DrainBy != drainByAgent {
+		if r.Draining && r.DrainBy != store.DrainByAgent {
 			if r.DrainDeadlineMs != 0 && r.DrainDeadlineMs <= req.GetDeadlineMs() {
 				return false, nil
 			}
 			r.DrainDeadlineMs = req.GetDeadlineMs()
 			return true, nil
 		}
-		r.Draining, r.DrainDeadlineMs, r.DrainBy = true, req.GetDeadlineMs(), drainByAgent
+		r.Draining, r.DrainDeadlineMs, r.DrainBy = true, req.GetDeadlineMs(), store.DrainByAgent
 		return true, nil
 	})
 	if err != nil {
@@ -148,9 +149,9 @@ func (s *agentServer) Deregister(ctx context.Context, req *apiaryv1.DeregisterRe
 		return nil, err
 	}
 	c := s.c
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	id, alive, key := req.GetNodeId(), keyNodeAlive(req.GetNodeId()), keyNode(req.GetNodeId())
+	id, alive, key := req.GetNodeId(), store.KeyNodeAlive(req.GetNodeId()), store.KeyNode(req.GetNodeId())
 	for i := 0; i < 4; i++ {
 		resp, err := c.cli.Txn(cctx).Then(clientv3.OpGet(alive), clientv3.OpGet(key)).Commit()
 		if err != nil {
@@ -160,17 +161,17 @@ func (s *agentServer) Deregister(ctx context.Context, req *apiaryv1.DeregisterRe
 		if len(akv) != 1 || akv[0].CreateRevision != req.GetNodeEpoch() || len(rkv) != 1 {
 			return nil, status.Errorf(codes.FailedPrecondition, "node %s epoch %d is gone", id, req.GetNodeEpoch())
 		}
-		var rec nodeRecord
+		var rec store.NodeRecord
 		if err := json.Unmarshal(rkv[0].Value, &rec); err != nil {
 			return nil, status.Errorf(codes.Internal, "node %s: its record does not decode: %v", id, err)
 		}
 		rec.Left = true
-		if rec.Draining && rec.DrainBy == drainByAgent {
+		if rec.Draining && rec.DrainBy == store.DrainByAgent {
 			rec.Draining, rec.DrainDeadlineMs, rec.DrainBy = false, 0, ""
 		}
 		put, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(alive), "=", req.GetNodeEpoch()),
 			clientv3.Compare(clientv3.ModRevision(key), "=", rkv[0].ModRevision)).
-			Then(clientv3.OpPut(key, mustJSON(&rec)), clientv3.OpDelete(alive)).Commit()
+			Then(clientv3.OpPut(key, store.MustJSON(&rec)), clientv3.OpDelete(alive)).Commit()
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "deregister: %v", err)
 		}

@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"apiary.dev/apiary/internal/pki"
+	"apiary.dev/apiary/regional/store"
 )
 
 // A client-only coordinator (EtcdConfig.Endpoints, `apiary region
@@ -242,7 +243,7 @@ func (c *Coordinator) runEtcdClient(ctx context.Context) error {
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, etcdClientProbe)
-		_, err := c.cli.Get(pctx, keyMeta, clientv3.WithCountOnly())
+		_, err := c.cli.Get(pctx, store.KeyMeta, clientv3.WithCountOnly())
 		cancel()
 		if ctx.Err() != nil {
 			return nil

@@ -26,6 +26,7 @@ import (
 	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/testutil"
 	"apiary.dev/apiary/regional"
+	"apiary.dev/apiary/regional/store"
 )
 
 // etcdLeaf is the leaf certificate the etcd client URL ep serves, read
@@ -221,7 +222,7 @@ func TestEtcdTLSServesOnlyAcceptedCertificates(t *testing.T) {
 	defer cli.Close()
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := cli.Get(cctx, "/apiary/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+	if _, err := cli.Get(cctx, store.Root, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
 		t.Fatalf("etcd with the rotated certificate: %v", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/regional/store"
 )
 
 // Idempotency across regions (docs/architecture.md, "Idempotency across
@@ -40,17 +41,17 @@ func (c *Coordinator) forwardTTL() time.Duration {
 
 // readDedup reads the dedup record of (clientID, requestID); nil, nil when
 // there is none. Errors are gRPC statuses (UNAVAILABLE, INTERNAL).
-func (c *Coordinator) readDedup(ctx context.Context, clientID, requestID string) (*dedupRecord, error) {
+func (c *Coordinator) readDedup(ctx context.Context, clientID, requestID string) (*store.DedupRecord, error) {
 	gctx, cancel := context.WithTimeout(ctx, commitAttemptTimeout)
 	defer cancel()
-	resp, err := c.cli.Get(gctx, keyDedup(clientID, requestID))
+	resp, err := c.cli.Get(gctx, store.KeyDedup(clientID, requestID))
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "read dedup key: %v", err)
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, nil
 	}
-	var d dedupRecord
+	var d store.DedupRecord
 	if err := json.Unmarshal(resp.Kvs[0].Value, &d); err != nil {
 		return nil, status.Error(codes.Internal, "dedup record unreadable")
 	}
@@ -75,7 +76,7 @@ func (c *Coordinator) lookupRequest(ctx context.Context, clientID, requestID, ha
 
 // dedupAnswer turns an existing dedup record into the answer to a repeat:
 // the same job, ALREADY_EXISTS for another payload, or the forward.
-func (c *Coordinator) dedupAnswer(d dedupRecord, clientID, requestID, hash string) submitResult {
+func (c *Coordinator) dedupAnswer(d store.DedupRecord, clientID, requestID, hash string) submitResult {
 	if d.Hash != hash {
 		what := "job " + d.JobID
 		if d.JobID == "" {
@@ -127,8 +128,8 @@ func (c *Coordinator) forwardRequest(ctx context.Context, req *apiaryv1.ForwardR
 		return nil, status.Errorf(codes.InvalidArgument, "region: %q is not a region of this coordinator's WAN pool (known: %s)",
 			req.GetRegion(), strings.Join(known, ", "))
 	}
-	k := keyDedup(req.GetClientId(), req.GetRequestId())
-	rec := dedupRecord{Hash: req.GetPayloadHash(), Forward: req.GetRegion(), AtMs: time.Now().UnixMilli()}
+	k := store.KeyDedup(req.GetClientId(), req.GetRequestId())
+	rec := store.DedupRecord{Hash: req.GetPayloadHash(), Forward: req.GetRegion(), AtMs: time.Now().UnixMilli()}
 	var opts []clientv3.OpOption
 	if ttl := c.forwardTTL(); ttl > 0 {
 		lctx, cancel := context.WithTimeout(ctx, commitAttemptTimeout)
@@ -141,7 +142,7 @@ func (c *Coordinator) forwardRequest(ctx context.Context, req *apiaryv1.ForwardR
 	}
 	resp, err := c.txnRetry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-			Then(clientv3.OpPut(k, mustJSON(rec), opts...)).Else(clientv3.OpGet(k)).Commit()
+			Then(clientv3.OpPut(k, store.MustJSON(rec), opts...)).Else(clientv3.OpGet(k)).Commit()
 	})
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "write forward record: %v", err)
@@ -151,7 +152,7 @@ func (c *Coordinator) forwardRequest(ctx context.Context, req *apiaryv1.ForwardR
 		return &apiaryv1.ForwardRequestResponse{Region: req.GetRegion()}, nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
-	var d dedupRecord
+	var d store.DedupRecord
 	if len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &d) != nil {
 		return nil, status.Error(codes.Internal, "dedup record unreadable")
 	}

@@ -10,6 +10,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/regional/nodehealth"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
@@ -65,9 +66,9 @@ func newHealthState() *healthState { return &healthState{nodes: map[string]*node
 // healthReads are the read ops for a batch's nodes (besides their alive
 // keys): each node's health record and the region's quarantine set.
 func healthReads(nodes []string) []clientv3.Op {
-	ops := []clientv3.Op{clientv3.OpGet(keyQuarantineSet)}
+	ops := []clientv3.Op{clientv3.OpGet(store.KeyQuarantineSet)}
 	for _, id := range nodes {
-		ops = append(ops, clientv3.OpGet(keyNodeHealth(id)))
+		ops = append(ops, clientv3.OpGet(store.KeyNodeHealth(id)))
 	}
 	return ops
 }
@@ -76,15 +77,15 @@ func healthReads(nodes []string) []clientv3.Op {
 // that are not health keys. A record that does not decode is an error: the
 // batch fails rather than overwrite what it cannot read.
 func (h *healthState) fold(key string, value []byte, modRev int64) (bool, error) {
-	if key == keyQuarantineSet {
+	if key == store.KeyQuarantineSet {
 		if err := json.Unmarshal(value, &h.set); err != nil {
 			return true, fmt.Errorf("decode %s: %w", key, err)
 		}
 		h.setRev = modRev
 		return true, nil
 	}
-	id, kind, ok := nodeKeyKind(key)
-	if !ok || kind != nodeHealthKey {
+	id, kind, ok := store.NodeKeyKind(key)
+	if !ok || kind != store.NodeHealthKey {
 		return false, nil
 	}
 	nh := h.node(id)
@@ -253,13 +254,13 @@ func (h *healthState) writes(cmps []clientv3.Cmp, ops []clientv3.Op) ([]clientv3
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		k := keyNodeHealth(id)
+		k := store.KeyNodeHealth(id)
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", h.nodes[id].rev))
-		ops = append(ops, clientv3.OpPut(k, mustJSON(&h.nodes[id].rec)))
+		ops = append(ops, clientv3.OpPut(k, store.MustJSON(&h.nodes[id].rec)))
 	}
 	if h.setMod {
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(keyQuarantineSet), "=", h.setRev))
-		ops = append(ops, clientv3.OpPut(keyQuarantineSet, mustJSON(&h.set)))
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(store.KeyQuarantineSet), "=", h.setRev))
+		ops = append(ops, clientv3.OpPut(store.KeyQuarantineSet, store.MustJSON(&h.set)))
 	}
 	return cmps, ops
 }

@@ -23,6 +23,7 @@ import (
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/testutil"
+	"apiary.dev/apiary/regional/store"
 )
 
 func TestMain(m *testing.M) {
@@ -517,7 +518,7 @@ tasks:
 		count := func() int64 {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			resp, err := cli.Get(ctx, "/apiary/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			resp, err := cli.Get(ctx, store.Root, clientv3.WithPrefix(), clientv3.WithCountOnly())
 			if err != nil {
 				t.Fatal(err)
 			}

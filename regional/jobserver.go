@@ -20,6 +20,7 @@ import (
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/aclstore"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -37,7 +38,7 @@ func (s *jobServer) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobReques
 
 // jobView is a job read back with its tasks and attempt results.
 type jobView struct {
-	rec     jobRecord
+	rec     store.JobRecord
 	modRev  int64
 	tasks   []taskstate.Task
 	results map[int32][]*apiaryv1.AttemptResult
@@ -61,11 +62,11 @@ func (c *Coordinator) readJob(ctx context.Context, id string, withResults bool) 
 	if err != nil {
 		return nil, err
 	}
-	ops := []clientv3.Op{clientv3.OpGet(keyJob(shard, id)), clientv3.OpGet(prefJobTasks(shard, id), clientv3.WithPrefix())}
+	ops := []clientv3.Op{clientv3.OpGet(store.KeyJob(shard, id)), clientv3.OpGet(store.PrefJobTasks(shard, id), clientv3.WithPrefix())}
 	if withResults {
-		ops = append(ops, clientv3.OpGet(prefJobResults(shard, id), clientv3.WithPrefix()))
+		ops = append(ops, clientv3.OpGet(store.PrefJobResults(shard, id), clientv3.WithPrefix()))
 	}
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
 	resp, err := c.cli.Txn(cctx).Then(ops...).Commit()
 	if err != nil {
@@ -247,10 +248,10 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 		}
 		return ok
 	}
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(prefJobs, clientv3.WithPrefix()),
-		clientv3.OpGet(prefTasks, clientv3.WithPrefix())).Commit()
+	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()),
+		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "list jobs: %v", err)
 	}
@@ -262,7 +263,7 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 		}
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		_, jobID, _, ok := parseTaskKey(string(kv.Key))
+		_, jobID, _, ok := store.ParseTaskKey(string(kv.Key))
 		if !ok || views[jobID] == nil {
 			continue
 		}
@@ -302,10 +303,10 @@ func (s *jobServer) CancelJob(ctx context.Context, req *apiaryv1.CancelJobReques
 			return &apiaryv1.CancelJobResponse{Job: j}, nil
 		}
 		v.rec.CancelRequested = true
-		k := keyJob(v.rec.Shard, v.rec.ID)
-		cctx, cancel := etcdCtx(ctx)
+		k := store.KeyJob(v.rec.Shard, v.rec.ID)
+		cctx, cancel := store.EtcdCtx(ctx)
 		resp, err := s.c.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", v.modRev)).
-			Then(clientv3.OpPut(k, mustJSON(v.rec))).Commit()
+			Then(clientv3.OpPut(k, store.MustJSON(v.rec))).Commit()
 		cancel()
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "cancel job: %v", err)
@@ -362,8 +363,8 @@ func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobS
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	tasksW := s.c.cli.Watch(wctx, prefJobTasks(shard, req.GetJobId()), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	jobW := s.c.cli.Watch(wctx, keyJob(shard, req.GetJobId()), clientv3.WithRev(rev+1))
+	tasksW := s.c.cli.Watch(wctx, store.PrefJobTasks(shard, req.GetJobId()), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	jobW := s.c.cli.Watch(wctx, store.KeyJob(shard, req.GetJobId()), clientv3.WithRev(rev+1))
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
 	for {

@@ -18,6 +18,7 @@ import (
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/lan"
 	"apiary.dev/apiary/internal/telemetry"
+	"apiary.dev/apiary/regional/store"
 )
 
 // The region's serf LAN pool (Config.LANAddr; vocabulary in internal/lan).
@@ -32,11 +33,12 @@ import (
 //     node's current epoch: one Txn comparing the alive key's
 //     CreateRevision with it deletes the alive key, then the lease is
 //     revoked. To the shard owner this is a lease that ended early: its
-//     reclaim requeues the epoch's tasks (scheduler.go). Every coordinator
-//     acts on the event; the compare lets one of them win. A wrong
-//     suspicion costs the agent a re-registration (its attempts of that
-//     epoch are killed and run again elsewhere); fencing keeps it from ever
-//     committing twice, so Apiary need not tell a crash from a pause.
+//     reclaim requeues the epoch's tasks (package regional/scheduler).
+//     Every coordinator acts on the event; the compare lets one of them
+//     win. A wrong suspicion costs the agent a re-registration (its
+//     attempts of that epoch are killed and run again elsewhere); fencing
+//     keeps it from ever committing twice, so Apiary need not tell a crash
+//     from a pause.
 //   - Owner suspicion (suspicion.go): a shard owner whose LAN member failed
 //     is deposed at once. This catches a paused owner, whose API port still
 //     accepts connections.
@@ -158,15 +160,15 @@ func (c *Coordinator) runLAN(ctx context.Context) error {
 // readLANPeers returns the LAN addresses in the other coordinators' member
 // records, sorted.
 func (c *Coordinator) readLANPeers(ctx context.Context) ([]string, error) {
-	gctx, cancel := etcdCtx(ctx)
+	gctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	resp, err := c.cli.Get(gctx, prefMembers, clientv3.WithPrefix())
+	resp, err := c.cli.Get(gctx, store.PrefMembers, clientv3.WithPrefix())
 	if err != nil {
 		return nil, err
 	}
 	peers := []string{}
 	for _, kv := range resp.Kvs {
-		var m memberRecord
+		var m store.MemberRecord
 		if json.Unmarshal(kv.Value, &m) == nil && m.ID != c.cfg.ID && m.LANAddr != "" {
 			peers = append(peers, m.LANAddr)
 		}
@@ -474,7 +476,7 @@ func (l *beatLog) last(node string) (beat, bool) {
 // then the epoch's lease is revoked. It reports whether this call ended it;
 // false with a nil error means the epoch was no longer current.
 func (c *Coordinator) endNodeEpoch(ctx context.Context, node string, epoch int64) (bool, error) {
-	alive := keyNodeAlive(node)
+	alive := store.KeyNodeAlive(node)
 	resp, err := c.txnRetry(ctx, func(actx context.Context) (*clientv3.TxnResponse, error) {
 		return c.cli.Txn(actx).If(clientv3.Compare(clientv3.CreateRevision(alive), "=", epoch)).
 			Then(clientv3.OpGet(alive), clientv3.OpDelete(alive)).Commit()
@@ -486,7 +488,7 @@ func (c *Coordinator) endNodeEpoch(ctx context.Context, node string, epoch int64
 		return false, nil
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && kvs[0].Lease != 0 {
-		rctx, cancel := etcdCtx(ctx)
+		rctx, cancel := store.EtcdCtx(ctx)
 		_, err := c.cli.Revoke(rctx, clientv3.LeaseID(kvs[0].Lease))
 		cancel()
 		if err != nil && status.Code(err) != codes.NotFound {

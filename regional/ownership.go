@@ -13,6 +13,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/scheduler"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/shards"
 )
 
@@ -25,148 +28,15 @@ import (
 //     from the live set and all its shards at one revision.
 //   - owner (runOwner): a shards.Reconciler per session converges the
 //     coordinator's claims on the rendezvous assignment of the live member
-//     set, and one scheduling loop (scheduler.go) schedules the shards it
-//     owns. The loop keeps a watch cache of the whole region (node usage is
-//     derived from every task on a node, whatever its shard), and acts only
-//     on the tasks and jobs of its shards; every write it makes is fenced on
-//     the epochs of the shards it writes for (commit, committer.go).
+//     set, and one scheduling loop (package regional/scheduler, built here
+//     from ownerDeps) schedules the shards it owns. The reconciler's hooks
+//     feed the loop's scheduler.ShardSet (onShardsChanged, HandBack). The
+//     loop keeps a watch cache of the whole region (node usage is derived
+//     from every task on a node, whatever its shard), and acts only on the
+//     tasks and jobs of its shards; every write it makes is fenced on the
+//     epochs of the shards it writes for (store.EtcdCommitter).
 //   - suspicion (suspicion.go): a coordinator revokes the lease of a memberPeer
 //     whose API refuses connections or whose LAN member failed.
-
-// shardSet is the set of shards the scheduling loop may write for, shared
-// between the reconciler (which claims and hands back) and the loop (which
-// reads it at the start of each round).
-type shardSet struct {
-	mu sync.Mutex
-	// latest is the reconciler's owned set (OnChange).
-	latest map[int]shards.Epoch
-	// dropped holds shards not to write for at that epoch: handed back (the
-	// reconciler's owned set may still hold them for a moment) or found
-	// fenced by a write.
-	dropped map[int]shards.Epoch
-	// handed holds the shards handed back (for the move counts).
-	handed map[int]shards.Epoch
-	// changed (capacity 1) wakes the loop when the set changes.
-	changed chan struct{}
-	// round (capacity 1) is held by the loop for the length of a round, so
-	// that a hand-back can wait for the in-flight plan.
-	round chan struct{}
-}
-
-func newShardSet() *shardSet {
-	return &shardSet{latest: map[int]shards.Epoch{}, dropped: map[int]shards.Epoch{}, handed: map[int]shards.Epoch{},
-		changed: make(chan struct{}, 1), round: make(chan struct{}, 1)}
-}
-
-// shardMoves counts one change of the owned set.
-type shardMoves struct{ claimed, handedBack, lost int }
-
-// set is the reconciler's OnChange; it returns what changed (a shard that
-// left the set after a hand-back counts as handed back, any other as lost).
-func (ss *shardSet) set(owned map[int]shards.Epoch) shardMoves {
-	var m shardMoves
-	ss.mu.Lock()
-	for s, e := range owned {
-		if old, ok := ss.latest[s]; !ok || old != e {
-			m.claimed++
-		}
-	}
-	for s, e := range ss.latest {
-		if now, ok := owned[s]; ok && now == e {
-			continue
-		}
-		if h, ok := ss.handed[s]; ok && h == e {
-			m.handedBack++
-		} else {
-			m.lost++
-		}
-	}
-	ss.latest = maps.Clone(owned)
-	for s, e := range ss.dropped {
-		if owned[s] != e {
-			delete(ss.dropped, s) // gone, or claimed again at a new epoch
-		}
-	}
-	for s, e := range ss.handed {
-		if owned[s] != e {
-			delete(ss.handed, s)
-		}
-	}
-	ss.mu.Unlock()
-	ss.wake()
-	return m
-}
-
-func (ss *shardSet) wake() {
-	select {
-	case ss.changed <- struct{}{}:
-	default:
-	}
-}
-
-// current is the shards the loop may write for: owned and not dropped.
-func (ss *shardSet) current() map[int]shards.Epoch {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	out := make(map[int]shards.Epoch, len(ss.latest))
-	for s, e := range ss.latest {
-		if d, ok := ss.dropped[s]; !ok || d != e {
-			out[s] = e
-		}
-	}
-	return out
-}
-
-// drop stops writes for the fenced shards (until claimed again).
-func (ss *shardSet) drop(fs []fence) {
-	ss.mu.Lock()
-	for _, f := range fs {
-		ss.dropped[f.shard] = f.epoch
-	}
-	ss.mu.Unlock()
-}
-
-// handBack is the reconciler's HandBack hook: the loop writes nothing more
-// for s once it returns (the round in flight, if any, has finished, and the
-// next one leaves s out). On timeout the shard is kept.
-func (ss *shardSet) handBack(ctx context.Context, s int) error {
-	ss.mu.Lock()
-	e, ok := ss.latest[s]
-	if ok {
-		ss.dropped[s] = e
-	}
-	ss.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	select {
-	case ss.round <- struct{}{}:
-		<-ss.round
-		ss.mu.Lock()
-		ss.handed[s] = e
-		ss.mu.Unlock()
-		return nil
-	case <-ctx.Done():
-		ss.mu.Lock()
-		if ss.dropped[s] == e {
-			delete(ss.dropped, s)
-		}
-		ss.mu.Unlock()
-		return ctx.Err()
-	}
-}
-
-// beginRound takes the round token (false when ctx ended first).
-func (ss *shardSet) beginRound(ctx context.Context) bool {
-	select {
-	case ss.round <- struct{}{}:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-func (ss *shardSet) endRound() { <-ss.round }
 
 // sessionBox publishes the coordinator's current member session (memberLoop)
 // to the owner part.
@@ -220,9 +90,9 @@ func (c *Coordinator) memberLoop(ctx context.Context) {
 			sleepCtx(ctx, 200*time.Millisecond)
 			continue
 		}
-		pctx, cancel := etcdCtx(ctx)
-		rec := memberRecord{ID: c.cfg.ID, APIAddr: c.Addr(), LANAddr: c.lanAddr(), APIOnly: c.cfg.APIOnly}
-		_, err = c.cli.Put(pctx, keyMember(c.cfg.ID), mustJSON(rec), clientv3.WithLease(s.Lease()))
+		pctx, cancel := store.EtcdCtx(ctx)
+		rec := store.MemberRecord{ID: c.cfg.ID, APIAddr: c.Addr(), LANAddr: c.lanAddr(), APIOnly: c.cfg.APIOnly}
+		_, err = c.cli.Put(pctx, store.KeyMember(c.cfg.ID), store.MustJSON(rec), clientv3.WithLease(s.Lease()))
 		cancel()
 		if err != nil {
 			c.closeSession(s)
@@ -239,13 +109,19 @@ func (c *Coordinator) memberLoop(ctx context.Context) {
 	}
 }
 
-// closeSession revokes the session's lease, except on a crash (Kill).
+// closeSession revokes the session's lease (its member key and shard
+// claims go at once), except on a crash (Kill). Not Session.Close: that
+// revokes under the session's context, which a stop has already ended.
 func (c *Coordinator) closeSession(s *concurrency.Session) {
+	s.Orphan()
 	if c.crash.Load() {
-		s.Orphan()
 		return
 	}
-	_ = s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := c.cli.Revoke(ctx, s.Lease()); err != nil {
+		c.log.Warn("revoking the session lease failed; peers take the shards when it lapses", "lease", int64(s.Lease()), "err", err)
+	}
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
@@ -259,7 +135,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 
 // shardLayout names the region's shard owner keys.
 func (c *Coordinator) shardLayout() shards.Layout {
-	return shards.Layout{Prefix: prefShards, Count: c.meta.ShardCount}
+	return shards.Layout{Prefix: store.PrefShards, Count: c.meta.ShardCount}
 }
 
 // runOwner is the "owner" part: the owners view, the live member feed, the
@@ -302,7 +178,7 @@ func (c *Coordinator) runOwner(ctx context.Context) {
 		rctx, cancel := context.WithCancel(ctx)
 		members := feed.subscribe(rctx)
 		r, err := shards.NewReconciler(shards.ReconcilerConfig{Client: c.cli, Layout: layout, ID: c.cfg.ID,
-			Lease: sess.Lease(), LeaseDone: sess.Done(), Members: members, HandBack: c.shardSet.handBack,
+			Lease: sess.Lease(), LeaseDone: sess.Done(), Members: members, HandBack: c.shardSet.HandBack,
 			OnChange: c.onShardsChanged, Owners: owners, Settle: c.cfg.ShardSettle, Log: c.log})
 		if err != nil {
 			cancel()
@@ -321,10 +197,10 @@ func (c *Coordinator) runOwner(ctx context.Context) {
 // onShardsChanged is the reconciler's OnChange: the loop's set and the
 // ownership gauges.
 func (c *Coordinator) onShardsChanged(owned map[int]shards.Epoch) {
-	m := c.shardSet.set(owned)
-	c.metrics.ShardMoves.WithLabelValues("claim").Add(float64(m.claimed))
-	c.metrics.ShardMoves.WithLabelValues("hand_back").Add(float64(m.handedBack))
-	c.metrics.ShardMoves.WithLabelValues("lost").Add(float64(m.lost))
+	m := c.shardSet.Set(owned)
+	c.metrics.ShardMoves.WithLabelValues("claim").Add(float64(m.Claimed))
+	c.metrics.ShardMoves.WithLabelValues("hand_back").Add(float64(m.HandedBack))
+	c.metrics.ShardMoves.WithLabelValues("lost").Add(float64(m.Lost))
 	var top shards.Epoch
 	for _, e := range owned {
 		top = max(top, e)
@@ -338,11 +214,33 @@ func (c *Coordinator) onShardsChanged(owned map[int]shards.Epoch) {
 	}
 }
 
+// ownerDeps is what the scheduling loop needs from c.
+func (c *Coordinator) ownerDeps() scheduler.Deps {
+	p := c.cfg.Placer
+	if p == nil {
+		// Preemption proposals are not committed by the coordinator (yet),
+		// and the snapshot carries only the existing allocations of the
+		// batch's groups, so the engine does not compute them.
+		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: c.born.UnixNano(), DisablePreemption: true,
+			Workload: c.cfg.Workload})
+	}
+	return scheduler.Deps{Region: c.meta.Region, Jurisdiction: c.meta.Jurisdiction, CoordID: c.cfg.ID, Placer: p,
+		ShardCount: c.meta.ShardCount, Publish: c.publishShardStats,
+		Retention: c.cfg.JobRetention, Client: c.cli, Commit: &store.EtcdCommitter{Client: c.cli, Layout: c.shardLayout(), Retry: c.txnRetry},
+		Specs: &c.specs, Log: c.log, Metrics: c.metrics, Skipped: scheduler.SkippedCounter(c.cfg.Registry),
+		Tracer: c.tracer, Tracing: c.tracing, DefaultLostAfter: c.cfg.DefaultLostAfter, GraceUntil: c.graceUntil()}
+}
+
+// newScheduler is the scheduling loop of c's shards.
+func newScheduler(c *Coordinator) *scheduler.Loop {
+	return scheduler.New(c.ownerDeps(), c.shardSet)
+}
+
 // scheduleLoop runs the scheduling loop, rebuilding it (a fresh cache) when
 // it fails (a closed watch, an etcd error), until ctx ends.
 func (c *Coordinator) scheduleLoop(ctx context.Context) {
 	for ctx.Err() == nil {
-		err := newScheduler(c).run(ctx)
+		err := newScheduler(c).Run(ctx)
 		if ctx.Err() != nil {
 			return
 		}
@@ -375,7 +273,7 @@ type memberFeed struct {
 
 // memberPeer is one live coordinator as its member key says.
 type memberPeer struct {
-	rec   memberRecord
+	rec   store.MemberRecord
 	lease clientv3.LeaseID
 }
 
@@ -390,8 +288,8 @@ func (f *memberFeed) live() map[string]memberPeer {
 
 func (f *memberFeed) run(ctx context.Context, c *Coordinator) {
 	for ctx.Err() == nil {
-		gctx, cancel := etcdCtx(ctx)
-		resp, err := c.cli.Get(gctx, prefMembers, clientv3.WithPrefix())
+		gctx, cancel := store.EtcdCtx(ctx)
+		resp, err := c.cli.Get(gctx, store.PrefMembers, clientv3.WithPrefix())
 		cancel()
 		if err != nil {
 			sleepCtx(ctx, 200*time.Millisecond)
@@ -399,16 +297,16 @@ func (f *memberFeed) run(ctx context.Context, c *Coordinator) {
 		}
 		live := map[string]memberPeer{}
 		for _, kv := range resp.Kvs {
-			live[string(kv.Key[len(prefMembers):])] = decodePeer(kv)
+			live[string(kv.Key[len(store.PrefMembers):])] = decodePeer(kv)
 		}
 		f.publish(live)
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for wr := range c.cli.Watch(wctx, prefMembers, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+		for wr := range c.cli.Watch(wctx, store.PrefMembers, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
 			if wr.Err() != nil {
 				break
 			}
 			for _, ev := range wr.Events {
-				id := string(ev.Kv.Key[len(prefMembers):])
+				id := string(ev.Kv.Key[len(store.PrefMembers):])
 				if ev.Type == clientv3.EventTypeDelete {
 					delete(live, id)
 				} else {
@@ -474,14 +372,8 @@ func (f *memberFeed) subscribe(ctx context.Context) <-chan []string {
 	return out
 }
 
-// shardStat is one shard's counts from the scheduling loop's cache.
-type shardStat struct {
-	pending, running int
-	lastPlanMs       int64
-}
-
 // publishShardStats keeps the loop's latest per-shard counts for ListShards.
-func (c *Coordinator) publishShardStats(st []shardStat) { c.shardStats.Store(&st) }
+func (c *Coordinator) publishShardStats(st []scheduler.ShardStat) { c.shardStats.Store(&st) }
 
 // graceUntil is the end of the failover grace (Config.FailoverGrace): none
 // for a coordinator that started into a running region.

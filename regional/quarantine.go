@@ -14,6 +14,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/regional/nodehealth"
+	"apiary.dev/apiary/regional/store"
 )
 
 // Limits of the operator's quarantine fields (bytes).
@@ -36,7 +37,7 @@ func (s *adminServer) QuarantineNode(ctx context.Context, req *apiaryv1.Quaranti
 		return nil, err
 	}
 	c := s.c
-	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *nodeRecord) (bool, error) {
+	n, changed, err := c.updateNodeRecord(ctx, req.GetNodeId(), func(r *store.NodeRecord) (bool, error) {
 		if !r.Quarantined {
 			r.QuarantinedMs = time.Now().UnixMilli()
 		}
@@ -65,9 +66,9 @@ func (s *adminServer) ReleaseNode(ctx context.Context, req *apiaryv1.ReleaseNode
 		return nil, err
 	}
 	c := s.c
-	var was nodeRecord
+	var was store.NodeRecord
 	var wasAuto *nodehealth.Quarantine
-	n, changed, err := c.updateNode(ctx, req.GetNodeId(), func(r *nodeRecord, h *nodehealth.Record) (bool, error) {
+	n, changed, err := c.updateNode(ctx, req.GetNodeId(), func(r *store.NodeRecord, h *nodehealth.Record) (bool, error) {
 		was, wasAuto = *r, h.Quarantine
 		released := false
 		*h, released = h.Release(time.Now().UnixMilli())
@@ -113,20 +114,20 @@ func checkFreeText(field, v string, max int, required bool) error {
 // as is. It returns the node as stored and whether it wrote.
 // Errors: NOT_FOUND when the region has no record of the node, ABORTED when
 // the record kept changing, UNAVAILABLE when etcd failed.
-func (c *Coordinator) updateNodeRecord(ctx context.Context, id string, edit func(*nodeRecord) (bool, error)) (*apiaryv1.Node, bool, error) {
-	return c.updateNode(ctx, id, func(r *nodeRecord, _ *nodehealth.Record) (bool, error) { return edit(r) })
+func (c *Coordinator) updateNodeRecord(ctx context.Context, id string, edit func(*store.NodeRecord) (bool, error)) (*apiaryv1.Node, bool, error) {
+	return c.updateNode(ctx, id, func(r *store.NodeRecord, _ *nodehealth.Record) (bool, error) { return edit(r) })
 }
 
 // updateNode is updateNodeRecord whose edit may also change the node's
 // health record (nodehealth); when an automatic quarantine begins or ends
 // the region's quarantine set follows, in the same Txn, compared on the
 // ModRevision of all three.
-func (c *Coordinator) updateNode(ctx context.Context, id string, edit func(*nodeRecord, *nodehealth.Record) (bool, error)) (*apiaryv1.Node, bool, error) {
-	cctx, cancel := etcdCtx(ctx)
+func (c *Coordinator) updateNode(ctx context.Context, id string, edit func(*store.NodeRecord, *nodehealth.Record) (bool, error)) (*apiaryv1.Node, bool, error) {
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	key := keyNode(id)
-	read := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(keyNodeAlive(id)), clientv3.OpGet(keyNodeUsage(id)),
-		clientv3.OpGet(keyNodeHealth(id)), clientv3.OpGet(keyQuarantineSet)}
+	key := store.KeyNode(id)
+	read := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(store.KeyNodeAlive(id)), clientv3.OpGet(store.KeyNodeUsage(id)),
+		clientv3.OpGet(store.KeyNodeHealth(id)), clientv3.OpGet(store.KeyQuarantineSet)}
 	for i := 0; i < 4; i++ {
 		resp, err := c.cli.Txn(cctx).Then(read...).Commit()
 		if err != nil {
@@ -140,8 +141,8 @@ func (c *Coordinator) updateNode(ctx context.Context, id string, edit func(*node
 		if len(recKVs) != 1 {
 			return nil, false, status.Errorf(codes.NotFound, "node %s: no such node in region %s", id, c.meta.Region)
 		}
-		nv := decodeNodes(kvs)[id]
-		if nv == nil || nv.rec == nil {
+		nv := store.DecodeNodes(kvs)[id]
+		if nv == nil || nv.Rec == nil {
 			return nil, false, status.Errorf(codes.Internal, "node %s: its record does not decode", id)
 		}
 		hs := newHealthState()
@@ -150,25 +151,25 @@ func (c *Coordinator) updateNode(ctx context.Context, id string, edit func(*node
 				return nil, false, status.Errorf(codes.Internal, "node %s: %v", id, err)
 			}
 		}
-		healthWas := nv.health
-		if write, err := edit(nv.rec, &nv.health); err != nil {
+		healthWas := nv.Health
+		if write, err := edit(nv.Rec, &nv.Health); err != nil {
 			return nil, false, err
 		} else if !write {
 			return c.nodeProto(id, nv), false, nil
 		}
 		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", recKVs[0].ModRevision)}
-		ops := []clientv3.Op{clientv3.OpPut(key, mustJSON(nv.rec))}
-		if !reflect.DeepEqual(healthWas, nv.health) {
+		ops := []clientv3.Op{clientv3.OpPut(key, store.MustJSON(nv.Rec))}
+		if !reflect.DeepEqual(healthWas, nv.Health) {
 			nh := hs.node(id)
-			nh.rec, nh.rev, nh.changed = nv.health, nv.healthRev, true
-			if _, in := hs.set.Nodes[id]; in != (nv.health.Quarantine != nil) {
-				if nv.health.Quarantine == nil {
+			nh.rec, nh.rev, nh.changed = nv.Health, nv.HealthRev, true
+			if _, in := hs.set.Nodes[id]; in != (nv.Health.Quarantine != nil) {
+				if nv.Health.Quarantine == nil {
 					delete(hs.set.Nodes, id)
 				} else {
 					if hs.set.Nodes == nil {
 						hs.set.Nodes = map[string]int64{}
 					}
-					hs.set.Nodes[id] = nv.health.Quarantine.SinceMs
+					hs.set.Nodes[id] = nv.Health.Quarantine.SinceMs
 				}
 				hs.setMod = true
 			}

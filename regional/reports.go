@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -40,7 +41,7 @@ type reportState struct {
 	taskKey   string
 	task      taskstate.Task
 	modRev    int64
-	job       *jobRecord
+	job       *store.JobRecord
 	alive     int64 // node's current epoch (0: gone)
 	token     int64 // fencing token of the current assignment
 	changed   bool
@@ -63,7 +64,7 @@ type reportRead struct {
 
 // reportTaskKey is the key of the task a report is about.
 func (c *Coordinator) reportTaskKey(r *apiaryv1.ReportTaskStatusRequest) string {
-	return keyTask(shards.Of(r.GetJobId(), c.meta.ShardCount), r.GetJobId(), r.GetTaskIndex())
+	return store.KeyTask(shards.Of(r.GetJobId(), c.meta.ShardCount), r.GetJobId(), r.GetTaskIndex())
 }
 
 var reportRNG = struct {
@@ -166,20 +167,20 @@ func (c *Coordinator) readReports(ctx context.Context, batch []*reportItem) (*re
 	var nodeIDs []string
 	for _, it := range batch {
 		shard := shards.Of(it.req.GetJobId(), c.meta.ShardCount)
-		k := keyTask(shard, it.req.GetJobId(), it.req.GetTaskIndex())
+		k := store.KeyTask(shard, it.req.GetJobId(), it.req.GetTaskIndex())
 		if rd.states[k] == nil {
 			rd.states[k] = &reportState{shard: shard, taskKey: k}
 			rd.order = append(rd.order, k)
 			reads = append(reads, clientv3.OpGet(k))
-			if c.specs.get(it.req.GetJobId()) == nil {
-				reads = append(reads, clientv3.OpGet(keyJob(shard, it.req.GetJobId())))
+			if c.specs.Get(it.req.GetJobId()) == nil {
+				reads = append(reads, clientv3.OpGet(store.KeyJob(shard, it.req.GetJobId())))
 			}
-			reads = append(reads, clientv3.OpGet(keyAssign(it.req.GetNodeId(), it.req.GetJobId(), it.req.GetTaskIndex())))
+			reads = append(reads, clientv3.OpGet(store.KeyAssign(it.req.GetNodeId(), it.req.GetJobId(), it.req.GetTaskIndex())))
 		}
 		if !nodes[it.req.GetNodeId()] {
 			nodes[it.req.GetNodeId()] = true
 			nodeIDs = append(nodeIDs, it.req.GetNodeId())
-			reads = append(reads, clientv3.OpGet(keyNodeAlive(it.req.GetNodeId())))
+			reads = append(reads, clientv3.OpGet(store.KeyNodeAlive(it.req.GetNodeId())))
 		}
 	}
 	reads = append(reads, healthReads(nodeIDs)...)
@@ -193,19 +194,19 @@ func (c *Coordinator) readReports(ctx context.Context, batch []*reportItem) (*re
 		for _, kv := range r.GetResponseRange().Kvs {
 			key := string(kv.Key)
 			switch {
-			case isTaskKey(key):
+			case store.IsTaskKey(key):
 				st := rd.states[key]
 				if err := json.Unmarshal(kv.Value, &st.task); err != nil {
 					return nil, fmt.Errorf("decode task %s: %w", key, err)
 				}
 				st.modRev = kv.ModRevision
-			case isJobKey(key):
-				var jr jobRecord
+			case store.IsJobKey(key):
+				var jr store.JobRecord
 				if err := json.Unmarshal(kv.Value, &jr); err != nil {
 					return nil, fmt.Errorf("decode job %s: %w", key, err)
 				}
-				c.specs.put(&jr)
-			case isAssignKey(key):
+				c.specs.Put(&jr)
+			case store.IsAssignKey(key):
 				rd.tokens[key] = kv.CreateRevision
 			default:
 				if ok, err := rd.health.fold(key, kv.Value, kv.ModRevision); ok {
@@ -214,7 +215,7 @@ func (c *Coordinator) readReports(ctx context.Context, batch []*reportItem) (*re
 					}
 					continue
 				}
-				if id, kind, ok := nodeKeyKind(key); ok && kind == nodeAliveKey {
+				if id, kind, ok := store.NodeKeyKind(key); ok && kind == store.NodeAliveKey {
 					rd.alive[id] = kv.CreateRevision
 				}
 			}
@@ -237,7 +238,7 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 			continue
 		}
 		if st.job == nil {
-			st.job = c.specs.get(r.GetJobId())
+			st.job = c.specs.Get(r.GetJobId())
 		}
 		if st.job == nil {
 			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: "job record not found"}
@@ -255,7 +256,7 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 		}
 		blame := c.blame(rd.health, r, view, nowMs)
 		reportRNG.Lock()
-		res := taskstate.ApplyReport(st.task, policyOf(st.job.Spec, st.task.Group), taskstate.Report{
+		res := taskstate.ApplyReport(st.task, store.PolicyOf(st.job.Spec, st.task.Group), taskstate.Report{
 			Kind: r.GetKind(), NodeID: r.GetNodeId(), NodeEpoch: r.GetNodeEpoch(), Attempt: r.GetAttempt(),
 			ExitCode: r.GetExitCode(), Error: r.GetError(), StartMs: r.GetStartTimeMs(), EndMs: r.GetEndTimeMs(),
 			Fault: r.GetFault(), Blame: blame,
@@ -268,7 +269,7 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 		if failed := res.Fault != apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED; failed || res.Outcome == taskstate.OutcomeComplete {
 			c.observe(rd.health, r.GetNodeId(), r.GetJobId(), failed, st.task.AssignedMs, view(), nowMs)
 		}
-		token := rd.tokens[keyAssign(r.GetNodeId(), r.GetJobId(), r.GetTaskIndex())]
+		token := rd.tokens[store.KeyAssign(r.GetNodeId(), r.GetJobId(), r.GetTaskIndex())]
 		if res.Task.FencingToken == 0 && taskstate.Active(res.Task.State) {
 			res.Task.FencingToken = token
 		}
@@ -305,14 +306,14 @@ func (rd *reportRead) writes() ([]clientv3.Cmp, []clientv3.Op) {
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", st.modRev))
 		if !cmpNodes[st.nodeID] {
 			cmpNodes[st.nodeID] = true
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keyNodeAlive(st.nodeID)), "=", st.nodeEpoch))
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(store.KeyNodeAlive(st.nodeID)), "=", st.nodeEpoch))
 		}
-		ops = append(ops, clientv3.OpPut(k, mustJSON(&st.task)))
+		ops = append(ops, clientv3.OpPut(k, store.MustJSON(&st.task)))
 		for _, res := range st.results {
-			ops = append(ops, clientv3.OpPut(keyResult(st.shard, st.task.JobID, st.task.Index, res.Attempt), mustJSON(res)))
+			ops = append(ops, clientv3.OpPut(store.KeyResult(st.shard, st.task.JobID, st.task.Index, res.Attempt), store.MustJSON(res)))
 		}
 		if st.release {
-			ops = append(ops, clientv3.OpDelete(keyAssign(st.nodeID, st.task.JobID, st.task.Index)))
+			ops = append(ops, clientv3.OpDelete(store.KeyAssign(st.nodeID, st.task.JobID, st.task.Index)))
 		}
 	}
 	return cmps, ops

@@ -14,6 +14,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/testutil"
+	"apiary.dev/apiary/regional/store"
 )
 
 // TestRetentionDeletesFinishedJobs: a finished job is deleted whole (record,
@@ -38,7 +39,7 @@ func TestRetentionDeletesFinishedJobs(t *testing.T) {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, prefix := range []string{"/apiary/jobs/", "/apiary/tasks/", "/apiary/results/", "/apiary/dedup/"} {
+	for _, prefix := range []string{store.PrefJobs, store.PrefTasks, store.PrefResults, store.PrefDedup} {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 		if err != nil {
 			t.Fatal(err)

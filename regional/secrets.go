@@ -18,6 +18,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/secretbox"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/shards"
 )
 
@@ -30,7 +31,7 @@ import (
 //     holds only sealed values. A region without a LAN keyring refuses
 //     secret_env (FAILED_PRECONDITION).
 //   - Dispatch: a planned assignment (/apiary/assign/...) carries no secret,
-//     only secretEnvMarker (the group index) in its env. The coordinator
+//     only store.SecretEnvMarker (the group index) in its env. The coordinator
 //     that streams it to the node's agent reads the job record, opens the
 //     group's values with any key of its keyring and sends them in
 //     Assignment.env over that stream (mTLS), nowhere else. A value it
@@ -44,12 +45,6 @@ import (
 //   - Rotation: `apiary keyring remove` (LAN pool) first re-seals every
 //     value under the removed key with the primary key (resealSecrets), and
 //     is refused while any job still depends on it.
-
-// secretEnvMarker is the env entry of a stored assignment whose group has
-// secret_env: its value is the group index. No variable has this name
-// (names match [A-Za-z_][A-Za-z0-9_]*); the streaming coordinator replaces it
-// with the opened values before the agent sees the assignment.
-const secretEnvMarker = "apiary.secret_env"
 
 // secretAAD binds a sealed value to its job, group and name, so that a
 // value copied to another job or variable in etcd does not open.
@@ -118,7 +113,7 @@ func sealSpec(spec *apiaryv1.JobSpec, jobID string, primary []byte) (*apiaryv1.J
 // openGroupSecrets opens the secret_env values of task group g of a stored
 // job record with keys. Errors name the variable and, for a removed key,
 // its id; they never hold a value.
-func openGroupSecrets(rec *jobRecord, g int, keys [][]byte) (map[string]string, error) {
+func openGroupSecrets(rec *store.JobRecord, g int, keys [][]byte) (map[string]string, error) {
 	groups := rec.Spec.GetTasks()
 	if g < 0 || g >= len(groups) {
 		return nil, fmt.Errorf("job %s has no task group %d", rec.ID, g)
@@ -136,17 +131,17 @@ func openGroupSecrets(rec *jobRecord, g int, keys [][]byte) (map[string]string, 
 }
 
 // readJobRecord reads one job record from etcd (nil, nil when it is gone).
-func (c *Coordinator) readJobRecord(ctx context.Context, jobID string) (*jobRecord, error) {
-	gctx, cancel := etcdCtx(ctx)
+func (c *Coordinator) readJobRecord(ctx context.Context, jobID string) (*store.JobRecord, error) {
+	gctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	resp, err := c.cli.Get(gctx, keyJob(shards.Of(jobID, c.meta.ShardCount), jobID))
+	resp, err := c.cli.Get(gctx, store.KeyJob(shards.Of(jobID, c.meta.ShardCount), jobID))
 	if err != nil {
 		return nil, err
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, nil
 	}
-	var rec jobRecord
+	var rec store.JobRecord
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 		return nil, fmt.Errorf("decode job %s: %w", jobID, err)
 	}
@@ -213,19 +208,19 @@ func (c *Coordinator) checkRepeatSecrets(ctx context.Context, jobID, clientID, r
 // the stream ends and the agent reconnects, nothing is failed.
 var errDispatchRetry = errors.New("retry dispatch")
 
-// withSecrets replaces an assignment's secretEnvMarker by the opened
+// withSecrets replaces an assignment's store.SecretEnvMarker by the opened
 // secret_env values of its group, read from the job record now (so a
 // re-sealed record is seen). An error wrapping errDispatchRetry is passing;
 // any other means the attempt cannot get its secrets (failDispatch).
 func (c *Coordinator) withSecrets(ctx context.Context, a *apiaryv1.Assignment) error {
-	mark, ok := a.GetEnv()[secretEnvMarker]
+	mark, ok := a.GetEnv()[store.SecretEnvMarker]
 	if !ok {
 		return nil
 	}
-	delete(a.Env, secretEnvMarker)
+	delete(a.Env, store.SecretEnvMarker)
 	g, err := strconv.Atoi(mark)
 	if err != nil {
-		return fmt.Errorf("assignment of %s/%d: bad %s %q", a.GetJobId(), a.GetTaskIndex(), secretEnvMarker, mark)
+		return fmt.Errorf("assignment of %s/%d: bad %s %q", a.GetJobId(), a.GetTaskIndex(), store.SecretEnvMarker, mark)
 	}
 	keys, err := c.secretKeys()
 	if err != nil {
@@ -313,7 +308,7 @@ type resealed struct {
 // resealRecord re-seals, in a copy of rec's spec, every secret_env value
 // sealed under the key with id oldID with k's primary key; n is how many
 // values changed (0: rec is returned unchanged).
-func resealRecord(rec *jobRecord, oldID string, k sealKeys) (out *jobRecord, n int, err error) {
+func resealRecord(rec *store.JobRecord, oldID string, k sealKeys) (out *store.JobRecord, n int, err error) {
 	spec, err := jobspec.MapSecrets(rec.Spec, func(g int, name, v string) (string, error) {
 		if id, ok := secretbox.KeyIDOf(v); !ok || id != oldID {
 			return v, nil
@@ -336,7 +331,7 @@ func resealRecord(rec *jobRecord, oldID string, k sealKeys) (out *jobRecord, n i
 
 // usesKey reports whether some secret_env value of rec is sealed under the
 // key with id oldID.
-func usesKey(rec *jobRecord, oldID string) bool {
+func usesKey(rec *store.JobRecord, oldID string) bool {
 	for _, g := range rec.Spec.GetTasks() {
 		for _, v := range g.GetSecretEnv() {
 			if id, ok := secretbox.KeyIDOf(v); ok && id == oldID {
@@ -393,10 +388,10 @@ func (c *Coordinator) resealSecrets(ctx context.Context, oldKey string) (int, er
 // jobs that still use oldID after it (their writes kept conflicting or
 // failed to open), found jobs that used it when read.
 func (c *Coordinator) resealPass(ctx context.Context, oldID string, k sealKeys) (n, left, found int, err error) {
-	end := clientv3.GetPrefixRangeEnd(prefJobs)
-	from := prefJobs
+	end := clientv3.GetPrefixRangeEnd(store.PrefJobs)
+	from := store.PrefJobs
 	for {
-		gctx, cancel := etcdCtx(ctx)
+		gctx, cancel := store.EtcdCtx(ctx)
 		resp, err := c.cli.Get(gctx, from, clientv3.WithRange(end), clientv3.WithLimit(resealPage))
 		cancel()
 		if err != nil {
@@ -414,7 +409,7 @@ func (c *Coordinator) resealPass(ctx context.Context, oldID string, k sealKeys) 
 			return err
 		}
 		for _, kv := range resp.Kvs {
-			var rec jobRecord
+			var rec store.JobRecord
 			if json.Unmarshal(kv.Value, &rec) != nil || !usesKey(&rec, oldID) {
 				continue
 			}
@@ -428,7 +423,7 @@ func (c *Coordinator) resealPass(ctx context.Context, oldID string, k sealKeys) 
 			if m == 0 {
 				continue
 			}
-			v := mustJSON(nr)
+			v := store.MustJSON(nr)
 			batch = append(batch, resealed{key: string(kv.Key), modRev: kv.ModRevision, value: v})
 			size += len(v)
 			if size >= resealBatchBytes {
@@ -486,7 +481,7 @@ func (c *Coordinator) writeResealed(ctx context.Context, batch []resealed, oldID
 // oldID after resealTries.
 func (c *Coordinator) resealOne(ctx context.Context, key, oldID string, k sealKeys) (bool, error) {
 	for try := 0; try < resealTries; try++ {
-		gctx, cancel := etcdCtx(ctx)
+		gctx, cancel := store.EtcdCtx(ctx)
 		resp, err := c.cli.Get(gctx, key)
 		cancel()
 		if err != nil {
@@ -495,7 +490,7 @@ func (c *Coordinator) resealOne(ctx context.Context, key, oldID string, k sealKe
 		if len(resp.Kvs) == 0 {
 			return true, nil // deleted meanwhile (retention)
 		}
-		var rec jobRecord
+		var rec store.JobRecord
 		if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 			return false, nil
 		}
@@ -508,7 +503,7 @@ func (c *Coordinator) resealOne(ctx context.Context, key, oldID string, k sealKe
 		}
 		rev := resp.Kvs[0].ModRevision
 		tr, err := c.txnRetry(ctx, func(actx context.Context) (*clientv3.TxnResponse, error) {
-			return c.cli.Txn(actx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(clientv3.OpPut(key, mustJSON(nr))).Commit()
+			return c.cli.Txn(actx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(clientv3.OpPut(key, store.MustJSON(nr))).Commit()
 		})
 		if err != nil {
 			return false, err

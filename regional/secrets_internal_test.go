@@ -7,6 +7,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/secretbox"
+	"apiary.dev/apiary/regional/store"
 )
 
 // TestSealedSpecs: a spec sealed for one job opens for that job and group
@@ -29,13 +30,13 @@ func TestSealedSpecs(t *testing.T) {
 	if plain.GetTasks()[0].GetSecretEnv()["A"] != "a-secret" {
 		t.Fatal("sealSpec changed its input")
 	}
-	rec := &jobRecord{ID: "j1", Spec: sealed}
+	rec := &store.JobRecord{ID: "j1", Spec: sealed}
 	got, err := openGroupSecrets(rec, 0, [][]byte{newK, oldK})
 	if err != nil || got["A"] != "a-secret" || got["B"] != "b-secret" || len(got) != 2 {
 		t.Fatalf("open group 0: %v, %v", got, err)
 	}
 	// A value moved to another job, group or name does not open.
-	for _, moved := range []*jobRecord{{ID: "j2", Spec: sealed}, {ID: "j1", Spec: &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{
+	for _, moved := range []*store.JobRecord{{ID: "j2", Spec: sealed}, {ID: "j1", Spec: &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{
 		{SecretEnv: map[string]string{"A": sealed.GetTasks()[1].GetSecretEnv()["A"]}}}}},
 		{ID: "j1", Spec: &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{SecretEnv: map[string]string{"C": sealed.GetTasks()[0].GetSecretEnv()["A"]}}}}}} {
 		if _, err := openGroupSecrets(moved, 0, [][]byte{oldK}); !errors.Is(err, secretbox.ErrAuth) {

@@ -29,6 +29,7 @@ import (
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/secretbox"
 	"apiary.dev/apiary/internal/testutil"
+	"apiary.dev/apiary/regional/store"
 )
 
 // secretJob is a one-task job whose attempts write the DB_PASSWORD they see
@@ -92,7 +93,7 @@ func etcdValues(t *testing.T, cli *clientv3.Client) map[string][]byte {
 func jobRecordKV(t *testing.T, cli *clientv3.Client, id string) (key string, raw []byte, stored string) {
 	t.Helper()
 	for k, v := range etcdValues(t, cli) {
-		if strings.HasPrefix(k, "/apiary/jobs/") && strings.HasSuffix(k, "/"+id) {
+		if strings.HasPrefix(k, store.PrefJobs) && strings.HasSuffix(k, "/"+id) {
 			var rec struct {
 				Spec struct {
 					Tasks []struct {
@@ -221,9 +222,9 @@ func TestSecretEnvEndToEnd(t *testing.T) {
 	}
 	var assigns int
 	for k, v := range etcdValues(t, cli) {
-		if strings.HasPrefix(k, "/apiary/assign/") && strings.Contains(k, id) {
+		if strings.HasPrefix(k, store.PrefAssign) && strings.Contains(k, id) {
 			assigns++
-			if !bytes.Contains(v, []byte("apiary.secret_env")) || bytes.Contains(v, []byte("apiary-sealed:")) {
+			if !bytes.Contains(v, []byte(store.SecretEnvMarker)) || bytes.Contains(v, []byte("apiary-sealed:")) {
 				t.Fatalf("stored assignment %s: want the marker and no sealed value: %q", k, v)
 			}
 		}

@@ -34,6 +34,7 @@ import (
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/testutil"
+	"apiary.dev/apiary/regional/store"
 )
 
 // tlsCluster starts one region (Options.TLS: every process with its own
@@ -127,14 +128,14 @@ func etcdSnapshot(t *testing.T, cli *clientv3.Client) map[string]kvSig {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, "/apiary/", clientv3.WithPrefix())
+	resp, err := cli.Get(ctx, store.Root, clientv3.WithPrefix())
 	if err != nil {
 		t.Fatalf("etcd read with the region's certificate: %v", err)
 	}
 	out := map[string]kvSig{}
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
-		if strings.HasPrefix(k, "/apiary/members/") || strings.HasPrefix(k, "/apiary/shards/") {
+		if strings.HasPrefix(k, store.PrefMembers) || strings.HasPrefix(k, store.PrefShards+"/") {
 			continue
 		}
 		out[k] = sig(kv)
@@ -178,7 +179,7 @@ func settleUsage(t *testing.T, cli *clientv3.Client, epochs map[string]int64) {
 	testutil.Eventually(t, 30*time.Second, "usage records synced", func() error {
 		for id, epoch := range epochs {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			resp, err := cli.Get(ctx, "/apiary/nodes/"+id+"/usage")
+			resp, err := cli.Get(ctx, store.KeyNodeUsage(id))
 			cancel()
 			if err != nil {
 				return err
@@ -248,7 +249,7 @@ func TestSecurityProbes(t *testing.T) {
 	etcd := etcdOf(t, cl, r)
 	settleUsage(t, etcd, epochs)
 	before := etcdSnapshot(t, etcd)
-	aliveKey := "/apiary/nodes/" + victim + "/alive"
+	aliveKey := store.KeyNodeAlive(victim)
 	if _, ok := before[aliveKey]; !ok {
 		t.Fatalf("no %s in etcd: %v", aliveKey, before)
 	}
@@ -396,7 +397,7 @@ func TestSecurityProbes(t *testing.T) {
 				continue // refused at once: as good
 			}
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			resp, err := cli.Get(cctx, "/apiary/", clientv3.WithPrefix())
+			resp, err := cli.Get(cctx, store.Root, clientv3.WithPrefix())
 			if err == nil {
 				t.Errorf("etcd %s: read %d keys", try.name, len(resp.Kvs))
 			}

@@ -18,6 +18,7 @@ import (
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/testutil"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -82,10 +83,6 @@ func regionEtcd(t *testing.T, r *devcluster.Region) *clientv3.Client {
 	return cli
 }
 
-// tasksPrefix is where task records live (/apiary/tasks/<s>/<job>/<index>;
-// regional/keys.go).
-const tasksPrefix = "/apiary/tasks/"
-
 // dispatchLog records, from an etcd watch on the task keys, when each task
 // was dispatched (became ASSIGNED) and, at every revision, how many tasks
 // were active on each node (the over-commit check).
@@ -108,7 +105,7 @@ func watchDispatches(t *testing.T, cli *clientv3.Client) *dispatchLog {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
-	resp, err := cli.Get(gctx, tasksPrefix, clientv3.WithPrefix())
+	resp, err := cli.Get(gctx, store.PrefTasks, clientv3.WithPrefix())
 	gcancel()
 	if err != nil {
 		t.Fatal(err)
@@ -136,14 +133,14 @@ func watchDispatches(t *testing.T, cli *clientv3.Client) *dispatchLog {
 			d.active[tk.NodeID][key] = true
 		}
 		if live && tk.State == apiaryv1.TaskState_TASK_STATE_ASSIGNED && (!had || old.State != tk.State || old.Attempt != tk.Attempt) {
-			sh, _ := strconv.Atoi(strings.Split(strings.TrimPrefix(key, tasksPrefix), "/")[0])
+			sh, _ := strconv.Atoi(strings.Split(strings.TrimPrefix(key, store.PrefTasks), "/")[0])
 			d.dispatches = append(d.dispatches, dispatch{at: time.Now(), shard: sh, key: key})
 		}
 	}
 	for _, kv := range resp.Kvs {
 		apply(string(kv.Key), kv.Value, false, false)
 	}
-	wch := cli.Watch(ctx, tasksPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	wch := cli.Watch(ctx, store.PrefTasks, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	go func() {
 		for wr := range wch {
 			d.mu.Lock()

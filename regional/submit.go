@@ -16,6 +16,7 @@ import (
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/sovereignty"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -25,7 +26,7 @@ var idRE = ids.Idempotency
 // submitItem is one accepted-for-commit submission waiting in the group
 // commit queue.
 type submitItem struct {
-	job   jobRecord
+	job   store.JobRecord
 	tasks []taskstate.Task
 	done  chan submitResult
 	// plain is the spec before its secret_env was sealed (job.Spec holds
@@ -44,7 +45,7 @@ type submitResult struct {
 // Nothing is written for an invalid request.
 func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest) (resp *apiaryv1.SubmitJobResponse, err error) {
 	ctx, span := c.startAccept(ctx, req)
-	var rec *jobRecord
+	var rec *store.JobRecord
 	defer func() { c.endAccept(span, rec, resp, err) }()
 	if req.GetSpec() == nil {
 		return nil, status.Error(codes.InvalidArgument, "spec: is required")
@@ -102,7 +103,7 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	now := time.Now()
 	id := ids.NewJobID(c.meta.Region, now)
 	shard := shards.Of(id, c.meta.ShardCount)
-	rec = &jobRecord{ID: id, Region: c.meta.Region, Shard: shard, Spec: spec, SubmitMs: now.UnixMilli(),
+	rec = &store.JobRecord{ID: id, Region: c.meta.Region, Shard: shard, Spec: spec, SubmitMs: now.UnixMilli(),
 		ClientID: req.GetClientId(), RequestID: req.GetRequestId(), Traceparent: jobTraceparent(ctx, req),
 		TaskCount: int32(jobspec.TaskCount(spec)), Where: where}
 	if rec.RequestID != "" {
@@ -149,7 +150,7 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 // region). It returns the decision stored with the job, which the placement
 // filter enforces on every node (sovereignty.Resolve is the one definition the
 // router, this check and placement share).
-func (c *Coordinator) resolveWhere(spec *apiaryv1.JobSpec) (*whereRecord, error) {
+func (c *Coordinator) resolveWhere(spec *apiaryv1.JobSpec) (*store.WhereRecord, error) {
 	jur, class := spec.GetJurisdiction(), spec.GetDataClass()
 	if c.cfg.Policy != nil {
 		if err := c.cfg.Policy.CheckValues(jur, class); err != nil {
@@ -166,17 +167,17 @@ func (c *Coordinator) resolveWhere(spec *apiaryv1.JobSpec) (*whereRecord, error)
 	if !d.Any && !d.Allows(c.meta.Jurisdiction) {
 		return nil, status.Error(codes.FailedPrecondition, d.Refusal(jur, class, c.meta.Region, c.meta.Jurisdiction).Error())
 	}
-	return &whereRecord{Rule: d.Rule, Any: d.Any, Jurisdictions: d.Jurisdictions()}, nil
+	return &store.WhereRecord{Rule: d.Rule, Any: d.Any, Jurisdictions: d.Jurisdictions()}, nil
 }
 
 func (it *submitItem) ops() []clientv3.Op {
 	ops := make([]clientv3.Op, 0, len(it.tasks)+2)
-	ops = append(ops, clientv3.OpPut(keyJob(it.job.Shard, it.job.ID), mustJSON(it.job)))
+	ops = append(ops, clientv3.OpPut(store.KeyJob(it.job.Shard, it.job.ID), store.MustJSON(it.job)))
 	for i := range it.tasks {
-		ops = append(ops, clientv3.OpPut(keyTask(it.job.Shard, it.job.ID, it.tasks[i].Index), mustJSON(&it.tasks[i])))
+		ops = append(ops, clientv3.OpPut(store.KeyTask(it.job.Shard, it.job.ID, it.tasks[i].Index), store.MustJSON(&it.tasks[i])))
 	}
 	if it.job.RequestID != "" {
-		ops = append(ops, clientv3.OpPut(keyDedup(it.job.ClientID, it.job.RequestID), mustJSON(dedupRecord{JobID: it.job.ID, Hash: it.job.PayloadHash})))
+		ops = append(ops, clientv3.OpPut(store.KeyDedup(it.job.ClientID, it.job.RequestID), store.MustJSON(store.DedupRecord{JobID: it.job.ID, Hash: it.job.PayloadHash})))
 	}
 	return ops
 }
@@ -185,7 +186,7 @@ func (it *submitItem) dedupKey() string {
 	if it.job.RequestID == "" {
 		return ""
 	}
-	return keyDedup(it.job.ClientID, it.job.RequestID)
+	return store.KeyDedup(it.job.ClientID, it.job.RequestID)
 }
 
 const maxOpsPerTxn = 16384
@@ -251,7 +252,7 @@ func (c *Coordinator) flushSubmits(batch []*submitItem) {
 }
 
 func (c *Coordinator) submitOne(it *submitItem) submitResult {
-	jk := keyJob(it.job.Shard, it.job.ID)
+	jk := store.KeyJob(it.job.Shard, it.job.ID)
 	var elseOps []clientv3.Op
 	if k := it.dedupKey(); k != "" {
 		elseOps = append(elseOps, clientv3.OpGet(k))
@@ -270,7 +271,7 @@ func (c *Coordinator) submitOne(it *submitItem) submitResult {
 	if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; len(kvs) > 0 {
 		return submitResult{jobID: it.job.ID}
 	}
-	var d dedupRecord
+	var d store.DedupRecord
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if it.dedupKey() == "" || len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &d) != nil {
 		return submitResult{err: status.Error(codes.Internal, "dedup record unreadable")}
@@ -287,7 +288,7 @@ func (c *Coordinator) submitOne(it *submitItem) submitResult {
 // guards are the compares that make a submission's Txn safe to repeat: the
 // job key (a fresh id) and the dedup key must not exist yet.
 func (it *submitItem) guards() []clientv3.Cmp {
-	g := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keyJob(it.job.Shard, it.job.ID)), "=", 0)}
+	g := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.KeyJob(it.job.Shard, it.job.ID)), "=", 0)}
 	if k := it.dedupKey(); k != "" {
 		g = append(g, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
 	}

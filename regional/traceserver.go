@@ -26,6 +26,7 @@ import (
 	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/telemetry"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -59,8 +60,8 @@ func (s *jobServer) GetJobTrace(ctx context.Context, req *apiaryv1.GetJobTraceRe
 	if req.GetLocalOnly() {
 		return out, nil
 	}
-	cctx, cancel := etcdCtx(ctx)
-	resp, err := c.cli.Get(cctx, prefMembers, clientv3.WithPrefix())
+	cctx, cancel := store.EtcdCtx(ctx)
+	resp, err := c.cli.Get(cctx, store.PrefMembers, clientv3.WithPrefix())
 	cancel()
 	if err != nil {
 		out.Unavailable = append(out.Unavailable, fmt.Sprintf("region %s's other coordinators: listing them: %v", c.meta.Region, err))
@@ -71,7 +72,7 @@ func (s *jobServer) GetJobTrace(ctx context.Context, req *apiaryv1.GetJobTraceRe
 		wg sync.WaitGroup
 	)
 	for _, kv := range resp.Kvs {
-		var m memberRecord
+		var m store.MemberRecord
 		if json.Unmarshal(kv.Value, &m) != nil || m.ID == c.cfg.ID || m.APIAddr == "" {
 			continue
 		}
@@ -96,16 +97,16 @@ func (s *jobServer) GetJobTrace(ctx context.Context, req *apiaryv1.GetJobTraceRe
 // checkJobRead is aclCheck of capability read on job id's namespace,
 // read from its record: NOT_FOUND without one.
 func (c *Coordinator) checkJobRead(ctx context.Context, method string, shard int, id string) error {
-	cctx, cancel := etcdCtx(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	resp, err := c.cli.Get(cctx, keyJob(shard, id))
+	resp, err := c.cli.Get(cctx, store.KeyJob(shard, id))
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "read job: %v", err)
 	}
 	if len(resp.Kvs) == 0 {
 		return status.Errorf(codes.NotFound, "job %s not found", id)
 	}
-	var rec jobRecord
+	var rec store.JobRecord
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 		return status.Errorf(codes.Internal, "decode job: %v", err)
 	}
@@ -285,16 +286,16 @@ func (c *Coordinator) checkShippedAttempts(ctx context.Context, node string, spa
 		seen := map[string]bool{}
 		for _, k := range chunk {
 			sh := shards.Of(k.job, c.meta.ShardCount)
-			ops = append(ops, clientv3.OpGet(keyTask(sh, k.job, k.task)), clientv3.OpGet(keyResult(sh, k.job, k.task, k.attempt)))
+			ops = append(ops, clientv3.OpGet(store.KeyTask(sh, k.job, k.task)), clientv3.OpGet(store.KeyResult(sh, k.job, k.task, k.attempt)))
 			if !seen[k.job] {
 				seen[k.job] = true
 				jobs = append(jobs, k.job)
 			}
 		}
 		for _, j := range jobs {
-			ops = append(ops, clientv3.OpGet(keyJob(shards.Of(j, c.meta.ShardCount), j)))
+			ops = append(ops, clientv3.OpGet(store.KeyJob(shards.Of(j, c.meta.ShardCount), j)))
 		}
-		cctx, cancel := etcdCtx(ctx)
+		cctx, cancel := store.EtcdCtx(ctx)
 		resp, err := c.cli.Txn(cctx).Then(ops...).Commit()
 		cancel()
 		if err != nil {
@@ -306,7 +307,7 @@ func (c *Coordinator) checkShippedAttempts(ctx context.Context, node string, spa
 			if len(kvs) == 0 {
 				continue
 			}
-			var rec jobRecord
+			var rec store.JobRecord
 			if json.Unmarshal(kvs[0].Value, &rec) != nil {
 				continue
 			}

@@ -112,15 +112,22 @@ func (c *Coordinator) WANAddr() string {
 	return fmt.Sprintf("%s:%d", m.Addr, m.Port)
 }
 
+// wanTags are the tags the coordinator publishes: the region's summary and
+// the shards it owns now (0 before its reconciler runs, and for an API-only
+// coordinator).
 func (c *Coordinator) wanTags() (map[string]string, error) {
 	health, cp, backlog := c.capacitySnapshot()
 	return federation.CoordinatorTags{Region: c.meta.Region, ID: c.cfg.ID, Jurisdiction: c.meta.Jurisdiction,
 		Labels: c.meta.Labels, APIAddr: c.Addr(), Health: health, Capacity: cp, Backlog: backlog,
-		UpdatedMs: time.Now().UnixMilli(), Policy: c.cfg.Policy.Fingerprint()}.Encode()
+		UpdatedMs: time.Now().UnixMilli(), Policy: c.cfg.Policy.Fingerprint(), ShardsOwned: len(c.OwnedShards())}.Encode()
 }
 
-// publishWAN updates the member's tags when the summary changed (or every
-// tagRepublish). SetTags blocks until the update is broadcast.
+// publishWAN updates the member's tags when any tag but the summary's time
+// changed (the summary, or the number of shards owned) or every
+// tagRepublish. It runs once per capacityLoop tick (SummaryRefresh), so a
+// change is published within a tick and tags are set at most once a tick,
+// however often ownership moves. SetTags blocks until the update is
+// broadcast.
 func (c *Coordinator) publishWAN() {
 	c.wan.mu.Lock()
 	defer c.wan.mu.Unlock()

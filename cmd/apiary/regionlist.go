@@ -74,7 +74,10 @@ func newRegionListCmd() *cobra.Command {
 		Long: `List every region the global router knows from the serf WAN pool: its
 jurisdiction, labels, coordinators, health (up while one coordinator is alive
 and answers), free capacity, largest node, and each priority class's pending
-backlog against the region's bound.
+backlog against the region's bound. Each alive coordinator shows its member
+status, whether it answers, its health and the shards it owns, as its WAN
+tags say (published within about a second of a change; shown only for
+coordinators that publish it): "c1(alive,answers,ok,86 shards)".
 
 Against a coordinator, the answer is that coordinator's view: every region of
 its WAN pool if it is in one (an alive coordinator counts as answering: a
@@ -118,6 +121,9 @@ func printRegions(w, errw io.Writer, regions []*apiaryv1.RegionSummary) {
 				if h := c.GetHealth(); h != "" {
 					s += "," + h
 				}
+				if n := c.GetShardsOwned(); n >= 0 {
+					s += fmt.Sprintf(",%d shards", n)
+				}
 			}
 			coords = append(coords, s+")")
 		}
@@ -133,8 +139,9 @@ func printRegions(w, errw io.Writer, regions []*apiaryv1.RegionSummary) {
 			bl = append(bl, p+"/"+bound)
 		}
 		l := r.GetLargestNode()
+		// COORDINATORS up to 240 bytes: five with their state and shards.
 		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%dm/%dMiB/%dgpu\t%s\t%s\n", r.GetName(), cell(r.GetJurisdiction(), 0),
-			cell(st, 100), cell(strings.Join(coords, " "), 120), r.GetNodesReady(),
+			cell(st, 100), cell(strings.Join(coords, " "), 240), r.GetNodesReady(),
 			r.GetFree().GetCpuMillis(), r.GetFree().GetMemoryMb(), l.GetCpuMillis(), l.GetMemoryMb(), l.GetGpus(),
 			cell(strings.Join(bl, " "), 0), cell(fmtLabels(r.GetLabels()), 60))
 	}

@@ -160,7 +160,9 @@ var shardsSummaryRow = regexp.MustCompile(`(?m)^(\S+)\s+(\d+)\s+(\d+(?:-\d+)?|-)
 // A 3-coordinator region behind a global router: once ownership settles,
 // `region shards` (text, --all, -o json) accounts for every shard with the
 // three coordinators' counts summing to the shard count, as `region status`
-// does; against the router it exits 2 naming the coordinators to ask.
+// does and as `region list` (through the router and against a coordinator,
+// from the WAN tags) does; against the router `region shards` exits 2
+// naming the coordinators to ask.
 func TestCLIRegionShards(t *testing.T) {
 	start := time.Now()
 	cl := aclCluster(t, true, devcluster.RegionSpec{Name: "eu-west", Jurisdiction: "eu", Coordinators: 3})
@@ -250,6 +252,45 @@ func TestCLIRegionShards(t *testing.T) {
 	}
 	if res.code != 0 || line == nil || len(col) != 3 || colSum != n {
 		t.Fatalf("region status: exit %d, Shards line %q, %d coordinator rows owning %d shards", res.code, line, len(col), colSum)
+	}
+
+	// region list shows the same ownership per coordinator from the WAN
+	// tags, through the router (-o json and text) and against a
+	// coordinator (its own WAN view); the tags follow within a refresh.
+	listed := regexp.MustCompile(`(eu-west-c\d)\(alive,answers,[a-z-]+,(\d+) shards\)`)
+	for _, addr := range []string{cl.GlobalAddr, r.APIAddrs[2]} {
+		testutil.Eventually(t, 15*time.Second, "region list at "+addr+" shows each coordinator's shards as region shards does", func() error {
+			res := runCLI(t, env, "region", "list", "-o", "json", "--addr", addr)
+			if res.code != 0 {
+				return fmt.Errorf("exit %d: %s", res.code, res.stderr)
+			}
+			var regions apiaryv1.ListRegionsResponse
+			if err := protojson.Unmarshal([]byte(res.stdout), &regions); err != nil {
+				t.Fatalf("region list -o json: %v\n%s", err, res.stdout)
+			}
+			got, sum := map[string]int{}, 0
+			for _, reg := range regions.GetRegions() {
+				for _, co := range reg.GetCoordinators() {
+					got[co.GetId()] = int(co.GetShardsOwned())
+					sum += int(co.GetShardsOwned())
+				}
+			}
+			if len(got) != 3 || sum != n || fmt.Sprint(got) != fmt.Sprint(per) {
+				return fmt.Errorf("shards_owned %v (sum %d), want %v (sum %d)", got, sum, per, n)
+			}
+			res = runCLI(t, env, "region", "list", "--addr", addr)
+			text, sum := map[string]int{}, 0
+			for _, m := range listed.FindAllStringSubmatch(res.stdout, -1) {
+				k, _ := strconv.Atoi(m[2])
+				text[m[1]] = k
+				sum += k
+			}
+			if res.code != 0 || len(text) != 3 || sum != n || fmt.Sprint(text) != fmt.Sprint(per) {
+				return fmt.Errorf("text: exit %d, shards %v (sum %d), want %v\n%s%s", res.code, text, sum, per, res.stdout, res.stderr)
+			}
+			t.Logf("region list at %s:\n%s", addr, res.stdout)
+			return nil
+		})
 	}
 
 	// Against the router: exit 2, and the command to run for each region.

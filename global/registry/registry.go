@@ -1,7 +1,7 @@
 // Package registry is the global router's live view of the regions: a serf
 // WAN pool that every regional coordinator joins with tags (region,
-// jurisdiction, labels, gRPC address, health, capacity summary, backlog; see
-// internal/federation), plus a gRPC health probe of every alive coordinator.
+// jurisdiction, labels, gRPC address, health, capacity summary, backlog,
+// shards owned; see internal/federation), plus a gRPC health probe of every alive coordinator.
 //
 // A region is up while at least one of its coordinators is alive in the pool,
 // does not report its etcd as unavailable, and answered the router's last

@@ -639,7 +639,8 @@ type adminServer struct {
 // answer does not depend on which region is fastest. When no region
 // denies (some answer, or none answers either way), the view is returned:
 // an operator must be able to see that every region is down, and there
-// is nothing else behind it.
+// is nothing else behind it. Each coordinator's shards_owned is what its
+// WAN tags say (refreshed with them; -1 for one that publishes none).
 func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRequest) (*apiaryv1.ListRegionsResponse, error) {
 	regions := s.r.cfg.View.Regions()
 	if err := s.r.regionsAdmit(ctx, regions); err != nil {
@@ -647,7 +648,14 @@ func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRe
 	}
 	out := &apiaryv1.ListRegionsResponse{}
 	for _, reg := range regions {
-		out.Regions = append(out.Regions, reg.Summary())
+		rs := reg.Summary()
+		for i, co := range rs.Coordinators {
+			co.ShardsOwned = -1 // unknown, unless its tags (in Summary's order, reg's) say
+			if i < len(reg.Coordinators) && reg.Coordinators[i].Tags.ID == co.GetId() {
+				co.ShardsOwned = int32(reg.Coordinators[i].Tags.ShardsOwned)
+			}
+		}
+		out.Regions = append(out.Regions, rs)
 	}
 	return out, nil
 }

@@ -25,6 +25,7 @@ const (
 	TagBacklog      = "bl"     // see Backlog.encode
 	TagUpdated      = "t"      // Unix ms of the summary
 	TagPolicy       = "pol"    // sovereignty policy fingerprint ("" for none)
+	TagShards       = "sh"     // shards the coordinator owns (absent: not published)
 
 	RoleRegion = "region"
 	RoleGlobal = "global"
@@ -135,6 +136,11 @@ type CoordinatorTags struct {
 	// Policy is the fingerprint of the coordinator's sovereignty policy
 	// (sovereignty.Policy.Fingerprint; "" without --policy).
 	Policy string
+	// ShardsOwned is how many of the region's shards the coordinator owns
+	// (0 for one that owns none, an API-only one included); -1 when not
+	// published (an older coordinator): Encode omits the tag and
+	// DecodeCoordinatorTags returns -1 without it.
+	ShardsOwned int
 }
 
 // Encode renders the tags and checks serf's 512-byte limit; the error names
@@ -154,16 +160,20 @@ func (t CoordinatorTags) Encode() (map[string]string, error) {
 	if t.Policy != "" {
 		m[TagPolicy] = t.Policy
 	}
+	if t.ShardsOwned >= 0 {
+		m[TagShards] = strconv.Itoa(t.ShardsOwned)
+	}
 	if n := TagBytes(m); n > MaxTagBytes {
-		return nil, fmt.Errorf("label: region tags take %d bytes encoded, more than serf's limit of %d; shorten the region labels (%d bytes; the region name, coordinator id, jurisdiction and API address take %d, the capacity and backlog summary %d)",
+		return nil, fmt.Errorf("label: region tags take %d bytes encoded, more than serf's limit of %d; shorten the region labels (%d bytes; the region name, coordinator id, jurisdiction and API address take %d, the capacity, backlog and shard summary %d)",
 			n, MaxTagBytes, len(m[TagLabels]), len(t.Region)+len(t.ID)+len(t.Jurisdiction)+len(t.APIAddr),
-			len(m[TagCapacity])+len(m[TagBacklog])+len(m[TagUpdated]))
+			len(m[TagCapacity])+len(m[TagBacklog])+len(m[TagUpdated])+len(m[TagShards]))
 	}
 	return m, nil
 }
 
 // DecodeCoordinatorTags parses a coordinator member's tags; ok is false for
-// members that are not coordinators.
+// members that are not coordinators. ShardsOwned is -1 when the tag is
+// absent or not a count.
 func DecodeCoordinatorTags(m map[string]string) (CoordinatorTags, bool) {
 	if m[TagRole] != RoleRegion || m[TagRegion] == "" || m[TagAPI] == "" {
 		return CoordinatorTags{}, false
@@ -173,17 +183,37 @@ func DecodeCoordinatorTags(m map[string]string) (CoordinatorTags, bool) {
 		Policy: m[TagPolicy]}
 	t.Capacity, _ = decodeCapacity(m[TagCapacity])
 	t.UpdatedMs, _ = strconv.ParseInt(m[TagUpdated], 10, 64)
+	t.ShardsOwned = -1
+	if n, err := strconv.Atoi(m[TagShards]); err == nil && n >= 0 {
+		t.ShardsOwned = n
+	}
 	return t, true
 }
 
-// TagBytes approximates serf's encoded size of a tag map (msgpack: each
-// string plus a few bytes of framing).
+// TagBytes is serf's encoded size of a tag map in bytes, the size serf
+// compares with its limit (MaxTagBytes): a magic byte, then the map in
+// msgpack as serf's go-msgpack handle writes it (legacy raw strings: a
+// string of up to 31 bytes has a 1-byte header, a longer one 3; a map of
+// up to 15 entries a 1-byte header, a larger one 3).
 func TagBytes(m map[string]string) int {
-	n := 3
+	n := 1 + msgpackHeader(len(m), 16)
 	for k, v := range m {
-		n += len(k) + len(v) + 4
+		n += msgpackHeader(len(k), 32) + len(k) + msgpackHeader(len(v), 32) + len(v)
 	}
 	return n
+}
+
+// msgpackHeader is the header size of a msgpack container (legacy raw
+// string or map) of n elements whose fix form holds fewer than fix.
+func msgpackHeader(n, fix int) int {
+	switch {
+	case n < fix:
+		return 1
+	case n < 1<<16:
+		return 3
+	default:
+		return 5
+	}
 }
 
 func encodeLabels(l map[string]string) string {

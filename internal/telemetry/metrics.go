@@ -67,9 +67,9 @@ type RegionMetrics struct {
 	// FencedWrites counts writes refused because a shard's owner key had
 	// moved on (the shards are dropped).
 	FencedWrites prometheus.Counter
-	SerfMembers      *prometheus.GaugeVec   // pool, state
-	Adoptions        *prometheus.CounterVec // result: adopted, refused
-	Drains           *prometheus.CounterVec // by: operator, agent; and deregister
+	SerfMembers  *prometheus.GaugeVec   // pool, state
+	Adoptions    *prometheus.CounterVec // result: adopted, refused
+	Drains       *prometheus.CounterVec // by: operator, agent; and deregister
 }
 
 // NewRegionMetrics registers a coordinator's metrics on reg.

@@ -1,4 +1,4 @@
-package regional
+package scheduler
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -29,7 +30,7 @@ import (
 type ownerHarness struct {
 	t       *testing.T
 	store   *fakeStore
-	s       *scheduler
+	s       *Loop
 	metrics *telemetry.RegionMetrics
 	skipped *prometheus.CounterVec
 }
@@ -37,10 +38,10 @@ type ownerHarness struct {
 func newOwnerHarness(t *testing.T) *ownerHarness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	h := &ownerHarness{t: t, store: newFakeStore(), metrics: telemetry.NewRegionMetrics(reg), skipped: skippedCounter(reg)}
-	h.s = newOwnerLoop(ownerDeps{region: "eu-west", jurisdiction: "eu", coordID: "c1",
-		placer:     placement.New(placement.Options{Policy: placement.PolicyBinpack, Seed: 1, DisablePreemption: true}),
-		shardCount: 1, retention: -1, commit: h.store, log: slog.New(slog.DiscardHandler), metrics: h.metrics, skipped: h.skipped},
+	h := &ownerHarness{t: t, store: newFakeStore(), metrics: telemetry.NewRegionMetrics(reg), skipped: SkippedCounter(reg)}
+	h.s = New(Deps{Region: "eu-west", Jurisdiction: "eu", CoordID: "c1",
+		Placer:     placement.New(placement.Options{Policy: placement.PolicyBinpack, Seed: 1, DisablePreemption: true}),
+		ShardCount: 1, Retention: -1, Commit: h.store, Log: slog.New(slog.DiscardHandler), Metrics: h.metrics, Skipped: h.skipped},
 		ownedShardSet(map[int]shards.Epoch{0: 1}))
 	h.s.refreshOwned()
 	return h
@@ -49,10 +50,10 @@ func newOwnerHarness(t *testing.T) *ownerHarness {
 // addNode registers a ready node (alive key, record of its epoch, empty
 // usage) and returns its epoch.
 func (h *ownerHarness) addNode(id string, cpuMillis, memMiB int64) int64 {
-	epoch := h.store.put(keyNodeAlive(id), id)
-	h.store.put(keyNode(id), mustJSON(nodeRecord{ID: id, Epoch: epoch,
+	epoch := h.store.put(store.KeyNodeAlive(id), id)
+	h.store.put(store.KeyNode(id), store.MustJSON(store.NodeRecord{ID: id, Epoch: epoch,
 		Capacity: &apiaryv1.Resources{CpuMillis: cpuMillis, MemoryMb: memMiB}}))
-	h.store.put(keyNodeUsage(id), mustJSON(usageRecord{}))
+	h.store.put(store.KeyNodeUsage(id), store.MustJSON(store.UsageRecord{}))
 	return epoch
 }
 
@@ -61,11 +62,11 @@ func (h *ownerHarness) addNode(id string, cpuMillis, memMiB int64) int64 {
 func (h *ownerHarness) addJob(id string, cpuMillis int64, cancel bool, tasks ...taskstate.Task) {
 	spec := &apiaryv1.JobSpec{Name: id, Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: int32(len(tasks)),
 		Command: "true", Resources: &apiaryv1.Resources{CpuMillis: cpuMillis, MemoryMb: 64}}}}
-	h.store.put(keyJob(0, id), mustJSON(jobRecord{ID: id, Region: "eu-west", Spec: spec, SubmitMs: 1,
+	h.store.put(store.KeyJob(0, id), store.MustJSON(store.JobRecord{ID: id, Region: "eu-west", Spec: spec, SubmitMs: 1,
 		TaskCount: int32(len(tasks)), CancelRequested: cancel}))
 	for i, t := range tasks {
 		t.JobID, t.Index = id, int32(i)
-		h.store.put(keyTask(0, id, int32(i)), mustJSON(&t))
+		h.store.put(store.KeyTask(0, id, int32(i)), store.MustJSON(&t))
 	}
 }
 
@@ -89,7 +90,7 @@ func (h *ownerHarness) round() error {
 
 func (h *ownerHarness) task(jobID string, index int32) taskstate.Task {
 	h.t.Helper()
-	kv := h.store.get(keyTask(0, jobID, index))
+	kv := h.store.get(store.KeyTask(0, jobID, index))
 	if kv == nil {
 		h.t.Fatalf("task %s/%d: not stored", jobID, index)
 	}
@@ -102,7 +103,7 @@ func (h *ownerHarness) task(jobID string, index int32) taskstate.Task {
 
 func (h *ownerHarness) assignment(nodeID, jobID string, index int32) (*apiaryv1.Assignment, *mvccpb.KeyValue) {
 	h.t.Helper()
-	kv := h.store.get(keyAssign(nodeID, jobID, index))
+	kv := h.store.get(store.KeyAssign(nodeID, jobID, index))
 	if kv == nil {
 		return nil, nil
 	}
@@ -138,8 +139,8 @@ func TestOwnerRoundCommitsPlan(t *testing.T) {
 			t.Fatalf("assignment of task %d: %v, want RUN of `true` for epoch %d in eu-west", i, a, epoch)
 		}
 	}
-	var u usageRecord
-	if err := json.Unmarshal(h.store.get(keyNodeUsage("n1")).Value, &u); err != nil {
+	var u store.UsageRecord
+	if err := json.Unmarshal(h.store.get(store.KeyNodeUsage("n1")).Value, &u); err != nil {
 		t.Fatal(err)
 	}
 	if u.Tasks != 2 || u.CPUMillis != 2000 || u.Epoch != epoch {
@@ -157,7 +158,7 @@ func TestOwnerRoundCommitsPlan(t *testing.T) {
 // shard (another coordinator owns it now): the round goes on without error,
 // nothing is written, the fenced write is counted, and later rounds write
 // nothing for the shard. An error of unknown outcome (a timeout) ends the
-// round with an error that is not errFenced, and keeps the shard.
+// round with an error that is not store.ErrFenced, and keeps the shard.
 func TestOwnerFencedCommitDropsShard(t *testing.T) {
 	h := newOwnerHarness(t)
 	h.addNode("n1", 4000, 8192)
@@ -167,13 +168,13 @@ func TestOwnerFencedCommitDropsShard(t *testing.T) {
 
 	h.store.err = fmt.Errorf("commit: %w", context.DeadlineExceeded)
 	err := h.round()
-	if err == nil || errors.Is(err, errFenced) {
+	if err == nil || errors.Is(err, store.ErrFenced) {
 		t.Fatalf("round with an etcd timeout: err %v, want an error that is not errFenced", err)
 	}
 	if !h.s.owns(0) {
 		t.Fatal("an etcd timeout dropped the shard")
 	}
-	if want := []fence{{shard: 0, epoch: 1}}; !slices.Equal(h.store.fences, want) {
+	if want := []store.Fence{{Shard: 0, Epoch: 1}}; !slices.Equal(h.store.fences, want) {
 		t.Fatalf("the plan was fenced on %v, want %v", h.store.fences, want)
 	}
 
@@ -200,12 +201,12 @@ func TestOwnerFencedCommitDropsShard(t *testing.T) {
 	}
 	// The reconciler's owned set still holding the shard at the dropped
 	// epoch does not bring it back; a new claim (a new epoch) does.
-	h.s.set.set(map[int]shards.Epoch{0: 1})
+	h.s.set.Set(map[int]shards.Epoch{0: 1})
 	h.s.refreshOwned()
 	if h.s.owns(0) {
 		t.Fatal("a dropped shard came back at the same epoch")
 	}
-	h.s.set.set(map[int]shards.Epoch{0: 9})
+	h.s.set.Set(map[int]shards.Epoch{0: 9})
 	h.s.refreshOwned()
 	if !h.s.owns(0) {
 		t.Fatal("a shard claimed again at a new epoch is not owned")
@@ -223,7 +224,7 @@ func TestOwnerUsageConflictRequeues(t *testing.T) {
 	epoch := h.addNode("n1", 4000, 8192)
 	h.addJob("j1", 1000, false, pending())
 	h.load()
-	newRev := h.store.put(keyNodeUsage("n1"), mustJSON(usageRecord{Epoch: epoch}))
+	newRev := h.store.put(store.KeyNodeUsage("n1"), store.MustJSON(store.UsageRecord{Epoch: epoch}))
 
 	if err := h.round(); err != nil {
 		t.Fatalf("round: %v", err)
@@ -237,7 +238,7 @@ func TestOwnerUsageConflictRequeues(t *testing.T) {
 	if c, r := counterValue(h.metrics.PlanConflicts), counterValue(h.metrics.Requeues); c != 1 || r != 1 {
 		t.Fatalf("conflicts %v, requeues %v; want 1 and 1", c, r)
 	}
-	if got := h.s.cache.nodes["n1"].usageRev; got == newRev {
+	if got := h.s.cache.nodes["n1"].UsageRev; got == newRev {
 		t.Fatalf("cached usage revision %d after the conflict: re-read ahead of the watch", got)
 	}
 	if err := h.round(); err != nil {
@@ -246,7 +247,7 @@ func TestOwnerUsageConflictRequeues(t *testing.T) {
 	if tk := h.task("j1", 0); tk.State != apiaryv1.TaskState_TASK_STATE_PENDING {
 		t.Fatalf("task placed before the watch delivered the node's usage: %s", tk.State)
 	}
-	h.s.cache.apply(h.store.get(keyNodeUsage("n1")), false) // the watch event
+	h.s.cache.apply(h.store.get(store.KeyNodeUsage("n1")), false) // the watch event
 
 	if err := h.round(); err != nil {
 		t.Fatalf("second round: %v", err)
@@ -264,9 +265,9 @@ func TestOwnerReclaimsLostNodeTask(t *testing.T) {
 	epoch := h.addNode("n1", 4000, 8192)
 	h.addJob("j1", 1000, false, taskstate.Task{State: apiaryv1.TaskState_TASK_STATE_RUNNING, Attempt: 1, Used: 1,
 		NodeID: "n1", NodeEpoch: epoch})
-	h.store.put(keyAssign("n1", "j1", 0), "run")
+	h.store.put(store.KeyAssign("n1", "j1", 0), "run")
 	h.load()
-	h.watchDelete(keyNodeAlive("n1")) // the lease expired
+	h.watchDelete(store.KeyNodeAlive("n1")) // the lease expired
 
 	if err := h.round(); err != nil {
 		t.Fatalf("round: %v", err)
@@ -275,7 +276,7 @@ func TestOwnerReclaimsLostNodeTask(t *testing.T) {
 	if tk.State != apiaryv1.TaskState_TASK_STATE_PENDING || tk.NodeFailures != 1 {
 		t.Fatalf("task after its node was lost: %+v, want PENDING with 1 node failure", tk)
 	}
-	kv := h.store.get(keyResult(0, "j1", 0, 1))
+	kv := h.store.get(store.KeyResult(0, "j1", 0, 1))
 	if kv == nil {
 		t.Fatal("no result recorded for the lost attempt")
 	}
@@ -286,7 +287,7 @@ func TestOwnerReclaimsLostNodeTask(t *testing.T) {
 	if res.GetOutcome() != taskstate.OutcomeLost || res.GetNodeId() != "n1" {
 		t.Fatalf("result of the lost attempt: %v, want outcome lost on n1", &res)
 	}
-	if h.store.get(keyAssign("n1", "j1", 0)) != nil {
+	if h.store.get(store.KeyAssign("n1", "j1", 0)) != nil {
 		t.Fatal("the lost attempt's assignment is still stored")
 	}
 	if got := counterValue(h.metrics.Reclaims); got != 1 {
@@ -302,7 +303,7 @@ func TestOwnerCancelsJob(t *testing.T) {
 	epoch := h.addNode("n1", 4000, 8192)
 	h.addJob("j1", 1000, true, taskstate.Task{State: apiaryv1.TaskState_TASK_STATE_RUNNING, Attempt: 1, Used: 1,
 		NodeID: "n1", NodeEpoch: epoch}, pending())
-	token := h.store.put(keyAssign("n1", "j1", 0), "run")
+	token := h.store.put(store.KeyAssign("n1", "j1", 0), "run")
 	h.load()
 
 	if err := h.round(); err != nil {
@@ -325,9 +326,9 @@ func TestOwnerCancelsJob(t *testing.T) {
 func TestOwnerCountsUndecodableRecords(t *testing.T) {
 	h := newOwnerHarness(t)
 	h.addJob("j1", 1000, false, pending())
-	h.store.put(keyTask(0, "j1", 1), "{not json")
+	h.store.put(store.KeyTask(0, "j1", 1), "{not json")
 	h.load()
-	if _, ok := h.s.cache.tasks[keyTask(0, "j1", 1)]; ok {
+	if _, ok := h.s.cache.tasks[store.KeyTask(0, "j1", 1)]; ok {
 		t.Fatal("an undecodable task is in the cache")
 	}
 	if got := counterValue(h.skipped.WithLabelValues("task")); got != 1 {

@@ -1,4 +1,4 @@
-package regional
+package scheduler
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
@@ -43,7 +44,7 @@ type ownerCache struct {
 
 	// specs receives every job record seen (shared with report commit);
 	// nil in tests.
-	specs *specCache
+	specs *store.SpecCache
 	// leftPending is called with a task key that left PENDING or the cache
 	// (the reason gate forgets it); nil for none.
 	leftPending func(key string)
@@ -53,7 +54,7 @@ type ownerCache struct {
 }
 
 type cJob struct {
-	rec    jobRecord
+	rec    store.JobRecord
 	modRev int64
 }
 
@@ -65,13 +66,13 @@ type cTask struct {
 }
 
 // cNode is a node's keys as the owner holds them (the shared decoding,
-// nodeView, keyed by its id).
+// store.NodeView, keyed by its id).
 type cNode struct {
 	id string
-	nodeView
+	store.NodeView
 }
 
-func newOwnerCache(specs *specCache) *ownerCache {
+func newOwnerCache(specs *store.SpecCache) *ownerCache {
 	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, tasks: map[string]*cTask{},
 		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{},
 		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, specs: specs}
@@ -82,8 +83,8 @@ func newOwnerCache(specs *specCache) *ownerCache {
 func (c *ownerCache) load(ctx context.Context, kv clientv3.KV) (int64, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	resp, err := kv.Txn(cctx).Then(clientv3.OpGet(prefJobs, clientv3.WithPrefix()),
-		clientv3.OpGet(prefTasks, clientv3.WithPrefix()), clientv3.OpGet(prefNodes, clientv3.WithPrefix())).Commit()
+	resp, err := kv.Txn(cctx).Then(clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()),
+		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()), clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("load: %w", err)
 	}
@@ -118,8 +119,8 @@ func (c *ownerCache) applyWatch(wr clientv3.WatchResponse, ok bool) error {
 func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 	key := string(kv.Key)
 	switch {
-	case isTaskKey(key):
-		shard, _, _, ok := parseTaskKey(key)
+	case store.IsTaskKey(key):
+		shard, _, _, ok := store.ParseTaskKey(key)
 		if !ok {
 			return
 		}
@@ -137,8 +138,8 @@ func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 			return
 		}
 		c.setTask(key, &cTask{key: key, shard: shard, rec: t, modRev: kv.ModRevision})
-	case isJobKey(key):
-		_, jobID, ok := parseJobKey(key)
+	case store.IsJobKey(key):
+		_, jobID, ok := store.ParseJobKey(key)
 		if !ok {
 			return
 		}
@@ -149,20 +150,20 @@ func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 		if old := c.jobs[jobID]; old != nil && kv.ModRevision <= old.modRev {
 			return
 		}
-		var j jobRecord
+		var j store.JobRecord
 		if err := json.Unmarshal(kv.Value, &j); err != nil {
 			c.skip("job", key, err)
 			return
 		}
 		c.jobs[jobID] = &cJob{rec: j, modRev: kv.ModRevision}
 		if c.specs != nil {
-			c.specs.put(&j)
+			c.specs.Put(&j)
 		}
 		if j.CancelRequested {
 			c.dirtyCancel[jobID] = true
 		}
-	case isNodeKey(key):
-		id, kind, ok := nodeKeyKind(key)
+	case store.IsNodeKey(key):
+		id, kind, ok := store.NodeKeyKind(key)
 		if !ok {
 			return
 		}
@@ -172,14 +173,14 @@ func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 			n = &cNode{id: id}
 			c.nodes[id] = n
 		}
-		q := n.health.Quarantine
-		if err := n.apply(kind, kv, deleted); err != nil {
+		q := n.Health.Quarantine
+		if err := n.Apply(kind, kv, deleted); err != nil {
 			c.skip("node", key, err)
 		}
 		// Node set, labels, capacity or quarantine may change: the
 		// placement engine must rebuild its per-snapshot indexes. Usage
 		// and the outcomes a health record counts do not change them.
-		if kind != nodeUsageKey && (kind != nodeHealthKey || (q == nil) != (n.health.Quarantine == nil)) {
+		if kind != store.NodeUsageKey && (kind != store.NodeHealthKey || (q == nil) != (n.Health.Quarantine == nil)) {
 			c.nodesGen++
 		}
 	}
@@ -272,12 +273,12 @@ func (c *ownerCache) request(t *taskstate.Task) placement.Resources {
 
 // jobPolicy is the retry policy of a task and its job record (nil, with the
 // default policy, when the job is not cached).
-func (c *ownerCache) jobPolicy(t *taskstate.Task) (taskstate.Policy, *jobRecord) {
+func (c *ownerCache) jobPolicy(t *taskstate.Task) (taskstate.Policy, *store.JobRecord) {
 	j := c.jobs[t.JobID]
 	if j == nil {
-		return policyOf(nil, t.Group), nil
+		return store.PolicyOf(nil, t.Group), nil
 	}
-	return policyOf(j.rec.Spec, t.Group), &j.rec
+	return store.PolicyOf(j.rec.Spec, t.Group), &j.rec
 }
 
 func (j *cJob) priority() int32 {

@@ -1,4 +1,4 @@
-package regional
+package store
 
 import (
 	"encoding/json"
@@ -12,9 +12,9 @@ import (
 	"apiary.dev/apiary/regional/nodehealth"
 )
 
-// jobRecord is /apiary/jobs/<s>/<jobID>. Its state is never stored: it is
+// JobRecord is /apiary/jobs/<s>/<jobID>. Its state is never stored: it is
 // derived from the tasks (taskstate.JobState).
-type jobRecord struct {
+type JobRecord struct {
 	ID              string            `json:"id"`
 	Region          string            `json:"region"`
 	Shard           int               `json:"shard"`
@@ -29,19 +29,19 @@ type jobRecord struct {
 	// Where is the sovereignty decision resolved at admission
 	// (policy.Resolve); the placement filter enforces it. Records written
 	// before it existed have none: their spec's jurisdiction is used.
-	Where *whereRecord `json:"where,omitempty"`
+	Where *WhereRecord `json:"where,omitempty"`
 }
 
-// whereRecord is where a job may run: any jurisdiction, or only those listed
+// WhereRecord is where a job may run: any jurisdiction, or only those listed
 // (by the policy rule named).
-type whereRecord struct {
+type WhereRecord struct {
 	Rule          string   `json:"rule"`
 	Any           bool     `json:"any,omitempty"`
 	Jurisdictions []string `json:"jurisdictions,omitempty"`
 }
 
-// nodeRecord is /apiary/nodes/<nodeID>.
-type nodeRecord struct {
+// NodeRecord is /apiary/nodes/<nodeID>.
+type NodeRecord struct {
 	ID           string              `json:"id"`
 	Labels       map[string]string   `json:"labels,omitempty"`
 	Capacity     *apiaryv1.Resources `json:"capacity"`
@@ -60,7 +60,7 @@ type nodeRecord struct {
 	// Draining nodes get no new placements; at DrainDeadlineMs (Unix ms, 0:
 	// at once) their agent stops the attempts still running and reports
 	// them DRAINED. DrainBy is who asked: an operator (AdminService.
-	// DrainNode; kept across registrations) or drainByAgent (the agent
+	// DrainNode; kept across registrations) or DrainByAgent (the agent
 	// shutting down; cleared when it registers again).
 	Draining        bool   `json:"draining,omitempty"`
 	DrainDeadlineMs int64  `json:"drain_deadline_ms,omitempty"`
@@ -74,17 +74,17 @@ type nodeRecord struct {
 	Left bool `json:"left,omitempty"`
 }
 
-// drainByAgent is nodeRecord.DrainBy for an agent's own shutdown drain.
-const drainByAgent = "agent shutdown"
+// DrainByAgent is NodeRecord.DrainBy for an agent's own shutdown drain.
+const DrainByAgent = "agent shutdown"
 
 // noPlacements reports whether the node takes no new placements: an
 // operator's quarantine, a drain, or eligibility turned off.
-func (r *nodeRecord) noPlacements() bool { return r.Quarantined || r.Draining || r.Ineligible }
+func (r *NodeRecord) noPlacements() bool { return r.Quarantined || r.Draining || r.Ineligible }
 
-// usageRecord is /apiary/nodes/<nodeID>/usage: the resources allocated on
+// UsageRecord is /apiary/nodes/<nodeID>/usage: the resources allocated on
 // the node by committed plans. Its ModRevision is the CAS version a plan
 // compares; only shard owners write it.
-type usageRecord struct {
+type UsageRecord struct {
 	Epoch     int64 `json:"epoch"`
 	CPUMillis int64 `json:"cpu"`
 	MemoryMiB int64 `json:"mem"`
@@ -96,7 +96,7 @@ type usageRecord struct {
 }
 
 // add counts one more task holding r.
-func (u *usageRecord) add(r placement.Resources) {
+func (u *UsageRecord) Add(r placement.Resources) {
 	u.CPUMillis += r.CPUMillis
 	u.MemoryMiB += r.MemoryMiB
 	u.GPUs += int32(r.GPUs)
@@ -106,10 +106,16 @@ func (u *usageRecord) add(r placement.Resources) {
 	u.Tasks++
 }
 
-// dedupRecord is /apiary/dedup/<clientID>/<requestID>: the job made for the
+// SecretEnvMarker is the env entry of a stored assignment whose group has
+// secret_env: its value is the group index. No variable has this name
+// (names match [A-Za-z_][A-Za-z0-9_]*); the streaming coordinator replaces it
+// with the opened values before the agent sees the assignment.
+const SecretEnvMarker = "apiary.secret_env"
+
+// DedupRecord is /apiary/dedup/<clientID>/<requestID>: the job made for the
 // request here, or (JobID empty) the region the request was forwarded to by
-// this, its home region (forward.go).
-type dedupRecord struct {
+// this, its home region (regional/forward.go).
+type DedupRecord struct {
 	JobID   string `json:"job,omitempty"`
 	Hash    string `json:"hash"`
 	Forward string `json:"forward,omitempty"`
@@ -117,29 +123,29 @@ type dedupRecord struct {
 	AtMs int64 `json:"at_ms,omitempty"`
 }
 
-// metaRecord is /apiary/meta, written once at region creation.
-type metaRecord struct {
+// MetaRecord is /apiary/meta, written once at region creation.
+type MetaRecord struct {
 	Region       string            `json:"region"`
 	Jurisdiction string            `json:"jurisdiction,omitempty"`
 	Labels       map[string]string `json:"labels,omitempty"`
 	ShardCount   int               `json:"shards"`
 }
 
-// memberRecord is /apiary/members/<coordID>.
-type memberRecord struct {
+// MemberRecord is /apiary/members/<coordID>.
+type MemberRecord struct {
 	ID      string `json:"id"`
 	APIAddr string `json:"api_addr"`
 	// LANAddr is the coordinator's serf LAN member (host:port; "" without
 	// a pool): its peers join it, agents get it in lan_join.
 	LANAddr string `json:"lan_addr,omitempty"`
-	// APIOnly: the coordinator owns no shards (Config.APIOnly); the
+	// APIOnly: the coordinator owns no shards (regional.Config.APIOnly); the
 	// others leave it out of the shard assignment.
 	APIOnly bool `json:"api_only,omitempty"`
 }
 
-// mustJSON encodes a record without HTML escaping (json.Marshal would store
+// MustJSON encodes a record without HTML escaping (json.Marshal would store
 // each '<' of an output tail as six bytes).
-func mustJSON(v any) string {
+func MustJSON(v any) string {
 	var b strings.Builder
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
@@ -149,106 +155,106 @@ func mustJSON(v any) string {
 	return strings.TrimSuffix(b.String(), "\n")
 }
 
-// nodeView is a node's keys under /apiary/nodes/<id> decoded: the record,
+// NodeView is a node's keys under /apiary/nodes/<id> decoded: the record,
 // the alive key's CreateRevision (its current epoch; 0 when the lease is
 // gone), and the usage record with its ModRevision (the placement CAS
 // version; 0 when there is none). It is the one decoding of node keys: the
-// owner's cache (cNode) and every range read (decodeNodes) fold keys in with
-// apply.
-type nodeView struct {
-	rec      *nodeRecord
-	alive    int64
-	usage    *usageRecord
-	usageRev int64
-	// health is the node's attribution record (zero when it has none) and
-	// healthRev its ModRevision (0: no key).
-	health    nodehealth.Record
-	healthRev int64
+// scheduling loop's cache (package scheduler) and every range read
+// (DecodeNodes) fold keys in with Apply.
+type NodeView struct {
+	Rec      *NodeRecord
+	Alive    int64
+	Usage    *UsageRecord
+	UsageRev int64
+	// Health is the node's attribution record (zero when it has none) and
+	// HealthRev its ModRevision (0: no key).
+	Health    nodehealth.Record
+	HealthRev int64
 }
 
-// autoQuarantined reports whether the node is quarantined automatically
+// AutoQuarantined reports whether the node is quarantined automatically
 // (and no operator's quarantine holds it: that one wins and is never
 // probed).
-func (n *nodeView) autoQuarantined() bool {
-	return n.health.Quarantine != nil && (n.rec == nil || !n.rec.Quarantined)
+func (n *NodeView) AutoQuarantined() bool {
+	return n.Health.Quarantine != nil && (n.Rec == nil || !n.Rec.Quarantined)
 }
 
-// noPlacements reports whether the node takes no new placements: its
+// NoPlacements reports whether the node takes no new placements: its
 // record's reasons (noPlacements) or an automatic quarantine (whose
-// canary is the placement input's business, nodeSnapshot).
-func (n *nodeView) noPlacements() bool {
-	return n.rec == nil || n.rec.noPlacements() || n.health.Quarantine != nil
+// canary is the placement input's business, the scheduler's nodeSnapshot).
+func (n *NodeView) NoPlacements() bool {
+	return n.Rec == nil || n.Rec.noPlacements() || n.Health.Quarantine != nil
 }
 
-// ready reports whether the node may take placements: its lease is alive and
+// Ready reports whether the node may take placements: its lease is alive and
 // its record is of the same epoch.
-func (n *nodeView) ready() bool { return n.rec != nil && n.alive != 0 && n.alive == n.rec.Epoch }
+func (n *NodeView) Ready() bool { return n.Rec != nil && n.Alive != 0 && n.Alive == n.Rec.Epoch }
 
-// apply folds one of the node's keys (of the given kind) into the view, or
+// Apply folds one of the node's keys (of the given kind) into the view, or
 // its deletion. A usage value older than the one held is ignored. A record or
 // usage value that does not decode leaves the view as it was and returns the
 // decoding error (naming the key).
-func (n *nodeView) apply(kind nodeKind, kv *mvccpb.KeyValue, deleted bool) error {
+func (n *NodeView) Apply(kind NodeKind, kv *mvccpb.KeyValue, deleted bool) error {
 	switch kind {
-	case nodeRecordKey:
+	case NodeRecordKey:
 		if deleted {
-			n.rec = nil
+			n.Rec = nil
 			return nil
 		}
-		var r nodeRecord
+		var r NodeRecord
 		if err := json.Unmarshal(kv.Value, &r); err != nil {
 			return fmt.Errorf("node record %s: %w", kv.Key, err)
 		}
-		n.rec = &r
-	case nodeAliveKey:
+		n.Rec = &r
+	case NodeAliveKey:
 		if deleted {
-			n.alive = 0
+			n.Alive = 0
 		} else {
-			n.alive = kv.CreateRevision
+			n.Alive = kv.CreateRevision
 		}
-	case nodeUsageKey:
+	case NodeUsageKey:
 		if deleted {
-			n.usage, n.usageRev = nil, 0
+			n.Usage, n.UsageRev = nil, 0
 			return nil
 		}
-		if kv.ModRevision <= n.usageRev {
+		if kv.ModRevision <= n.UsageRev {
 			return nil
 		}
-		var u usageRecord
+		var u UsageRecord
 		if err := json.Unmarshal(kv.Value, &u); err != nil {
 			return fmt.Errorf("node usage %s: %w", kv.Key, err)
 		}
-		n.usage, n.usageRev = &u, kv.ModRevision
-	case nodeHealthKey:
+		n.Usage, n.UsageRev = &u, kv.ModRevision
+	case NodeHealthKey:
 		if deleted {
-			n.health, n.healthRev = nodehealth.Record{}, 0
+			n.Health, n.HealthRev = nodehealth.Record{}, 0
 			return nil
 		}
 		var h nodehealth.Record
 		if err := json.Unmarshal(kv.Value, &h); err != nil {
 			return fmt.Errorf("node health %s: %w", kv.Key, err)
 		}
-		n.health, n.healthRev = h, kv.ModRevision
+		n.Health, n.HealthRev = h, kv.ModRevision
 	}
 	return nil
 }
 
-// decodeNodes groups a range read of /apiary/nodes/ by node id. Records and
+// DecodeNodes groups a range read of /apiary/nodes/ by node id. Records and
 // usage that do not decode are skipped (the node then has no record or no
 // usage).
-func decodeNodes(kvs []*mvccpb.KeyValue) map[string]*nodeView {
-	out := map[string]*nodeView{}
+func DecodeNodes(kvs []*mvccpb.KeyValue) map[string]*NodeView {
+	out := map[string]*NodeView{}
 	for _, kv := range kvs {
-		id, kind, ok := nodeKeyKind(string(kv.Key))
+		id, kind, ok := NodeKeyKind(string(kv.Key))
 		if !ok {
 			continue
 		}
 		n := out[id]
 		if n == nil {
-			n = &nodeView{}
+			n = &NodeView{}
 			out[id] = n
 		}
-		_ = n.apply(kind, kv, false)
+		_ = n.Apply(kind, kv, false)
 	}
 	return out
 }

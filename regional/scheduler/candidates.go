@@ -1,4 +1,4 @@
-package regional
+package scheduler
 
 import (
 	"container/heap"

@@ -1,30 +1,31 @@
-package regional
+package scheduler
 
 import (
 	"fmt"
 	"testing"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
 // benchScheduler fills a scheduler's caches (no etcd) with nodes ready
 // nodes and perNode running tasks on each, in jobs of 100 tasks.
-func benchScheduler(nodes, perNode int) *scheduler {
-	s := newOwnerLoop(ownerDeps{jurisdiction: "eu"}, newShardSet())
+func benchScheduler(nodes, perNode int) *Loop {
+	s := New(Deps{Jurisdiction: "eu"}, NewShardSet())
 	c := s.cache
 	spec := &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 100,
 		Resources: &apiaryv1.Resources{CpuMillis: 500, MemoryMb: 512}}}}
 	k := 0
 	for i := 0; i < nodes; i++ {
 		id := fmt.Sprintf("node-%06d", i)
-		c.nodes[id] = &cNode{id: id, nodeView: nodeView{alive: 1, rec: &nodeRecord{ID: id, Epoch: 1,
+		c.nodes[id] = &cNode{id: id, NodeView: store.NodeView{Alive: 1, Rec: &store.NodeRecord{ID: id, Epoch: 1,
 			Labels:   map[string]string{"zone": fmt.Sprintf("z%d", i%16)},
 			Capacity: &apiaryv1.Resources{CpuMillis: 64000, MemoryMb: 262144}}}}
 		for j := 0; j < perNode; j++ {
 			jobID := fmt.Sprintf("job-%d", k/100)
 			if c.jobs[jobID] == nil {
-				c.jobs[jobID] = &cJob{rec: jobRecord{ID: jobID, Spec: spec}}
+				c.jobs[jobID] = &cJob{rec: store.JobRecord{ID: jobID, Spec: spec}}
 			}
 			key := fmt.Sprintf("%s/%d", jobID, k%100)
 			c.setTask(key, &cTask{key: key, rec: taskstate.Task{JobID: jobID, Index: int32(k % 100),
@@ -134,15 +135,15 @@ func TestSnapshotFollowsTaskChanges(t *testing.T) {
 func TestUsageCountsShares(t *testing.T) {
 	s := benchScheduler(1, 0)
 	n := s.cache.nodes["node-000000"]
-	n.rec.Capacity.Gpus = 3
+	n.Rec.Capacity.Gpus = 3
 	for i, r := range []*apiaryv1.Resources{{Gpus: 1}, {GpuMilli: 470}, {GpuMilli: 650}} {
 		jobID := fmt.Sprintf("gpu-%d", i)
-		s.cache.jobs[jobID] = &cJob{rec: jobRecord{ID: jobID, Spec: &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 1, Resources: r}}}}}
+		s.cache.jobs[jobID] = &cJob{rec: store.JobRecord{ID: jobID, Spec: &apiaryv1.JobSpec{Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 1, Resources: r}}}}}
 		key := jobID + "/0"
 		s.cache.setTask(key, &cTask{key: key, rec: taskstate.Task{JobID: jobID, State: apiaryv1.TaskState_TASK_STATE_RUNNING, NodeID: n.id, NodeEpoch: 1}})
 	}
 	u := s.snap.usedBy(n)
 	if u.GPUs != 1 || u.GPUMilli != 1120 || u.Tasks != 3 {
-		t.Fatalf("usage %+v, want 1 whole GPU, 1120 milli of shares, 3 tasks", u.usageRecord)
+		t.Fatalf("usage %+v, want 1 whole GPU, 1120 milli of shares, 3 tasks", u.UsageRecord)
 	}
 }

@@ -1,4 +1,4 @@
-package regional
+package scheduler
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/shards"
 )
 
@@ -22,17 +23,17 @@ import (
 type fakeStore struct {
 	rev int64
 	kvs map[string]*mvccpb.KeyValue
-	// fenced makes every fencedTxn fail on its fences (all of them).
+	// fenced makes every FencedTxn fail on its fences (all of them).
 	fenced bool
-	// fences is the fences of the last fencedTxn.
-	fences []fence
-	// err, when set, is returned by the next fencedTxn (an unknown outcome).
+	// fences is the fences of the last FencedTxn.
+	fences []store.Fence
+	// err, when set, is returned by the next FencedTxn (an unknown outcome).
 	err error
-	// txns counts fencedTxn calls; failed those whose compares failed.
+	// txns counts FencedTxn calls; failed those whose compares failed.
 	txns, failed int
 }
 
-var _ committer = (*fakeStore)(nil)
+var _ Committer = (*fakeStore)(nil)
 
 func newFakeStore() *fakeStore { return &fakeStore{kvs: map[string]*mvccpb.KeyValue{}} }
 
@@ -70,7 +71,7 @@ func (f *fakeStore) all() []*mvccpb.KeyValue {
 	return out
 }
 
-func (f *fakeStore) fencedTxn(_ context.Context, fences []fence, cmps []clientv3.Cmp, ops []clientv3.Op) (*clientv3.TxnResponse, error) {
+func (f *fakeStore) FencedTxn(_ context.Context, fences []store.Fence, cmps []clientv3.Cmp, ops []clientv3.Op) (*clientv3.TxnResponse, error) {
 	f.txns++
 	f.fences = fences
 	if err := f.err; err != nil {
@@ -78,7 +79,7 @@ func (f *fakeStore) fencedTxn(_ context.Context, fences []fence, cmps []clientv3
 		return nil, err
 	}
 	if f.fenced {
-		return nil, &fencedError{shards: fences}
+		return nil, &store.FencedError{Shards: fences}
 	}
 	if !f.holds(cmps) {
 		f.failed++
@@ -89,7 +90,7 @@ func (f *fakeStore) fencedTxn(_ context.Context, fences []fence, cmps []clientv3
 	return &clientv3.TxnResponse{Header: &pb.ResponseHeader{Revision: f.rev}, Succeeded: true, Responses: resps}, nil
 }
 
-func (f *fakeStore) read(_ context.Context, keys []string) ([]*mvccpb.KeyValue, int64, error) {
+func (f *fakeStore) Read(_ context.Context, keys []string) ([]*mvccpb.KeyValue, int64, error) {
 	out := make([]*mvccpb.KeyValue, len(keys))
 	for i, k := range keys {
 		out[i] = f.kvs[k]
@@ -201,8 +202,8 @@ func (f *fakeStore) keys(prefix string) []string {
 
 // ownedShardSet is a shard set that owns the given shards, as the
 // reconciler would leave it after claiming them.
-func ownedShardSet(owned map[int]shards.Epoch) *shardSet {
-	ss := newShardSet()
-	ss.set(owned)
+func ownedShardSet(owned map[int]shards.Epoch) *ShardSet {
+	ss := NewShardSet()
+	ss.Set(owned)
 	return ss
 }

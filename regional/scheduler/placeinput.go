@@ -1,4 +1,4 @@
-package regional
+package scheduler
 
 import (
 	"strconv"
@@ -14,18 +14,18 @@ import (
 // which setUsage fills). A node without a "jurisdiction" label gets the
 // region's (jurisdiction, when not empty).
 func placementNode(n *cNode, jurisdiction string) *placement.Node {
-	labels := n.rec.Labels
+	labels := n.Rec.Labels
 	if _, ok := labels["jurisdiction"]; !ok && jurisdiction != "" {
-		labels = make(map[string]string, len(n.rec.Labels)+1)
-		for k, v := range n.rec.Labels {
+		labels = make(map[string]string, len(n.Rec.Labels)+1)
+		for k, v := range n.Rec.Labels {
 			labels[k] = v
 		}
 		labels["jurisdiction"] = jurisdiction
 	}
 	return &placement.Node{ID: n.id, Labels: labels,
-		Capacity: placement.Resources{CPUMillis: n.rec.Capacity.GetCpuMillis(), MemoryMiB: n.rec.Capacity.GetMemoryMb(), GPUs: int(n.rec.Capacity.GetGpus())},
-		GPUModel: n.rec.GPUModel, MaxTasks: int(n.rec.MaxTasks), Quarantined: n.rec.Quarantined || n.health.Quarantine != nil,
-		Ineligible: n.rec.Draining || n.rec.Ineligible}
+		Capacity: placement.Resources{CPUMillis: n.Rec.Capacity.GetCpuMillis(), MemoryMiB: n.Rec.Capacity.GetMemoryMb(), GPUs: int(n.Rec.Capacity.GetGpus())},
+		GPUModel: n.Rec.GPUModel, MaxTasks: int(n.Rec.MaxTasks), Quarantined: n.Rec.Quarantined || n.Health.Quarantine != nil,
+		Ineligible: n.Rec.Draining || n.Rec.Ineligible}
 }
 
 // groupKey names a task's group for the engine: "<jobID>/<group index>".

@@ -1,4 +1,4 @@
-package regional
+package store
 
 import (
 	"sync"
@@ -9,34 +9,36 @@ import (
 	"apiary.dev/apiary/regional/taskstate"
 )
 
-// specCache keeps immutable job specs (a spec never changes after submit),
-// filled by the owner's cache and by report commit. It is bounded: past
+// SpecCache keeps immutable job specs (a spec never changes after submit),
+// filled by the scheduling loop's cache and by report commit. The zero value
+// is ready to use; it is safe for concurrent use. It is bounded: past
 // 50000 jobs it starts over.
-type specCache struct {
+type SpecCache struct {
 	mu sync.Mutex
-	m  map[string]*jobRecord
+	m  map[string]*JobRecord
 }
 
-// get returns the job record of id, or nil when it is not cached.
-func (sc *specCache) get(id string) *jobRecord {
+// Get returns the job record of id, or nil when it is not cached.
+func (sc *SpecCache) Get(id string) *JobRecord {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	return sc.m[id]
 }
 
-func (sc *specCache) put(r *jobRecord) {
+// Put caches r under its job id.
+func (sc *SpecCache) Put(r *JobRecord) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	if sc.m == nil || len(sc.m) > 50000 {
-		sc.m = map[string]*jobRecord{}
+		sc.m = map[string]*JobRecord{}
 	}
 	sc.m[r.ID] = r
 }
 
-// policyOf is the retry policy of a task of group in a job of spec: the
+// PolicyOf is the retry policy of a task of group in a job of spec: the
 // job's max_attempts (jobspec.DefaultMaxAttempts when unset or spec is nil)
 // and the group's retryable exit codes.
-func policyOf(spec *apiaryv1.JobSpec, group int32) taskstate.Policy {
+func PolicyOf(spec *apiaryv1.JobSpec, group int32) taskstate.Policy {
 	p := taskstate.Policy{MaxAttempts: spec.GetMaxAttempts()}
 	if g := spec.GetTasks(); int(group) < len(g) {
 		p.RetryableCodes = g[group].GetRetryableExitCodes()

@@ -1,4 +1,4 @@
-package regional
+package scheduler
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
@@ -20,7 +21,7 @@ import (
 // ModRevision and every touched node's epoch and usage ModRevision. A failed
 // compare re-reads those keys; the tasks stay PENDING and are placed again in
 // the next round (reject and requeue).
-func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, error) {
+func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) {
 	nowMs := now.UnixMilli()
 	next := time.Second
 	c := s.cache
@@ -61,7 +62,7 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		next = d
 	}
 	// used accumulates the usage of the nodes this round's plan writes.
-	used := map[string]usageRecord{}
+	used := map[string]store.UsageRecord{}
 	if len(snap.Nodes) == 0 {
 		// Nothing can be placed; GetJob reports "no ready nodes" itself,
 		// so the backlog is not rewritten.
@@ -76,7 +77,7 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 	}
 	snap.Existing = s.snap.existing(cands)
 	canaries, ptasks := s.placeCanaries(snap, due, ptasks)
-	plan := s.d.placer.Place(snap, ptasks)
+	plan := s.d.Placer.Place(snap, ptasks)
 	plan.Placements = append(canaries, plan.Placements...)
 
 	// Group placements by node so a chunk carries whole nodes.
@@ -122,7 +123,7 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 		}
 	}
 	if len(unplaced) > 0 {
-		s.d.metrics.Unplaced.Add(float64(len(unplaced)))
+		s.d.Metrics.Unplaced.Add(float64(len(unplaced)))
 		var ws []write
 		groupReason := map[string]string{}
 		for _, ct := range unplaced {
@@ -158,7 +159,7 @@ func (s *scheduler) place(ctx context.Context, now time.Time) (time.Duration, er
 // node's canary would wait until the healthy nodes were full, since they
 // score better. It returns the canary placements and the tasks left for
 // the main pass.
-func (s *scheduler) placeCanaries(snap *placement.Snapshot, due []*placement.Node, ptasks []placement.Task) ([]placement.Placement, []placement.Task) {
+func (s *Loop) placeCanaries(snap *placement.Snapshot, due []*placement.Node, ptasks []placement.Task) ([]placement.Placement, []placement.Task) {
 	var out []placement.Placement
 	for _, pn := range due {
 		if len(ptasks) == 0 {
@@ -174,7 +175,7 @@ func (s *scheduler) placeCanaries(snap *placement.Snapshot, due []*placement.Nod
 		}
 		pn.Quarantined = false
 		// Generation 0: a node set of its own, nothing reused.
-		cp := s.d.placer.Place(&placement.Snapshot{Nodes: []*placement.Node{pn}, Existing: snap.Existing}, fresh)
+		cp := s.d.Placer.Place(&placement.Snapshot{Nodes: []*placement.Node{pn}, Existing: snap.Existing}, fresh)
 		pn.Quarantined = true
 		if len(cp.Placements) == 0 {
 			continue
@@ -192,24 +193,24 @@ func (s *scheduler) placeCanaries(snap *placement.Snapshot, due []*placement.Nod
 // ModRevision. A placement whose task cannot be assigned or whose
 // assignment cannot be encoded is left out (counted and logged by skip); the
 // task stays PENDING.
-func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map[string]*cTask, used map[string]usageRecord, nowMs int64) (write, bool) {
+func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[string]*cTask, used map[string]store.UsageRecord, nowMs int64) (write, bool) {
 	c := s.cache
 	n := c.nodes[nodeID]
-	if n == nil || !n.ready() {
+	if n == nil || !n.Ready() {
 		return write{}, false
 	}
 	u, ok := used[nodeID]
 	if !ok {
-		u = s.snap.usage(n).usageRecord
+		u = s.snap.usage(n).UsageRecord
 	}
-	aliveKey, usageKey := keyNodeAlive(nodeID), keyNodeUsage(nodeID)
+	aliveKey, usageKey := store.KeyNodeAlive(nodeID), store.KeyNodeUsage(nodeID)
 	w := write{cmps: []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(aliveKey), "=", n.alive),
-		clientv3.Compare(clientv3.ModRevision(usageKey), "=", n.usageRev),
+		clientv3.Compare(clientv3.CreateRevision(aliveKey), "=", n.Alive),
+		clientv3.Compare(clientv3.ModRevision(usageKey), "=", n.UsageRev),
 		// No automatic quarantine (or release) committed since the
 		// cache's view: a report that quarantines the node must stop a
-		// plan computed before it (health.go).
-		clientv3.Compare(clientv3.ModRevision(keyQuarantineSet), "<", c.nodesRev+1),
+		// plan computed before it (regional/health.go).
+		clientv3.Compare(clientv3.ModRevision(store.KeyQuarantineSet), "<", c.nodesRev+1),
 	}, keys: []string{aliveKey, usageKey}, node: nodeID}
 	type upd struct {
 		ct  *cTask
@@ -218,7 +219,7 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 	var upds []upd
 	for _, p := range ps {
 		ct := byKey[p.TaskID]
-		rec, err := taskstate.Assign(ct.rec, nodeID, n.alive, nowMs)
+		rec, err := taskstate.Assign(ct.rec, nodeID, n.Alive, nowMs)
 		if err != nil {
 			s.skip("assign", ct.key, err)
 			continue
@@ -231,16 +232,16 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 		env := g.GetEnv()
 		if len(g.GetSecretEnv()) > 0 {
 			// No secret in etcd: the streaming coordinator opens them
-			// (secrets.go, withSecrets).
+			// (regional/secrets.go, withSecrets).
 			env = maps.Clone(env)
 			if env == nil {
 				env = map[string]string{}
 			}
-			env[secretEnvMarker] = strconv.Itoa(int(ct.rec.Group))
+			env[store.SecretEnvMarker] = strconv.Itoa(int(ct.rec.Group))
 		}
 		a := &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_RUN, JobId: ct.rec.JobID, TaskIndex: ct.rec.Index,
-			Attempt: rec.Attempt, NodeEpoch: n.alive, Command: g.GetCommand(), Args: g.GetArgs(), Env: env,
-			Resources: g.GetResources(), TimeoutMs: g.GetTimeoutMs(), Region: s.d.region, Traceparent: j.rec.Traceparent,
+			Attempt: rec.Attempt, NodeEpoch: n.Alive, Command: g.GetCommand(), Args: g.GetArgs(), Env: env,
+			Resources: g.GetResources(), TimeoutMs: g.GetTimeoutMs(), Region: s.d.Region, Traceparent: j.rec.Traceparent,
 			GpuIndices: rec.GPUDevices, LostAfterMs: j.rec.Spec.GetDisconnect().GetLostAfterMs()}
 		b, err := proto.Marshal(a)
 		if err != nil {
@@ -248,10 +249,10 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 			continue
 		}
 		req := c.request(&ct.rec)
-		u.add(req)
+		u.Add(req)
 		w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev))
-		w.ops = append(w.ops, clientv3.OpPut(ct.key, mustJSON(&rec)),
-			clientv3.OpPut(keyAssign(nodeID, ct.rec.JobID, ct.rec.Index), string(b)))
+		w.ops = append(w.ops, clientv3.OpPut(ct.key, store.MustJSON(&rec)),
+			clientv3.OpPut(store.KeyAssign(nodeID, ct.rec.JobID, ct.rec.Index), string(b)))
 		w.keys = append(w.keys, ct.key)
 		w.forShard(ct.shard)
 		upds = append(upds, upd{ct, rec})
@@ -260,9 +261,9 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 		return write{}, false
 	}
 	used[nodeID] = u
-	w.ops = append(w.ops, clientv3.OpPut(usageKey, mustJSON(u)))
+	w.ops = append(w.ops, clientv3.OpPut(usageKey, store.MustJSON(u)))
 	w.after = func(rev int64) {
-		n.usage, n.usageRev = &u, rev
+		n.Usage, n.UsageRev = &u, rev
 		for _, x := range upds {
 			c.setTask(x.ct.key, &cTask{key: x.ct.key, shard: x.ct.shard, rec: x.rec, modRev: rev})
 		}
@@ -273,7 +274,7 @@ func (s *scheduler) planWrite(nodeID string, ps []placement.Placement, byKey map
 // reasonWrite records why a task is not placed, when the reason gate says
 // it is due (after reasonAfter of waiting, only when the reason changed, at
 // most every reasonEvery).
-func (s *scheduler) reasonWrite(ct *cTask, reason string, now time.Time) (write, bool) {
+func (s *Loop) reasonWrite(ct *cTask, reason string, now time.Time) (write, bool) {
 	if !s.reasons.due(ct.key, ct.rec.UnplacedReason, reason, now) {
 		return write{}, false
 	}
@@ -281,7 +282,7 @@ func (s *scheduler) reasonWrite(ct *cTask, reason string, now time.Time) (write,
 	rec.UnplacedReason = reason
 	return write{shards: []int{ct.shard},
 		cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev)},
-		ops:  []clientv3.Op{clientv3.OpPut(ct.key, mustJSON(&rec))},
+		ops:  []clientv3.Op{clientv3.OpPut(ct.key, store.MustJSON(&rec))},
 		keys: []string{ct.key},
 		after: func(rev int64) {
 			s.cache.setTask(ct.key, &cTask{key: ct.key, shard: ct.shard, rec: rec, modRev: rev})
@@ -292,25 +293,25 @@ func (s *scheduler) reasonWrite(ct *cTask, reason string, now time.Time) (write,
 // syncUsage writes the usage key of every ready node whose derived usage
 // differs from the stored one (tasks finished since the last plan on it),
 // for the nodes whose home shard this loop owns (one writer per node).
-func (s *scheduler) syncUsage(ctx context.Context) error {
+func (s *Loop) syncUsage(ctx context.Context) error {
 	var ws []write
 	for id, n := range s.cache.nodes {
 		home := s.homeShard(id)
-		if !n.ready() || !s.owns(home) {
+		if !n.Ready() || !s.owns(home) {
 			continue
 		}
-		u := s.snap.usage(n).usageRecord
-		if n.usage != nil && u == *n.usage {
+		u := s.snap.usage(n).UsageRecord
+		if n.Usage != nil && u == *n.Usage {
 			continue
 		}
 
-		k := keyNodeUsage(id)
+		k := store.KeyNodeUsage(id)
 		ws = append(ws, write{shards: []int{home},
-			cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", n.usageRev)},
-			ops:  []clientv3.Op{clientv3.OpPut(k, mustJSON(u))},
+			cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", n.UsageRev)},
+			ops:  []clientv3.Op{clientv3.OpPut(k, store.MustJSON(u))},
 			keys: []string{k},
 			after: func(rev int64) {
-				n.usage, n.usageRev = &u, rev
+				n.Usage, n.UsageRev = &u, rev
 			},
 		})
 	}

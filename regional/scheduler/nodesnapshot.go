@@ -1,10 +1,11 @@
-package regional
+package scheduler
 
 import (
 	"sort"
 	"time"
 
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
@@ -39,7 +40,7 @@ func newNodeSnapshot(cache *ownerCache, jurisdiction string) *nodeSnapshot {
 // nodeUse is what the active tasks of a node's current epoch hold: the
 // usage record, and the free share of each GPU (nil when no task uses one).
 type nodeUse struct {
-	usageRecord
+	store.UsageRecord
 	gpuFree []int
 }
 
@@ -49,17 +50,17 @@ type nodeUse struct {
 // (Task.GPUDevices, set with the plan); see gpuLayout for tasks without.
 func (ns *nodeSnapshot) usedBy(n *cNode) nodeUse {
 	c := ns.cache
-	u := nodeUse{usageRecord: usageRecord{Epoch: n.alive}}
+	u := nodeUse{UsageRecord: store.UsageRecord{Epoch: n.Alive}}
 	whole := 0
 	var shares []int
 	var placed []gpuHold
 	for key := range c.byNode[n.id] {
 		ct := c.tasks[key]
-		if ct.rec.NodeEpoch != n.alive {
+		if ct.rec.NodeEpoch != n.Alive {
 			continue
 		}
 		r := c.request(&ct.rec)
-		u.add(r)
+		u.Add(r)
 		switch {
 		case r.GPUs == 0 && r.GPUMilli == 0:
 		case len(ct.rec.GPUDevices) > 0:
@@ -70,8 +71,8 @@ func (ns *nodeSnapshot) usedBy(n *cNode) nodeUse {
 			shares = append(shares, r.GPUMilli)
 		}
 	}
-	if n.rec != nil && (whole > 0 || len(shares) > 0 || len(placed) > 0) {
-		u.gpuFree = gpuLayout(int(n.rec.Capacity.GetGpus()), placed, whole, shares)
+	if n.Rec != nil && (whole > 0 || len(shares) > 0 || len(placed) > 0) {
+		u.gpuFree = gpuLayout(int(n.Rec.Capacity.GetGpus()), placed, whole, shares)
 	}
 	return u
 }
@@ -87,7 +88,7 @@ type gpuHold struct {
 // the node's epoch does.
 func (ns *nodeSnapshot) usage(n *cNode) nodeUse {
 	c := ns.cache
-	if u, ok := ns.use[n.id]; ok && !c.useDirty[n.id] && u.Epoch == n.alive {
+	if u, ok := ns.use[n.id]; ok && !c.useDirty[n.id] && u.Epoch == n.Alive {
 		return u
 	}
 	u := ns.usedBy(n)
@@ -157,7 +158,7 @@ func (ns *nodeSnapshot) build() *placement.Snapshot {
 		ns.gen = c.nodesGen + 1
 		ids := make([]string, 0, len(c.nodes))
 		for id, n := range c.nodes {
-			if n.ready() {
+			if n.Ready() {
 				ids = append(ids, id)
 			}
 		}
@@ -168,7 +169,7 @@ func (ns *nodeSnapshot) build() *placement.Snapshot {
 			pn := placementNode(c.nodes[id], ns.jurisdiction)
 			ns.nodes = append(ns.nodes, pn)
 			ns.idx[id] = pn
-			if c.nodes[id].autoQuarantined() {
+			if c.nodes[id].AutoQuarantined() {
 				ns.auto = append(ns.auto, pn)
 			}
 		}
@@ -196,26 +197,26 @@ func (ns *nodeSnapshot) build() *placement.Snapshot {
 // is returned in due, offered for exactly one more task (MaxTasks =
 // running + 1), which place gives it first, so that a canary runs even
 // when other nodes would score better (its outcome releases the node or
-// pushes the next canary out, health.go); the others stay quarantined.
+// pushes the next canary out, regional/health.go); the others stay quarantined.
 // next is how long until the next canary falls due (0: none), so that the
 // round after it is not later.
 func (ns *nodeSnapshot) canaries(nowMs int64) (due []*placement.Node, next time.Duration) {
 	c := ns.cache
 	for _, pn := range ns.auto {
 		n := c.nodes[pn.ID]
-		q := n.health.Quarantine
+		q := n.Health.Quarantine
 		latest := int64(0)
 		for key := range c.byNode[n.id] {
-			if ct := c.tasks[key]; ct != nil && ct.rec.NodeEpoch == n.alive && taskstate.Active(ct.rec.State) {
+			if ct := c.tasks[key]; ct != nil && ct.rec.NodeEpoch == n.Alive && taskstate.Active(ct.rec.State) {
 				latest = max(latest, ct.rec.AssignedMs)
 			}
 		}
-		pn.Quarantined, pn.MaxTasks = true, int(n.rec.MaxTasks)
+		pn.Quarantined, pn.MaxTasks = true, int(n.Rec.MaxTasks)
 		switch {
 		case q.CanaryDue(nowMs, latest):
 			pn.Quarantined, pn.MaxTasks = false, pn.RunningTasks+1
-			if n.rec.MaxTasks > 0 {
-				pn.MaxTasks = min(pn.MaxTasks, int(n.rec.MaxTasks))
+			if n.Rec.MaxTasks > 0 {
+				pn.MaxTasks = min(pn.MaxTasks, int(n.Rec.MaxTasks))
 			}
 			due = append(due, pn)
 		case q.ProbeAtMs > nowMs:

@@ -1,4 +1,4 @@
-package regional
+package scheduler
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
@@ -25,77 +26,47 @@ const (
 	maxOpsPerFenced = 2048 // ops per reclaim / cancel / reason Txn
 )
 
-// The shard owner's loop, in pieces:
-//
-//	scheduler.go     the loop (run, round) and its reclaim and cancel passes
-//	place.go         the placement pass: candidates → engine → plan writes
-//	ownercache.go    the watch cache of jobs, tasks and nodes (ownerCache)
-//	nodesnapshot.go  the engine's node input and GPU layout (nodeSnapshot)
-//	placeinput.go    records → placement types
-//	candidates.go    which pending tasks a round considers; reason gating
-//	committer.go     the fenced write path (committer, etcdCommitter)
-//	retention.go     deletion of finished jobs
-//
-// The loop takes what it needs from its coordinator in ownerDeps, and writes
-// only through ownerDeps.commit, so rounds run in unit tests against an
-// in-memory committer (owner_test.go).
-
-// ownerDeps is everything the owner loop takes from its coordinator.
-type ownerDeps struct {
-	region       string // stamped on assignments
-	jurisdiction string // of nodes without a "jurisdiction" label
-	coordID      string // span attribute
-	placer       placement.Placer
-	// shardCount is the region's S (a node's home shard is shards.Of of
+// Deps is everything the loop takes from its coordinator (regional builds
+// it in ownership.go). Commit and Metrics are required; Client only by Run.
+type Deps struct {
+	Region       string // stamped on assignments
+	Jurisdiction string // of nodes without a "jurisdiction" label
+	CoordID      string // span attribute
+	Placer       placement.Placer
+	// ShardCount is the region's S (a node's home shard is shards.Of of
 	// its id: the shard whose owner syncs its usage key).
-	shardCount int
-	// publish receives the per-shard counts for ListShards once a second
-	// (nil: none).
-	publish   func([]shardStat)
-	retention time.Duration // JobRetention; <= 0 keeps jobs forever
-	// cli feeds the cache (load, watches); unused by round, so nil in
+	ShardCount int
+	// Publish receives the per-shard counts (index: shard) for ListShards
+	// once a second (nil: none).
+	Publish   func([]ShardStat)
+	Retention time.Duration // JobRetention; <= 0 keeps jobs forever
+	// Client feeds the cache (load, watches); unused by round, so nil in
 	// unit tests.
-	cli *clientv3.Client
-	// commit is the write path: every write of the loop goes through it.
-	commit  committer
-	specs   *specCache // shared with report commit; may be nil
-	log     *slog.Logger
-	metrics *telemetry.RegionMetrics
-	skipped *prometheus.CounterVec // what
-	tracer  trace.Tracer
-	tracing bool
-	// defaultLostAfter is lost_after for jobs that leave it unset.
-	defaultLostAfter time.Duration
-	// graceUntil: before it, no lost epoch is reclaimed but those that left
-	// cleanly (Config.FailoverGrace).
-	graceUntil time.Time
+	Client *clientv3.Client
+	// Commit is the write path: every write of the loop goes through it
+	// (store.EtcdCommitter in the coordinator).
+	Commit  Committer
+	Specs   *store.SpecCache // shared with report commit; may be nil
+	Log     *slog.Logger
+	Metrics *telemetry.RegionMetrics
+	Skipped *prometheus.CounterVec // by what (SkippedCounter); may be nil
+	Tracer  trace.Tracer
+	Tracing bool
+	// DefaultLostAfter is lost_after for jobs that leave it unset.
+	DefaultLostAfter time.Duration
+	// GraceUntil: before it, no lost epoch is reclaimed but those that left
+	// cleanly (regional.Config.FailoverGrace).
+	GraceUntil time.Time
 }
 
-// ownerDeps is what the scheduling loop needs from c.
-func (c *Coordinator) ownerDeps() ownerDeps {
-	p := c.cfg.Placer
-	if p == nil {
-		// Preemption proposals are not committed by the coordinator (yet),
-		// and the snapshot carries only the existing allocations of the
-		// batch's groups, so the engine does not compute them.
-		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: c.born.UnixNano(), DisablePreemption: true,
-			Workload: c.cfg.Workload})
-	}
-	return ownerDeps{region: c.meta.Region, jurisdiction: c.meta.Jurisdiction, coordID: c.cfg.ID, placer: p,
-		shardCount: c.meta.ShardCount, publish: c.publishShardStats,
-		retention: c.cfg.JobRetention, cli: c.cli, commit: &etcdCommitter{cli: c.cli, layout: c.shardLayout(), retry: c.txnRetry},
-		specs: &c.specs, log: c.log, metrics: c.metrics, skipped: skippedCounter(c.cfg.Registry),
-		tracer: c.tracer, tracing: c.tracing, defaultLostAfter: c.cfg.DefaultLostAfter, graceUntil: c.graceUntil()}
-}
-
-// scheduler is the scheduling loop of the shards a coordinator owns: a
-// cache of the region's jobs, tasks and nodes kept by a range read plus one
-// watch, and rounds of reclaim → cancel → place → commit over the tasks of
-// the owned shards. Every write it makes goes through d.commit, fenced on
-// the shards it writes for.
-type scheduler struct {
-	d   ownerDeps
-	set *shardSet
+// Loop is the scheduling loop of the shards a coordinator owns: a cache of
+// the region's jobs, tasks and nodes kept by a range read plus one watch,
+// and rounds of reclaim → cancel → place → commit over the tasks of the
+// owned shards. Every write it makes goes through d.Commit, fenced on the
+// shards it writes for.
+type Loop struct {
+	d   Deps
+	set *ShardSet
 	// owned is the shards this round may write for (set.current() at the
 	// round's start, less those found fenced during it).
 	owned map[int]shards.Epoch
@@ -114,16 +85,14 @@ type scheduler struct {
 	lostSince map[nodeEpoch]time.Time
 }
 
-// newScheduler is the scheduling loop of c's shards.
-func newScheduler(c *Coordinator) *scheduler {
-	return newOwnerLoop(c.ownerDeps(), c.shardSet)
-}
-
-// newOwnerLoop builds the loop over an empty cache (run fills it).
-func newOwnerLoop(d ownerDeps, set *shardSet) *scheduler {
-	s := &scheduler{d: d, set: set, owned: map[int]shards.Epoch{}, cache: newOwnerCache(d.specs), reasons: newReasonGate(),
+// New builds the loop over an empty cache (Run fills it). It schedules the
+// shards of set, which the coordinator's reconciler keeps (ShardSet.Set,
+// ShardSet.HandBack). The coordinator builds a new loop (a fresh cache) each
+// time Run fails.
+func New(d Deps, set *ShardSet) *Loop {
+	s := &Loop{d: d, set: set, owned: map[int]shards.Epoch{}, cache: newOwnerCache(d.Specs), reasons: newReasonGate(),
 		skipLogged: map[string]time.Time{}, lostSince: map[nodeEpoch]time.Time{}}
-	s.snap = newNodeSnapshot(s.cache, d.jurisdiction)
+	s.snap = newNodeSnapshot(s.cache, d.Jurisdiction)
 	s.cache.leftPending = s.reasons.forget
 	s.cache.skipped = s.skip
 	return s
@@ -132,33 +101,34 @@ func newOwnerLoop(d ownerDeps, set *shardSet) *scheduler {
 // skip counts and logs a record the loop leaves out: one that does not
 // decode (what: task, job, node) or a planned task it cannot write (what:
 // assign, marshal). The log is limited to one line per kind and second.
-func (s *scheduler) skip(what, key string, err error) {
-	if s.d.skipped != nil {
-		s.d.skipped.WithLabelValues(what).Inc()
+func (s *Loop) skip(what, key string, err error) {
+	if s.d.Skipped != nil {
+		s.d.Skipped.WithLabelValues(what).Inc()
 	}
 	if now := time.Now(); now.Sub(s.skipLogged[what]) >= time.Second {
 		s.skipLogged[what] = now
-		s.d.log.Warn("owner loop skipped a record", "what", what, "key", key, "err", err)
+		s.d.Log.Warn("owner loop skipped a record", "what", what, "key", key, "err", err)
 	}
 }
 
-// run loads the cache and runs rounds until ctx ends or the loop fails (a
-// closed watch, an etcd error; the coordinator then rebuilds it). Losing a
+// Run loads the cache and runs rounds until ctx ends or the loop fails (a
+// closed watch, an etcd error; the coordinator then rebuilds it); it
+// returns ctx's error or the failure. Losing a
 // shard does not end it: the shard leaves the owned set.
 //
 // One watch covers jobs, nodes and tasks (the key range between them holds
 // a few other prefixes the cache ignores): etcd delivers every event of a
 // revision in one response, so the cache never holds a node's usage key at
 // a revision whose task writes it has not applied (see reread).
-func (s *scheduler) run(ctx context.Context) error {
-	cli := s.d.cli
+func (s *Loop) Run(ctx context.Context) error {
+	cli := s.d.Client
 	rev, err := s.cache.load(ctx, cli)
 	if err != nil {
 		return err
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	events := cli.Watch(wctx, prefJobs, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefTasks)), clientv3.WithRev(rev+1))
+	events := cli.Watch(wctx, store.PrefJobs, clientv3.WithRange(clientv3.GetPrefixRangeEnd(store.PrefTasks)), clientv3.WithRev(rev+1))
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	// take applies one watch response; block chooses whether to wait for it.
@@ -233,7 +203,7 @@ const minRoundGap = 15 * time.Millisecond
 
 // round runs one pass and returns how long to wait for the next one if no
 // event comes first.
-func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
+func (s *Loop) round(ctx context.Context) (time.Duration, error) {
 	now := time.Now()
 	if len(s.owned) == 0 {
 		// Owns nothing: keep the published per-shard counts fresh only.
@@ -241,7 +211,7 @@ func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
 		return time.Second, nil
 	}
 	before := s.conflicts
-	defer func() { s.d.metrics.RoundConflicts.Observe(float64(s.conflicts - before)) }()
+	defer func() { s.d.Metrics.RoundConflicts.Observe(float64(s.conflicts - before)) }()
 	reclaimNext, err := s.reclaim(ctx, now)
 	if err != nil {
 		return 0, err
@@ -261,7 +231,7 @@ func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
 		}
 		s.usageSynced = time.Now()
 	}
-	if every := min(10*time.Second, max(s.d.retention/2, 100*time.Millisecond)); time.Since(s.swept) > every {
+	if every := min(10*time.Second, max(s.d.Retention/2, 100*time.Millisecond)); time.Since(s.swept) > every {
 		if err := s.sweepRetention(ctx, now); err != nil {
 			return 0, err
 		}
@@ -276,7 +246,7 @@ func (s *scheduler) round(ctx context.Context) (time.Duration, error) {
 // its lost_after has passed since this owner first saw the epoch lost (an
 // agent that comes back within it adopts the attempt); the returned duration
 // is how long until the next such task is due (a minute when none waits).
-func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, error) {
+func (s *Loop) reclaim(ctx context.Context, now time.Time) (time.Duration, error) {
 	c := s.cache
 	var ws []write
 	next := time.Minute
@@ -287,7 +257,7 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 		var perEpoch map[int64]int // active tasks per epoch, counted once a lost one is found
 		for key := range keys {
 			ct := c.tasks[key]
-			if !s.owns(ct.shard) || (n != nil && n.alive != 0 && n.alive == ct.rec.NodeEpoch) {
+			if !s.owns(ct.shard) || (n != nil && n.Alive != 0 && n.Alive == ct.rec.NodeEpoch) {
 				continue
 			}
 			if perEpoch == nil {
@@ -308,9 +278,9 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 			// failover grace most likely lapsed while the region was down
 			// (its agent may have killed the attempt at lost_after): the
 			// control plane's outage is no task's doing, so it is not charged.
-			loss := taskstate.Loss{Alone: perEpoch[ct.rec.NodeEpoch] == 1 && !since.Before(s.d.graceUntil),
-				Drained: n != nil && n.rec != nil && n.rec.Left && n.rec.Epoch == ct.rec.NodeEpoch}
-			if grace := s.d.graceUntil; !loss.Drained && now.Before(grace) {
+			loss := taskstate.Loss{Alone: perEpoch[ct.rec.NodeEpoch] == 1 && !since.Before(s.d.GraceUntil),
+				Drained: n != nil && n.Rec != nil && n.Rec.Left && n.Rec.Epoch == ct.rec.NodeEpoch}
+			if grace := s.d.GraceUntil; !loss.Drained && now.Before(grace) {
 				// A coordinator that just started (often: the region is
 				// back from an outage, in which node leases lapsed although
 				// their agents kept running) lets agents reconnect and adopt
@@ -323,7 +293,7 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 			if !p.Replace && !loss.Drained && !ct.rec.CancelRequested {
 				wait := p.LostAfter
 				if wait <= 0 {
-					wait = s.d.defaultLostAfter
+					wait = s.d.DefaultLostAfter
 				}
 				if due := since.Add(wait); now.Before(due) {
 					next = min(next, due.Sub(now))
@@ -345,9 +315,9 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 			lostEpochs[ct.rec.NodeEpoch] = true
 			ws = append(ws, write{shards: []int{ct.shard},
 				cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", ct.modRev)},
-				ops: []clientv3.Op{clientv3.OpPut(key, mustJSON(&newRec)),
-					clientv3.OpPut(keyResult(ct.shard, ct.rec.JobID, ct.rec.Index, ct.rec.Attempt), mustJSON(result)),
-					clientv3.OpDelete(keyAssign(nodeID, ct.rec.JobID, ct.rec.Index))},
+				ops: []clientv3.Op{clientv3.OpPut(key, store.MustJSON(&newRec)),
+					clientv3.OpPut(store.KeyResult(ct.shard, ct.rec.JobID, ct.rec.Index, ct.rec.Attempt), store.MustJSON(result)),
+					clientv3.OpDelete(store.KeyAssign(nodeID, ct.rec.JobID, ct.rec.Index))},
 				keys: []string{key},
 				after: func(rev int64) {
 					s.observeReclaim(ct, &newRec, nodeID, why, now)
@@ -362,8 +332,8 @@ func (s *scheduler) reclaim(ctx context.Context, now time.Time) (time.Duration, 
 		}
 	}
 	if len(ws) > 0 {
-		s.d.log.Info("reclaiming tasks of lost nodes", "tasks", len(ws))
-		s.d.metrics.LeaseExpiries.Add(float64(len(lostEpochs)))
+		s.d.Log.Info("reclaiming tasks of lost nodes", "tasks", len(ws))
+		s.d.Metrics.LeaseExpiries.Add(float64(len(lostEpochs)))
 	}
 	return next, s.commit(ctx, ws)
 }
@@ -376,7 +346,7 @@ type nodeEpoch struct {
 
 // cancels applies job cancellations: pending tasks become CANCELLED, active
 // ones are marked and their assignment turns into a cancel for the agent.
-func (s *scheduler) cancels(ctx context.Context, now time.Time) error {
+func (s *Loop) cancels(ctx context.Context, now time.Time) error {
 	c := s.cache
 	var ws []write
 	for jobID := range c.dirtyCancel {
@@ -391,16 +361,16 @@ func (s *scheduler) cancels(ctx context.Context, now time.Time) error {
 			if !changed {
 				continue
 			}
-			ops := []clientv3.Op{clientv3.OpPut(key, mustJSON(&newRec))}
+			ops := []clientv3.Op{clientv3.OpPut(key, store.MustJSON(&newRec))}
 			if kill {
 				a := &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_CANCEL, JobId: jobID, TaskIndex: ct.rec.Index,
-					Attempt: ct.rec.Attempt, NodeEpoch: ct.rec.NodeEpoch, Region: s.d.region}
+					Attempt: ct.rec.Attempt, NodeEpoch: ct.rec.NodeEpoch, Region: s.d.Region}
 				b, err := proto.Marshal(a)
 				if err != nil {
 					s.skip("marshal", key, err)
 					continue
 				}
-				ak := keyAssign(ct.rec.NodeID, jobID, ct.rec.Index)
+				ak := store.KeyAssign(ct.rec.NodeID, jobID, ct.rec.Index)
 				// Only rewrite an assignment that still exists (its
 				// CreateRevision, the fencing token, is kept by a Put).
 				ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ak), ">", 0)},
@@ -436,7 +406,7 @@ func (s *scheduler) cancels(ctx context.Context, now time.Time) error {
 // refreshOwned takes the round's owned shards from the shard set. For each
 // shard gained, its jobs' pending cancellations are marked for the cancels
 // pass (another owner may have left them).
-func (s *scheduler) refreshOwned() {
+func (s *Loop) refreshOwned() {
 	now := s.set.current()
 	var gained []int
 	for sh, e := range now {
@@ -465,25 +435,25 @@ func (s *scheduler) refreshOwned() {
 			}
 		}
 	}
-	s.d.log.Info("scheduling shards", "owned", len(now), "gained", len(gained), "dropped", lost)
+	s.d.Log.Info("scheduling shards", "owned", len(now), "gained", len(gained), "dropped", lost)
 }
 
 // owns reports whether this round may write for shard sh.
-func (s *scheduler) owns(sh int) bool {
+func (s *Loop) owns(sh int) bool {
 	_, ok := s.owned[sh]
 	return ok
 }
 
 // fences returns the fences of a write's shards; false when one of them is
 // not owned (any more).
-func (s *scheduler) fences(shs []int) ([]fence, bool) {
-	out := make([]fence, 0, len(shs))
+func (s *Loop) fences(shs []int) ([]store.Fence, bool) {
+	out := make([]store.Fence, 0, len(shs))
 	for _, sh := range shs {
 		e, ok := s.owned[sh]
 		if !ok {
 			return nil, false
 		}
-		out = append(out, fence{shard: sh, epoch: e})
+		out = append(out, store.Fence{Shard: sh, Epoch: e})
 	}
 	return out, true
 }
@@ -491,20 +461,20 @@ func (s *scheduler) fences(shs []int) ([]fence, bool) {
 // dropShards stops writing for shards whose fence failed: another
 // coordinator owns them now (this one's lease lapsed or was revoked, or it
 // handed them back). The reconciler learns the same from its owners view.
-func (s *scheduler) dropShards(fs []fence, why string) {
+func (s *Loop) dropShards(fs []store.Fence, why string) {
 	for _, f := range fs {
-		delete(s.owned, f.shard)
+		delete(s.owned, f.Shard)
 	}
 	s.set.drop(fs)
-	s.d.metrics.FencedWrites.Inc()
-	s.d.log.Warn("shards lost: "+why+" found another owner", "shards", len(fs), "first", fs[0].shard, "epoch", int64(fs[0].epoch))
+	s.d.Metrics.FencedWrites.Inc()
+	s.d.Log.Warn("shards lost: "+why+" found another owner", "shards", len(fs), "first", fs[0].Shard, "epoch", int64(fs[0].Epoch))
 }
 
 // homeShard is the shard whose owner keeps node id's usage key in step
 // (syncUsage): one writer per node, spread like the jobs.
-func (s *scheduler) homeShard(id string) int {
-	if s.d.shardCount <= 0 {
+func (s *Loop) homeShard(id string) int {
+	if s.d.ShardCount <= 0 {
 		return 0
 	}
-	return shards.Of(id, s.d.shardCount)
+	return shards.Of(id, s.d.ShardCount)
 }

@@ -1,4 +1,4 @@
-package regional
+package scheduler
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
@@ -19,8 +20,8 @@ const maxRetentionDeletes = 200
 // retention period: the job record, its tasks, its attempt results and its
 // dedup key go in one fenced Txn per sweep, so a job is never half-deleted.
 // etcd's periodic compaction then reclaims the space.
-func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
-	keep := s.d.retention
+func (s *Loop) sweepRetention(ctx context.Context, now time.Time) error {
+	keep := s.d.Retention
 	if keep <= 0 {
 		return nil
 	}
@@ -29,7 +30,7 @@ func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
 	var ops []clientv3.Op
 	var victims []string
 	c := s.cache
-	var fences []fence
+	var fences []store.Fence
 	for jobID, j := range c.jobs {
 		if len(victims) >= maxRetentionDeletes {
 			break
@@ -57,26 +58,26 @@ func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
 		if !terminal || finished == 0 || finished > cutoff {
 			continue
 		}
-		jk := keyJob(j.rec.Shard, jobID)
+		jk := store.KeyJob(j.rec.Shard, jobID)
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(jk), "=", j.modRev))
 		ops = append(ops, clientv3.OpDelete(jk),
-			clientv3.OpDelete(prefJobTasks(j.rec.Shard, jobID), clientv3.WithPrefix()),
-			clientv3.OpDelete(prefJobResults(j.rec.Shard, jobID), clientv3.WithPrefix()))
+			clientv3.OpDelete(store.PrefJobTasks(j.rec.Shard, jobID), clientv3.WithPrefix()),
+			clientv3.OpDelete(store.PrefJobResults(j.rec.Shard, jobID), clientv3.WithPrefix()))
 		if j.rec.RequestID != "" {
-			ops = append(ops, clientv3.OpDelete(keyDedup(j.rec.ClientID, j.rec.RequestID)))
+			ops = append(ops, clientv3.OpDelete(store.KeyDedup(j.rec.ClientID, j.rec.RequestID)))
 		}
 		victims = append(victims, jobID)
-		if f := (fence{shard: j.rec.Shard, epoch: e}); !slices.Contains(fences, f) {
+		if f := (store.Fence{Shard: j.rec.Shard, Epoch: e}); !slices.Contains(fences, f) {
 			fences = append(fences, f)
 		}
 	}
 	if len(victims) == 0 {
 		return nil
 	}
-	resp, err := s.d.commit.fencedTxn(ctx, fences, cmps, ops)
-	var fe *fencedError
+	resp, err := s.d.Commit.FencedTxn(ctx, fences, cmps, ops)
+	var fe *store.FencedError
 	if errors.As(err, &fe) {
-		s.dropShards(fe.shards, "retention")
+		s.dropShards(fe.Shards, "retention")
 		return nil
 	}
 	if err != nil {
@@ -88,6 +89,6 @@ func (s *scheduler) sweepRetention(ctx context.Context, now time.Time) error {
 	for _, id := range victims {
 		c.removeJob(id)
 	}
-	s.d.log.Info("deleted jobs past retention", "jobs", len(victims), "retention", keep)
+	s.d.Log.Info("deleted jobs past retention", "jobs", len(victims), "retention", keep)
 	return nil
 }

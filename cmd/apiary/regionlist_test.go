@@ -1,0 +1,45 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+)
+
+// region list's COORDINATORS cell: each alive coordinator with whether it
+// answers, its health and the shards it owns; none for one that publishes
+// no count (-1, an older coordinator) or is not alive (its last tags are
+// stale); five coordinators fit without truncation.
+func TestPrintRegionsShardsPerCoordinator(t *testing.T) {
+	reg := &apiaryv1.RegionSummary{Name: "eu-west", Jurisdiction: "eu", Up: true, Coordinators: []*apiaryv1.RegionCoordinator{
+		{Id: "eu-west-c1", MemberStatus: "alive", Health: "no-nodes", Answers: true, ShardsOwned: 86},
+		{Id: "eu-west-c2", MemberStatus: "alive", Health: "no-nodes", Answers: true, ShardsOwned: 0},
+		{Id: "eu-west-c3", MemberStatus: "alive", Health: "no-nodes", Answers: false, ShardsOwned: -1},
+		{Id: "eu-west-c4", MemberStatus: "failed", Health: "ok", ShardsOwned: 85},
+		{Id: "eu-west-c5", MemberStatus: "alive", Health: "no-nodes", Answers: true, ShardsOwned: 170},
+	}}
+	var out, errs bytes.Buffer
+	printRegions(&out, &errs, []*apiaryv1.RegionSummary{reg})
+	t.Logf("\n%s", out.String())
+	want := "eu-west-c1(alive,answers,no-nodes,86 shards) eu-west-c2(alive,answers,no-nodes,0 shards) " +
+		"eu-west-c3(alive,no answer,no-nodes) eu-west-c4(failed) eu-west-c5(alive,answers,no-nodes,170 shards)"
+	if !strings.Contains(out.String(), want) {
+		t.Fatalf("the COORDINATORS cell is not\n%s", want)
+	}
+	if errs.Len() != 0 {
+		t.Fatalf("stderr: %s", errs.String())
+	}
+	// Wider than the cap: truncated with "...", not wrapped.
+	for i := range 3 {
+		reg.Coordinators = append(reg.Coordinators, &apiaryv1.RegionCoordinator{Id: fmt.Sprintf("eu-west-extra-%d", i), MemberStatus: "alive",
+			Health: "no-nodes", Answers: true, ShardsOwned: 1})
+	}
+	out.Reset()
+	printRegions(&out, &errs, []*apiaryv1.RegionSummary{reg})
+	if strings.Contains(out.String(), "eu-west-extra-2(") || !strings.Contains(out.String(), "...") {
+		t.Fatalf("eight coordinators are not truncated:\n%s", out.String())
+	}
+}

@@ -1,0 +1,163 @@
+package store
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// The regional keyspace. This file is the only place that spells etcd keys
+// (every package of the coordinator builds them with these functions);
+// docs/architecture.md describes the same layout.
+//
+//	/apiary/meta                              region name, jurisdiction, shard count (fixed at creation)
+//	/apiary/members/<coordID>                 coordinator presence (its API and LAN addresses), under its lease
+//	/apiary/shards/<s>/owner                  owner of shard s (coordinator id), under its session lease; CreateRevision = the shard's epoch
+//	/apiary/jobs/<s>/<jobID>                  job record (spec, submission, cancel flag)
+//	/apiary/tasks/<s>/<jobID>/<index>         task record (state, attempt, node, node epoch)
+//	/apiary/results/<s>/<jobID>/<index>/<n>   result of attempt n (exit code, output tails)
+//	/apiary/assign/<nodeID>/<jobID>/<index>   the node's current assignment; CreateRevision = fencing token
+//	/apiary/nodes/<nodeID>                    node record: labels, capacity, epoch, lease
+//	/apiary/nodes/<nodeID>/alive              under the node's lease; CreateRevision = node epoch
+//	/apiary/nodes/<nodeID>/usage              allocated resources; ModRevision is the placement CAS version
+//	/apiary/nodes/<nodeID>/health             attempt outcomes in the attribution window, automatic quarantine (nodehealth.Record)
+//	/apiary/quarantine                        ids of the automatically quarantined nodes (the share guard's count)
+//	/apiary/dedup/<clientID>/<requestID>      job id and payload hash of a submission
+//
+// /apiary/acl/ (ACL tokens, policies, join token bindings) is package
+// regional/aclstore's: it spells those keys itself (aclstore/keys.go).
+
+// Root is the prefix of every key of the region; the prefixes below are
+// those of the layout's parts.
+const (
+	Root             = "/apiary/"
+	KeyMeta          = Root + "meta"
+	PrefMembers      = Root + "members/"
+	PrefShards       = Root + "shards" // shards.Layout.Prefix: <PrefShards>/<s>/owner
+	PrefJobs         = Root + "jobs/"
+	PrefTasks        = Root + "tasks/"
+	PrefResults      = Root + "results/"
+	PrefAssign       = Root + "assign/"
+	PrefNodes        = Root + "nodes/"
+	PrefDedup        = Root + "dedup/"
+	KeyQuarantineSet = Root + "quarantine"
+	suffixAlive      = "/alive"
+	suffixUsage      = "/usage"
+	suffixHealth     = "/health"
+	shardPadding     = 5
+)
+
+func shardStr(s int) string { return fmt.Sprintf("%0*d", shardPadding, s) }
+
+// KeyJob is the job record's key.
+func KeyJob(shard int, jobID string) string { return PrefJobs + shardStr(shard) + "/" + jobID }
+
+// PrefJobTasks is the prefix of a job's task records.
+func PrefJobTasks(shard int, jobID string) string {
+	return PrefTasks + shardStr(shard) + "/" + jobID + "/"
+}
+
+// KeyTask is the record of task index of a job.
+func KeyTask(shard int, jobID string, index int32) string {
+	return fmt.Sprintf("%s%06d", PrefJobTasks(shard, jobID), index)
+}
+
+// PrefJobResults is the prefix of a job's attempt results.
+func PrefJobResults(shard int, jobID string) string {
+	return PrefResults + shardStr(shard) + "/" + jobID + "/"
+}
+
+// KeyResult is the result of one attempt of a task.
+func KeyResult(shard int, jobID string, index, attempt int32) string {
+	return fmt.Sprintf("%s%06d/%04d", PrefJobResults(shard, jobID), index, attempt)
+}
+
+// PrefNodeAssign is the prefix of a node's assignments.
+func PrefNodeAssign(nodeID string) string { return PrefAssign + nodeID + "/" }
+
+// KeyAssign is a task's current assignment on a node.
+func KeyAssign(nodeID, jobID string, index int32) string {
+	return fmt.Sprintf("%s%s/%06d", PrefNodeAssign(nodeID), jobID, index)
+}
+
+// The keys of a node, a coordinator and a submission (see the layout above).
+func KeyNode(nodeID string) string       { return PrefNodes + nodeID }
+func KeyNodeAlive(nodeID string) string  { return PrefNodes + nodeID + suffixAlive }
+func KeyNodeUsage(nodeID string) string  { return PrefNodes + nodeID + suffixUsage }
+func KeyNodeHealth(nodeID string) string { return PrefNodes + nodeID + suffixHealth }
+func KeyMember(coordID string) string    { return PrefMembers + coordID }
+func KeyDedup(client, req string) string { return PrefDedup + client + "/" + req }
+
+// NodeKind names which of a node's keys a key under /apiary/nodes/<id> is.
+type NodeKind string
+
+// The kinds of node keys (see the layout above).
+const (
+	NodeRecordKey NodeKind = "record" // /apiary/nodes/<id>
+	NodeAliveKey  NodeKind = "alive"  // /apiary/nodes/<id>/alive
+	NodeUsageKey  NodeKind = "usage"  // /apiary/nodes/<id>/usage
+	NodeHealthKey NodeKind = "health" // /apiary/nodes/<id>/health
+)
+
+// NodeKeyKind splits a key under /apiary/nodes/ into node id and kind; ok is
+// false for any other key.
+func NodeKeyKind(key string) (nodeID string, kind NodeKind, ok bool) {
+	rest, found := strings.CutPrefix(key, PrefNodes)
+	if !found || rest == "" {
+		return "", "", false
+	}
+	id, sub, hasSub := strings.Cut(rest, "/")
+	switch {
+	case !hasSub:
+		return id, NodeRecordKey, true
+	case "/"+sub == suffixAlive:
+		return id, NodeAliveKey, true
+	case "/"+sub == suffixUsage:
+		return id, NodeUsageKey, true
+	case "/"+sub == suffixHealth:
+		return id, NodeHealthKey, true
+	}
+	return "", "", false
+}
+
+// Key predicates: which part of the keyspace a key (from a range read or a
+// watch) belongs to.
+func IsJobKey(key string) bool    { return strings.HasPrefix(key, PrefJobs) }
+func IsTaskKey(key string) bool   { return strings.HasPrefix(key, PrefTasks) }
+func IsAssignKey(key string) bool { return strings.HasPrefix(key, PrefAssign) }
+func IsNodeKey(key string) bool   { return strings.HasPrefix(key, PrefNodes) }
+
+// ParseTaskKey splits /apiary/tasks/<s>/<jobID>/<index>.
+func ParseTaskKey(key string) (shard int, jobID string, index int32, ok bool) {
+	rest, found := strings.CutPrefix(key, PrefTasks)
+	if !found {
+		return 0, "", 0, false
+	}
+	parts := strings.Split(rest, "/")
+	if len(parts) != 3 {
+		return 0, "", 0, false
+	}
+	s, err1 := strconv.Atoi(parts[0])
+	i, err2 := strconv.Atoi(parts[2])
+	if err1 != nil || err2 != nil {
+		return 0, "", 0, false
+	}
+	return s, parts[1], int32(i), true
+}
+
+// ParseJobKey splits /apiary/jobs/<s>/<jobID>.
+func ParseJobKey(key string) (shard int, jobID string, ok bool) {
+	rest, found := strings.CutPrefix(key, PrefJobs)
+	if !found {
+		return 0, "", false
+	}
+	a, b, found := strings.Cut(rest, "/")
+	if !found {
+		return 0, "", false
+	}
+	s, err := strconv.Atoi(a)
+	if err != nil {
+		return 0, "", false
+	}
+	return s, b, true
+}
