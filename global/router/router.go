@@ -648,14 +648,7 @@ func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRe
 	}
 	out := &apiaryv1.ListRegionsResponse{}
 	for _, reg := range regions {
-		rs := reg.Summary()
-		for i, co := range rs.Coordinators {
-			co.ShardsOwned = -1 // unknown, unless its tags (in Summary's order, reg's) say
-			if i < len(reg.Coordinators) && reg.Coordinators[i].Tags.ID == co.GetId() {
-				co.ShardsOwned = int32(reg.Coordinators[i].Tags.ShardsOwned)
-			}
-		}
-		out.Regions = append(out.Regions, rs)
+		out.Regions = append(out.Regions, reg.Summary())
 	}
 	return out, nil
 }
