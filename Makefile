@@ -29,7 +29,7 @@ empty :=
 space := $(empty) $(empty)
 FAULT_RE = ^($(subst $(space),|,$(strip $(FAULT_TESTS))))$$
 
-.PHONY: all deps build test test-fault test-split-check race proto proto-check lint demo demo-tls bench bench-badnode bench-tls loadtest-liveness clean
+.PHONY: all deps build test test-fault test-split-check race proto proto-check lint demo demo-tls bench bench-badnode bench-tls bench-shards loadtest-liveness clean
 
 all: build
 
@@ -90,6 +90,13 @@ bench-badnode: build
 # plaintext against mTLS and mTLS + ACLs, 3 alternating runs each (about 2.5 minutes).
 bench-tls: build
 	$(GO) run ./loadtest/bench/cmd/apiary-bench -bin $(BIN) -out loadtest/results/tlscost-$$(date +%F) -only tlscost
+
+# Sharded ownership: SIGKILL of one of three shard owners (20 trials: first
+# dispatch in its shards, the survivors' dispatch gaps) and the drain with 1
+# against 3 owners (3 rounds, alternating; plan conflicts from /metrics);
+# about 7 minutes; results in loadtest/results/shards-<date>/.
+bench-shards: build
+	$(GO) run ./loadtest/bench/cmd/apiary-bench -bin $(BIN) -out loadtest/results/shards-$$(date +%F) -only shards
 
 # Issue 20's liveness load tests (partition-agent, outage-region) with small
 # trial counts, about 4 minutes; results in loadtest/results/. Not part of

@@ -2,9 +2,11 @@ package regional
 
 import (
 	"context"
+	"errors"
 	"net"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -36,9 +38,10 @@ func (c *Coordinator) suspicionLoop(ctx context.Context) {
 	refusedSince := map[clientv3.LeaseID]time.Time{}
 	deposed := map[clientv3.LeaseID]bool{}
 	depose := func(id string, p memberPeer, via string, attrs ...any) {
-		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := c.cli.Revoke(rctx, p.lease)
-		rcancel()
+		err := c.revoke(ctx, p.lease)
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("revoking an unreachable coordinator's lease failed; retrying", "peer", id, "lease", int64(p.lease), "via", via, "err", err)
+		}
 		if err == nil {
 			deposed[p.lease] = true
 			met.OwnerDepositions.WithLabelValues(via).Inc()
@@ -101,4 +104,24 @@ func peersByLease(peers map[string]memberPeer) map[clientv3.LeaseID]bool {
 		out[p.lease] = true
 	}
 	return out
+}
+
+// revoke revokes a lease with a short deadline per attempt (commitAttempts
+// of commitAttemptTimeout, as txnRetry): a revoke sent while the dead
+// coordinator still hosted the raft leader is lost with it, and one long
+// deadline would wait it out (about 2 s in the bench, loadtest/results/
+// shards-2026-12-02) instead of reaching the new leader as soon as it is
+// elected (about 0.7 s). A lease already gone counts as revoked.
+func (c *Coordinator) revoke(ctx context.Context, lease clientv3.LeaseID) error {
+	var last error
+	for i := 0; i < commitAttempts && ctx.Err() == nil; i++ {
+		actx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), commitAttemptTimeout)
+		_, err := c.cli.Revoke(actx, lease)
+		cancel()
+		if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return nil
+		}
+		last = err
+	}
+	return last
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,12 +31,17 @@ import (
 
 // Keyspace prefixes the harness watches (read only). regional/keys.go is
 // the one place that defines them; they are repeated here because the
-// harness observes the region from the outside.
+// harness observes the region from the outside. The shard owner keys are
+// package shards' Layout (shards.go).
 const (
 	prefTasks = "/apiary/tasks/"
 	prefNodes = "/apiary/nodes/"
-	prefOwner = "/apiary/shards/owner"
 )
+
+// prefFloor is the only prefix the harness writes under (measureFloor's
+// keys, deleted after each timing): outside the region's keyspace, which
+// no coordinator reads.
+const prefFloor = "/apiary-bench/floor/"
 
 // Config is what every benchmark needs.
 type Config struct {
@@ -363,4 +369,58 @@ func closedLoop(ctx context.Context, conns []*grpc.ClientConn, clients int, spec
 	}
 	wg.Wait()
 	return lat, ok, bad, codes
+}
+
+// hostCPU is one reading of the machine's busy CPU seconds (/proc/stat:
+// user, nice, system, irq, softirq, steal) and of the harness's own process
+// tree (itself with the children it has reaped, and its live children with
+// theirs), clock ticks assumed 100/s.
+type hostCPU struct {
+	at         time.Time
+	busy, tree float64
+}
+
+func readHostCPU() hostCPU {
+	h := hostCPU{at: time.Now()}
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(line)
+		for _, k := range []int{1, 2, 3, 6, 7, 8} { // user nice system irq softirq steal
+			if k < len(f) {
+				v, _ := strconv.ParseFloat(f[k], 64)
+				h.busy += v / 100
+			}
+		}
+	}
+	self := os.Getpid()
+	pids := []int{self}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
+			s := string(b)
+			if i := strings.LastIndexByte(s, ')'); i >= 0 {
+				// fields after ')': state(0) ppid(1)
+				if f := strings.Fields(s[i+1:]); len(f) > 1 && f[1] == strconv.Itoa(self) {
+					pids = append(pids, pid)
+				}
+			}
+		}
+	}
+	h.tree = cpuSeconds(pids...)
+	return h
+}
+
+// foreignShare is the share of the machine's CPUs that processes outside
+// the harness's tree (another session's tests, say) used between a and b:
+// 0 on a quiet machine, 1 if they took every CPU.
+func foreignShare(a, b hostCPU) float64 {
+	secs := b.at.Sub(a.at).Seconds() * float64(runtime.NumCPU())
+	if secs <= 0 {
+		return 0
+	}
+	return max(0, (b.busy-a.busy)-(b.tree-a.tree)) / secs
 }

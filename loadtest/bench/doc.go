@@ -12,9 +12,19 @@
 //     2,000 tasks are COMPLETE.
 //   - Submit: SubmitJob throughput and latency, single-task jobs, N
 //     concurrent clients, 1- and 3-member regions, no agents.
-//   - Failover: SIGKILL of the scheduling coordinator (GetRegionInfo) of a
-//     3-member region under a steady trickle of jobs; time from the kill to
-//     the first task dispatch (plan commit) made under the successor's epoch.
+//   - Failover: SIGKILL of one of the three shard owners of a settled region
+//     (every shard on its rendezvous owner, shards.Desired) under a steady
+//     trickle of jobs, odd trials the etcd leader's host, even ones a
+//     follower's: time until its owner keys are deleted, until a survivor
+//     dispatches a task of one of its former shards, and the longest gap
+//     between the survivors' own dispatches around the kill against a
+//     window before it; the floor is --suspect-after plus a revoke and two
+//     puts timed through a survivor's member (failover.go).
+//
+// And the sharded-ownership run, `make bench-shards` (shards.go): the
+// failover above and DrainOwners, the drain with 3 shard owners against 1
+// (the other two coordinators with --schedule=false), alternating, with
+// every coordinator's plan counters read from its /metrics.
 //
 // And three of the region's serf LAN pool (issue 20, lan.go):
 //
@@ -38,7 +48,10 @@
 //
 // cmd/apiary-bench runs them and writes per-trial CSV rows and a summary.
 // The package owns measurement only: it must not change regional state
-// except through the public API (SubmitJob, CancelJob) and process
-// signals, and it never writes to etcd. Its serf observer publishes
-// role=observer, which coordinators and agents ignore.
+// except through the public API (SubmitJob, CancelJob), process signals
+// and coordinator restarts with added flags (devcluster.Proc.Args), and it
+// never writes to the region's keyspace: its only etcd writes are the
+// failover floor's, a lease and three keys under /apiary-bench/floor/,
+// deleted at once. Its serf observer publishes role=observer, which
+// coordinators and agents ignore.
 package bench

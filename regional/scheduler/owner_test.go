@@ -344,3 +344,81 @@ func counterValue(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// nodeWithHome returns a node id whose home shard (of count) is, or is not,
+// shard 0.
+func nodeWithHome(t *testing.T, count int, home bool) string {
+	t.Helper()
+	for i := 0; i < 1000; i++ {
+		id := fmt.Sprintf("n%d", i)
+		if (shards.Of(id, count) == 0) == home {
+			return id
+		}
+	}
+	t.Fatal("no such node id")
+	return ""
+}
+
+// TestOwnerPrefersHomeNodes: an owner of some of the region's shards
+// places on its home nodes first (binpack alone would pick the smaller,
+// fuller node, which is another owner's home); what does not fit there
+// goes to the other nodes in the same round, and a task with a spread is
+// placed on the whole region at once.
+func TestOwnerPrefersHomeNodes(t *testing.T) {
+	h := newOwnerHarness(t)
+	h.s.d.ShardCount = 4 // owns shard 0 of 4
+	home, other := nodeWithHome(t, 4, true), nodeWithHome(t, 4, false)
+	h.addNode(home, 2000, 8192)
+	h.addNode(other, 1500, 8192)
+	h.addJob("j1", 1000, false, pending(), pending(), pending())
+	h.load()
+	if err := h.round(); err != nil {
+		t.Fatal(err)
+	}
+	on := map[string]int{}
+	for i := int32(0); i < 3; i++ {
+		tk := h.task("j1", i)
+		if tk.State != apiaryv1.TaskState_TASK_STATE_ASSIGNED {
+			t.Fatalf("task %d: %s, want ASSIGNED in one round", i, tk.State)
+		}
+		on[tk.NodeID]++
+	}
+	if on[home] != 2 || on[other] != 1 {
+		t.Fatalf("placed %v; want 2 on the home node %s (it fits 2) and 1 on %s", on, home, other)
+	}
+
+	// Owning every shard: no home split, binpack as before.
+	h2 := newOwnerHarness(t)
+	h2.addNode(home, 2000, 8192)
+	h2.addNode(other, 1500, 8192)
+	h2.addJob("j1", 1000, false, pending())
+	h2.load()
+	if err := h2.round(); err != nil {
+		t.Fatal(err)
+	}
+	if n := h2.task("j1", 0).NodeID; n != other {
+		t.Fatalf("owner of every shard placed on %s, want binpack's fuller node %s", n, other)
+	}
+}
+
+// TestHomeFirstLeavesOutWholeRegionTasks: tasks whose placement depends
+// on the whole node set skip the home pass.
+func TestHomeFirstLeavesOutWholeRegionTasks(t *testing.T) {
+	h := newOwnerHarness(t)
+	h.s.d.ShardCount = 4
+	home, other := nodeWithHome(t, 4, true), nodeWithHome(t, 4, false)
+	snap := &placement.Snapshot{Nodes: []*placement.Node{{ID: home}, {ID: other}}, Generation: 7}
+	tasks := []placement.Task{{ID: "plain"}, {ID: "spread", Spreads: []placement.Spread{{Label: "zone"}}},
+		{ID: "affine", Affinities: []placement.Affinity{{Label: "zone", Op: "=", Values: []string{"a"}, Weight: 50}}},
+		{ID: "data", Datasets: []placement.Dataset{{Name: "d"}}}}
+	hs, rest := h.s.homeFirst(snap, tasks)
+	if hs == nil || len(hs.Nodes) != 1 || hs.Nodes[0].ID != home || hs.Generation == 7 {
+		t.Fatalf("home snapshot %+v, want only %s under a generation of its own", hs, home)
+	}
+	if len(rest) != 3 || rest["plain"] {
+		t.Fatalf("tasks skipping the home pass: %v, want spread, affine, data", rest)
+	}
+	if hs, _ := h.s.homeFirst(snap, tasks[1:]); hs != nil {
+		t.Fatal("a home pass with no task for it")
+	}
+}

@@ -11,6 +11,10 @@
 // tlscost (issue 19: SubmitJob and RegisterNode with mutual TLS, and with ACLs, against
 // plaintext, 1-member region, -tlscost-runs per mode; about 2.5 minutes) is
 // not in the default set either: `make bench-tls`, or -only tlscost.
+//
+// shards (sharded ownership: the failover with one of three shard owners
+// killed, and the drain with 1 against 3 owners; about 7 minutes) is not in
+// the default set: `make bench-shards`, or -only shards.
 package main
 
 import (
@@ -32,6 +36,12 @@ import (
 
 // badnodeTrials is the badnode benchmark's trial count per setup.
 var badnodeTrials = flag.Int("badnode-trials", bench.DefaultBadNode.Trials, "badnode: trials per setup (control, exit75, exit1, workdir), interleaved within each round")
+
+// shards flags (make bench-shards).
+var (
+	shardsFailoverTrials = flag.Int("shards-failover-trials", bench.DefaultShards.Failover.Trials, "shards: failover trials (SIGKILL of one of three shard owners)")
+	shardsDrainTrials    = flag.Int("shards-drain-trials", bench.DefaultShards.DrainTrials, "shards: drain rounds (each: a spawn floor, one drain with 3 owners and one with 1, alternating order)")
+)
 
 // tlscost flags (the submit flags -clients, -conns, -warmup, -duration apply too).
 var (
@@ -224,28 +234,19 @@ func main() {
 			cfg.Log.Write([]byte(fmt.Sprintf("failover: %v\n", err)))
 			failed = true
 		}
-		var rows [][]string
-		var disp, dispLeader, dispFollower, owner, start, rec, sub []float64
-		for _, t := range trials {
-			rows = append(rows, []string{itoa(t.Trial), t.Killed, strconv.FormatBool(t.KilledLeader), strconv.FormatInt(t.OldEpoch, 10),
-				t.NewOwner, strconv.FormatInt(t.NewEpoch, 10), f1(t.OwnerMs), f1(t.DispatchMs), f1(t.DispatchRecMs), f1(t.StartMs), f1(t.FirstSubmitOKMs), strconv.FormatInt(t.SubmitErrors, 10), t.ErrorCodes})
-			disp = append(disp, t.DispatchMs)
-			owner = append(owner, t.OwnerMs)
-			start = append(start, t.StartMs)
-			rec = append(rec, t.DispatchRecMs)
-			sub = append(sub, t.FirstSubmitOKMs)
-			if t.KilledLeader {
-				dispLeader = append(dispLeader, t.DispatchMs)
-			} else {
-				dispFollower = append(dispFollower, t.DispatchMs)
-			}
+		md, err := bench.WriteFailover(*out, o, trials)
+		check(err)
+		sum.WriteString(md)
+	}
+	if run["shards"] && ctx.Err() == nil {
+		o := bench.DefaultShards
+		o.Failover.Trials, o.DrainTrials = *shardsFailoverTrials, *shardsDrainTrials
+		md, err := bench.RunShards(ctx, cfg, o, *out)
+		if err != nil {
+			cfg.Log.Write([]byte(fmt.Sprintf("shards: %v\n", err)))
+			failed = true
 		}
-		check(writeCSV(filepath.Join(*out, "failover.csv"), []string{"trial", "killed", "killed_was_etcd_leader", "old_epoch", "new_owner", "new_epoch",
-			"owner_deleted_ms", "first_dispatch_ms", "first_dispatch_record_ms", "first_start_ms", "first_submit_ok_ms", "submit_errors", "submit_error_codes"}, rows))
-		fmt.Fprintf(&sum, "## failover\n\n3-member region (%s; suspect-after 300 ms, owner lease 1 s: defaults), %d agents x %d slots, a single-task job submitted every %s (open loop, retried with the same request id on error).\nEach trial: SIGKILL the coordinator that GetRegionInfo names scheduler; measure from the kill to the first task record written ASSIGNED at an etcd revision after the killed owner's election key was deleted (only the successor's fenced plan can commit then), as seen by a watch on a surviving member; then restart the killed coordinator and wait until the region is healthy again.\n\n",
-			strings.Join(o.ExtraArgs, " "), o.Agents, o.Slots, o.TrickleEvery)
-		fmt.Fprintf(&sum, "| quantity (ms from SIGKILL) | distribution |\n|---|---|\n| first dispatch by the successor | %s |\n| ... when the killed coordinator hosted the etcd leader | %s |\n| ... when it did not | %s |\n| old owner key deleted (ownership moved) | %s |\n| first dispatch, by the task record's assigned_ms | %s |\n| first successor-dispatched task seen RUNNING or COMPLETE | %s |\n| first successful answer to a SubmitJob sent after the kill | %s |\n\n",
-			bench.Summarize(disp), bench.Summarize(dispLeader), bench.Summarize(dispFollower), bench.Summarize(owner), bench.Summarize(rec), bench.Summarize(start), bench.Summarize(sub))
+		sum.WriteString(md)
 	}
 	if run["badnode"] && ctx.Err() == nil {
 		o := bench.DefaultBadNode
