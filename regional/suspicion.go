@@ -37,16 +37,20 @@ func (c *Coordinator) suspicionLoop(ctx context.Context) {
 	defer tick.Stop()
 	refusedSince := map[clientv3.LeaseID]time.Time{}
 	deposed := map[clientv3.LeaseID]bool{}
+	failed := map[clientv3.LeaseID]bool{} // a revoke failed (logged once)
 	depose := func(id string, p memberPeer, via string, attrs ...any) {
-		err := c.revoke(ctx, p.lease)
-		if err != nil && ctx.Err() == nil {
-			c.log.Warn("revoking an unreachable coordinator's lease failed; retrying", "peer", id, "lease", int64(p.lease), "via", via, "err", err)
+		if err := c.revoke(ctx, p.lease); err != nil {
+			// Kept suspected: the next tick tries again (no leader yet,
+			// most likely: the dead peer hosted it).
+			if ctx.Err() == nil && !failed[p.lease] {
+				c.log.Warn("revoking an unreachable coordinator's lease failed; retrying", "peer", id, "lease", int64(p.lease), "via", via, "err", err)
+			}
+			failed[p.lease] = true
+			return
 		}
-		if err == nil {
-			deposed[p.lease] = true
-			met.OwnerDepositions.WithLabelValues(via).Inc()
-			c.log.Warn("revoked an unreachable coordinator's lease; its shards move", append([]any{"peer", id, "lease", int64(p.lease), "via", via}, attrs...)...)
-		}
+		deposed[p.lease] = true
+		met.OwnerDepositions.WithLabelValues(via).Inc()
+		c.log.Warn("revoked an unreachable coordinator's lease; its shards move", append([]any{"peer", id, "lease", int64(p.lease), "via", via}, attrs...)...)
 		delete(refusedSince, p.lease)
 	}
 	for {
@@ -93,6 +97,11 @@ func (c *Coordinator) suspicionLoop(ctx context.Context) {
 		for l := range deposed {
 			if !live[l] {
 				delete(deposed, l)
+			}
+		}
+		for l := range failed {
+			if !live[l] || deposed[l] {
+				delete(failed, l)
 			}
 		}
 	}

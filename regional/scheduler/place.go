@@ -14,7 +14,6 @@ import (
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
-	"apiary.dev/apiary/shards"
 )
 
 // place runs the engine over the placeable pending tasks and commits the
@@ -62,6 +61,8 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 	if d > 0 && d < next {
 		next = d
 	}
+	// used accumulates the usage of the nodes this round's plan writes.
+	used := map[string]store.UsageRecord{}
 	if len(snap.Nodes) == 0 {
 		// Nothing can be placed; GetJob reports "no ready nodes" itself,
 		// so the backlog is not rewritten.
@@ -76,37 +77,43 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 	}
 	snap.Existing = s.snap.existing(cands)
 	canaries, ptasks := s.placeCanaries(snap, due, ptasks)
-	var placed []placement.Placement
-	if home, rest := s.homeFirst(snap, ptasks); home != nil {
-		// Pass 1: the tasks that may, on this owner's home nodes only
-		// (homeFirst), so that owners of one region seldom plan onto one
-		// node at once. What does not fit there goes to pass 2, on every
-		// node, after pass 1 committed (its usage and tasks are then in
-		// the cache and the snapshot).
-		p1 := s.d.Placer.Place(home, homeTasks(ptasks, rest))
-		if err := s.commitPlacements(ctx, append(canaries, p1.Placements...), byKey, now); err != nil {
-			return 0, err
+	plan := s.d.Placer.Place(snap, ptasks)
+	plan.Placements = append(canaries, plan.Placements...)
+
+	// Group placements by node so a chunk carries whole nodes.
+	byNode := map[string][]placement.Placement{}
+	var nodeOrder []string
+	for _, p := range plan.Placements {
+		if byNode[p.NodeID] == nil {
+			nodeOrder = append(nodeOrder, p.NodeID)
 		}
-		placed = append(canaries, p1.Placements...)
-		canaries = nil
-		left := map[string]bool{}
-		for _, u := range p1.Unplaced {
-			left[u.TaskID] = true
-		}
-		ptasks = slices.DeleteFunc(ptasks, func(t placement.Task) bool { return !rest[t.ID] && !left[t.ID] })
-		if len(ptasks) > 0 {
-			snap = s.snap.build()
-			snap.Existing = s.snap.existing(cands)
+		byNode[p.NodeID] = append(byNode[p.NodeID], p)
+	}
+	var ws []write
+	var chunks []*placedChunk
+	for _, nodeID := range nodeOrder {
+		ps := byNode[nodeID]
+		for len(ps) > 0 {
+			chunk := ps
+			if len(chunk) > maxTasksPerPlan {
+				chunk = chunk[:maxTasksPerPlan]
+			}
+			ps = ps[len(chunk):]
+			w, ok := s.planWrite(nodeID, chunk, byKey, used, nowMs)
+			if ok {
+				pc := &placedChunk{nodeID: nodeID, ps: chunk}
+				chunks = append(chunks, pc)
+				after := w.after
+				w.after = func(rev int64) { after(rev); pc.committed = true }
+				ws = append(ws, w)
+			}
 		}
 	}
-	plan := placement.Plan{}
-	if len(ptasks) > 0 {
-		plan = s.d.Placer.Place(snap, ptasks)
-	}
-	if err := s.commitPlacements(ctx, append(canaries, plan.Placements...), byKey, now); err != nil {
+	conflicts := s.conflicts
+	if err := s.commit(ctx, ws); err != nil {
 		return 0, err
 	}
-	plan.Placements = append(placed, append(canaries, plan.Placements...)...)
+	s.observePlacements(chunks, byKey, now, s.conflicts-conflicts)
 	var unplaced []*cTask
 	reasons := map[string]placement.Unplaced{}
 	for _, u := range plan.Unplaced {
@@ -309,99 +316,4 @@ func (s *Loop) syncUsage(ctx context.Context) error {
 		})
 	}
 	return s.commit(ctx, ws)
-}
-
-// commitPlacements writes placements as plan writes, one per node (chunks
-// of at most maxTasksPerPlan), commits them, and records them
-// (observePlacements).
-func (s *Loop) commitPlacements(ctx context.Context, ps []placement.Placement, byKey map[string]*cTask, now time.Time) error {
-	if len(ps) == 0 {
-		return nil
-	}
-	nowMs := now.UnixMilli()
-	// used accumulates the usage of the nodes these writes place on.
-	used := map[string]store.UsageRecord{}
-	// Group placements by node so a chunk carries whole nodes.
-	byNode := map[string][]placement.Placement{}
-	var nodeOrder []string
-	for _, p := range ps {
-		if byNode[p.NodeID] == nil {
-			nodeOrder = append(nodeOrder, p.NodeID)
-		}
-		byNode[p.NodeID] = append(byNode[p.NodeID], p)
-	}
-	var ws []write
-	var chunks []*placedChunk
-	for _, nodeID := range nodeOrder {
-		ps := byNode[nodeID]
-		for len(ps) > 0 {
-			chunk := ps
-			if len(chunk) > maxTasksPerPlan {
-				chunk = chunk[:maxTasksPerPlan]
-			}
-			ps = ps[len(chunk):]
-			w, ok := s.planWrite(nodeID, chunk, byKey, used, nowMs)
-			if ok {
-				pc := &placedChunk{nodeID: nodeID, ps: chunk}
-				chunks = append(chunks, pc)
-				after := w.after
-				w.after = func(rev int64) { after(rev); pc.committed = true }
-				ws = append(ws, w)
-			}
-		}
-	}
-	conflicts := s.conflicts
-	if err := s.commit(ctx, ws); err != nil {
-		return err
-	}
-	s.observePlacements(chunks, byKey, now, s.conflicts-conflicts)
-	return nil
-}
-
-// homeFirst returns the snapshot of this owner's home nodes (those whose
-// home shard, shards.Of(node id), it owns) for a first placement pass, and
-// the tasks that must skip it (rest, by id): those whose placement depends
-// on the whole node set (spreads, affinities, datasets, distinct
-// properties). Owners of one region then prefer disjoint node subsets and
-// seldom plan onto one node at once, which costs a conflict and a requeue
-// (Omega's and Sparrow's observation; loadtest/results/shards-*: the
-// conflicts per plan Txn of 3 owners at the drain workload, before and
-// after). It returns nil when there is no such split: the loop owns every
-// shard, or no node (or every node) is a home node, or every task must
-// skip it.
-func (s *Loop) homeFirst(snap *placement.Snapshot, ptasks []placement.Task) (*placement.Snapshot, map[string]bool) {
-	if s.d.ShardCount <= 0 || len(s.owned) >= s.d.ShardCount {
-		return nil, nil
-	}
-	var home []*placement.Node
-	for _, n := range snap.Nodes {
-		if s.owns(shards.Of(n.ID, s.d.ShardCount)) {
-			home = append(home, n)
-		}
-	}
-	if len(home) == 0 || len(home) == len(snap.Nodes) {
-		return nil, nil
-	}
-	rest := map[string]bool{}
-	for _, t := range ptasks {
-		if len(t.Spreads) > 0 || len(t.Affinities) > 0 || len(t.Datasets) > 0 || len(t.DistinctProperties) > 0 {
-			rest[t.ID] = true
-		}
-	}
-	if len(rest) == len(ptasks) {
-		return nil, nil
-	}
-	gen := snap.Generation
-	if gen != 0 {
-		gen |= 1 << 63 // a node set of its own (the engine also checks the ids)
-	}
-	return &placement.Snapshot{Nodes: home, Existing: snap.Existing, Generation: gen}, rest
-}
-
-// homeTasks is ptasks less those in rest.
-func homeTasks(ptasks []placement.Task, rest map[string]bool) []placement.Task {
-	if len(rest) == 0 {
-		return ptasks
-	}
-	return slices.DeleteFunc(slices.Clone(ptasks), func(t placement.Task) bool { return rest[t.ID] })
 }
