@@ -1,6 +1,7 @@
 // Package regional is the regional coordinator, the process behind
-// `apiary region`. A region is 1, 3 or 5 coordinators, and each one embeds one
-// member of the region's etcd cluster. etcd is the only source of truth: a
+// `apiary region`. A region's etcd cluster is 1, 3 or 5 members, each
+// embedded in a coordinator; more coordinators may join as etcd clients only
+// (EtcdConfig.Endpoints, etcdclient.go). etcd is the only source of truth: a
 // coordinator keeps only caches that it can rebuild from a range read and a
 // watch.
 //

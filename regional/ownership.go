@@ -35,7 +35,7 @@ import (
 //     from every task on a node, whatever its shard), and acts only on the
 //     tasks and jobs of its shards; every write it makes is fenced on the
 //     epochs of the shards it writes for (store.EtcdCommitter).
-//   - suspicion (suspicion.go): a coordinator revokes the lease of a memberPeer
+//   - suspicion (suspicion.go): a coordinator revokes the session lease of a peer
 //     whose API refuses connections or whose LAN member failed.
 
 // sessionBox publishes the coordinator's current member session (memberLoop)
@@ -321,7 +321,7 @@ func (f *memberFeed) run(ctx context.Context, c *Coordinator) {
 
 func decodePeer(kv *mvccpb.KeyValue) memberPeer {
 	p := memberPeer{lease: clientv3.LeaseID(kv.Lease)}
-	_ = json.Unmarshal(kv.Value, &p.rec) // an undecodable record: a memberPeer without addresses
+	_ = json.Unmarshal(kv.Value, &p.rec) // an undecodable record: a peer without addresses
 	return p
 }
 

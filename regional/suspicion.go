@@ -12,18 +12,18 @@ import (
 
 // suspicionLoop lets the region take a dead coordinator's shards over on
 // suspicion instead of waiting out its session lease. Every coordinator
-// watches every memberPeer in the member set, with two detectors, each catching
+// watches every peer in the member set, with two detectors, each catching
 // what the other cannot (measured in loadtest/results/lan-*/summary.md):
 //
-//   - TCP probe (SuspectAfter >= 0): the memberPeer's API port refuses
+//   - TCP probe (SuspectAfter >= 0): the peer's API port refuses
 //     connections for SuspectAfter. A crashed process is seen in about
 //     SuspectAfter + 100 ms, faster than serf; a paused one still accepts
 //     connections (the kernel completes the handshake) and is never seen.
-//   - LAN pool (with LANAddr): the memberPeer's LAN member was declared failed
+//   - LAN pool (with LANAddr): the peer's LAN member was declared failed
 //     (lanCoordinatorFailed). serf sees a paused process as well as a dead
 //     one (about 1 s), and a host that is gone rather than refusing.
 //
-// Either way the coordinator revokes the memberPeer's session lease: its member
+// Either way the coordinator revokes the peer's session lease: its member
 // key and every shard owner key go at one revision, and the survivors
 // claim its shards by rendezvous order. Fencing makes a wrong suspicion
 // harmless: the deposed coordinator's next write for a shard fails the
