@@ -80,15 +80,7 @@ func TestTagBudgetHoldsInRealSerf(t *testing.T) {
 // bytes (at 32 bytes, placed at the limit) and with 16 or more tags (the
 // map header's step).
 func TestTagBytesIsSerfsSize(t *testing.T) {
-	conf, err := NewSerfConfig(MemberConfig{Name: "size", Bind: testutil.FreeAddr(t), Tags: map[string]string{TagRole: RoleGlobal}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf.LogOutput, conf.MemberlistConfig.LogOutput = io.Discard, io.Discard
-	s, err := serf.Create(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := member(t, "size", testutil.FreeAddr(t))
 	defer s.Shutdown()
 	many := map[string]string{}
 	for i := range 20 {
