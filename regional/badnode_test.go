@@ -887,8 +887,12 @@ tasks:
     count: 20
     command: sleep
     args: ["1"]
+    resources: {cpu_millis: 400}
     retryable_exit_codes: [75]
 `))
+			// 400 m: two tasks per node, so the 20 need all three nodes
+			// (at 100 m, n2 and n3 could hold them all, and whether n1
+			// got any was up to the engine's tie-breaking seed).
 			j := waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 90*time.Second)
 			if j.GetCounts().GetFailed() != 0 || j.GetCounts().GetComplete() != 20 {
 				t.Fatalf("counts %v: a host that broke after running fine failed tasks with max_attempts 1", j.GetCounts())

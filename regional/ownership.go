@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -220,8 +221,10 @@ func (c *Coordinator) ownerDeps() scheduler.Deps {
 	if p == nil {
 		// Preemption proposals are not committed by the coordinator (yet),
 		// and the snapshot carries only the existing allocations of the
-		// batch's groups, so the engine does not compute them.
-		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: c.born.UnixNano(), DisablePreemption: true,
+		// batch's groups, so the engine does not compute them. The seed is
+		// the coordinator id's hash: a coordinator's choices are
+		// reproducible, and two owners break ties differently.
+		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: int64(xxhash.Sum64String(c.cfg.ID)), DisablePreemption: true,
 			Workload: c.cfg.Workload})
 	}
 	return scheduler.Deps{Region: c.meta.Region, Jurisdiction: c.meta.Jurisdiction, CoordID: c.cfg.ID, Placer: p,
