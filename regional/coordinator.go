@@ -668,7 +668,7 @@ func (c *Coordinator) initMeta(ctx context.Context) error {
 			return fmt.Errorf("shards: region was created with %d shards; the count is fixed at creation", got.ShardCount)
 		}
 		if got.Jurisdiction != want.Jurisdiction {
-			return fmt.Errorf("jurisdiction: region %s was created in jurisdiction %q, not %q; a region's jurisdiction is fixed at creation", got.Region, got.Jurisdiction, want.Jurisdiction)
+			return fmt.Errorf("jurisdiction: region %s was created in jurisdiction %q, not %q; a region's jurisdiction is fixed at creation: start this coordinator with --jurisdiction %q", got.Region, got.Jurisdiction, want.Jurisdiction, got.Jurisdiction)
 		}
 		if !maps.Equal(got.Labels, want.Labels) {
 			// Labels describe the region to the router; the latest start wins.

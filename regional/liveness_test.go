@@ -426,3 +426,30 @@ func TestOperatorDrain(t *testing.T) {
 		t.Fatalf("completions %v, attempt %d", done, j.GetTasks()[0].GetAttempt())
 	}
 }
+
+// TestRepeatedStartedReportIsAccepted: an agent that retries its STARTED
+// report (its first answer was lost: an RPC deadline during an etcd stall,
+// or the coordinator's Txn retried after it committed) is told yes, not
+// "stale": a refusal made the agent treat its attempt as stale and never
+// report its end, and the task stayed RUNNING for good (issue 12's breaker).
+// The repeat changes nothing, and the attempt completes once.
+func TestRepeatedStartedReportIsAccepted(t *testing.T) {
+	_, c, dir, id, _ := oneGatedTask(t, "")
+	tk := waitAttemptRunning(t, c, id, 0, 1, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.agent.ReportTaskStatus(ctx, &apiaryv1.ReportTaskStatusRequest{NodeId: tk.GetNodeId(), NodeEpoch: tk.GetNodeEpoch(),
+		JobId: id, TaskIndex: 0, Attempt: 1, Kind: apiaryv1.ReportKind_REPORT_KIND_STARTED})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.GetAccepted() {
+		t.Fatalf("a repeated STARTED of the running attempt was refused: %q", resp.GetReason())
+	}
+	again := waitAttemptRunning(t, c, id, 0, 1, 5*time.Second)
+	if again.GetAttempt() != 1 || again.GetNodeEpoch() != tk.GetNodeEpoch() || again.GetFencingToken() != tk.GetFencingToken() {
+		t.Fatalf("the repeat changed the task: %v -> %v", tk, again)
+	}
+	openGate(t, dir)
+	checkOnce(t, c, id, dir, 1)
+}

@@ -266,6 +266,10 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: res.Rejected, NodeEpochEnded: rd.alive[r.GetNodeId()] != r.GetNodeEpoch()}
 			continue
 		}
+		if res.Duplicate {
+			answers[i] = &apiaryv1.ReportTaskStatusResponse{Accepted: true} // already applied: nothing to write
+			continue
+		}
 		if failed := res.Fault != apiaryv1.FailureFault_FAILURE_FAULT_UNSPECIFIED; failed || res.Outcome == taskstate.OutcomeComplete {
 			c.observe(rd.health, r.GetNodeId(), r.GetJobId(), failed, st.task.AssignedMs, view(), nowMs)
 		}

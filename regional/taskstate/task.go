@@ -196,6 +196,11 @@ type Result struct {
 	Outcome string
 	// Rejected is the reason the report was refused; Task is unchanged then.
 	Rejected string
+	// Duplicate: the report repeats one already applied (a STARTED for
+	// the attempt that runs, from its node epoch: a retry whose first
+	// answer was lost, or a Txn retried after it committed). It is
+	// accepted and changes nothing; Task is unchanged.
+	Duplicate bool
 	// Released is true when the attempt stopped holding node resources.
 	Released bool
 	// Fault is who was at fault for a failed attempt (a non-zero exit, a
@@ -256,7 +261,10 @@ func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng 
 	switch r.Kind {
 	case apiaryv1.ReportKind_REPORT_KIND_STARTED:
 		if t.State == apiaryv1.TaskState_TASK_STATE_RUNNING {
-			return Result{Task: t, Rejected: "duplicate start report"}
+			// Refusing it would tell the agent its attempt is stale: it
+			// would kill it, or never report its end (issue 12's breaker:
+			// tasks stuck RUNNING after an etcd stall).
+			return Result{Task: t, Duplicate: true}
 		}
 		t.State = apiaryv1.TaskState_TASK_STATE_RUNNING
 		t.StartedMs = firstNonZero(r.StartMs, nowMs)

@@ -167,8 +167,8 @@ func TestApplyReportRejectsStale(t *testing.T) {
 func TestApplyReportDuplicateStartAndUnknownKind(t *testing.T) {
 	in := active(sRunning, 1, 0)
 	res := ApplyReport(in, testPolicy, report(in, kStarted, 0), epoch, now, newRNG(1))
-	if !strings.Contains(res.Rejected, "duplicate start") || !reflect.DeepEqual(res.Task, in) {
-		t.Errorf("duplicate STARTED: %+v", res)
+	if res.Rejected != "" || !res.Duplicate || res.Outcome != "" || res.Released || !reflect.DeepEqual(res.Task, in) {
+		t.Errorf("duplicate STARTED: %+v, want accepted as a duplicate, task unchanged", res)
 	}
 	res = ApplyReport(in, testPolicy, report(in, apiaryv1.ReportKind_REPORT_KIND_UNSPECIFIED, 0), epoch, now, newRNG(1))
 	if !strings.Contains(res.Rejected, "unknown report kind") || !reflect.DeepEqual(res.Task, in) {
