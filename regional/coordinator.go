@@ -194,6 +194,9 @@ func (c *Config) validate() error {
 	if c.OwnerLeaseTTL == 0 {
 		c.OwnerLeaseTTL = 2 * time.Second
 	}
+	if c.OwnerLeaseTTL < time.Second {
+		return fmt.Errorf("owner-lease-ttl: must be at least 1s (whole seconds), got %s", c.OwnerLeaseTTL)
+	}
 	if c.ShardSettle < 0 {
 		return fmt.Errorf("shard-settle: must be >= 0, got %s", c.ShardSettle)
 	}
@@ -429,7 +432,7 @@ func (c *Coordinator) Parts() []lifecycle.Part {
 		parts = append(parts, lifecycle.New("lan", services.NewBasicService(c.startLAN, c.runLAN, c.stopLANPart)))
 	}
 	parts = append(parts,
-		lifecycle.Loop("members", c.memberLoop),
+		lifecycle.New("members", services.NewBasicService(c.checkMemberID, func(ctx context.Context) error { c.memberLoop(ctx); return nil }, nil)),
 		lifecycle.New("capacity", services.NewBasicService(func(ctx context.Context) error {
 			c.refreshCapacity(ctx)
 			return nil

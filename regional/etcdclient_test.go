@@ -644,3 +644,65 @@ func TestClientOnlyCoordinatorOutlivesEtcdLoss(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestSameIDRefusedOrTakenOver: a second coordinator started with the id of
+// a live one fails to start, naming it (the two would take each other's
+// member key); one started with the id of a crashed one revokes the dead
+// one's lease at once, so its shards move without waiting for it to lapse.
+func TestSameIDRefusedOrTakenOver(t *testing.T) {
+	cfgs, logs := memberRegion(t, 1, 16)
+	cfgs[0].OwnerLeaseTTL = 30 * time.Second // only a revoke can end it within the test
+	// No suspicion at c1: only the restarted c2's own check may revoke the
+	// crashed c2's lease.
+	cfgs[0].SuspectAfter, cfgs[0].LANAddr = -1, ""
+	cs := startCoords(t, cfgs, logs)
+	testutil.Eventually(t, 10*time.Second, "c1 owns every shard", func() error {
+		if n := len(cs[0].OwnedShards()); n != 16 {
+			return fmt.Errorf("c1 owns %d", n)
+		}
+		return nil
+	})
+	twin, _ := clientOnly(t, "c1", cfgs)
+	tc, err := regional.New(twin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = tc.Start(ctx)
+	if err == nil {
+		tc.Stop()
+		t.Fatal("a second coordinator with a live coordinator's id started")
+	}
+	if !strings.Contains(err.Error(), "coordinator id c1 is in use by a live coordinator at "+cs[0].Addr()) {
+		t.Fatalf("refusal: %v", err)
+	}
+	if n := len(cs[0].OwnedShards()); n != 16 {
+		t.Fatalf("the refused twin took shards from c1: it owns %d", n)
+	}
+
+	// c2 (client-only) joins, then crashes; a new c2 revokes its lease.
+	c2cfg, c2log := clientOnly(t, "c2", cfgs)
+	c2cfg.OwnerLeaseTTL = 30 * time.Second
+	c2 := startCoords(t, []regional.Config{c2cfg}, []*syncBuffer{c2log})[0]
+	testutil.Eventually(t, 15*time.Second, "c2 owns shards", func() error {
+		if len(c2.OwnedShards()) == 0 {
+			return errors.New("c2 owns none")
+		}
+		return nil
+	})
+	c2.Kill()
+	again, againLog := clientOnly(t, "c2", cfgs)
+	start := time.Now()
+	c2b := startCoords(t, []regional.Config{again}, []*syncBuffer{againLog})[0]
+	if !strings.Contains(againLog.tail(20000), "revoked the lease of this id's previous run") {
+		t.Fatalf("the restarted c2 did not revoke its predecessor's lease:\n%s", againLog.tail(3000))
+	}
+	testutil.Eventually(t, 15*time.Second, "the restarted c2 owns shards", func() error {
+		if len(c2b.OwnedShards()) == 0 {
+			return errors.New("c2 owns none")
+		}
+		return nil
+	})
+	t.Logf("restarted c2 owns shards %v after its start (the old lease had 30 s to run)", time.Since(start).Round(time.Millisecond))
+}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -108,6 +110,38 @@ func (c *Coordinator) memberLoop(ctx context.Context) {
 			c.closeSession(s)
 		}
 	}
+}
+
+// checkMemberID is the start of the members part: a member key of this
+// coordinator's id that is already there belongs either to a predecessor
+// that crashed (its API address is this process's, or refuses
+// connections): its lease is revoked, so its shards move now instead of
+// when it lapses; or to a live coordinator started with the same --id: the
+// start fails, naming it, since the two would take each other's member key
+// and one would drop out of the region unseen.
+func (c *Coordinator) checkMemberID(ctx context.Context) error {
+	gctx, cancel := store.EtcdCtx(ctx)
+	resp, err := c.cli.Get(gctx, store.KeyMember(c.cfg.ID))
+	cancel()
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil // none, or etcd is slow: memberLoop retries its put
+	}
+	kv := resp.Kvs[0]
+	var rec store.MemberRecord
+	_ = json.Unmarshal(kv.Value, &rec)
+	if rec.APIAddr != "" && rec.APIAddr != c.Addr() {
+		if conn, derr := net.DialTimeout("tcp", rec.APIAddr, 300*time.Millisecond); derr == nil {
+			conn.Close()
+			return fmt.Errorf("id: coordinator id %s is in use by a live coordinator at %s (its member key is under lease %x); "+
+				"give every coordinator of a region its own --id", c.cfg.ID, rec.APIAddr, kv.Lease)
+		}
+	}
+	if err := c.revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil {
+		c.log.Warn("could not revoke the lease of this id's previous run; its shards move when it lapses", "lease", kv.Lease, "err", err)
+	} else {
+		c.log.Info("revoked the lease of this id's previous run (it had crashed); its shards move now", "lease", kv.Lease, "api", rec.APIAddr)
+	}
+	return nil
 }
 
 // closeSession revokes the session's lease (its member key and shard
