@@ -106,6 +106,11 @@ func (c *Coordinator) memberLoop(ctx context.Context) {
 		select {
 		case <-s.Done():
 			c.log.Warn("member session lease ended; its shards are dropped", "lease", int64(s.Lease()))
+			// The client gave up on the lease (its keep-alive failed for a
+			// TTL) but etcd may still hold it, with a claim that raced the
+			// end: revoke it, so that those shards move now rather than
+			// when it lapses.
+			c.closeSession(s)
 		case <-ctx.Done():
 			c.closeSession(s)
 		}

@@ -50,7 +50,11 @@ func (c *Coordinator) suspicionLoop(ctx context.Context) {
 		}
 		deposed[p.lease] = true
 		met.OwnerDepositions.WithLabelValues(via).Inc()
-		c.log.Warn("revoked an unreachable coordinator's lease; its shards move", append([]any{"peer", id, "lease", int64(p.lease), "via", via}, attrs...)...)
+		what := "revoked an unreachable coordinator's lease; its shards move"
+		if p.rec.APIOnly {
+			what = "revoked an unreachable coordinator's lease (it owns no shards)"
+		}
+		c.log.Warn(what, append([]any{"peer", id, "lease", int64(p.lease), "via", via}, attrs...)...)
 		delete(refusedSince, p.lease)
 	}
 	for {
