@@ -191,17 +191,15 @@ func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRe
 	return out, nil
 }
 
-// shardOwners is the owners view of the owner part, or (before it runs) a
-// read of the owner keys.
+// shardOwners reads every shard's owner (a linearizable range read, not
+// the owner part's watch view: without an etcd quorum the answer is
+// UNAVAILABLE rather than a stale view).
 func (c *Coordinator) shardOwners(ctx context.Context) (shards.Snapshot, error) {
-	if o := c.owners.Load(); o != nil {
-		return o.Snapshot(), nil
-	}
 	return shards.ReadOwners(ctx, c.cli, c.shardLayout())
 }
 
-// ListShards answers from the owners view and the scheduling loop's cache
-// (every coordinator keeps one).
+// ListShards answers from a read of the owner keys and the scheduling
+// loop's cache (every coordinator keeps one).
 func (s *adminServer) ListShards(ctx context.Context, _ *apiaryv1.ListShardsRequest) (*apiaryv1.ListShardsResponse, error) {
 	c := s.c
 	stats := c.shardStats.Load()

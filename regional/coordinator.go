@@ -322,11 +322,10 @@ type Coordinator struct {
 	metricsSrv *telemetry.Server
 
 	// Sharded ownership (ownership.go): the member session, the loop's
-	// shard set, the owners view and the current reconciler.
+	// shard set and the current reconciler.
 	sessions   *sessionBox
 	members    *memberFeed
 	shardSet   *scheduler.ShardSet
-	owners     atomic.Pointer[shards.Owners]
 	reconciler atomic.Pointer[shards.Reconciler]
 	shardStats atomic.Pointer[[]scheduler.ShardStat] // from the loop, for ListShards
 	// noGrace: the coordinator started into a running region (its shards

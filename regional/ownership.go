@@ -194,7 +194,6 @@ func (c *Coordinator) runOwner(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	c.owners.Store(owners)
 	if len(owners.Snapshot().Owners) > 0 {
 		// The region was running (its shards had live owners): node
 		// leases did not lapse for an outage, so no failover grace.
