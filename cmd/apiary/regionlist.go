@@ -170,12 +170,12 @@ Ownership is sharded: a rendezvous hash of the live members gives each
 coordinator about S/n shards, and each one places the tasks of its own
 shards. A coordinator that joins gets its share a few seconds after it
 joined. When one dies, only its shards move: the others keep scheduling
-theirs, and the survivors claim the dead one's shards about a second later
-when its API refuses connections (--suspect-after) or its LAN member fails,
-else when its owner lease (--owner-lease-ttl) ends; until then those shards
-stay counted for the dead member, whose API shows "no answer", or show as
-unowned, and their tasks wait. 'apiary region shards' lists every shard
-with its owner and epoch. Give every coordinator's address (--addr a,b,c) so
+theirs, and the survivors claim the dead one's shards about half a second
+later (about 1.2 s when it also hosted the etcd raft leader) when its API
+refuses connections (--suspect-after) or its LAN member fails, else when its
+session lease (--owner-lease-ttl) ends; until then those shards stay counted
+for the dead member, whose API shows "no answer", and their tasks wait.
+'apiary region shards' lists every shard with its owner and epoch. Give every coordinator's address (--addr a,b,c) so
 that the answer does not depend on one member. A global router does not
 serve this: against one, it exits 2 and names each region's coordinator
 addresses.`,
