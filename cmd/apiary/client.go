@@ -367,9 +367,10 @@ func withViolations(msg string, st *status.Status) string {
 }
 
 // printJSON writes m as one protojson object, with the proto (snake_case)
-// field names that the job file uses too.
+// field names that the job file uses too, and every field, zero values
+// included (shard 0, task index 0, 0 pending), so that scripts find them.
 func printJSON(w io.Writer, m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", UseProtoNames: true}.Marshal(m)
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
 	if err != nil {
 		return err
 	}
