@@ -26,9 +26,14 @@ const (
 	DefaultMoveBurst = 32
 	// DefaultHandBackTimeout bounds one HandBack call.
 	DefaultHandBackTimeout = 5 * time.Second
-	// etcdTimeout bounds each claim and release (a call without a deadline
-	// blocks about 7 s during an etcd leader crash).
-	etcdTimeout = 5 * time.Second
+	// etcdTimeout bounds each claim and release attempt: a call sent to a
+	// raft leader that just died or froze waits until it times out (a
+	// call without a deadline blocks about 7 s), while a new leader is
+	// there within about a second; a short attempt and the next step's
+	// retry reach it (claims and releases are safe to repeat). A 5 s bound
+	// once left a dead coordinator's shards unclaimed for 5 s behind one
+	// stuck release (TestLANDeposesPausedOwner in a clean-clone CI run).
+	etcdTimeout = time.Second
 	// retryDelay is the pause before retrying a failed claim, release or
 	// hand-back.
 	retryDelay = 100 * time.Millisecond
