@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/serf/serf"
 
 	"apiary.dev/apiary/internal/lan"
+	"apiary.dev/apiary/internal/testutil"
 )
 
 // TestDefaultLANAddr: without --lan-addr the agent binds, on port 0, the
@@ -38,7 +39,7 @@ func TestDefaultLANAddr(t *testing.T) {
 // while the coordinators answer its heartbeats logs one ERROR saying so,
 // not one per check; and nothing while it is in the pool.
 func TestLANSaysWhenAlone(t *testing.T) {
-	var logs logBuffer
+	var logs testutil.LogBuffer
 	a, err := New(Config{NodeID: "n1", CoordinatorAddrs: []string{"127.0.0.1:1"}, DataDir: t.TempDir(),
 		Capacity: Resources{CPUMillis: 1000, MemoryMB: 1024}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {

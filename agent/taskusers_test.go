@@ -9,12 +9,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/testutil"
 )
 
 // needRoot skips a test that needs root to start processes as other users.
@@ -35,24 +35,6 @@ func reachableDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return d
-}
-
-// logBuffer is a goroutine-safe log sink.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // owner returns the owner uid and permission bits of path.
@@ -91,7 +73,7 @@ func TestTaskUsersIsolateAttempts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	logs := &logBuffer{}
+	logs := &testutil.LogBuffer{}
 	f, ta, epoch := startConnected(t, func(c *Config) {
 		c.DataDir = data
 		c.TaskUsers = TaskUsersOn
@@ -369,7 +351,7 @@ func TestTaskUsersConfig(t *testing.T) {
 // at start, at WARN, with what they can read (the non-root agent's case;
 // cmd/apiary's TestAgentWithoutRootWarns runs a real one as another user).
 func TestTaskUsersOffWarns(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &testutil.LogBuffer{}
 	startConnected(t, func(c *Config) {
 		c.TaskUsers = TaskUsersOff
 		c.LANAddr = LANOff

@@ -6,7 +6,6 @@ package regional_test
 // them back when it stops, with no shard owned twice at any revision.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -36,39 +35,20 @@ import (
 	"apiary.dev/apiary/shards/shardstest"
 )
 
-// syncBuffer is a log sink shared by a coordinator's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) tail(n int) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b := s.b.Bytes()
-	return string(b[max(0, len(b)-n):])
-}
-
 // memberRegion is the configs of a region of n coordinators with embedded
 // members (ids c1..cn, one --initial-cluster) and S shards, each with
 // coordConfig's defaults (lifecycle_test.go) and its own log buffer.
-func memberRegion(t *testing.T, n, S int) ([]regional.Config, []*syncBuffer) {
+func memberRegion(t *testing.T, n, S int) ([]regional.Config, []*testutil.LogBuffer) {
 	t.Helper()
 	var cfgs []regional.Config
-	var logs []*syncBuffer
+	var logs []*testutil.LogBuffer
 	var initial []string
 	for i := range n {
 		cfg := coordConfig(t)
 		cfg.ID = fmt.Sprintf("c%d", i+1)
 		cfg.ShardCount = S
 		cfg.MetricsAddr = ""
-		buf := &syncBuffer{}
+		buf := &testutil.LogBuffer{}
 		cfg.Logger = slog.New(slog.NewTextHandler(buf, nil))
 		initial = append(initial, cfg.ID+"="+cfg.Etcd.PeerURL)
 		cfgs, logs = append(cfgs, cfg), append(logs, buf)
@@ -81,14 +61,14 @@ func memberRegion(t *testing.T, n, S int) ([]regional.Config, []*syncBuffer) {
 
 // clientOnly is the config of a coordinator id without a member, a client
 // of the given members' client URLs (and of their shard count).
-func clientOnly(t *testing.T, id string, members []regional.Config) (regional.Config, *syncBuffer) {
+func clientOnly(t *testing.T, id string, members []regional.Config) (regional.Config, *testutil.LogBuffer) {
 	cfg := coordConfig(t)
 	cfg.ID = id
 	if len(members) > 0 {
 		cfg.ShardCount = members[0].ShardCount
 	}
 	cfg.MetricsAddr = ""
-	buf := &syncBuffer{}
+	buf := &testutil.LogBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(buf, nil))
 	cfg.Etcd = regional.EtcdConfig{DataDir: filepath.Join(t.TempDir(), id)}
 	for _, m := range members {
@@ -99,7 +79,7 @@ func clientOnly(t *testing.T, id string, members []regional.Config) (regional.Co
 
 // startCoords starts the coordinators at once (members need a quorum to
 // start), each stopped at test end; a failed test gets each one's log tail.
-func startCoords(t *testing.T, cfgs []regional.Config, logs []*syncBuffer) []*regional.Coordinator {
+func startCoords(t *testing.T, cfgs []regional.Config, logs []*testutil.LogBuffer) []*regional.Coordinator {
 	t.Helper()
 	cs := make([]*regional.Coordinator, len(cfgs))
 	errs := make([]error, len(cfgs))
@@ -115,7 +95,7 @@ func startCoords(t *testing.T, cfgs []regional.Config, logs []*syncBuffer) []*re
 		t.Cleanup(func() {
 			c.Stop()
 			if t.Failed() {
-				t.Logf("--- %s log tail ---\n%s", cfg.ID, logs[i].tail(3000))
+				t.Logf("--- %s log tail ---\n%s", cfg.ID, logs[i].Tail(3000))
 			}
 		})
 		wg.Go(func() { errs[i] = c.Start(ctx) })
@@ -210,7 +190,7 @@ func TestClientOnlyCoordinatorTakesItsShare(t *testing.T) {
 
 	cfg4, log4 := clientOnly(t, "c4", cfgs)
 	joined := time.Now()
-	c4 := startCoords(t, []regional.Config{cfg4}, []*syncBuffer{log4})[0]
+	c4 := startCoords(t, []regional.Config{cfg4}, []*testutil.LogBuffer{log4})[0]
 	if c4.Etcd() != nil {
 		t.Error("a client-only coordinator has an embedded member")
 	}
@@ -602,7 +582,7 @@ func TestClientOnlyCoordinatorOutlivesEtcdLoss(t *testing.T) {
 	proxy := newCutProxy(t, strings.TrimPrefix(cfgs[0].Etcd.ClientURL, "http://"))
 	cfg4, log4 := clientOnly(t, "c4", cfgs)
 	cfg4.Etcd.Endpoints = []string{"http://" + proxy.addr}
-	c4 := startCoords(t, []regional.Config{cfg4}, []*syncBuffer{log4})[0]
+	c4 := startCoords(t, []regional.Config{cfg4}, []*testutil.LogBuffer{log4})[0]
 	three, four := []string{"c1", "c2", "c3"}, []string{"c1", "c2", "c3", "c4"}
 	all := append(slices.Clone(members), c4)
 	testutil.Eventually(t, 15*time.Second, "c4 owns its Desired share", ownsDesired(all, four, S, chk))
@@ -618,7 +598,7 @@ func TestClientOnlyCoordinatorOutlivesEtcdLoss(t *testing.T) {
 		return nil
 	})
 	testutil.Eventually(t, 10*time.Second, "c4 warns", func() error {
-		if !strings.Contains(log4.tail(1<<20), "etcd does not answer through --etcd-endpoints") {
+		if !strings.Contains(log4.Tail(1<<20), "etcd does not answer through --etcd-endpoints") {
 			return errors.New("no warning in c4's log yet")
 		}
 		return nil
@@ -634,7 +614,7 @@ func TestClientOnlyCoordinatorOutlivesEtcdLoss(t *testing.T) {
 	testutil.Eventually(t, 15*time.Second, "c4 owns its Desired share again", ownsDesired(all, four, S, chk))
 	t.Logf("etcd back: %v %s later", counts(all, four), time.Since(healed).Round(time.Millisecond))
 	testutil.Eventually(t, 5*time.Second, "c4 says etcd is back", func() error {
-		if !strings.Contains(log4.tail(1<<20), "etcd answers again through --etcd-endpoints") {
+		if !strings.Contains(log4.Tail(1<<20), "etcd answers again through --etcd-endpoints") {
 			return errors.New("not in c4's log yet")
 		}
 		return nil
@@ -684,7 +664,7 @@ func TestSameIDRefusedOrTakenOver(t *testing.T) {
 	// c2 (client-only) joins, then crashes; a new c2 revokes its lease.
 	c2cfg, c2log := clientOnly(t, "c2", cfgs)
 	c2cfg.OwnerLeaseTTL = 30 * time.Second
-	c2 := startCoords(t, []regional.Config{c2cfg}, []*syncBuffer{c2log})[0]
+	c2 := startCoords(t, []regional.Config{c2cfg}, []*testutil.LogBuffer{c2log})[0]
 	testutil.Eventually(t, 15*time.Second, "c2 owns shards", func() error {
 		if len(c2.OwnedShards()) == 0 {
 			return errors.New("c2 owns none")
@@ -694,9 +674,9 @@ func TestSameIDRefusedOrTakenOver(t *testing.T) {
 	c2.Kill()
 	again, againLog := clientOnly(t, "c2", cfgs)
 	start := time.Now()
-	c2b := startCoords(t, []regional.Config{again}, []*syncBuffer{againLog})[0]
-	if !strings.Contains(againLog.tail(20000), "revoked the lease of this id's previous run") {
-		t.Fatalf("the restarted c2 did not revoke its predecessor's lease:\n%s", againLog.tail(3000))
+	c2b := startCoords(t, []regional.Config{again}, []*testutil.LogBuffer{againLog})[0]
+	if !strings.Contains(againLog.Tail(20000), "revoked the lease of this id's previous run") {
+		t.Fatalf("the restarted c2 did not revoke its predecessor's lease:\n%s", againLog.Tail(3000))
 	}
 	testutil.Eventually(t, 15*time.Second, "the restarted c2 owns shards", func() error {
 		if len(c2b.OwnedShards()) == 0 {

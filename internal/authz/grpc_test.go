@@ -1,7 +1,6 @@
 package authz_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -10,7 +9,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -330,24 +328,6 @@ func TestUnknownServiceDenied(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects the servers' log lines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // denials reads apiary_authz_denials_total from reg by "service/reason".
 func denials(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
@@ -377,7 +357,7 @@ func denials(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // allowed calls are neither.
 func TestDenialsLoggedAndCounted(t *testing.T) {
 	c := newCA(t)
-	logs := &lockedBuffer{}
+	logs := &testutil.LogBuffer{}
 	reg := prometheus.NewRegistry()
 	p := authz.Policy{Role: pki.RoleRegion, Region: "eu-west", Logger: slog.New(slog.NewJSONHandler(logs, nil)), Registerer: reg}
 	ts := startServer(t, p, pki.ServerCredentials(c.reloader(t, regionEU)))

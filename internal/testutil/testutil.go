@@ -180,3 +180,29 @@ func MetricSum(f *dto.MetricFamily) float64 {
 	}
 	return v
 }
+
+// LogBuffer is a goroutine-safe log sink (an slog handler's or a server's
+// writer shared by its goroutines).
+type LogBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is everything written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Tail is the last n bytes written (all of them when fewer).
+func (l *LogBuffer) Tail(n int) string {
+	s := l.String()
+	return s[max(0, len(s)-n):]
+}
