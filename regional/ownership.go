@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"apiary.dev/apiary/internal/lifecycle"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/scheduler"
 	"apiary.dev/apiary/regional/store"
@@ -90,7 +91,7 @@ func (c *Coordinator) memberLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		s, err := concurrency.NewSession(c.cli, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
 		if err != nil {
-			sleepCtx(ctx, 200*time.Millisecond)
+			_ = lifecycle.Sleep(ctx, 200*time.Millisecond)
 			continue
 		}
 		pctx, cancel := store.EtcdCtx(ctx)
@@ -99,7 +100,7 @@ func (c *Coordinator) memberLoop(ctx context.Context) {
 		cancel()
 		if err != nil {
 			c.closeSession(s)
-			sleepCtx(ctx, 200*time.Millisecond)
+			_ = lifecycle.Sleep(ctx, 200*time.Millisecond)
 			continue
 		}
 		c.sessions.publish(s)
@@ -164,15 +165,6 @@ func (c *Coordinator) closeSession(s *concurrency.Session) {
 	}
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
-
 // shardLayout names the region's shard owner keys.
 func (c *Coordinator) shardLayout() shards.Layout {
 	return shards.Layout{Prefix: store.PrefShards, Count: c.meta.ShardCount}
@@ -189,7 +181,7 @@ func (c *Coordinator) runOwner(ctx context.Context) {
 			break
 		}
 		c.log.Warn("shard owners view failed; retrying", "err", err)
-		sleepCtx(ctx, 200*time.Millisecond)
+		_ = lifecycle.Sleep(ctx, 200*time.Millisecond)
 	}
 	if ctx.Err() != nil {
 		return
@@ -286,7 +278,7 @@ func (c *Coordinator) scheduleLoop(ctx context.Context) {
 			return
 		}
 		c.log.Warn("scheduling loop failed; reloading its cache", "err", err)
-		sleepCtx(ctx, 100*time.Millisecond)
+		_ = lifecycle.Sleep(ctx, 100*time.Millisecond)
 	}
 }
 
@@ -333,7 +325,7 @@ func (f *memberFeed) run(ctx context.Context, c *Coordinator) {
 		resp, err := c.cli.Get(gctx, store.PrefMembers, clientv3.WithPrefix())
 		cancel()
 		if err != nil {
-			sleepCtx(ctx, 200*time.Millisecond)
+			_ = lifecycle.Sleep(ctx, 200*time.Millisecond)
 			continue
 		}
 		live := map[string]memberPeer{}

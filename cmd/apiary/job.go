@@ -25,6 +25,7 @@ import (
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/lifecycle"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 )
@@ -300,7 +301,7 @@ func waitJob(ctx context.Context, o *clientOpts, client apiaryv1.JobServiceClien
 				if poll {
 					pause = time.Second
 				}
-				if err = sleepCtx(ctx, pause); err == nil {
+				if err = lifecycle.Sleep(ctx, pause); err == nil {
 					continue
 				}
 			}
@@ -323,7 +324,7 @@ func waitJob(ctx context.Context, o *clientOpts, client apiaryv1.JobServiceClien
 		if time.Since(lastContact) > o.timeout {
 			return nil, rpcError(&cliconn.RetryError{Attempts: n + 1, Last: err}, addr, "")
 		}
-		_ = sleepCtx(ctx, cliconn.DefaultBackoff.Wait(n)) // ctx end is handled above next round
+		_ = lifecycle.Sleep(ctx, cliconn.DefaultBackoff.Wait(n)) // ctx end is handled above next round
 	}
 }
 
@@ -349,17 +350,6 @@ func watchOnce(ctx context.Context, client apiaryv1.JobServiceClient, id string,
 		if terminal(job.GetState()) {
 			return job, nil
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 

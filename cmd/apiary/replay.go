@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/lifecycle"
 )
 
 func init() { register(newReplayCmd) }
@@ -154,7 +155,7 @@ data class personal, Burstable 50, BE 20).`,
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					if sleepCtx(ctx, time.Until(start.Add(at))) != nil {
+					if lifecycle.Sleep(ctx, time.Until(start.Add(at))) != nil {
 						return
 					}
 					req := &apiaryv1.SubmitJobRequest{Spec: spec, ClientId: "demo-replay", RequestId: fmt.Sprintf("%s-%d", p.name, start.UnixNano())}
@@ -215,7 +216,7 @@ data class personal, Burstable 50, BE 20).`,
 				if open == 0 {
 					break
 				}
-				_ = sleepCtx(ctx, time.Second)
+				_ = lifecycle.Sleep(ctx, time.Second)
 			}
 			printReplaySummary(cmd.OutOrStdout(), results, time.Since(start))
 			return nil

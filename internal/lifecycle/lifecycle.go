@@ -250,3 +250,17 @@ func Run(ctx context.Context, log *slog.Logger, startTimeout time.Duration, part
 	}
 	return stopErr
 }
+
+// Sleep waits d or until ctx ends, whichever is first, and returns
+// ctx.Err() in the second case (nil otherwise): the pause of a retry loop
+// that must stop on its context at once.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

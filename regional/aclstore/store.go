@@ -20,6 +20,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/acl"
 	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/internal/lifecycle"
 )
 
 // Config configures a Store.
@@ -120,7 +121,7 @@ func (s *Store) Run(ctx context.Context) {
 			if err := s.Load(ctx); err != nil {
 				if ctx.Err() == nil {
 					s.log.Warn("acl cache: load failed; retrying", "err", err)
-					sleep(ctx, 200*time.Millisecond)
+					_ = lifecycle.Sleep(ctx, 200*time.Millisecond)
 				}
 				continue
 			}
@@ -137,7 +138,7 @@ func (s *Store) Run(ctx context.Context) {
 			loaded = false
 			continue
 		}
-		sleep(ctx, 200*time.Millisecond)
+		_ = lifecycle.Sleep(ctx, 200*time.Millisecond)
 	}
 }
 
@@ -162,13 +163,6 @@ func (s *Store) watch(ctx context.Context, from int64) (compacted bool) {
 		s.mu.Unlock()
 	}
 	return false
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
 }
 
 // applyLocked folds one key (or its deletion) into the cache.
