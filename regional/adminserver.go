@@ -82,9 +82,8 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "region info: %v", err)
 	}
-	perCoord := map[string]int32{}
+	perCoord := owned.PerMember()
 	for _, o := range owned.Owners {
-		perCoord[o.Member]++
 		out.SchedulerEpoch = max(out.SchedulerEpoch, int64(o.Epoch))
 	}
 	for id, n := range perCoord {
@@ -110,7 +109,7 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 		if json.Unmarshal(kv.Value, &m) != nil {
 			continue
 		}
-		co := &apiaryv1.Coordinator{Id: m.ID, ApiAddr: m.APIAddr, Scheduler: perCoord[m.ID] > 0, ShardsOwned: perCoord[m.ID]}
+		co := &apiaryv1.Coordinator{Id: m.ID, ApiAddr: m.APIAddr, Scheduler: perCoord[m.ID] > 0, ShardsOwned: int32(perCoord[m.ID])}
 		out.Coordinators = append(out.Coordinators, co)
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
@@ -162,10 +161,7 @@ func (s *adminServer) ListRegions(ctx context.Context, _ *apiaryv1.ListRegionsRe
 		}
 		var perCoord map[string]int // nil: unknown (-1 below)
 		if owned, err := c.shardOwners(cctx); err == nil {
-			perCoord = map[string]int{}
-			for _, o := range owned.Owners {
-				perCoord[o.Member]++
-			}
+			perCoord = owned.PerMember()
 		}
 		for _, kv := range resp.Kvs {
 			var m store.MemberRecord

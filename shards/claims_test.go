@@ -279,3 +279,10 @@ func TestClaimMany(t *testing.T) {
 		t.Fatalf("claim under a revoked lease: %v, want ErrLeaseGone", err)
 	}
 }
+
+func TestSnapshotPerMember(t *testing.T) {
+	s := Snapshot{Owners: map[int]Ownership{0: {Member: "a"}, 1: {Member: "b"}, 2: {Member: "a"}}}
+	if got := s.PerMember(); len(got) != 2 || got["a"] != 2 || got["b"] != 1 {
+		t.Fatalf("PerMember: %v, want a:2 b:1", got)
+	}
+}

@@ -105,6 +105,15 @@ func (o *Owners) load(ctx context.Context) error {
 	return nil
 }
 
+// PerMember counts the shards each member owns.
+func (s Snapshot) PerMember() map[string]int {
+	out := map[string]int{}
+	for _, o := range s.Owners {
+		out[o.Member]++
+	}
+	return out
+}
+
 // ReadOwners reads every shard's owner once (one range read, bounded by
 // 5 s); the Snapshot's Changed is nil. Errors are etcd's.
 func ReadOwners(ctx context.Context, cli *clientv3.Client, l Layout) (Snapshot, error) {
