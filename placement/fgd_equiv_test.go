@@ -528,6 +528,9 @@ func TestPlaceReusesSlotsSafely(t *testing.T) {
 	for _, n := range small.Nodes[:10] {
 		n.Quarantined = true // flags that must not leak into the next call
 	}
+	for _, n := range small.Nodes[10:15] {
+		n.Reserved = true
+	}
 	tasks := synthTasks(60, 5)
 	for round := 0; round < 3; round++ {
 		for _, snap := range []*Snapshot{big, small, big} {

@@ -17,6 +17,7 @@ type filter interface {
 const (
 	ReasonIneligible    = "ineligible"
 	ReasonQuarantined   = "quarantined"
+	ReasonReserved      = "reserved for another shard owner"
 	ReasonExcluded      = "excluded"
 	ReasonJurisdiction  = "jurisdiction"
 	ReasonGPUModel      = "gpu model"
@@ -33,8 +34,8 @@ const (
 	ReasonFailedHere = "failed here before"
 )
 
-// eligibilityFilter drops quarantined and ineligible (draining, not ready)
-// nodes.
+// eligibilityFilter drops quarantined, ineligible (draining, not ready) and
+// reserved nodes.
 type eligibilityFilter struct{}
 
 func (eligibilityFilter) check(_ *taskCtx, st *state, i int, _ *view) string {
@@ -43,6 +44,8 @@ func (eligibilityFilter) check(_ *taskCtx, st *state, i int, _ *view) string {
 		return ReasonIneligible
 	case slotQuarantined:
 		return ReasonQuarantined
+	case slotReserved:
+		return ReasonReserved
 	}
 	return ""
 }

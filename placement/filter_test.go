@@ -40,6 +40,9 @@ func TestFilters(t *testing.T) {
 	}{
 		{name: "quarantined", mutate: func(ns []*Node) { ns[0].Quarantined = true; ns[1].Quarantined = true }, task: Task{Request: small}, reason: "quarantined: 2 nodes"},
 		{name: "quarantined one", mutate: func(ns []*Node) { ns[0].Quarantined = true }, task: Task{Request: small}, want: "n2"},
+		{name: "reserved", mutate: func(ns []*Node) { ns[0].Reserved = true; ns[1].Reserved = true }, task: Task{Request: small}, reason: "reserved for another shard owner: 2 nodes"},
+		{name: "reserved one", mutate: func(ns []*Node) { ns[1].Reserved = true }, task: Task{Request: small}, want: "n1"},
+		{name: "reserved beside quarantined", mutate: func(ns []*Node) { ns[0].Quarantined = true; ns[1].Reserved = true }, task: Task{Request: small}, reason: "quarantined: 1 node, reserved for another shard owner: 1 node"},
 		{name: "ineligible", mutate: func(ns []*Node) { ns[1].Ineligible = true }, task: Task{Request: small, Constraints: []Constraint{{Label: "zone", Op: "=", Values: []string{"b"}}}}, reason: "ineligible: 1 node"},
 		{name: "excluded", task: Task{Request: small, ExcludedNodes: map[string]bool{"n1": true}}, want: "n2"},
 		{name: "jurisdiction", task: Task{Request: small, Jurisdictions: []string{"us"}}, want: "n2"},

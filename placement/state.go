@@ -132,7 +132,7 @@ type slot struct {
 	gpuModel         string
 	tasks            int32
 	maxTasks         int32
-	bad              uint8   // 0 eligible, else slotIneligible or slotQuarantined
+	bad              uint8   // 0 eligible, else slotIneligible, slotQuarantined or slotReserved
 	owned            bool    // gpuFree is this state's copy
 	epoch            uint32  // the state this record was filled for (state.slot)
 	frag             float64 // F_n(M) of the current usage, when fragOK (fgd.go fragNow)
@@ -142,6 +142,7 @@ type slot struct {
 const (
 	slotIneligible uint8 = 1 + iota
 	slotQuarantined
+	slotReserved
 )
 
 // slotBuf is a reusable slot array: a slot is valid for the state whose
@@ -196,6 +197,8 @@ func fillSlot(s *slot, n *Node, epoch uint32) {
 		s.bad = slotIneligible
 	case n.Quarantined:
 		s.bad = slotQuarantined
+	case n.Reserved:
+		s.bad = slotReserved
 	}
 }
 

@@ -13,7 +13,7 @@ import "sync"
 // generations and reuses one when a later snapshot has the same Generation
 // and the same node IDs in the same order (checked on every call, O(nodes)
 // string compares, much cheaper than rebuilding maps). Usage (Allocated,
-// GPUFreeMilli, RunningTasks) and the Quarantined/Ineligible/MaxTasks flags
+// GPUFreeMilli, RunningTasks) and the Quarantined/Ineligible/Reserved/MaxTasks flags
 // are never cached: they are read from the snapshot on every call.
 //
 // A table is shared by the sessions that reuse it, possibly concurrently:

@@ -30,6 +30,11 @@ type Node struct {
 	Quarantined bool
 	// Ineligible nodes (draining, not ready) get no new placements.
 	Ineligible bool
+	// Reserved nodes get no new placements in this call: the caller keeps
+	// them for another scheduler (Apiary's shard owners leave a node to the
+	// owner it prefers while that one has a backlog; regional/scheduler,
+	// homenodes.go). Unplaced reasons count them as ReasonReserved.
+	Reserved bool
 	// Datasets held locally: name -> bytes.
 	Datasets map[string]int64
 }
@@ -136,8 +141,8 @@ type Snapshot struct {
 	// Generation, when not 0, identifies the node set: the nodes' IDs and
 	// order, labels, capacities and GPU models. A caller that sets it must
 	// change it whenever any of those change; usage (Allocated,
-	// GPUFreeMilli, RunningTasks), Existing and the Quarantined, Ineligible
-	// and MaxTasks fields may change freely between snapshots of one
+	// GPUFreeMilli, RunningTasks), Existing and the Quarantined, Ineligible,
+	// Reserved and MaxTasks fields may change freely between snapshots of one
 	// generation. The engine then reuses the label indexes and value codes
 	// it built for an earlier snapshot of the same generation and the same
 	// node IDs (checked on every call) instead of rebuilding them per call.

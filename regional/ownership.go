@@ -194,7 +194,7 @@ func (c *Coordinator) runOwner(ctx context.Context) {
 	feed := c.members
 	var wg sync.WaitGroup
 	wg.Go(func() { feed.run(ctx, c) })
-	wg.Go(func() { c.scheduleLoop(ctx) })
+	wg.Go(func() { c.scheduleLoop(ctx, owners) })
 	defer wg.Wait()
 
 	if c.cfg.APIOnly {
@@ -245,8 +245,9 @@ func (c *Coordinator) onShardsChanged(owned map[int]shards.Epoch) {
 	}
 }
 
-// ownerDeps is what the scheduling loop needs from c.
-func (c *Coordinator) ownerDeps() scheduler.Deps {
+// ownerDeps is what the scheduling loop needs from c; owners is the
+// region's shard owners view (nil: no home-node rule).
+func (c *Coordinator) ownerDeps(owners *shards.Owners) scheduler.Deps {
 	p := c.cfg.Placer
 	if p == nil {
 		// Preemption proposals are not committed by the coordinator (yet),
@@ -261,19 +262,15 @@ func (c *Coordinator) ownerDeps() scheduler.Deps {
 		ShardCount: c.meta.ShardCount, Publish: c.publishShardStats,
 		Retention: c.cfg.JobRetention, Client: c.cli, Commit: &store.EtcdCommitter{Client: c.cli, Layout: c.shardLayout(), Retry: c.txnRetry},
 		Specs: &c.specs, Log: c.log, Metrics: c.metrics, Skipped: scheduler.SkippedCounter(c.cfg.Registry),
-		Tracer: c.tracer, Tracing: c.tracing, DefaultLostAfter: c.cfg.DefaultLostAfter, GraceUntil: c.graceUntil()}
+		Tracer: c.tracer, Tracing: c.tracing, DefaultLostAfter: c.cfg.DefaultLostAfter, GraceUntil: c.graceUntil(),
+		Owners: owners}
 }
 
-// newScheduler is the scheduling loop of c's shards.
-func newScheduler(c *Coordinator) *scheduler.Loop {
-	return scheduler.New(c.ownerDeps(), c.shardSet)
-}
-
-// scheduleLoop runs the scheduling loop, rebuilding it (a fresh cache) when
-// it fails (a closed watch, an etcd error), until ctx ends.
-func (c *Coordinator) scheduleLoop(ctx context.Context) {
+// scheduleLoop runs the scheduling loop of c's shards, rebuilding it (a
+// fresh cache) when it fails (a closed watch, an etcd error), until ctx ends.
+func (c *Coordinator) scheduleLoop(ctx context.Context, owners *shards.Owners) {
 	for ctx.Err() == nil {
-		err := newScheduler(c).Run(ctx)
+		err := scheduler.New(c.ownerDeps(owners), c.shardSet).Run(ctx)
 		if ctx.Err() != nil {
 			return
 		}

@@ -64,6 +64,9 @@ type RegionMetrics struct {
 	// RoundConflicts is the failed writes per scheduling round.
 	NodeConflicts  *prometheus.CounterVec
 	RoundConflicts prometheus.Histogram
+	// ReservedNodes is the nodes a placement round left to the owner they
+	// prefer (regional/scheduler, homenodes.go).
+	ReservedNodes prometheus.Histogram
 	// FencedWrites counts writes refused because a shard's owner key had
 	// moved on (the shards are dropped).
 	FencedWrites prometheus.Counter
@@ -108,6 +111,8 @@ func NewRegionMetrics(reg prometheus.Registerer) *RegionMetrics {
 			"Plan writes onto a node whose compares failed (its usage, epoch or a task changed first: often another shard owner's plan), by node.", "node"),
 		RoundConflicts: f.histogram("apiary_plan_conflicts_per_round",
 			"Writes of one scheduling round whose compares failed.", []float64{0, 1, 2, 5, 10, 20, 50, 100, 200}),
+		ReservedNodes: f.histogram("apiary_plan_reserved_nodes",
+			"Nodes a placement round left to another shard owner (the owner they prefer has a backlog).", []float64{0, 1, 2, 5, 10, 20, 50, 100, 1000, 10000}),
 		FencedWrites: f.counter("apiary_fenced_writes_total",
 			"Scheduler writes refused because a shard's owner key had moved to another coordinator (the shard is dropped)."),
 		SerfMembers: f.gaugeVec("apiary_serf_members", "serf pool members by pool (lan, wan) and state (alive, suspect, failed, left).", "pool", "state"),

@@ -145,7 +145,7 @@ type freeNode struct {
 func newFreeRoom(nodes []*placement.Node) *freeRoom {
 	f := &freeRoom{}
 	for _, n := range nodes {
-		if n.Quarantined || n.Ineligible {
+		if n.Quarantined || n.Ineligible || n.Reserved {
 			continue
 		}
 		fn := freeNode{cpu: n.Capacity.CPUMillis - n.Allocated.CPUMillis, mem: n.Capacity.MemoryMiB - n.Allocated.MemoryMiB,

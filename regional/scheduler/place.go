@@ -29,19 +29,31 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 		return next, nil
 	}
 	// Bucket placeable tasks by group: a group's tasks are identical in size.
+	// Other owners' placeable tasks give their heads (homenodes.go).
 	groups := map[string]*candGroup{}
+	others := heads{}
+	if s.home != nil {
+		s.home.refresh()
+	}
 	for key := range c.pending {
 		ct := c.tasks[key]
-		if !s.owns(ct.shard) {
-			continue // another coordinator's shard
-		}
 		j := c.jobs[ct.rec.JobID]
 		if j == nil || j.rec.CancelRequested {
 			continue
 		}
+		mine := s.owns(ct.shard)
 		if ct.rec.NotBeforeMs > nowMs {
-			if d := time.Duration(ct.rec.NotBeforeMs-nowMs) * time.Millisecond; d < next {
+			if d := time.Duration(ct.rec.NotBeforeMs-nowMs) * time.Millisecond; mine && d < next {
 				next = d
+			}
+			continue
+		}
+		if !mine {
+			// another coordinator's shard
+			if s.home != nil {
+				if o := s.home.ownerOf(ct.shard); o != "" && o != s.d.CoordID {
+					others.note(o, urgency{j.priority(), j.rec.SubmitMs})
+				}
 			}
 			continue
 		}
@@ -67,6 +79,25 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 		// Nothing can be placed; GetJob reports "no ready nodes" itself,
 		// so the backlog is not rewritten.
 		return next, nil
+	}
+	if s.home != nil {
+		var head urgency
+		first := true
+		for _, g := range groups {
+			if u := (urgency{g.job.priority(), g.job.rec.SubmitMs}); first || u.exceeds(head, 0) {
+				head, first = u, false
+			}
+		}
+		reserved, wake := s.home.reserve(snap.Nodes, due, s.d.CoordID, head, others, s.homeShard, s.d.ShardCount, now)
+		defer func() {
+			for _, pn := range reserved {
+				pn.Reserved = false
+			}
+		}()
+		if wake > 0 && wake < next {
+			next = wake
+		}
+		s.d.Metrics.ReservedNodes.Observe(float64(len(reserved)))
 	}
 	cands, waiting := admit(c, groups, snap)
 	ptasks := make([]placement.Task, len(cands))

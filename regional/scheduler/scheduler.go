@@ -57,6 +57,10 @@ type Deps struct {
 	// GraceUntil: before it, no lost epoch is reclaimed but those that left
 	// cleanly (regional.Config.FailoverGrace).
 	GraceUntil time.Time
+	// Owners is the region's shard owners, for the home-node rule
+	// (homenodes.go); nil turns the rule off (every owner plans on every
+	// node, conflicts caught by the usage compare only).
+	Owners OwnerView
 }
 
 // Loop is the scheduling loop of the shards a coordinator owns: a cache of
@@ -83,6 +87,8 @@ type Loop struct {
 	// lostSince is when this owner first saw each lost node epoch that
 	// still holds tasks (disconnect.replace: false waits from it).
 	lostSince map[nodeEpoch]time.Time
+	// home is the home-node rule's state (nil when Deps.Owners is).
+	home *homeNodes
 }
 
 // New builds the loop over an empty cache (Run fills it). It schedules the
@@ -91,7 +97,7 @@ type Loop struct {
 // time Run fails.
 func New(d Deps, set *ShardSet) *Loop {
 	s := &Loop{d: d, set: set, owned: map[int]shards.Epoch{}, cache: newOwnerCache(d.Specs), reasons: newReasonGate(),
-		skipLogged: map[string]time.Time{}, lostSince: map[nodeEpoch]time.Time{}}
+		skipLogged: map[string]time.Time{}, lostSince: map[nodeEpoch]time.Time{}, home: newHomeNodes(d.Owners)}
 	s.snap = newNodeSnapshot(s.cache, d.Jurisdiction)
 	s.cache.leftPending = s.reasons.forget
 	s.cache.skipped = s.skip

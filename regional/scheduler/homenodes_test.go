@@ -1,0 +1,210 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/shards"
+)
+
+// fixedOwners is an OwnerView that never changes.
+type fixedOwners map[int]string
+
+func (f fixedOwners) Snapshot() shards.Snapshot {
+	s := shards.Snapshot{Owners: map[int]shards.Ownership{}, Changed: make(chan struct{})}
+	for sh, m := range f {
+		s.Owners[sh] = shards.Ownership{Member: m, Epoch: shards.Epoch(sh + 1)}
+	}
+	return s
+}
+
+// homeFixture is 64 free nodes in a region of 16 shards owned by a, b and c.
+func homeFixture() (*homeNodes, []*placement.Node, func(string) int) {
+	owners := fixedOwners{}
+	for s := 0; s < 16; s++ {
+		owners[s] = []string{"a", "b", "c"}[s%3]
+	}
+	h := newHomeNodes(owners)
+	h.refresh()
+	var nodes []*placement.Node
+	for i := 0; i < 64; i++ {
+		nodes = append(nodes, &placement.Node{ID: fmt.Sprintf("n%02d", i),
+			Capacity: placement.Resources{CPUMillis: 4000, MemoryMiB: 8192}, MaxTasks: 8})
+	}
+	return h, nodes, func(id string) int { return shards.Of(id, 16) }
+}
+
+// preferred is the first of the owners with work in node id's rendezvous
+// order (computed here from shards.Rank, not by the code under test).
+func preferred(id string, withWork ...string) string {
+	for _, m := range shards.Rank([]string{"a", "b", "c"}, shards.Of(id, 16), 16) {
+		if slices.Contains(withWork, m) {
+			return m
+		}
+	}
+	return ""
+}
+
+func ids(ns []*placement.Node) []string {
+	var out []string
+	for _, n := range ns {
+		out = append(out, n.ID)
+	}
+	return out
+}
+
+// TestHomeNodesReserveForPreferredOwner: a reserves exactly the free nodes
+// whose preferred owner among those with work is b; c has no work, so its
+// nodes go to the next in their order; the flag is set on the nodes.
+func TestHomeNodesReserveForPreferredOwner(t *testing.T) {
+	h, nodes, home := homeFixture()
+	now := time.Unix(1000, 0)
+	mine := urgency{prio: 50, submitMs: now.UnixMilli()}
+	others := heads{"b": {prio: 50, submitMs: now.UnixMilli()}}
+	got, wake := h.reserve(nodes, nil, "a", mine, others, home, 16, now)
+	var want []string
+	for _, n := range nodes {
+		if preferred(n.ID, "a", "b") == "b" {
+			want = append(want, n.ID)
+		}
+	}
+	if len(want) == 0 || len(want) == len(nodes) {
+		t.Fatalf("fixture: b preferred on %d of %d nodes; want some but not all", len(want), len(nodes))
+	}
+	if !slices.Equal(ids(got), want) {
+		t.Fatalf("reserved %v, want %v", ids(got), want)
+	}
+	for _, n := range nodes {
+		if n.Reserved != slices.Contains(want, n.ID) {
+			t.Fatalf("node %s: Reserved=%v", n.ID, n.Reserved)
+		}
+	}
+	if wake != spillAfter {
+		t.Fatalf("wake %v, want %v (every node just seen free)", wake, spillAfter)
+	}
+}
+
+// TestHomeNodesSpillAndYield: a node left free for spillAfter is anyone's;
+// an owner whose head waited yieldAge longer (or has a higher priority)
+// reserves nothing; a node seen full restarts its free clock; no other
+// owner with work reserves nothing.
+func TestHomeNodesSpillAndYield(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ms := now.UnixMilli()
+	b := heads{"b": {prio: 50, submitMs: ms}}
+	cases := []struct {
+		name   string
+		mine   urgency
+		others heads
+		later  time.Duration // second call this much after the first
+		want   bool          // any node reserved in the second call
+	}{
+		{"same age, within spillAfter", urgency{50, ms}, b, spillAfter - time.Millisecond, true},
+		{"same age, after spillAfter", urgency{50, ms}, b, spillAfter, false},
+		{"older by less than yieldAge", urgency{50, ms - yieldAge.Milliseconds() + 1}, b, 0, true},
+		{"older by more than yieldAge", urgency{50, ms - yieldAge.Milliseconds() - 1}, b, 0, false},
+		{"higher priority", urgency{70, ms}, b, 0, false},
+		{"lower priority, older", urgency{10, ms - time.Hour.Milliseconds()}, b, 0, true},
+		{"nobody else has work", urgency{50, ms}, heads{}, 0, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h, nodes, home := homeFixture()
+			first, _ := h.reserve(nodes, nil, "a", tc.mine, tc.others, home, 16, now)
+			for _, n := range first {
+				n.Reserved = false
+			}
+			got, _ := h.reserve(nodes, nil, "a", tc.mine, tc.others, home, 16, now.Add(tc.later))
+			if (len(got) > 0) != tc.want {
+				t.Fatalf("reserved %d nodes, want any: %v", len(got), tc.want)
+			}
+		})
+	}
+
+	h, nodes, home := homeFixture()
+	h.reserve(nodes, nil, "a", urgency{50, ms}, b, home, 16, now)
+	for _, n := range nodes {
+		n.Reserved = false
+		n.RunningTasks = n.MaxTasks // full: its free clock stops
+	}
+	if got, _ := h.reserve(nodes, nil, "a", urgency{50, ms}, b, home, 16, now.Add(time.Second)); len(got) != 0 {
+		t.Fatalf("full nodes reserved: %v", ids(got))
+	}
+	for _, n := range nodes {
+		n.RunningTasks = 0
+	}
+	got, _ := h.reserve(nodes, nodes[:1], "a", urgency{50, ms}, b, home, 16, now.Add(2*time.Second))
+	if len(got) == 0 {
+		t.Fatal("nodes freed again: nothing reserved, want their clock restarted")
+	}
+	if got[0] == nodes[0] {
+		t.Fatal("a skipped node (a due canary) was reserved")
+	}
+}
+
+// TestRoundLeavesPreferredOwnersNodes: an owner's round does not plan on a
+// node another owner with an equally old backlog prefers (the task stays
+// PENDING, the next round is due by spillAfter), and does once its own task
+// has waited yieldAge longer than the other owner's.
+func TestRoundLeavesPreferredOwnersNodes(t *testing.T) {
+	// Two shards: c1 owns 0, c2 owns 1. A node whose rendezvous order puts
+	// c2 first.
+	var nodeID string
+	for i := 0; nodeID == ""; i++ {
+		id := fmt.Sprintf("n%d", i)
+		if shards.Rank([]string{"c1", "c2"}, shards.Of(id, 2), 2)[0] == "c2" {
+			nodeID = id
+		}
+	}
+	for _, tc := range []struct {
+		name        string
+		c1Submit    int64
+		wantPlanned bool
+	}{
+		{"equal age", 10_000, false},
+		{"c1 waited longer", 10_000 - yieldAge.Milliseconds() - 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newOwnerHarness(t)
+			h.s = New(Deps{Region: "eu-west", Jurisdiction: "eu", CoordID: "c1", Placer: h.s.d.Placer, ShardCount: 2,
+				Retention: -1, Commit: h.store, Log: h.s.d.Log, Metrics: h.metrics, Skipped: h.skipped,
+				Owners: fixedOwners{0: "c1", 1: "c2"}}, ownedShardSet(map[int]shards.Epoch{0: 1}))
+			h.s.refreshOwned()
+			h.addNode(nodeID, 4000, 8192)
+			for sh, submit := range map[int]int64{0: tc.c1Submit, 1: 10_000} {
+				id := fmt.Sprintf("job-of-shard-%d", sh)
+				spec := &apiaryv1.JobSpec{Name: id, Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 1,
+					Command: "true", Resources: &apiaryv1.Resources{CpuMillis: 1000, MemoryMb: 64}}}}
+				h.store.put(store.KeyJob(sh, id), store.MustJSON(store.JobRecord{ID: id, Region: "eu-west", Spec: spec,
+					SubmitMs: submit, TaskCount: 1}))
+				tk := pending()
+				tk.JobID = id
+				h.store.put(store.KeyTask(sh, id, 0), store.MustJSON(&tk))
+			}
+			h.load()
+			next, err := h.s.round(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, _ := h.assignment(nodeID, "job-of-shard-0", 0)
+			if (a != nil) != tc.wantPlanned {
+				t.Fatalf("c1 planned its task on %s (preferred by c2): %v, want %v", nodeID, a != nil, tc.wantPlanned)
+			}
+			if a2, _ := h.assignment(nodeID, "job-of-shard-1", 0); a2 != nil {
+				t.Fatal("c1 planned c2's task")
+			}
+			if !tc.wantPlanned && next > spillAfter {
+				t.Fatalf("next round in %v, want within spillAfter (%v)", next, spillAfter)
+			}
+			if n := h.s.snap.idx[nodeID]; n != nil && n.Reserved {
+				t.Fatal("the Reserved flag outlived the round")
+			}
+		})
+	}
+}
