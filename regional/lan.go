@@ -365,7 +365,7 @@ func massFailure(failed, alive int) bool { return failed > massFailureMin && fai
 func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member string) {
 	met := c.lanMetrics()
 	failedAt := time.Now()
-	veto := c.heartbeatVeto()
+	veto := c.heartbeatVeto(failedAt)
 	for {
 		b, ok := c.beats.last(at.NodeID)
 		switch {
@@ -417,8 +417,23 @@ func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member 
 
 // heartbeatVeto is how long without a heartbeat an agent serf declared
 // failed must have gone before its epoch is ended early: 2 heartbeat
-// intervals (1.5 let a busy agent starting a batch of tasks be ended).
-func (c *Coordinator) heartbeatVeto() time.Duration { return 2 * c.heartbeatInterval() }
+// intervals (1.5 let a busy agent starting a batch of tasks be ended), or
+// 1.5 times the longest gap between two heartbeats of one live epoch seen
+// here in the last gapWindow, if that is longer. On a machine or network
+// busy enough that live agents' beats arrive late, serf's probes fail too
+// (a drain of 2,000 tasks on 8 agents sharing 2 busy vCPUs saw beats 1.1-1.4 s
+// apart at a 500 ms interval, and serf declaring live agents failed several
+// times a minute, which ended their epochs and failed tasks as killed
+// workers); the veto then grows to the lease TTL or past it, and the lease
+// decides. Memberlist's own Lifeguard local health multiplier backs off its
+// probes on the same reasoning.
+func (c *Coordinator) heartbeatVeto(now time.Time) time.Duration {
+	v := 2 * c.heartbeatInterval()
+	if g := c.beats.slowestGap(now); 3*g/2 > v {
+		v = 3 * g / 2
+	}
+	return v
+}
 
 // heartbeatInterval is how often agents heartbeat: a quarter of the node
 // lease, at most 500 ms (so that the fast reclaim's evidence, heartbeats
@@ -440,18 +455,35 @@ type beat struct {
 }
 
 // beatLog remembers the last heartbeat each node sent this coordinator
-// (fastReclaim's evidence); entries older than a minute are dropped.
+// (fastReclaim's evidence); entries older than a minute are dropped. It
+// also keeps the longest recent gap between two heartbeats of one epoch
+// (heartbeatVeto).
 type beatLog struct {
 	mu    sync.Mutex
 	beats map[string]beat
 	swept time.Time
+	// maxGap bounds the gaps counted (the node lease TTL: a longer one
+	// means the beats went to another coordinator meanwhile); 0 counts none.
+	maxGap time.Duration
+	// slowest is the longest counted gap seen within gapWindow, at
+	// slowestAt.
+	slowest   time.Duration
+	slowestAt time.Time
 }
+
+// gapWindow is how long a slow heartbeat keeps the fast reclaim's veto up.
+const gapWindow = 30 * time.Second
 
 func (l *beatLog) note(node string, epoch int64, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.beats == nil {
 		l.beats = map[string]beat{}
+	}
+	if prev, ok := l.beats[node]; ok && prev.epoch == epoch {
+		if gap := now.Sub(prev.at); gap <= l.maxGap && (gap >= l.slowest || now.Sub(l.slowestAt) > gapWindow) {
+			l.slowest, l.slowestAt = gap, now
+		}
 	}
 	l.beats[node] = beat{epoch, now}
 	if now.Sub(l.swept) > time.Minute {
@@ -462,6 +494,17 @@ func (l *beatLog) note(node string, epoch int64, now time.Time) {
 			}
 		}
 	}
+}
+
+// slowestGap is the longest gap between two heartbeats of one epoch seen
+// within gapWindow before now (0 if none).
+func (l *beatLog) slowestGap(now time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.slowestAt) > gapWindow {
+		return 0
+	}
+	return l.slowest
 }
 
 func (l *beatLog) last(node string) (beat, bool) {

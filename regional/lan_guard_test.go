@@ -61,3 +61,42 @@ func TestMassFailureGuard(t *testing.T) {
 		t.Fatalf("2 of 3: failed %d alive %d", n, alive)
 	}
 }
+
+// TestHeartbeatVetoFollowsLateBeats: the fast reclaim's veto is 2 heartbeat
+// intervals while beats arrive on time, grows to 1.5 times the longest gap
+// between two beats of one epoch seen in the last 30 s when they arrive
+// late (a busy machine), and ignores gaps that span two epochs or are longer
+// than the lease (the beats went to another coordinator meanwhile).
+func TestHeartbeatVetoFollowsLateBeats(t *testing.T) {
+	c := &Coordinator{cfg: Config{NodeLeaseTTL: 2 * time.Second}, beats: beatLog{maxGap: 2 * time.Second}}
+	t0 := time.Now()
+	at := t0
+	beat := func(node string, epoch int64, after time.Duration) {
+		at = at.Add(after)
+		c.beats.note(node, epoch, at)
+	}
+	for i := 0; i < 10; i++ {
+		beat("n1", 7, 500*time.Millisecond)
+	}
+	if v := c.heartbeatVeto(at); v != time.Second {
+		t.Fatalf("beats on time: veto %v, want 1s (2 intervals of 500ms)", v)
+	}
+	beat("n1", 8, 1500*time.Millisecond) // a new epoch: not a gap
+	beat("n2", 3, 0)
+	beat("n2", 3, 5*time.Second) // longer than the lease: beats went elsewhere
+	if v := c.heartbeatVeto(at); v != time.Second {
+		t.Fatalf("after a new epoch and an over-long gap: veto %v, want 1s", v)
+	}
+	beat("n1", 8, 0)
+	beat("n1", 8, 1300*time.Millisecond) // a late beat of a live epoch
+	if v := c.heartbeatVeto(at); v != 1950*time.Millisecond {
+		t.Fatalf("after a 1.3s gap: veto %v, want 1.95s", v)
+	}
+	beat("n1", 8, 600*time.Millisecond)
+	if v := c.heartbeatVeto(at); v != 1950*time.Millisecond {
+		t.Fatalf("a shorter gap after the late one: veto %v, want 1.95s (the window's longest)", v)
+	}
+	if v := c.heartbeatVeto(at.Add(31 * time.Second)); v != time.Second {
+		t.Fatalf("31 s later: veto %v, want 1s again", v)
+	}
+}

@@ -14,6 +14,7 @@
 //	nodesnapshot.go  the engine's node input and GPU layout (nodeSnapshot)
 //	placeinput.go    records → placement types
 //	candidates.go    which pending tasks a round considers; reason gating
+//	homenodes.go     which nodes a round leaves to another owner (home nodes)
 //	committer.go     the fenced write path (Committer; commit, reread)
 //	retention.go     deletion of finished jobs
 //	shardset.go      the shards the loop may write for (ShardSet), ShardStat
