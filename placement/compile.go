@@ -90,6 +90,13 @@ func (e *Engine) compileTask(t *Task) *taskCtx {
 		c.filters = append(c.filters, distinctHostsFilter{})
 	}
 	c.filters = append(c.filters, antiAffinityFilter{})
+	if aa := t.AntiAffinity; aa.Group != "" {
+		f := &groupAntiAffinityFilter{key: antiAffinityKey(aa.Group)}
+		if aa.Scope != ScopeNode {
+			f.label = aa.Scope
+		}
+		c.filters = append(c.filters, f)
+	}
 	for _, d := range t.DistinctProperties {
 		mx := d.MaxPerValue
 		if mx <= 0 {

@@ -154,6 +154,27 @@ func (antiAffinityFilter) check(c *taskCtx, st *state, i int, _ *view) string {
 	return ""
 }
 
+// groupAntiAffinityFilter keeps the task out of every scope (a node, or the
+// nodes sharing a value of the scope label) that holds another member of
+// its anti-affinity group (Task.AntiAffinity).
+type groupAntiAffinityFilter struct {
+	key   string // antiAffinityKey of the group
+	label string // "" for the node scope
+}
+
+func (f *groupAntiAffinityFilter) check(_ *taskCtx, st *state, i int, _ *view) string {
+	if f.label == "" {
+		if st.groups.nodeCounts(f.key)[i] > 0 {
+			return ReasonAntiAffinity
+		}
+		return ""
+	}
+	if st.groups.valueCounts(f.key, f.label)[st.nodes[i].Labels[f.label]] > 0 {
+		return ReasonAntiAffinity
+	}
+	return ""
+}
+
 // distinctPropertyFilter caps the group's tasks per value of a label
 // (Nomad's distinct_property). A node without the label counts under "".
 type distinctPropertyFilter struct {

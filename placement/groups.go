@@ -40,8 +40,17 @@ func (g *groupIndex) init() {
 			k = a.TaskID
 		}
 		g.existing[k] = append(g.existing[k], i)
+		if a.AntiAffinityGroup != "" {
+			ak := antiAffinityKey(a.AntiAffinityGroup)
+			g.existing[ak] = append(g.existing[ak], i)
+		}
 	}
 }
+
+// antiAffinityKey is the key the members of anti-affinity group name are
+// counted under (it cannot be a GroupKey or a task ID: those never start
+// with a NUL byte).
+func antiAffinityKey(name string) string { return "\x00aa:" + name }
 
 // nodeCounts returns group -> node index -> allocations.
 func (g *groupIndex) nodeCounts(group string) map[int]int {
@@ -93,9 +102,16 @@ func (g *groupIndex) valueCounts(group, label string) map[string]int {
 	return m
 }
 
-// add records a placement of t on node i.
+// add records a placement of t on node i: under its group, and under its
+// anti-affinity group if it has one.
 func (g *groupIndex) add(t *Task, i int) {
-	group := groupKey(t)
+	g.addUnder(groupKey(t), i)
+	if t.AntiAffinity.Group != "" {
+		g.addUnder(antiAffinityKey(t.AntiAffinity.Group), i)
+	}
+}
+
+func (g *groupIndex) addUnder(group string, i int) {
 	g.placed[group] = append(g.placed[group], i)
 	if m, ok := g.perNode[group]; ok {
 		m[i]++

@@ -120,7 +120,25 @@ type Task struct {
 	// DistinctHosts. Checked against existing allocations by their GroupKey
 	// and, symmetrically, against tasks placed earlier in the same batch.
 	AntiAffinityGroups []string
+	// AntiAffinity, when its Group is set, keeps the task apart from every
+	// other member of that anti-affinity group, whatever their GroupKey
+	// (Apiary's anti_affinity across jobs; Kubernetes' required pod
+	// anti-affinity with a topologyKey).
+	AntiAffinity AntiAffinity
 }
+
+// AntiAffinity is a task's membership of a named anti-affinity group and
+// its scope: at most one member of Group per node (Scope "" or "node") or
+// per value of the node label Scope (nodes without the label share the
+// value ""). Members are the existing allocations whose AntiAffinityGroup
+// is Group and the batch's tasks placed so far whose AntiAffinity.Group is.
+type AntiAffinity struct {
+	Group string
+	Scope string
+}
+
+// ScopeNode is AntiAffinity.Scope's per-node scope ("" means it too).
+const ScopeNode = "node"
 
 // Allocation is a task already placed on a node (used for group rules and
 // preemption).
@@ -132,6 +150,9 @@ type Allocation struct {
 	Request  Resources
 	// GPUIndices are the GPUs the allocation uses.
 	GPUIndices []int
+	// AntiAffinityGroup is the anti-affinity group the allocation's task
+	// belongs to ("" for none; Task.AntiAffinity).
+	AntiAffinityGroup string
 }
 
 // Snapshot is the input state: nodes and existing allocations.

@@ -416,10 +416,12 @@ func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member 
 }
 
 // heartbeatVeto is how long without a heartbeat an agent serf declared
-// failed must have gone before its epoch is ended early: 2 heartbeat
-// intervals (1.5 let a busy agent starting a batch of tasks be ended), or
-// 1.5 times the longest gap between two heartbeats of one live epoch seen
-// here in the last gapWindow, if that is longer. On a machine or network
+// failed must have gone before its epoch is ended early: the longest of 2
+// heartbeat intervals (1.5 let a busy agent starting a batch of tasks be
+// ended), half the node lease (an operator who set a long lease asked for
+// long silences to be tolerated: serf may shorten that wait by half, not to
+// 1 s), and 1.5 times the longest gap between two heartbeats of one live
+// epoch seen here in the last gapWindow. On a machine or network
 // busy enough that live agents' beats arrive late, serf's probes fail too
 // (a drain of 2,000 tasks on 8 agents sharing 2 busy vCPUs saw beats 1.1-1.4 s
 // apart at a 500 ms interval, and serf declaring live agents failed several
@@ -428,7 +430,7 @@ func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member 
 // decides. Memberlist's own Lifeguard local health multiplier backs off its
 // probes on the same reasoning.
 func (c *Coordinator) heartbeatVeto(now time.Time) time.Duration {
-	v := 2 * c.heartbeatInterval()
+	v := max(2*c.heartbeatInterval(), c.cfg.NodeLeaseTTL/2)
 	if g := c.beats.slowestGap(now); 3*g/2 > v {
 		v = 3 * g / 2
 	}

@@ -63,7 +63,7 @@ func TestMassFailureGuard(t *testing.T) {
 }
 
 // TestHeartbeatVetoFollowsLateBeats: the fast reclaim's veto is 2 heartbeat
-// intervals while beats arrive on time, grows to 1.5 times the longest gap
+// intervals (or half the lease, if longer) while beats arrive on time, grows to 1.5 times the longest gap
 // between two beats of one epoch seen in the last 30 s when they arrive
 // late (a busy machine), and ignores gaps that span two epochs or are longer
 // than the lease (the beats went to another coordinator meanwhile).
@@ -98,5 +98,9 @@ func TestHeartbeatVetoFollowsLateBeats(t *testing.T) {
 	}
 	if v := c.heartbeatVeto(at.Add(31 * time.Second)); v != time.Second {
 		t.Fatalf("31 s later: veto %v, want 1s again", v)
+	}
+	c.cfg.NodeLeaseTTL = 10 * time.Second
+	if v := c.heartbeatVeto(at.Add(31 * time.Second)); v != 5*time.Second {
+		t.Fatalf("a 10 s lease: veto %v, want 5s (half the lease)", v)
 	}
 }

@@ -37,6 +37,8 @@ type DrainOptions struct {
 	// coordinator the same ExtraArgs), and reads their plan counters before
 	// the agents start and after the drain.
 	Metrics bool
+	// ExtraArgs go to every coordinator (none: the region's defaults).
+	ExtraArgs []string
 }
 
 // DefaultDrain is issue 2's configuration.
@@ -155,7 +157,7 @@ func Drain(ctx context.Context, cfg Config, o DrainOptions, trial int) (DrainRes
 	}
 	res := DrainResult{Trial: trial, Tasks: o.Jobs * int(o.TasksPerJob), Owners: owners}
 	dir := filepath.Join(cfg.WorkDir, fmt.Sprintf("drain-%downers-%d", owners, trial))
-	cl, r, err := startRegion(ctx, cfg, dir, o.Coordinators, nil, nil)
+	cl, r, err := startRegion(ctx, cfg, dir, o.Coordinators, nil, o.ExtraArgs)
 	if err != nil {
 		return res, err
 	}
@@ -564,6 +566,9 @@ func WriteDrainOwners(out string, o DrainOptions, runs []DrainOwnersRun, schedFl
 		"committed plan Txns are the distinct revisions at which the watch saw tasks written ASSIGNED, so conflicts per plan Txn = conflicts / (committed + conflicts). "+
 		"%d round(s), each: the spawn floor, then one trial per owner count, the order alternating from round to round. Cells: n: p50 / p95 / max, or median [min-max].\n\n",
 		o.Jobs, o.TasksPerJob, o.Coordinators, o.Agents, o.Slots, len(runs))
+	if len(o.ExtraArgs) > 0 {
+		fmt.Fprintf(&b, "Coordinators ran with `%s`.\n\n", strings.Join(o.ExtraArgs, " "))
+	}
 	b.WriteString("| owners | drain ms from agent start | from first READY | plan Txns committed | conflicts | conflicts per plan Txn | conflicts per 1,000 placements | requeues | placements | extra dispatches | coordinator CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	med := func(xs []float64, prec int) string {
 		if len(xs) == 0 {

@@ -42,6 +42,7 @@ var (
 	shardsFailoverTrials = flag.Int("shards-failover-trials", bench.DefaultShards.Failover.Trials, "shards: failover trials (SIGKILL of one of three shard owners)")
 	shardsDrainTrials    = flag.Int("shards-drain-trials", bench.DefaultShards.DrainTrials, "shards: drain rounds (each: a spawn floor, one drain with 3 owners and one with 1, alternating order)")
 	shardsDrainTasks     = flag.Int("shards-drain-tasks", int(bench.DefaultShards.Drain.TasksPerJob), "shards: tasks per job of the drain (20 jobs; 100 = 2,000 tasks for 256 slots, a backlog; 10 = 200 tasks, within the slots)")
+	shardsDrainLease     = flag.Duration("shards-drain-node-lease", 0, "shards: the drain region's --node-lease-ttl (0: the region's default); a longer lease keeps a machine too slow at spawning processes from losing nodes mid-drain")
 )
 
 // tlscost flags (the submit flags -clients, -conns, -warmup, -duration apply too).
@@ -243,6 +244,9 @@ func main() {
 		o := bench.DefaultShards
 		o.Failover.Trials, o.DrainTrials = *shardsFailoverTrials, *shardsDrainTrials
 		o.Drain.TasksPerJob = int32(*shardsDrainTasks)
+		if *shardsDrainLease > 0 {
+			o.Drain.ExtraArgs = []string{"--node-lease-ttl", shardsDrainLease.String()}
+		}
 		md, err := bench.RunShards(ctx, cfg, o, *out)
 		if err != nil {
 			cfg.Log.Write([]byte(fmt.Sprintf("shards: %v\n", err)))
