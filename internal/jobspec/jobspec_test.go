@@ -155,6 +155,7 @@ tasks:
       targets: {a: 60, b: 40}
       weight: 50
     distinct_hosts: true
+    anti_affinity: {group: db.primary, scope: topology.kubernetes.io/zone}
     distinct_property: [{label: rack, max_per_value: 2}]
     datasets: [{name: s3://bucket/x, size_bytes: 1000000}]
     timeout: 1m30s
@@ -187,6 +188,7 @@ tasks:
 			Affinities:         []*apiaryv1.Affinity{{Label: "zone", Op: "in", Values: []string{"a", "b"}, Weight: -20}},
 			Spreads:            []*apiaryv1.Spread{{Label: "zone", Targets: map[string]int32{"a": 60, "b": 40}, Weight: 50}},
 			DistinctHosts:      true,
+			AntiAffinity:       &apiaryv1.AntiAffinity{Group: "db.primary", Scope: "topology.kubernetes.io/zone"},
 			DistinctProperties: []*apiaryv1.DistinctProperty{{Label: "rack", MaxPerValue: 2}},
 			Datasets:           []*apiaryv1.Dataset{{Name: "s3://bucket/x", SizeBytes: 1000000}},
 			TimeoutMs:          90000,
@@ -222,6 +224,12 @@ func TestErrorMessages(t *testing.T) {
 		{"name: t\ntasks:\n- name: a\n  command: echo\n  resources: {gpu_milli: 1000}\n", "tasks[0].resources.gpu_milli: must be between 1 and 999"},
 		{"name: t\ntasks:\n- name: a\n  command: echo\n  count: 99999999999\n", "tasks[0].count: must be an integer between"},
 		{"name: t\npriority: 0\ntasks:\n- name: a\n  command: echo\n", "priority: must be between 1 and 100"},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  anti_affinity: {scope: zone}\n", "tasks[0].anti_affinity.group: is required"},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  anti_affinity: {group: DB}\n", `tasks[0].anti_affinity.group: must be 1-63 characters of a-z, 0-9, '-', '_' and '.', starting with a letter or digit (got "DB")`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  anti_affinity: {group: db/x}\n", `tasks[0].anti_affinity.group: must be 1-63`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  anti_affinity: {group: db, scope: \"bad label!\"}\n", `tasks[0].anti_affinity.scope: must be a label name`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  anti_affinity: {group: db, scop: zone}\n", `tasks[0].anti_affinity.scop: unknown field (did you mean "scope"?)`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  anti_affinity: db\n", `tasks[0].anti_affinity: must be a mapping`},
 	}
 	for _, tc := range cases {
 		spec, err := Parse([]byte(tc.src))
@@ -345,11 +353,12 @@ func TestTaskTotalLimit(t *testing.T) {
 
 func TestApplyDefaults(t *testing.T) {
 	s := &apiaryv1.JobSpec{Name: "x", Tasks: []*apiaryv1.TaskGroup{{Name: "a", Command: "echo",
-		DistinctProperties: []*apiaryv1.DistinctProperty{{Label: "rack"}}}}}
+		DistinctProperties: []*apiaryv1.DistinctProperty{{Label: "rack"}}, AntiAffinity: &apiaryv1.AntiAffinity{Group: "db"}}}}
 	ApplyDefaults(s)
 	g := s.Tasks[0]
 	if s.Priority != 50 || s.MaxAttempts != 3 || s.Scheduler != "" || g.Count != 1 ||
-		g.Resources.GetCpuMillis() != 100 || g.Resources.GetMemoryMb() != 64 || g.DistinctProperties[0].MaxPerValue != 1 {
+		g.Resources.GetCpuMillis() != 100 || g.Resources.GetMemoryMb() != 64 || g.DistinctProperties[0].MaxPerValue != 1 ||
+		g.AntiAffinity.GetScope() != AntiAffinityScopeNode {
 		t.Fatalf("defaults not applied: %v", s)
 	}
 	before := proto.Clone(s)

@@ -421,6 +421,14 @@ func (d *decoder) task(path string, v any) *apiaryv1.TaskGroup {
 			d.listOrOne(p, v, func(p string, v any) { t.Spreads = append(t.Spreads, d.spread(p, v)) })
 		},
 		"distinct_hosts": func(p string, v any) { d.boolean(p, v, &t.DistinctHosts) },
+		"anti_affinity": func(p string, v any) {
+			aa := &apiaryv1.AntiAffinity{}
+			d.object(p, v, map[string]handler{
+				"group": func(p string, v any) { d.str(p, v, &aa.Group) },
+				"scope": func(p string, v any) { d.str(p, v, &aa.Scope) },
+			})
+			t.AntiAffinity = aa
+		},
 		"distinct_property": func(p string, v any) {
 			d.listOrOne(p, v, func(p string, v any) {
 				dp := &apiaryv1.DistinctProperty{}

@@ -58,6 +58,9 @@ const (
 	DefaultMemoryMB    = 64
 	// DefaultMaxPerValue is distinct_property.max_per_value when 0.
 	DefaultMaxPerValue = 1
+	// AntiAffinityScopeNode is anti_affinity.scope's default: one member of
+	// the group per node (any other scope names a node label).
+	AntiAffinityScopeNode = "node"
 
 	// maxReported caps the field errors one ValidationError lists.
 	maxReported = 100
@@ -161,6 +164,9 @@ var (
 	nameRE     = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 	envKeyRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?$`)
+	// antiAffinityGroupRE is an anti-affinity group name (it is part of an
+	// etcd key: store.KeyAntiAffinity).
+	antiAffinityGroupRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 	// versionRE matches one comparison of a version constraint:
 	// optional operator, then a dotted version with optional pre-release.
 	versionRE = regexp.MustCompile(`^(=|!=|>|>=|<|<=|~>)?\s*v?[0-9]+(\.[0-9]+)*(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
@@ -337,6 +343,17 @@ func validateGroup(c *errs, p string, g *apiaryv1.TaskGroup) {
 		checkLabelKey(c, f+".label", d.GetLabel())
 		if m := d.GetMaxPerValue(); m < 0 || m > MaxCount {
 			c.add(f+".max_per_value", "must be between 1 and %d (got %d)", MaxCount, m)
+		}
+	}
+	if aa := g.GetAntiAffinity(); aa != nil {
+		switch grp := aa.GetGroup(); {
+		case grp == "":
+			c.add(p+".anti_affinity.group", "is required")
+		case !antiAffinityGroupRE.MatchString(grp):
+			c.add(p+".anti_affinity.group", "must be 1-63 characters of a-z, 0-9, '-', '_' and '.', starting with a letter or digit (got %q)", grp)
+		}
+		if sc := aa.GetScope(); sc != "" && sc != AntiAffinityScopeNode {
+			checkLabelKey(c, p+".anti_affinity.scope", sc)
 		}
 	}
 	checkCount(c, p+".datasets", len(g.GetDatasets()))
@@ -581,6 +598,9 @@ func ApplyDefaults(spec *apiaryv1.JobSpec) {
 			if d != nil && d.MaxPerValue == 0 {
 				d.MaxPerValue = DefaultMaxPerValue
 			}
+		}
+		if g.AntiAffinity != nil && g.AntiAffinity.Scope == "" {
+			g.AntiAffinity.Scope = AntiAffinityScopeNode
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -206,5 +207,79 @@ func TestRoundLeavesPreferredOwnersNodes(t *testing.T) {
 				t.Fatal("the Reserved flag outlived the round")
 			}
 		})
+	}
+}
+
+// TestAntiAffinityScopeKeyConflict: a plan that places a member of a
+// zone-scoped anti-affinity group compares the zone's scope key and
+// rewrites it. When another owner placed a member in that zone first (the
+// key moved past the cache's revision), the plan conflicts and the task
+// stays PENDING, and it is not placed again until the watch delivers the
+// key (with the other member beside it); a member of the group in another
+// zone is placed meanwhile, and the node scope writes no key.
+func TestAntiAffinityScopeKeyConflict(t *testing.T) {
+	h := newOwnerHarness(t)
+	for id, zone := range map[string]string{"n1": "a", "n2": "b"} {
+		epoch := h.store.put(store.KeyNodeAlive(id), id)
+		h.store.put(store.KeyNode(id), store.MustJSON(store.NodeRecord{ID: id, Epoch: epoch, Labels: map[string]string{"zone": zone},
+			Capacity: &apiaryv1.Resources{CpuMillis: 4000, MemoryMb: 8192}}))
+		h.store.put(store.KeyNodeUsage(id), store.MustJSON(store.UsageRecord{}))
+	}
+	member := func(id, scope string, submit int64) {
+		spec := &apiaryv1.JobSpec{Name: id, Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 1, Command: "true",
+			Resources:    &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 64},
+			AntiAffinity: &apiaryv1.AntiAffinity{Group: "web", Scope: scope}}}}
+		h.store.put(store.KeyJob(0, id), store.MustJSON(store.JobRecord{ID: id, Region: "eu-west", Spec: spec, SubmitMs: submit, TaskCount: 1}))
+		tk := pending()
+		tk.JobID = id
+		h.store.put(store.KeyTask(0, id, 0), store.MustJSON(&tk))
+	}
+	member("w1", "zone", 1)
+	h.load()
+	// Another owner's member in zone a, committed after this cache loaded.
+	zoneA := store.KeyAntiAffinity("web", "zone", "a")
+	h.store.put(zoneA, "other-owner's task")
+	// Bin-packing breaks the tie by id: n1 (zone a) is the engine's pick.
+	if err := h.round(); err != nil {
+		t.Fatal(err)
+	}
+	if tk := h.task("w1", 0); tk.State != apiaryv1.TaskState_TASK_STATE_PENDING || counterValue(h.metrics.PlanConflicts) != 1 {
+		t.Fatalf("w1 after a plan into a scope another owner filled: %s, conflicts %v; want PENDING after 1 conflict",
+			tk.State, counterValue(h.metrics.PlanConflicts))
+	}
+	if err := h.round(); err != nil {
+		t.Fatal(err)
+	}
+	if tk := h.task("w1", 0); tk.State != apiaryv1.TaskState_TASK_STATE_PENDING {
+		t.Fatalf("w1 placed before the watch delivered the scope key: %s on %s", tk.State, tk.NodeID)
+	}
+	h.s.cache.apply(h.store.get(zoneA), false) // the watch event (with the other member, not modelled here)
+	if err := h.round(); err != nil {
+		t.Fatal(err)
+	}
+	if tk := h.task("w1", 0); tk.State != apiaryv1.TaskState_TASK_STATE_ASSIGNED {
+		t.Fatalf("w1 after the watch: %s, want ASSIGNED", tk.State)
+	}
+	zone := map[string]string{"n1": "a", "n2": "b"}[h.task("w1", 0).NodeID]
+	kv := h.store.get(store.KeyAntiAffinity("web", "zone", zone))
+	if kv == nil || string(kv.Value) != store.KeyTask(0, "w1", 0) {
+		t.Fatalf("scope key of zone %s after the plan: %v, want w1's task key", zone, kv)
+	}
+	if h.s.cache.aaRev[store.KeyAntiAffinity("web", "zone", zone)] != kv.ModRevision {
+		t.Fatal("the cache did not take the plan's scope key revision")
+	}
+
+	member("w2", "node", 2)
+	h.load()
+	if err := h.round(); err != nil {
+		t.Fatal(err)
+	}
+	if tk := h.task("w2", 0); tk.State != apiaryv1.TaskState_TASK_STATE_ASSIGNED {
+		t.Fatalf("w2 (node scope): %s, want ASSIGNED", tk.State)
+	}
+	for _, k := range h.store.keys(store.PrefAntiAffinity) {
+		if strings.Contains(k, "/node/") {
+			t.Fatalf("node scope wrote a scope key %s", k)
+		}
 	}
 }

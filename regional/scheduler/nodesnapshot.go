@@ -235,10 +235,12 @@ func setUsage(pn *placement.Node, u nodeUse) {
 	pn.RunningTasks = int(u.Tasks)
 }
 
-// existing lists the active tasks of the batch's groups as existing
-// allocations: what the engine's group rules (distinct hosts, spread,
-// distinct property) count. Other groups' tasks only matter to preemption,
-// which the coordinator does not use.
+// existing lists as existing allocations the active tasks of the batch's
+// groups (what the engine's group rules, distinct hosts, spread and
+// distinct property, count) and of every task group, in any job and shard,
+// that names an anti-affinity group a batch task names (what the engine's
+// anti-affinity across jobs counts). Other tasks only matter to
+// preemption, which the coordinator does not use.
 func (ns *nodeSnapshot) existing(batch []*cTask) []placement.Allocation {
 	c := ns.cache
 	type jg struct {
@@ -246,20 +248,44 @@ func (ns *nodeSnapshot) existing(batch []*cTask) []placement.Allocation {
 		group int32
 	}
 	seen := map[jg]bool{}
+	antiGroups := map[string]bool{}
+	added := map[string]bool{}
 	var out []placement.Allocation
+	add := func(key string, ct *cTask) {
+		if added[key] {
+			return
+		}
+		added[key] = true
+		out = append(out, placement.Allocation{TaskID: key, GroupKey: groupKey(&ct.rec), NodeID: ct.rec.NodeID,
+			Priority: int(c.jobs[ct.rec.JobID].priority()), Request: c.request(&ct.rec),
+			AntiAffinityGroup: c.antiAffinityGroup(&ct.rec)})
+	}
 	for _, bt := range batch {
 		k := jg{bt.rec.JobID, bt.rec.Group}
 		if seen[k] {
 			continue
 		}
 		seen[k] = true
+		if name := c.antiAffinityGroup(&bt.rec); name != "" {
+			antiGroups[name] = true
+		}
 		for key := range c.jobTasks[k.job] {
 			ct := c.tasks[key]
 			if ct == nil || ct.rec.Group != k.group || !taskstate.Active(ct.rec.State) || ct.rec.NodeID == "" {
 				continue
 			}
-			out = append(out, placement.Allocation{TaskID: key, GroupKey: groupKey(&ct.rec), NodeID: ct.rec.NodeID,
-				Priority: int(c.jobs[ct.rec.JobID].priority()), Request: c.request(&ct.rec)})
+			add(key, ct)
+		}
+	}
+	for name := range antiGroups {
+		for job := range c.aaJobs[name] {
+			for key := range c.jobTasks[job] {
+				ct := c.tasks[key]
+				if ct == nil || !taskstate.Active(ct.rec.State) || ct.rec.NodeID == "" || c.antiAffinityGroup(&ct.rec) != name {
+					continue
+				}
+				add(key, ct)
+			}
 		}
 	}
 	// Deterministic order: the engine is deterministic for a given input.

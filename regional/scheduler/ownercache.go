@@ -41,6 +41,12 @@ type ownerCache struct {
 	// useDirty holds the nodes where a task changed since their usage was
 	// last computed (nodeSnapshot.usage).
 	useDirty map[string]bool
+	// aaJobs maps each anti-affinity group to the jobs with a task group
+	// that names it (nodeSnapshot.existing adds their active tasks);
+	// aaRev holds each anti-affinity scope key's ModRevision (planWrite
+	// compares it).
+	aaJobs map[string]map[string]bool
+	aaRev  map[string]int64
 
 	// specs receives every job record seen (shared with report commit);
 	// nil in tests.
@@ -75,7 +81,8 @@ type cNode struct {
 func newOwnerCache(specs *store.SpecCache) *ownerCache {
 	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, tasks: map[string]*cTask{},
 		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{},
-		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, specs: specs}
+		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, aaJobs: map[string]map[string]bool{},
+		aaRev: map[string]int64{}, specs: specs}
 }
 
 // load reads jobs, tasks and nodes at one revision and returns it (the
@@ -84,7 +91,8 @@ func (c *ownerCache) load(ctx context.Context, kv clientv3.KV) (int64, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	resp, err := kv.Txn(cctx).Then(clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()),
-		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()), clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix())).Commit()
+		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()), clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix()),
+		clientv3.OpGet(store.PrefAntiAffinity, clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("load: %w", err)
 	}
@@ -143,11 +151,13 @@ func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 		if !ok {
 			return
 		}
+		old := c.jobs[jobID]
 		if deleted {
+			c.indexAntiAffinity(jobID, old, false)
 			delete(c.jobs, jobID)
 			return
 		}
-		if old := c.jobs[jobID]; old != nil && kv.ModRevision <= old.modRev {
+		if old != nil && kv.ModRevision <= old.modRev {
 			return
 		}
 		var j store.JobRecord
@@ -155,12 +165,20 @@ func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 			c.skip("job", key, err)
 			return
 		}
+		c.indexAntiAffinity(jobID, old, false)
 		c.jobs[jobID] = &cJob{rec: j, modRev: kv.ModRevision}
+		c.indexAntiAffinity(jobID, c.jobs[jobID], true)
 		if c.specs != nil {
 			c.specs.Put(&j)
 		}
 		if j.CancelRequested {
 			c.dirtyCancel[jobID] = true
+		}
+	case store.IsAntiAffinityKey(key):
+		if deleted {
+			delete(c.aaRev, key)
+		} else if kv.ModRevision > c.aaRev[key] {
+			c.aaRev[key] = kv.ModRevision
 		}
 	case store.IsNodeKey(key):
 		id, kind, ok := store.NodeKeyKind(key)
@@ -252,8 +270,41 @@ func (c *ownerCache) removeJob(id string) {
 	for k := range c.jobTasks[id] {
 		c.setTask(k, nil)
 	}
+	c.indexAntiAffinity(id, c.jobs[id], false)
 	delete(c.jobTasks, id)
 	delete(c.jobs, id)
+}
+
+// indexAntiAffinity adds job id to (add false: removes it from) aaJobs
+// under every anti-affinity group its record j's task groups name.
+func (c *ownerCache) indexAntiAffinity(id string, j *cJob, add bool) {
+	if j == nil {
+		return
+	}
+	for _, g := range j.rec.Spec.GetTasks() {
+		name := g.GetAntiAffinity().GetGroup()
+		if name == "" {
+			continue
+		}
+		m := c.aaJobs[name]
+		switch {
+		case add && m == nil:
+			c.aaJobs[name] = map[string]bool{id: true}
+		case add:
+			m[id] = true
+		case m != nil:
+			delete(m, id)
+			if len(m) == 0 {
+				delete(c.aaJobs, name)
+			}
+		}
+	}
+}
+
+// antiAffinityGroup is the anti-affinity group t's task group names ("" for
+// none).
+func (c *ownerCache) antiAffinityGroup(t *taskstate.Task) string {
+	return c.group(t).GetAntiAffinity().GetGroup()
 }
 
 // group is the task group of a task (nil when its job is not cached).

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -73,8 +74,10 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 	if d > 0 && d < next {
 		next = d
 	}
-	// used accumulates the usage of the nodes this round's plan writes.
+	// used accumulates the usage of the nodes this round's plan writes;
+	// scopes the anti-affinity scope keys it writes.
 	used := map[string]store.UsageRecord{}
+	scopes := map[string]bool{}
 	if len(snap.Nodes) == 0 {
 		// Nothing can be placed; GetJob reports "no ready nodes" itself,
 		// so the backlog is not rewritten.
@@ -130,7 +133,7 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 				chunk = chunk[:maxTasksPerPlan]
 			}
 			ps = ps[len(chunk):]
-			w, ok := s.planWrite(nodeID, chunk, byKey, used, nowMs)
+			w, ok := s.planWrite(nodeID, chunk, byKey, used, scopes, nowMs)
 			if ok {
 				pc := &placedChunk{nodeID: nodeID, ps: chunk}
 				chunks = append(chunks, pc)
@@ -220,11 +223,16 @@ func (s *Loop) placeCanaries(snap *placement.Snapshot, due []*placement.Node, pt
 
 // planWrite builds the fenced, compared write for placements on one node:
 // it compares the node's alive epoch and usage ModRevision, that the
-// region's automatic quarantines are those the cache knows, and each task's
-// ModRevision. A placement whose task cannot be assigned or whose
-// assignment cannot be encoded is left out (counted and logged by skip); the
-// task stays PENDING.
-func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[string]*cTask, used map[string]store.UsageRecord, nowMs int64) (write, bool) {
+// region's automatic quarantines are those the cache knows, each task's
+// ModRevision, and for a task whose anti-affinity group has a label scope,
+// that scope's key (store.KeyAntiAffinity), which it rewrites: two owners
+// placing members of one group in one label scope at once conflict there,
+// as two plans on one node conflict on its usage key. A placement whose
+// task cannot be assigned, whose assignment cannot be encoded, or whose
+// scope key this round wrote already is left out (counted and logged by
+// skip); the task stays PENDING.
+func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[string]*cTask, used map[string]store.UsageRecord,
+	scopes map[string]bool, nowMs int64) (write, bool) {
 	c := s.cache
 	n := c.nodes[nodeID]
 	if n == nil || !n.Ready() {
@@ -244,12 +252,18 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		clientv3.Compare(clientv3.ModRevision(store.KeyQuarantineSet), "<", c.nodesRev+1),
 	}, keys: []string{aliveKey, usageKey}, node: nodeID}
 	type upd struct {
-		ct  *cTask
-		rec taskstate.Task
+		ct    *cTask
+		rec   taskstate.Task
+		scope string // anti-affinity scope key written, if any
 	}
 	var upds []upd
 	for _, p := range ps {
 		ct := byKey[p.TaskID]
+		scope := s.scopeKey(&ct.rec, nodeID)
+		if scope != "" && scopes[scope] {
+			s.skip("antiaffinity", ct.key, fmt.Errorf("this round placed a member of its anti-affinity group in %s already", scope))
+			continue
+		}
 		rec, err := taskstate.Assign(ct.rec, nodeID, n.Alive, nowMs)
 		if err != nil {
 			s.skip("assign", ct.key, err)
@@ -284,9 +298,16 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev))
 		w.ops = append(w.ops, clientv3.OpPut(ct.key, store.MustJSON(&rec)),
 			clientv3.OpPut(store.KeyAssign(nodeID, ct.rec.JobID, ct.rec.Index), string(b)))
+		if scope != "" {
+			// Not re-read on a conflict (reread): the watch delivers it
+			// with the member written beside it.
+			scopes[scope] = true
+			w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(scope), "=", c.aaRev[scope]))
+			w.ops = append(w.ops, clientv3.OpPut(scope, ct.key))
+		}
 		w.keys = append(w.keys, ct.key)
 		w.forShard(ct.shard)
-		upds = append(upds, upd{ct, rec})
+		upds = append(upds, upd{ct, rec, scope})
 	}
 	if len(upds) == 0 {
 		return write{}, false
@@ -297,9 +318,29 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		n.Usage, n.UsageRev = &u, rev
 		for _, x := range upds {
 			c.setTask(x.ct.key, &cTask{key: x.ct.key, shard: x.ct.shard, rec: x.rec, modRev: rev})
+			if x.scope != "" {
+				c.aaRev[x.scope] = rev
+			}
 		}
 	}
 	return w, true
+}
+
+// scopeKey is the anti-affinity scope key a placement of t on nodeID writes:
+// "" unless t's group names an anti-affinity group with a label scope. The
+// node's labels are the engine's (with the region's jurisdiction filled in);
+// a node without the label is in the scope of value "", as the engine counts
+// it.
+func (s *Loop) scopeKey(t *taskstate.Task, nodeID string) string {
+	aa := s.cache.group(t).GetAntiAffinity()
+	if aa.GetGroup() == "" || aa.GetScope() == "" || aa.GetScope() == placement.ScopeNode {
+		return ""
+	}
+	var v string
+	if pn := s.snap.idx[nodeID]; pn != nil {
+		v = pn.Labels[aa.GetScope()]
+	}
+	return store.KeyAntiAffinity(aa.GetGroup(), aa.GetScope(), v)
 }
 
 // reasonWrite records why a task is not placed, when the reason gate says

@@ -56,6 +56,9 @@ func placementTask(c *ownerCache, ct *cTask, nowMs int64) placement.Task {
 	for _, dp := range g.GetDistinctProperties() {
 		pt.DistinctProperties = append(pt.DistinctProperties, placement.DistinctProperty{Label: dp.GetLabel(), MaxPerValue: int(dp.GetMaxPerValue())})
 	}
+	if aa := g.GetAntiAffinity(); aa.GetGroup() != "" {
+		pt.AntiAffinity = placement.AntiAffinity{Group: aa.GetGroup(), Scope: aa.GetScope()}
+	}
 	for _, d := range g.GetDatasets() {
 		pt.Datasets = append(pt.Datasets, placement.Dataset{Name: d.GetName(), SizeBytes: d.GetSizeBytes()})
 	}

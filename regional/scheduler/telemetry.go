@@ -158,11 +158,13 @@ func (s *Loop) updateGauges(now time.Time) {
 
 // SkippedCounter is apiary_owner_skipped_records_total on reg: records the
 // owner loop left out, by what (task, job, node: the value did not decode;
-// assign, marshal: a planned task could not be written). Registered once per
+// assign, marshal: a planned task could not be written; antiaffinity: a
+// planned task whose anti-affinity scope the round had filled already, which
+// the engine does not do). Registered once per
 // registry; later owner terms reuse it.
 func SkippedCounter(reg prometheus.Registerer) *prometheus.CounterVec {
 	cv := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "apiary_owner_skipped_records_total",
-		Help: "Records the shard owner left out, by what (task, job, node: undecodable; assign, marshal: a planned task not written)."},
+		Help: "Records the shard owner left out, by what (task, job, node: undecodable; assign, marshal, antiaffinity: a planned task not written)."},
 		[]string{"what"})
 	if reg == nil {
 		return cv

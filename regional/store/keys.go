@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -22,6 +23,9 @@ import (
 //	/apiary/nodes/<nodeID>/usage              allocated resources; ModRevision is the placement CAS version
 //	/apiary/nodes/<nodeID>/health             attempt outcomes in the attribution window, automatic quarantine (nodehealth.Record)
 //	/apiary/quarantine                        ids of the automatically quarantined nodes (the share guard's count)
+//	/apiary/placement/antiaffinity/<group>/<label>/<value>
+//	                                          a label scope of an anti-affinity group; ModRevision is the CAS version
+//	                                          of placing a member there (value: the last member placed, a task key)
 //	/apiary/dedup/<clientID>/<requestID>      job id and payload hash of a submission
 //
 // /apiary/acl/ (ACL tokens, policies, join token bindings) is package
@@ -41,6 +45,10 @@ const (
 	PrefNodes        = Root + "nodes/"
 	PrefDedup        = Root + "dedup/"
 	KeyQuarantineSet = Root + "quarantine"
+	// PrefAntiAffinity sorts between PrefJobs and PrefTasks, so the owner
+	// loop's one watch over that range delivers a scope key and the task
+	// written with it at one revision (as it does for node usage keys).
+	PrefAntiAffinity = Root + "placement/antiaffinity/"
 	suffixAlive      = "/alive"
 	suffixUsage      = "/usage"
 	suffixHealth     = "/health"
@@ -87,6 +95,19 @@ func KeyNodeUsage(nodeID string) string  { return PrefNodes + nodeID + suffixUsa
 func KeyNodeHealth(nodeID string) string { return PrefNodes + nodeID + suffixHealth }
 func KeyMember(coordID string) string    { return PrefMembers + coordID }
 func KeyDedup(client, req string) string { return PrefDedup + client + "/" + req }
+
+// KeyAntiAffinity is the key of the scope of anti-affinity group whose node
+// label label has value value (the label and value path-escaped; group is
+// a validated name: jobspec's anti_affinity.group rule). Plans that place a
+// member of the group in a label scope compare its ModRevision and rewrite
+// it, so two owners cannot both place a member in one scope; the node scope
+// needs no key (the node's usage key serialises plans on one node).
+func KeyAntiAffinity(group, label, value string) string {
+	return PrefAntiAffinity + group + "/" + url.PathEscape(label) + "/" + url.PathEscape(value)
+}
+
+// IsAntiAffinityKey reports whether key is a KeyAntiAffinity key.
+func IsAntiAffinityKey(key string) bool { return strings.HasPrefix(key, PrefAntiAffinity) }
 
 // NodeKind names which of a node's keys a key under /apiary/nodes/<id> is.
 type NodeKind string
