@@ -36,15 +36,17 @@ const quickEpoch = 5 * time.Second
 
 // Agent is a node agent. Create it with New and start it with Run.
 type Agent struct {
-	cfg     Config
-	log     *slog.Logger
-	ledger  *Ledger
-	backoff backoff.Config
-	running atomic.Bool
-	tracer  trace.Tracer
-	tracing bool
-	metrics *telemetry.AgentMetrics
-	marker  string // agentRunEnv's value for this agent's tasks
+	cfg    Config
+	log    *slog.Logger
+	ledger *Ledger
+	// datasets is the node's dataset cache (nil without Config.DatasetDir).
+	datasets *datasetCache
+	backoff  backoff.Config
+	running  atomic.Bool
+	tracer   trace.Tracer
+	tracing  bool
+	metrics  *telemetry.AgentMetrics
+	marker   string // agentRunEnv's value for this agent's tasks
 	// contain: cgroups and launcher threads (cgroup_attempt.go).
 	contain *containment
 
@@ -116,6 +118,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.metrics = newAgentMetrics(c, a.ledger)
 	a.contain = newContainment(c, a.log, c.Registry)
+	if c.DatasetDir != "" {
+		a.datasets = newDatasetCache(c.DatasetDir)
+	}
 	return a, nil
 }
 
@@ -247,6 +252,7 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 	sctx, stopSessions := context.WithCancel(runCtx)
 	defer stopSessions()
 	rep := &reporter{coords: coords, rpcTimeout: a.cfg.RPCTimeout, backoff: a.backoff, log: a.log}
+	var watch sync.WaitGroup
 	a.log.Info("agent starting", "coordinators", a.cfg.CoordinatorAddrs, "data_dir", a.cfg.DataDir,
 		"cpu_millis", a.cfg.Capacity.CPUMillis, "memory_mb", a.cfg.Capacity.MemoryMB,
 		"gpus", a.cfg.Capacity.GPUs, "max_tasks", a.cfg.MaxTasks, "disconnect_grace", a.cfg.DisconnectGrace)
@@ -262,7 +268,9 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 		MaxTasks:  int32(a.cfg.MaxTasks),
 		JoinToken: a.cfg.JoinToken,
 	}
-	var watch sync.WaitGroup
+	if a.datasets != nil {
+		watch.Go(func() { a.datasets.run(runCtx, a.cfg.DatasetRescan) })
+	}
 	watch.Go(func() { a.watchdog(runCtx) })
 	drained := make(chan struct{})
 	go func() {
@@ -281,7 +289,14 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 	quick := backoff.New(sctx, a.backoff)
 	quickEnds := 0
 	for {
+		// Each registration carries the datasets as of now; the heartbeats
+		// send later changes.
+		var dsVersion int64
+		req.Datasets, dsVersion = a.datasets.snapshot()
 		sess, err := register(sctx, coords, req, a.cfg.RPCTimeout, a.backoff, a.log, a.dropRefused)
+		if sess != nil {
+			sess.datasets, sess.datasetsSent = a.datasets, dsVersion
+		}
 		if sctx.Err() != nil {
 			break
 		}
@@ -633,6 +648,11 @@ func (a *Agent) workDir(key AttemptKey) (string, error) {
 // task's processes inherit and a restarted agent sweeps by.
 func (a *Agent) taskEnv(asg *apiaryv1.Assignment, key AttemptKey, region string) []string {
 	env := attemptEnv(a.cfg.BaseEnv, asg, a.cfg.NodeID, region, a.ledger.Devices(key))
+	for _, name := range asg.GetDatasets() {
+		if p, ok := a.datasets.path(name); ok {
+			env = append(env, datasetEnvName(name)+"="+p)
+		}
+	}
 	return append(env, agentRunEnv+"="+a.marker)
 }
 

@@ -76,6 +76,13 @@ type Config struct {
 	// MaxTasks caps concurrently running attempts; 0 means only resources
 	// limit them.
 	MaxTasks int
+	// DatasetDir, when set, is the node's dataset cache: each subdirectory
+	// is one dataset named after it, reported to the region (datasets.go)
+	// and given to tasks that list it as APIARY_DATASET_<NAME>.
+	DatasetDir string
+	// DatasetRescan is how often DatasetDir is rescanned. Default
+	// DefaultDatasetRescan (10 s).
+	DatasetRescan time.Duration
 	// DataDir holds the attempts' working directories and full logs, under
 	// DataDir/work. Default: $TMPDIR/apiary-agent-<NodeID>.
 	DataDir string
@@ -274,6 +281,14 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.WorkRetention == 0 {
 		c.WorkRetention = DefaultWorkRetention
+	}
+	if c.DatasetRescan <= 0 {
+		c.DatasetRescan = DefaultDatasetRescan
+	}
+	if c.DatasetDir != "" {
+		if fi, err := os.Stat(c.DatasetDir); err != nil || !fi.IsDir() {
+			return c, fmt.Errorf("DatasetDir %q: must be an existing directory", c.DatasetDir)
+		}
 	}
 	if c.RPCTimeout <= 0 {
 		c.RPCTimeout = DefaultRPCTimeout

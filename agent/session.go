@@ -44,6 +44,11 @@ type session struct {
 	rpcTimeout time.Duration
 	backoff    backoff.Config
 	log        *slog.Logger
+	// datasets is the node's dataset cache (nil without one);
+	// datasetsSent the version the region has (sent at registration or
+	// with an answered heartbeat).
+	datasets     *datasetCache
+	datasetsSent int64
 }
 
 // remindEvery is how often an answer that stays the same (a refused
@@ -224,11 +229,17 @@ func (s *session) heartbeatLoop(ctx context.Context, contact func(*apiaryv1.Hear
 		// Short enough that a coordinator that hangs (paused, partitioned)
 		// is left for the next one well before the lease runs out.
 		cctx, cancel := context.WithTimeout(ctx, min(s.rpcTimeout, max(s.heartbeat, s.leaseTTL/3)))
-		resp, err := cl.Heartbeat(cctx, &apiaryv1.HeartbeatRequest{NodeId: s.nodeID, NodeEpoch: s.epoch})
+		req := &apiaryv1.HeartbeatRequest{NodeId: s.nodeID, NodeEpoch: s.epoch}
+		list, version := s.datasets.snapshot()
+		if version != s.datasetsSent {
+			req.DatasetsChanged, req.Datasets = true, list
+		}
+		resp, err := cl.Heartbeat(cctx, req)
 		cancel()
 		next := s.heartbeat
 		switch {
 		case err == nil:
+			s.datasetsSent = version
 			if warned {
 				s.log.Info("coordinators answer again; the epoch lives", "epoch", s.epoch,
 					"disconnected_for", time.Since(lastOK).Round(time.Millisecond))

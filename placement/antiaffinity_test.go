@@ -52,8 +52,8 @@ func TestAntiAffinityAcrossJobs(t *testing.T) {
 				t.Fatalf("%d db members placed on 6 nodes, want 6", len(used))
 			}
 			if len(p.Unplaced) != 1 || !strings.HasPrefix(p.Unplaced[0].TaskID, "db") ||
-				!strings.Contains(p.Unplaced[0].Reason, ReasonAntiAffinity+": 6 nodes") {
-				t.Fatalf("unplaced %+v, want one db member with %q", p.Unplaced, ReasonAntiAffinity+": 6 nodes")
+				!strings.Contains(p.Unplaced[0].Reason, "anti-affinity group db per node: 6 nodes") {
+				t.Fatalf("unplaced %+v, want one db member with %q", p.Unplaced, "anti-affinity group db per node: 6 nodes")
 			}
 			if len(p.Placements) != 8 {
 				t.Fatalf("%d placed, want 8 (web0 and plain/0 are not in group db)", len(p.Placements))
@@ -107,7 +107,7 @@ func TestAntiAffinityExistingAndScope(t *testing.T) {
 		}
 		seen[v] = true
 	}
-	if len(p.Placements) != 4 || len(p.Unplaced) != 1 || !strings.Contains(p.Unplaced[0].Reason, ReasonAntiAffinity) {
+	if len(p.Placements) != 4 || len(p.Unplaced) != 1 || !strings.Contains(p.Unplaced[0].Reason, "anti-affinity group db per zone: 7 nodes") {
 		t.Fatalf("%d placed, unplaced %+v: want 4 (3 zones and the unlabelled node) and 1 unplaced for anti-affinity", len(p.Placements), p.Unplaced)
 	}
 }

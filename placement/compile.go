@@ -91,9 +91,10 @@ func (e *Engine) compileTask(t *Task) *taskCtx {
 	}
 	c.filters = append(c.filters, antiAffinityFilter{})
 	if aa := t.AntiAffinity; aa.Group != "" {
-		f := &groupAntiAffinityFilter{key: antiAffinityKey(aa.Group)}
-		if aa.Scope != ScopeNode {
+		f := &groupAntiAffinityFilter{key: antiAffinityKey(aa.Group), reason: ReasonAntiAffinity + " group " + aa.Group + " per node"}
+		if aa.Scope != ScopeNode && aa.Scope != "" {
 			f.label = aa.Scope
+			f.reason = ReasonAntiAffinity + " group " + aa.Group + " per " + aa.Scope
 		}
 		c.filters = append(c.filters, f)
 	}

@@ -158,19 +158,20 @@ func (antiAffinityFilter) check(c *taskCtx, st *state, i int, _ *view) string {
 // nodes sharing a value of the scope label) that holds another member of
 // its anti-affinity group (Task.AntiAffinity).
 type groupAntiAffinityFilter struct {
-	key   string // antiAffinityKey of the group
-	label string // "" for the node scope
+	key    string // antiAffinityKey of the group
+	label  string // "" for the node scope
+	reason string // "anti-affinity group <name> per <node|label>"
 }
 
 func (f *groupAntiAffinityFilter) check(_ *taskCtx, st *state, i int, _ *view) string {
 	if f.label == "" {
 		if st.groups.nodeCounts(f.key)[i] > 0 {
-			return ReasonAntiAffinity
+			return f.reason
 		}
 		return ""
 	}
 	if st.groups.valueCounts(f.key, f.label)[st.nodes[i].Labels[f.label]] > 0 {
-		return ReasonAntiAffinity
+		return f.reason
 	}
 	return ""
 }

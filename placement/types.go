@@ -132,6 +132,9 @@ type Task struct {
 // per value of the node label Scope (nodes without the label share the
 // value ""). Members are the existing allocations whose AntiAffinityGroup
 // is Group and the batch's tasks placed so far whose AntiAffinity.Group is.
+// Each task applies its own Scope (members of one group should share it).
+// A node excluded by it is counted under "anti-affinity group <Group> per
+// <node|Scope>" in an unplaced reason.
 type AntiAffinity struct {
 	Group string
 	Scope string

@@ -3,6 +3,8 @@ package regional
 import (
 	"context"
 	"encoding/json"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -54,6 +56,9 @@ func (c *Coordinator) nodeProto(id string, nv *store.NodeView) *apiaryv1.Node {
 		Draining: r.Draining, DrainDeadlineMs: r.DrainDeadlineMs, Ineligible: r.Ineligible,
 		Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{},
 		Region: c.meta.Region}
+	for _, name := range slices.Sorted(maps.Keys(r.Datasets)) {
+		n.Datasets = append(n.Datasets, &apiaryv1.LocalDataset{Name: name, SizeBytes: r.Datasets[name]})
+	}
 	if h := nv.Health; nv.AutoQuarantined() {
 		q := h.Quarantine
 		n.Quarantined, n.QuarantineReason, n.QuarantinedBy, n.QuarantinedTimeMs = true, q.Reason, autoQuarantineBy, q.SinceMs
@@ -70,6 +75,30 @@ func (c *Coordinator) nodeProto(id string, nv *store.NodeView) *apiaryv1.Node {
 		}
 	}
 	return n
+}
+
+// etcdLeaderByClient is the etcd leader's member name as a coordinator
+// without an embedded member (--etcd-endpoints) learns it: the first
+// endpoint that answers Status names the leader's id, MemberList its name
+// ("" if none answers).
+func (c *Coordinator) etcdLeaderByClient(ctx context.Context) string {
+	for _, ep := range c.cli.Endpoints() {
+		st, err := c.cli.Status(ctx, ep)
+		if err != nil || st.Leader == 0 {
+			continue
+		}
+		ml, err := c.cli.MemberList(ctx)
+		if err != nil {
+			return ""
+		}
+		for _, m := range ml.Members {
+			if m.ID == st.Leader {
+				return m.Name
+			}
+		}
+		return ""
+	}
+	return ""
 }
 
 func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionInfoRequest) (*apiaryv1.GetRegionInfoResponse, error) {
@@ -97,6 +126,8 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 				out.EtcdLeader = m.Name
 			}
 		}
+	} else {
+		out.EtcdLeader = c.etcdLeaderByClient(cctx)
 	}
 	resp, err := c.cli.Txn(cctx).Then(clientv3.OpGet(store.PrefMembers, clientv3.WithPrefix()),
 		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()), clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -48,6 +49,9 @@ func checkNodeID(id string) error {
 func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNodeRequest) (*apiaryv1.RegisterNodeResponse, error) {
 	c := s.c
 	if err := checkNodeID(req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	if err := checkDatasets(req.GetDatasets()); err != nil {
 		return nil, err
 	}
 	cp := req.GetCapacity()
@@ -150,7 +154,8 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 		labels[placement.JurisdictionLabel] = strings.ToLower(j)
 	}
 	rec := store.NodeRecord{ID: req.GetNodeId(), Labels: labels, Capacity: cp, GPUModel: req.GetGpuModel(),
-		MaxTasks: req.GetMaxTasks(), Epoch: epoch, LeaseID: int64(lease.ID), RegisteredMs: time.Now().UnixMilli()}
+		MaxTasks: req.GetMaxTasks(), Epoch: epoch, LeaseID: int64(lease.ID), RegisteredMs: time.Now().UnixMilli(),
+		Datasets: datasetMap(req.GetDatasets())}
 	usage := store.KeyNodeUsage(req.GetNodeId())
 	// An operator's quarantine, drain and eligibility outlive the node's
 	// epochs: carry them over
@@ -250,6 +255,16 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 		return nil, status.Errorf(codes.Unavailable, "heartbeat: %v", err)
 	}
 	s.c.beats.note(req.GetNodeId(), req.GetNodeEpoch(), time.Now())
+	if req.GetDatasetsChanged() {
+		if err := checkDatasets(req.GetDatasets()); err != nil {
+			// The lease is renewed all the same: a bad list must not cost
+			// the node its epoch. The stored list stays as it was.
+			s.c.log.Warn("heartbeat's datasets refused; the stored list is kept", "node", req.GetNodeId(), "err", err)
+		} else if err := s.c.updateDatasets(cctx, req.GetNodeId(), req.GetNodeEpoch(), req.GetDatasets()); err != nil {
+			// The lease was renewed; the agent sends the list again.
+			return nil, status.Errorf(codes.Unavailable, "store datasets: %v", err)
+		}
+	}
 	out := &apiaryv1.HeartbeatResponse{LeaseTtlMs: ka.TTL * 1000}
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
 		var rec store.NodeRecord
@@ -258,6 +273,71 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 		}
 	}
 	return out, nil
+}
+
+// maxNodeDatasets bounds the datasets one node reports.
+const maxNodeDatasets = 10000
+
+// checkDatasets validates a node's reported datasets (the field rules of a
+// job's datasets: a name of 1-512 printable characters, a size >= 0; at
+// most maxNodeDatasets, no name twice).
+func checkDatasets(ds []*apiaryv1.LocalDataset) error {
+	if len(ds) > maxNodeDatasets {
+		return status.Errorf(codes.InvalidArgument, "datasets: at most %d (got %d)", maxNodeDatasets, len(ds))
+	}
+	seen := make(map[string]bool, len(ds))
+	for i, d := range ds {
+		n := d.GetName()
+		switch {
+		case n == "" || len(n) > 512 || !utf8.ValidString(n) || strings.ContainsFunc(n, unicode.IsControl):
+			return status.Errorf(codes.InvalidArgument, "datasets[%d].name: must be 1-512 printable characters", i)
+		case d.GetSizeBytes() < 0:
+			return status.Errorf(codes.InvalidArgument, "datasets[%d].size_bytes: must be >= 0 (got %d)", i, d.GetSizeBytes())
+		case seen[n]:
+			return status.Errorf(codes.InvalidArgument, "datasets[%d].name: %q is listed twice", i, n)
+		}
+		seen[n] = true
+	}
+	return nil
+}
+
+// datasetMap is a node's datasets as its record stores them (nil for none).
+func datasetMap(ds []*apiaryv1.LocalDataset) map[string]int64 {
+	if len(ds) == 0 {
+		return nil
+	}
+	m := make(map[string]int64, len(ds))
+	for _, d := range ds {
+		m[d.GetName()] = d.GetSizeBytes()
+	}
+	return m
+}
+
+// updateDatasets replaces the datasets in the record of node epoch epoch,
+// compared on the record's ModRevision and the epoch's alive key (a record
+// of another epoch is left alone: that epoch reports its own).
+func (c *Coordinator) updateDatasets(ctx context.Context, node string, epoch int64, ds []*apiaryv1.LocalDataset) error {
+	for range 3 {
+		resp, err := c.cli.Get(ctx, store.KeyNode(node))
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) != 1 {
+			return nil
+		}
+		var rec store.NodeRecord
+		if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil || rec.Epoch != epoch {
+			return err
+		}
+		rec.Datasets = datasetMap(ds)
+		tr, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(store.KeyNode(node)), "=", resp.Kvs[0].ModRevision),
+			clientv3.Compare(clientv3.CreateRevision(store.KeyNodeAlive(node)), "=", epoch)).
+			Then(clientv3.OpPut(store.KeyNode(node), store.MustJSON(rec))).Commit()
+		if err != nil || tr.Succeeded {
+			return err
+		}
+	}
+	return errors.New("the node record kept changing")
 }
 
 // StreamAssignments sends the node's current assignments, then every new one,

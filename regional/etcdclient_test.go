@@ -25,6 +25,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/devcluster"
@@ -215,6 +217,31 @@ func TestClientOnlyCoordinatorTakesItsShare(t *testing.T) {
 		tookShare.Round(time.Millisecond), shards.DefaultSettle)
 
 	chk.CaughtUp(t, cli)
+	// c4's GetRegionInfo names the etcd leader it has no member of (it
+	// asks the cluster), as the members' answers do.
+	leaders := map[string]string{}
+	for _, co := range []*regional.Coordinator{members[0], c4} {
+		conn, err := grpc.NewClient(co.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 10*time.Second, "GetRegionInfo names the etcd leader", func() error {
+			info, err := apiaryv1.NewAdminServiceClient(conn).GetRegionInfo(context.Background(), &apiaryv1.GetRegionInfoRequest{})
+			if err != nil {
+				return err
+			}
+			if info.GetEtcdLeader() == "" {
+				return errors.New("no etcd leader named")
+			}
+			leaders[co.Addr()] = info.GetEtcdLeader()
+			return nil
+		})
+		conn.Close()
+	}
+	if leaders[c4.Addr()] != leaders[members[0].Addr()] {
+		t.Errorf("etcd leader per c4: %q, per c1: %q", leaders[c4.Addr()], leaders[members[0].Addr()])
+	}
+
 	owned4 := maps.Clone(c4.OwnedShards())
 	stopped := time.Now()
 	c4.Stop()

@@ -31,6 +31,9 @@ type nodeSnapshot struct {
 	// auto lists the entries of the nodes under an automatic quarantine
 	// (canaries decides, each round, whether one may take its canary).
 	auto []*placement.Node
+	// datasetSize is each dataset's largest copy on a ready node, in bytes
+	// (the size of a task's input that names no size_bytes).
+	datasetSize map[string]int64
 }
 
 func newNodeSnapshot(cache *ownerCache, jurisdiction string) *nodeSnapshot {
@@ -165,8 +168,12 @@ func (ns *nodeSnapshot) build() *placement.Snapshot {
 		sort.Strings(ids)
 		ns.nodes, ns.auto = ns.nodes[:0], ns.auto[:0]
 		ns.idx = make(map[string]*placement.Node, len(ids))
+		ns.datasetSize = map[string]int64{}
 		for _, id := range ids {
 			pn := placementNode(c.nodes[id], ns.jurisdiction)
+			for name, b := range pn.Datasets {
+				ns.datasetSize[name] = max(ns.datasetSize[name], b)
+			}
 			ns.nodes = append(ns.nodes, pn)
 			ns.idx[id] = pn
 			if c.nodes[id].AutoQuarantined() {

@@ -106,7 +106,7 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 	ptasks := make([]placement.Task, len(cands))
 	byKey := make(map[string]*cTask, len(cands))
 	for i, ct := range cands {
-		ptasks[i] = placementTask(c, ct, nowMs)
+		ptasks[i] = placementTask(c, ct, nowMs, s.snap.datasetSize)
 		byKey[ct.key] = ct
 	}
 	snap.Existing = s.snap.existing(cands)
@@ -288,6 +288,9 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 			Attempt: rec.Attempt, NodeEpoch: n.Alive, Command: g.GetCommand(), Args: g.GetArgs(), Env: env,
 			Resources: g.GetResources(), TimeoutMs: g.GetTimeoutMs(), Region: s.d.Region, Traceparent: j.rec.Traceparent,
 			GpuIndices: rec.GPUDevices, LostAfterMs: j.rec.Spec.GetDisconnect().GetLostAfterMs()}
+		for _, d := range g.GetDatasets() {
+			a.Datasets = append(a.Datasets, d.GetName())
+		}
 		b, err := proto.Marshal(a)
 		if err != nil {
 			s.skip("marshal", ct.key, err)

@@ -25,15 +25,17 @@ func placementNode(n *cNode, jurisdiction string) *placement.Node {
 	return &placement.Node{ID: n.id, Labels: labels,
 		Capacity: placement.Resources{CPUMillis: n.Rec.Capacity.GetCpuMillis(), MemoryMiB: n.Rec.Capacity.GetMemoryMb(), GPUs: int(n.Rec.Capacity.GetGpus())},
 		GPUModel: n.Rec.GPUModel, MaxTasks: int(n.Rec.MaxTasks), Quarantined: n.Rec.Quarantined || n.Health.Quarantine != nil,
-		Ineligible: n.Rec.Draining || n.Rec.Ineligible}
+		Ineligible: n.Rec.Draining || n.Rec.Ineligible, Datasets: n.Rec.Datasets}
 }
 
 // groupKey names a task's group for the engine: "<jobID>/<group index>".
 func groupKey(t *taskstate.Task) string { return t.JobID + "/" + strconv.Itoa(int(t.Group)) }
 
 // placementTask converts a cached task (of a cached job) for the engine;
-// nowMs decides which of its node exclusions still hold.
-func placementTask(c *ownerCache, ct *cTask, nowMs int64) placement.Task {
+// nowMs decides which of its node exclusions still hold. An input dataset
+// without size_bytes takes its size from sizes (its largest copy on a ready
+// node), so that locality prefers the node that holds it.
+func placementTask(c *ownerCache, ct *cTask, nowMs int64, sizes map[string]int64) placement.Task {
 	j := c.jobs[ct.rec.JobID]
 	g := c.group(&ct.rec)
 	pt := placement.Task{ID: ct.key, GroupKey: groupKey(&ct.rec), Priority: int(j.priority()),
@@ -60,7 +62,11 @@ func placementTask(c *ownerCache, ct *cTask, nowMs int64) placement.Task {
 		pt.AntiAffinity = placement.AntiAffinity{Group: aa.GetGroup(), Scope: aa.GetScope()}
 	}
 	for _, d := range g.GetDatasets() {
-		pt.Datasets = append(pt.Datasets, placement.Dataset{Name: d.GetName(), SizeBytes: d.GetSizeBytes()})
+		size := d.GetSizeBytes()
+		if size <= 0 {
+			size = sizes[d.GetName()]
+		}
+		pt.Datasets = append(pt.Datasets, placement.Dataset{Name: d.GetName(), SizeBytes: size})
 	}
 	switch w := j.rec.Where; {
 	case w != nil && !w.Any:

@@ -42,14 +42,17 @@ type WhereRecord struct {
 
 // NodeRecord is /apiary/nodes/<nodeID>.
 type NodeRecord struct {
-	ID           string              `json:"id"`
-	Labels       map[string]string   `json:"labels,omitempty"`
-	Capacity     *apiaryv1.Resources `json:"capacity"`
-	GPUModel     string              `json:"gpu_model,omitempty"`
-	MaxTasks     int32               `json:"max_tasks,omitempty"`
-	Epoch        int64               `json:"epoch"`
-	LeaseID      int64               `json:"lease"`
-	RegisteredMs int64               `json:"registered_ms"`
+	ID       string              `json:"id"`
+	Labels   map[string]string   `json:"labels,omitempty"`
+	Capacity *apiaryv1.Resources `json:"capacity"`
+	// Datasets the node holds locally, name → bytes, as its agent reported
+	// them for this epoch (registration, then heartbeats when they change).
+	Datasets     map[string]int64 `json:"datasets,omitempty"`
+	GPUModel     string           `json:"gpu_model,omitempty"`
+	MaxTasks     int32            `json:"max_tasks,omitempty"`
+	Epoch        int64            `json:"epoch"`
+	LeaseID      int64            `json:"lease"`
+	RegisteredMs int64            `json:"registered_ms"`
 	// Quarantined nodes get no new placements (their running attempts
 	// continue). An operator sets it (AdminService.QuarantineNode) with the
 	// reason, who asked and when (Unix ms); registration keeps it.

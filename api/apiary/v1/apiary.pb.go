@@ -449,7 +449,7 @@ func (x Assignment_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Assignment_Kind.Descriptor instead.
 func (Assignment_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47, 0}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51, 0}
 }
 
 // JobSpec is what a user submits. It mirrors the YAML job file
@@ -2854,7 +2854,11 @@ type RegisterNodeRequest struct {
 	// registration binds the token to node_id (the agent certificate's id);
 	// later registrations of that node must present the same token, and a
 	// revoked token ends the node's epoch at once.
-	JoinToken     string `protobuf:"bytes,6,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
+	JoinToken string `protobuf:"bytes,6,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
+	// The datasets the node holds locally (the agent's --dataset-dir: each
+	// subdirectory one dataset, its size the bytes of its regular files).
+	// They live as long as the node epoch this registration starts.
+	Datasets      []*LocalDataset `protobuf:"bytes,7,rep,name=datasets,proto3" json:"datasets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2931,6 +2935,227 @@ func (x *RegisterNodeRequest) GetJoinToken() string {
 	return ""
 }
 
+func (x *RegisterNodeRequest) GetDatasets() []*LocalDataset {
+	if x != nil {
+		return x.Datasets
+	}
+	return nil
+}
+
+// LocalDataset is a dataset a node holds: its name and size in bytes.
+type LocalDataset struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	SizeBytes     int64                  `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalDataset) Reset() {
+	*x = LocalDataset{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalDataset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalDataset) ProtoMessage() {}
+
+func (x *LocalDataset) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalDataset.ProtoReflect.Descriptor instead.
+func (*LocalDataset) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *LocalDataset) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LocalDataset) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+// DatasetList is `apiary dataset list`'s answer (-o json), built by the CLI
+// from ListNodes: every dataset some READY node holds, by name.
+type DatasetList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Datasets      []*DatasetHolders      `protobuf:"bytes,1,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DatasetList) Reset() {
+	*x = DatasetList{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DatasetList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DatasetList) ProtoMessage() {}
+
+func (x *DatasetList) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DatasetList.ProtoReflect.Descriptor instead.
+func (*DatasetList) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *DatasetList) GetDatasets() []*DatasetHolders {
+	if x != nil {
+		return x.Datasets
+	}
+	return nil
+}
+
+// DatasetHolders is one dataset and the nodes that hold a copy of it,
+// largest copy first.
+type DatasetHolders struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Holders       []*DatasetCopy         `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DatasetHolders) Reset() {
+	*x = DatasetHolders{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DatasetHolders) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DatasetHolders) ProtoMessage() {}
+
+func (x *DatasetHolders) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DatasetHolders.ProtoReflect.Descriptor instead.
+func (*DatasetHolders) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *DatasetHolders) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DatasetHolders) GetHolders() []*DatasetCopy {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+// DatasetCopy is one node's copy of a dataset.
+type DatasetCopy struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	SizeBytes     int64                  `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DatasetCopy) Reset() {
+	*x = DatasetCopy{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DatasetCopy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DatasetCopy) ProtoMessage() {}
+
+func (x *DatasetCopy) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DatasetCopy.ProtoReflect.Descriptor instead.
+func (*DatasetCopy) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *DatasetCopy) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *DatasetCopy) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DatasetCopy) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
 type RegisterNodeResponse struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	NodeEpoch           int64                  `protobuf:"varint,1,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
@@ -2946,7 +3171,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2958,7 +3183,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2971,7 +3196,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RegisterNodeResponse) GetNodeEpoch() int64 {
@@ -3010,16 +3235,21 @@ func (x *RegisterNodeResponse) GetLanJoin() []string {
 }
 
 type HeartbeatRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	NodeEpoch     int64                  `protobuf:"varint,2,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	NodeId    string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeEpoch int64                  `protobuf:"varint,2,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
+	// Set when the node's datasets changed since it last told the region
+	// (its rescan found one added, removed or resized): datasets is then the
+	// whole new list, which replaces the stored one.
+	DatasetsChanged bool            `protobuf:"varint,3,opt,name=datasets_changed,json=datasetsChanged,proto3" json:"datasets_changed,omitempty"`
+	Datasets        []*LocalDataset `protobuf:"bytes,4,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3031,7 +3261,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3044,7 +3274,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *HeartbeatRequest) GetNodeId() string {
@@ -3061,6 +3291,20 @@ func (x *HeartbeatRequest) GetNodeEpoch() int64 {
 	return 0
 }
 
+func (x *HeartbeatRequest) GetDatasetsChanged() bool {
+	if x != nil {
+		return x.DatasetsChanged
+	}
+	return false
+}
+
+func (x *HeartbeatRequest) GetDatasets() []*LocalDataset {
+	if x != nil {
+		return x.Datasets
+	}
+	return nil
+}
+
 type HeartbeatResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	LeaseTtlMs int64                  `protobuf:"varint,1,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
@@ -3074,7 +3318,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3330,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3343,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *HeartbeatResponse) GetLeaseTtlMs() int64 {
@@ -3131,7 +3375,7 @@ type AttemptRef struct {
 
 func (x *AttemptRef) Reset() {
 	*x = AttemptRef{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3143,7 +3387,7 @@ func (x *AttemptRef) String() string {
 func (*AttemptRef) ProtoMessage() {}
 
 func (x *AttemptRef) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3156,7 +3400,7 @@ func (x *AttemptRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptRef.ProtoReflect.Descriptor instead.
 func (*AttemptRef) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AttemptRef) GetJobId() string {
@@ -3206,7 +3450,7 @@ type AdoptAttemptsRequest struct {
 
 func (x *AdoptAttemptsRequest) Reset() {
 	*x = AdoptAttemptsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3218,7 +3462,7 @@ func (x *AdoptAttemptsRequest) String() string {
 func (*AdoptAttemptsRequest) ProtoMessage() {}
 
 func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3231,7 +3475,7 @@ func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptAttemptsRequest.ProtoReflect.Descriptor instead.
 func (*AdoptAttemptsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AdoptAttemptsRequest) GetNodeId() string {
@@ -3265,7 +3509,7 @@ type AdoptAttemptsResponse struct {
 
 func (x *AdoptAttemptsResponse) Reset() {
 	*x = AdoptAttemptsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3277,7 +3521,7 @@ func (x *AdoptAttemptsResponse) String() string {
 func (*AdoptAttemptsResponse) ProtoMessage() {}
 
 func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3290,7 +3534,7 @@ func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptAttemptsResponse.ProtoReflect.Descriptor instead.
 func (*AdoptAttemptsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AdoptAttemptsResponse) GetDecisions() []*AdoptDecision {
@@ -3314,7 +3558,7 @@ type AdoptDecision struct {
 
 func (x *AdoptDecision) Reset() {
 	*x = AdoptDecision{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3326,7 +3570,7 @@ func (x *AdoptDecision) String() string {
 func (*AdoptDecision) ProtoMessage() {}
 
 func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3339,7 +3583,7 @@ func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptDecision.ProtoReflect.Descriptor instead.
 func (*AdoptDecision) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AdoptDecision) GetAttempt() *AttemptRef {
@@ -3375,7 +3619,7 @@ type DrainSelfRequest struct {
 
 func (x *DrainSelfRequest) Reset() {
 	*x = DrainSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3387,7 +3631,7 @@ func (x *DrainSelfRequest) String() string {
 func (*DrainSelfRequest) ProtoMessage() {}
 
 func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3400,7 +3644,7 @@ func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSelfRequest.ProtoReflect.Descriptor instead.
 func (*DrainSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DrainSelfRequest) GetNodeId() string {
@@ -3432,7 +3676,7 @@ type DrainSelfResponse struct {
 
 func (x *DrainSelfResponse) Reset() {
 	*x = DrainSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3444,7 +3688,7 @@ func (x *DrainSelfResponse) String() string {
 func (*DrainSelfResponse) ProtoMessage() {}
 
 func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3457,7 +3701,7 @@ func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSelfResponse.ProtoReflect.Descriptor instead.
 func (*DrainSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
 }
 
 type DeregisterRequest struct {
@@ -3470,7 +3714,7 @@ type DeregisterRequest struct {
 
 func (x *DeregisterRequest) Reset() {
 	*x = DeregisterRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3482,7 +3726,7 @@ func (x *DeregisterRequest) String() string {
 func (*DeregisterRequest) ProtoMessage() {}
 
 func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3495,7 +3739,7 @@ func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeregisterRequest) GetNodeId() string {
@@ -3520,7 +3764,7 @@ type DeregisterResponse struct {
 
 func (x *DeregisterResponse) Reset() {
 	*x = DeregisterResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3532,7 +3776,7 @@ func (x *DeregisterResponse) String() string {
 func (*DeregisterResponse) ProtoMessage() {}
 
 func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3545,7 +3789,7 @@ func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
 }
 
 type StreamAssignmentsRequest struct {
@@ -3558,7 +3802,7 @@ type StreamAssignmentsRequest struct {
 
 func (x *StreamAssignmentsRequest) Reset() {
 	*x = StreamAssignmentsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3570,7 +3814,7 @@ func (x *StreamAssignmentsRequest) String() string {
 func (*StreamAssignmentsRequest) ProtoMessage() {}
 
 func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3583,7 +3827,7 @@ func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsRequest.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StreamAssignmentsRequest) GetNodeId() string {
@@ -3609,7 +3853,7 @@ type StreamAssignmentsResponse struct {
 
 func (x *StreamAssignmentsResponse) Reset() {
 	*x = StreamAssignmentsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3621,7 +3865,7 @@ func (x *StreamAssignmentsResponse) String() string {
 func (*StreamAssignmentsResponse) ProtoMessage() {}
 
 func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3634,7 +3878,7 @@ func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StreamAssignmentsResponse) GetAssignment() *Assignment {
@@ -3668,14 +3912,17 @@ type Assignment struct {
 	// How long the attempt may keep running while the agent reaches no
 	// coordinator, in ms (the job's disconnect.lost_after_ms); 0: the agent's
 	// --disconnect-grace.
-	LostAfterMs   int64 `protobuf:"varint,15,opt,name=lost_after_ms,json=lostAfterMs,proto3" json:"lost_after_ms,omitempty"`
+	LostAfterMs int64 `protobuf:"varint,15,opt,name=lost_after_ms,json=lostAfterMs,proto3" json:"lost_after_ms,omitempty"`
+	// Names of the task group's input datasets (TaskGroup.datasets): the
+	// agent sets APIARY_DATASET_<NAME> for each one it holds locally.
+	Datasets      []string `protobuf:"bytes,16,rep,name=datasets,proto3" json:"datasets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3687,7 +3934,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3700,7 +3947,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Assignment) GetKind() Assignment_Kind {
@@ -3808,6 +4055,13 @@ func (x *Assignment) GetLostAfterMs() int64 {
 	return 0
 }
 
+func (x *Assignment) GetDatasets() []string {
+	if x != nil {
+		return x.Datasets
+	}
+	return nil
+}
+
 type ReportTaskStatusRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	NodeId      string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -3831,7 +4085,7 @@ type ReportTaskStatusRequest struct {
 
 func (x *ReportTaskStatusRequest) Reset() {
 	*x = ReportTaskStatusRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3843,7 +4097,7 @@ func (x *ReportTaskStatusRequest) String() string {
 func (*ReportTaskStatusRequest) ProtoMessage() {}
 
 func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3856,7 +4110,7 @@ func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReportTaskStatusRequest) GetNodeId() string {
@@ -3961,7 +4215,7 @@ type ExportSpansRequest struct {
 
 func (x *ExportSpansRequest) Reset() {
 	*x = ExportSpansRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3973,7 +4227,7 @@ func (x *ExportSpansRequest) String() string {
 func (*ExportSpansRequest) ProtoMessage() {}
 
 func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3986,7 +4240,7 @@ func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansRequest.ProtoReflect.Descriptor instead.
 func (*ExportSpansRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ExportSpansRequest) GetNodeId() string {
@@ -4013,7 +4267,7 @@ type ExportSpansResponse struct {
 
 func (x *ExportSpansResponse) Reset() {
 	*x = ExportSpansResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4025,7 +4279,7 @@ func (x *ExportSpansResponse) String() string {
 func (*ExportSpansResponse) ProtoMessage() {}
 
 func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4038,7 +4292,7 @@ func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansResponse.ProtoReflect.Descriptor instead.
 func (*ExportSpansResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ExportSpansResponse) GetKept() int32 {
@@ -4064,7 +4318,7 @@ type ReportTaskStatusResponse struct {
 
 func (x *ReportTaskStatusResponse) Reset() {
 	*x = ReportTaskStatusResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4076,7 +4330,7 @@ func (x *ReportTaskStatusResponse) String() string {
 func (*ReportTaskStatusResponse) ProtoMessage() {}
 
 func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4089,7 +4343,7 @@ func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReportTaskStatusResponse) GetAccepted() bool {
@@ -4126,7 +4380,7 @@ type GossipKeyringRequest struct {
 
 func (x *GossipKeyringRequest) Reset() {
 	*x = GossipKeyringRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4138,7 +4392,7 @@ func (x *GossipKeyringRequest) String() string {
 func (*GossipKeyringRequest) ProtoMessage() {}
 
 func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4151,7 +4405,7 @@ func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeyringRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GossipKeyringRequest) GetOp() GossipKeyringOp {
@@ -4199,7 +4453,7 @@ type GossipKeyringPool struct {
 
 func (x *GossipKeyringPool) Reset() {
 	*x = GossipKeyringPool{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4211,7 +4465,7 @@ func (x *GossipKeyringPool) String() string {
 func (*GossipKeyringPool) ProtoMessage() {}
 
 func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4224,7 +4478,7 @@ func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringPool.ProtoReflect.Descriptor instead.
 func (*GossipKeyringPool) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GossipKeyringPool) GetPool() string {
@@ -4292,7 +4546,7 @@ type GossipKeyringResponse struct {
 
 func (x *GossipKeyringResponse) Reset() {
 	*x = GossipKeyringResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4304,7 +4558,7 @@ func (x *GossipKeyringResponse) String() string {
 func (*GossipKeyringResponse) ProtoMessage() {}
 
 func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4317,7 +4571,7 @@ func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeyringResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GossipKeyringResponse) GetPools() []*GossipKeyringPool {
@@ -4341,7 +4595,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4353,7 +4607,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4366,7 +4620,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DrainNodeRequest) GetNodeId() string {
@@ -4406,7 +4660,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4418,7 +4672,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4431,7 +4685,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -4452,7 +4706,7 @@ type SetNodeEligibilityRequest struct {
 
 func (x *SetNodeEligibilityRequest) Reset() {
 	*x = SetNodeEligibilityRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4464,7 +4718,7 @@ func (x *SetNodeEligibilityRequest) String() string {
 func (*SetNodeEligibilityRequest) ProtoMessage() {}
 
 func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4477,7 +4731,7 @@ func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *SetNodeEligibilityRequest) GetNodeId() string {
@@ -4510,7 +4764,7 @@ type SetNodeEligibilityResponse struct {
 
 func (x *SetNodeEligibilityResponse) Reset() {
 	*x = SetNodeEligibilityResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4522,7 +4776,7 @@ func (x *SetNodeEligibilityResponse) String() string {
 func (*SetNodeEligibilityResponse) ProtoMessage() {}
 
 func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4535,7 +4789,7 @@ func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *SetNodeEligibilityResponse) GetNode() *Node {
@@ -4558,7 +4812,7 @@ type QuarantineNodeRequest struct {
 
 func (x *QuarantineNodeRequest) Reset() {
 	*x = QuarantineNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4570,7 +4824,7 @@ func (x *QuarantineNodeRequest) String() string {
 func (*QuarantineNodeRequest) ProtoMessage() {}
 
 func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4583,7 +4837,7 @@ func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeRequest.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *QuarantineNodeRequest) GetNodeId() string {
@@ -4617,7 +4871,7 @@ type QuarantineNodeResponse struct {
 
 func (x *QuarantineNodeResponse) Reset() {
 	*x = QuarantineNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4629,7 +4883,7 @@ func (x *QuarantineNodeResponse) String() string {
 func (*QuarantineNodeResponse) ProtoMessage() {}
 
 func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4642,7 +4896,7 @@ func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeResponse.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *QuarantineNodeResponse) GetNode() *Node {
@@ -4663,7 +4917,7 @@ type ReleaseNodeRequest struct {
 
 func (x *ReleaseNodeRequest) Reset() {
 	*x = ReleaseNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4675,7 +4929,7 @@ func (x *ReleaseNodeRequest) String() string {
 func (*ReleaseNodeRequest) ProtoMessage() {}
 
 func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4688,7 +4942,7 @@ func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ReleaseNodeRequest) GetNodeId() string {
@@ -4716,7 +4970,7 @@ type ReleaseNodeResponse struct {
 
 func (x *ReleaseNodeResponse) Reset() {
 	*x = ReleaseNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4728,7 +4982,7 @@ func (x *ReleaseNodeResponse) String() string {
 func (*ReleaseNodeResponse) ProtoMessage() {}
 
 func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4741,7 +4995,7 @@ func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ReleaseNodeResponse) GetNode() *Node {
@@ -4766,7 +5020,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4778,7 +5032,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4791,7 +5045,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
 }
 
 type Node struct {
@@ -4838,13 +5092,16 @@ type Node struct {
 	// many of them failed (every job, every shard).
 	RecentAttempts int32 `protobuf:"varint,22,opt,name=recent_attempts,json=recentAttempts,proto3" json:"recent_attempts,omitempty"`
 	RecentFailures int32 `protobuf:"varint,23,opt,name=recent_failures,json=recentFailures,proto3" json:"recent_failures,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The datasets the node holds locally, by name (the agent's
+	// --dataset-dir), as of its current epoch.
+	Datasets      []*LocalDataset `protobuf:"bytes,24,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4856,7 +5113,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4869,7 +5126,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *Node) GetId() string {
@@ -5033,6 +5290,13 @@ func (x *Node) GetRecentFailures() int32 {
 	return 0
 }
 
+func (x *Node) GetDatasets() []*LocalDataset {
+	if x != nil {
+		return x.Datasets
+	}
+	return nil
+}
+
 type ListNodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Nodes []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
@@ -5045,7 +5309,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5057,7 +5321,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5070,7 +5334,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -5095,7 +5359,7 @@ type GetRegionInfoRequest struct {
 
 func (x *GetRegionInfoRequest) Reset() {
 	*x = GetRegionInfoRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5107,7 +5371,7 @@ func (x *GetRegionInfoRequest) String() string {
 func (*GetRegionInfoRequest) ProtoMessage() {}
 
 func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5120,7 +5384,7 @@ func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
 }
 
 type Coordinator struct {
@@ -5138,7 +5402,7 @@ type Coordinator struct {
 
 func (x *Coordinator) Reset() {
 	*x = Coordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5150,7 +5414,7 @@ func (x *Coordinator) String() string {
 func (*Coordinator) ProtoMessage() {}
 
 func (x *Coordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5163,7 +5427,7 @@ func (x *Coordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coordinator.ProtoReflect.Descriptor instead.
 func (*Coordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *Coordinator) GetId() string {
@@ -5226,7 +5490,7 @@ type GetRegionInfoResponse struct {
 
 func (x *GetRegionInfoResponse) Reset() {
 	*x = GetRegionInfoResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5238,7 +5502,7 @@ func (x *GetRegionInfoResponse) String() string {
 func (*GetRegionInfoResponse) ProtoMessage() {}
 
 func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5251,7 +5515,7 @@ func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *GetRegionInfoResponse) GetRegion() string {
@@ -5346,7 +5610,7 @@ type ListShardsRequest struct {
 
 func (x *ListShardsRequest) Reset() {
 	*x = ListShardsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5358,7 +5622,7 @@ func (x *ListShardsRequest) String() string {
 func (*ListShardsRequest) ProtoMessage() {}
 
 func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5371,7 +5635,7 @@ func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsRequest.ProtoReflect.Descriptor instead.
 func (*ListShardsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
 }
 
 // Shard is one virtual shard of a region (package shards).
@@ -5396,7 +5660,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5408,7 +5672,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5421,7 +5685,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *Shard) GetShard() int32 {
@@ -5480,7 +5744,7 @@ type ListShardsResponse struct {
 
 func (x *ListShardsResponse) Reset() {
 	*x = ListShardsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5492,7 +5756,7 @@ func (x *ListShardsResponse) String() string {
 func (*ListShardsResponse) ProtoMessage() {}
 
 func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5505,7 +5769,7 @@ func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsResponse.ProtoReflect.Descriptor instead.
 func (*ListShardsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListShardsResponse) GetShards() []*Shard {
@@ -5544,7 +5808,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5556,7 +5820,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5569,7 +5833,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -5592,7 +5856,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5604,7 +5868,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5617,7 +5881,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -5676,7 +5940,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5688,7 +5952,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5701,7 +5965,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -5750,7 +6014,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5762,7 +6026,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5775,7 +6039,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -5864,7 +6128,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5876,7 +6140,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5889,7 +6153,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -5927,7 +6191,7 @@ type ACLToken struct {
 
 func (x *ACLToken) Reset() {
 	*x = ACLToken{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5939,7 +6203,7 @@ func (x *ACLToken) String() string {
 func (*ACLToken) ProtoMessage() {}
 
 func (x *ACLToken) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5952,7 +6216,7 @@ func (x *ACLToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
 func (*ACLToken) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ACLToken) GetAccessorId() string {
@@ -6037,7 +6301,7 @@ type ACLPolicy struct {
 
 func (x *ACLPolicy) Reset() {
 	*x = ACLPolicy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6049,7 +6313,7 @@ func (x *ACLPolicy) String() string {
 func (*ACLPolicy) ProtoMessage() {}
 
 func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6062,7 +6326,7 @@ func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLPolicy.ProtoReflect.Descriptor instead.
 func (*ACLPolicy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ACLPolicy) GetName() string {
@@ -6113,7 +6377,7 @@ type ACLNamespaceRule struct {
 
 func (x *ACLNamespaceRule) Reset() {
 	*x = ACLNamespaceRule{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6125,7 +6389,7 @@ func (x *ACLNamespaceRule) String() string {
 func (*ACLNamespaceRule) ProtoMessage() {}
 
 func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6138,7 +6402,7 @@ func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLNamespaceRule.ProtoReflect.Descriptor instead.
 func (*ACLNamespaceRule) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ACLNamespaceRule) GetName() string {
@@ -6167,7 +6431,7 @@ type BootstrapACLRequest struct {
 
 func (x *BootstrapACLRequest) Reset() {
 	*x = BootstrapACLRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6179,7 +6443,7 @@ func (x *BootstrapACLRequest) String() string {
 func (*BootstrapACLRequest) ProtoMessage() {}
 
 func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6192,7 +6456,7 @@ func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLRequest.ProtoReflect.Descriptor instead.
 func (*BootstrapACLRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *BootstrapACLRequest) GetAccessorId() string {
@@ -6222,7 +6486,7 @@ type BootstrapACLResponse struct {
 
 func (x *BootstrapACLResponse) Reset() {
 	*x = BootstrapACLResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6234,7 +6498,7 @@ func (x *BootstrapACLResponse) String() string {
 func (*BootstrapACLResponse) ProtoMessage() {}
 
 func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6247,7 +6511,7 @@ func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLResponse.ProtoReflect.Descriptor instead.
 func (*BootstrapACLResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *BootstrapACLResponse) GetToken() *ACLToken {
@@ -6293,7 +6557,7 @@ type CreateACLTokenRequest struct {
 
 func (x *CreateACLTokenRequest) Reset() {
 	*x = CreateACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6305,7 +6569,7 @@ func (x *CreateACLTokenRequest) String() string {
 func (*CreateACLTokenRequest) ProtoMessage() {}
 
 func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6318,7 +6582,7 @@ func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CreateACLTokenRequest) GetName() string {
@@ -6387,7 +6651,7 @@ type CreateACLTokenResponse struct {
 
 func (x *CreateACLTokenResponse) Reset() {
 	*x = CreateACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6399,7 +6663,7 @@ func (x *CreateACLTokenResponse) String() string {
 func (*CreateACLTokenResponse) ProtoMessage() {}
 
 func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6412,7 +6676,7 @@ func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *CreateACLTokenResponse) GetToken() *ACLToken {
@@ -6437,7 +6701,7 @@ type ListACLTokensRequest struct {
 
 func (x *ListACLTokensRequest) Reset() {
 	*x = ListACLTokensRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6449,7 +6713,7 @@ func (x *ListACLTokensRequest) String() string {
 func (*ListACLTokensRequest) ProtoMessage() {}
 
 func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6462,7 +6726,7 @@ func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListACLTokensRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
 }
 
 type ListACLTokensResponse struct {
@@ -6476,7 +6740,7 @@ type ListACLTokensResponse struct {
 
 func (x *ListACLTokensResponse) Reset() {
 	*x = ListACLTokensResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6488,7 +6752,7 @@ func (x *ListACLTokensResponse) String() string {
 func (*ListACLTokensResponse) ProtoMessage() {}
 
 func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6501,7 +6765,7 @@ func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListACLTokensResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListACLTokensResponse) GetTokens() []*ACLToken {
@@ -6527,7 +6791,7 @@ type RevokeACLTokenRequest struct {
 
 func (x *RevokeACLTokenRequest) Reset() {
 	*x = RevokeACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6539,7 +6803,7 @@ func (x *RevokeACLTokenRequest) String() string {
 func (*RevokeACLTokenRequest) ProtoMessage() {}
 
 func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6552,7 +6816,7 @@ func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RevokeACLTokenRequest) GetAccessorId() string {
@@ -6574,7 +6838,7 @@ type RevokeACLTokenResponse struct {
 
 func (x *RevokeACLTokenResponse) Reset() {
 	*x = RevokeACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6586,7 +6850,7 @@ func (x *RevokeACLTokenResponse) String() string {
 func (*RevokeACLTokenResponse) ProtoMessage() {}
 
 func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6599,7 +6863,7 @@ func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RevokeACLTokenResponse) GetEndedNodeId() string {
@@ -6631,7 +6895,7 @@ type GetACLSelfRequest struct {
 
 func (x *GetACLSelfRequest) Reset() {
 	*x = GetACLSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6643,7 +6907,7 @@ func (x *GetACLSelfRequest) String() string {
 func (*GetACLSelfRequest) ProtoMessage() {}
 
 func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6656,7 +6920,7 @@ func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfRequest.ProtoReflect.Descriptor instead.
 func (*GetACLSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
 }
 
 type GetACLSelfResponse struct {
@@ -6668,7 +6932,7 @@ type GetACLSelfResponse struct {
 
 func (x *GetACLSelfResponse) Reset() {
 	*x = GetACLSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6680,7 +6944,7 @@ func (x *GetACLSelfResponse) String() string {
 func (*GetACLSelfResponse) ProtoMessage() {}
 
 func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6693,7 +6957,7 @@ func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfResponse.ProtoReflect.Descriptor instead.
 func (*GetACLSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *GetACLSelfResponse) GetToken() *ACLToken {
@@ -6712,7 +6976,7 @@ type ApplyACLPolicyRequest struct {
 
 func (x *ApplyACLPolicyRequest) Reset() {
 	*x = ApplyACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6724,7 +6988,7 @@ func (x *ApplyACLPolicyRequest) String() string {
 func (*ApplyACLPolicyRequest) ProtoMessage() {}
 
 func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6737,7 +7001,7 @@ func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ApplyACLPolicyRequest) GetPolicy() *ACLPolicy {
@@ -6757,7 +7021,7 @@ type ApplyACLPolicyResponse struct {
 
 func (x *ApplyACLPolicyResponse) Reset() {
 	*x = ApplyACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6769,7 +7033,7 @@ func (x *ApplyACLPolicyResponse) String() string {
 func (*ApplyACLPolicyResponse) ProtoMessage() {}
 
 func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6782,7 +7046,7 @@ func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ApplyACLPolicyResponse) GetRegions() []string {
@@ -6807,7 +7071,7 @@ type ListACLPoliciesRequest struct {
 
 func (x *ListACLPoliciesRequest) Reset() {
 	*x = ListACLPoliciesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6819,7 +7083,7 @@ func (x *ListACLPoliciesRequest) String() string {
 func (*ListACLPoliciesRequest) ProtoMessage() {}
 
 func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6832,7 +7096,7 @@ func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
 }
 
 type ListACLPoliciesResponse struct {
@@ -6845,7 +7109,7 @@ type ListACLPoliciesResponse struct {
 
 func (x *ListACLPoliciesResponse) Reset() {
 	*x = ListACLPoliciesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6857,7 +7121,7 @@ func (x *ListACLPoliciesResponse) String() string {
 func (*ListACLPoliciesResponse) ProtoMessage() {}
 
 func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6870,7 +7134,7 @@ func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ListACLPoliciesResponse) GetPolicies() []*ACLPolicy {
@@ -6896,7 +7160,7 @@ type DeleteACLPolicyRequest struct {
 
 func (x *DeleteACLPolicyRequest) Reset() {
 	*x = DeleteACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6908,7 +7172,7 @@ func (x *DeleteACLPolicyRequest) String() string {
 func (*DeleteACLPolicyRequest) ProtoMessage() {}
 
 func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6921,7 +7185,7 @@ func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *DeleteACLPolicyRequest) GetName() string {
@@ -6941,7 +7205,7 @@ type DeleteACLPolicyResponse struct {
 
 func (x *DeleteACLPolicyResponse) Reset() {
 	*x = DeleteACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6953,7 +7217,7 @@ func (x *DeleteACLPolicyResponse) String() string {
 func (*DeleteACLPolicyResponse) ProtoMessage() {}
 
 func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6966,7 +7230,7 @@ func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *DeleteACLPolicyResponse) GetRegions() []string {
@@ -7199,7 +7463,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\vspans_jsonl\x18\x01 \x01(\fR\n" +
 	"spansJsonl\x12 \n" +
 	"\vunavailable\x18\x02 \x03(\tR\vunavailable\x12#\n" +
-	"\rnot_recording\x18\x03 \x03(\tR\fnotRecording\"\xb8\x02\n" +
+	"\rnot_recording\x18\x03 \x03(\tR\fnotRecording\"\xed\x02\n" +
 	"\x13RegisterNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12B\n" +
 	"\x06labels\x18\x02 \x03(\v2*.apiary.v1.RegisterNodeRequest.LabelsEntryR\x06labels\x120\n" +
@@ -7207,10 +7471,25 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tgpu_model\x18\x04 \x01(\tR\bgpuModel\x12\x1b\n" +
 	"\tmax_tasks\x18\x05 \x01(\x05R\bmaxTasks\x12\x1d\n" +
 	"\n" +
-	"join_token\x18\x06 \x01(\tR\tjoinToken\x1a9\n" +
+	"join_token\x18\x06 \x01(\tR\tjoinToken\x123\n" +
+	"\bdatasets\x18\a \x03(\v2\x17.apiary.v1.LocalDatasetR\bdatasets\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbe\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"A\n" +
+	"\fLocalDataset\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\"D\n" +
+	"\vDatasetList\x125\n" +
+	"\bdatasets\x18\x01 \x03(\v2\x19.apiary.v1.DatasetHoldersR\bdatasets\"V\n" +
+	"\x0eDatasetHolders\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
+	"\aholders\x18\x02 \x03(\v2\x16.apiary.v1.DatasetCopyR\aholders\"]\n" +
+	"\vDatasetCopy\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\"\xbe\x01\n" +
 	"\x14RegisterNodeResponse\x12\x1d\n" +
 	"\n" +
 	"node_epoch\x18\x01 \x01(\x03R\tnodeEpoch\x12 \n" +
@@ -7218,11 +7497,13 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"leaseTtlMs\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\x12\x16\n" +
 	"\x06region\x18\x04 \x01(\tR\x06region\x12\x19\n" +
-	"\blan_join\x18\x05 \x03(\tR\alanJoin\"J\n" +
+	"\blan_join\x18\x05 \x03(\tR\alanJoin\"\xaa\x01\n" +
 	"\x10HeartbeatRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
-	"node_epoch\x18\x02 \x01(\x03R\tnodeEpoch\"a\n" +
+	"node_epoch\x18\x02 \x01(\x03R\tnodeEpoch\x12)\n" +
+	"\x10datasets_changed\x18\x03 \x01(\bR\x0fdatasetsChanged\x123\n" +
+	"\bdatasets\x18\x04 \x03(\v2\x17.apiary.v1.LocalDatasetR\bdatasets\"a\n" +
 	"\x11HeartbeatResponse\x12 \n" +
 	"\flease_ttl_ms\x18\x01 \x01(\x03R\n" +
 	"leaseTtlMs\x12*\n" +
@@ -7266,7 +7547,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x19StreamAssignmentsResponse\x125\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x15.apiary.v1.AssignmentR\n" +
-	"assignment\"\xf7\x04\n" +
+	"assignment\"\x93\x05\n" +
 	"\n" +
 	"Assignment\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.apiary.v1.Assignment.KindR\x04kind\x12\x15\n" +
@@ -7288,7 +7569,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\vtraceparent\x18\r \x01(\tR\vtraceparent\x12\x1f\n" +
 	"\vgpu_indices\x18\x0e \x03(\x05R\n" +
 	"gpuIndices\x12\"\n" +
-	"\rlost_after_ms\x18\x0f \x01(\x03R\vlostAfterMs\x1a6\n" +
+	"\rlost_after_ms\x18\x0f \x01(\x03R\vlostAfterMs\x12\x1a\n" +
+	"\bdatasets\x18\x10 \x03(\tR\bdatasets\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\";\n" +
@@ -7375,7 +7657,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x13ReleaseNodeResponse\x12#\n" +
 	"\x04node\x18\x01 \x01(\v2\x0f.apiary.v1.NodeR\x04node\x12'\n" +
 	"\x0fwas_quarantined\x18\x02 \x01(\bR\x0ewasQuarantined\"\x12\n" +
-	"\x10ListNodesRequest\"\xd1\a\n" +
+	"\x10ListNodesRequest\"\x86\b\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
 	"\x06labels\x18\x02 \x03(\v2\x1b.apiary.v1.Node.LabelsEntryR\x06labels\x120\n" +
@@ -7402,7 +7684,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x18quarantine_probe_time_ms\x18\x14 \x01(\x03R\x15quarantineProbeTimeMs\x12-\n" +
 	"\x12quarantine_strikes\x18\x15 \x01(\x05R\x11quarantineStrikes\x12'\n" +
 	"\x0frecent_attempts\x18\x16 \x01(\x05R\x0erecentAttempts\x12'\n" +
-	"\x0frecent_failures\x18\x17 \x01(\x05R\x0erecentFailures\x1a9\n" +
+	"\x0frecent_failures\x18\x17 \x01(\x05R\x0erecentFailures\x123\n" +
+	"\bdatasets\x18\x18 \x03(\v2\x17.apiary.v1.LocalDatasetR\bdatasets\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"k\n" +
@@ -7653,7 +7936,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 108)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 112)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                      // 0: apiary.v1.JobState
 	(TaskState)(0),                     // 1: apiary.v1.TaskState
@@ -7696,96 +7979,100 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(*GetJobTraceRequest)(nil),         // 38: apiary.v1.GetJobTraceRequest
 	(*GetJobTraceResponse)(nil),        // 39: apiary.v1.GetJobTraceResponse
 	(*RegisterNodeRequest)(nil),        // 40: apiary.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),       // 41: apiary.v1.RegisterNodeResponse
-	(*HeartbeatRequest)(nil),           // 42: apiary.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 43: apiary.v1.HeartbeatResponse
-	(*AttemptRef)(nil),                 // 44: apiary.v1.AttemptRef
-	(*AdoptAttemptsRequest)(nil),       // 45: apiary.v1.AdoptAttemptsRequest
-	(*AdoptAttemptsResponse)(nil),      // 46: apiary.v1.AdoptAttemptsResponse
-	(*AdoptDecision)(nil),              // 47: apiary.v1.AdoptDecision
-	(*DrainSelfRequest)(nil),           // 48: apiary.v1.DrainSelfRequest
-	(*DrainSelfResponse)(nil),          // 49: apiary.v1.DrainSelfResponse
-	(*DeregisterRequest)(nil),          // 50: apiary.v1.DeregisterRequest
-	(*DeregisterResponse)(nil),         // 51: apiary.v1.DeregisterResponse
-	(*StreamAssignmentsRequest)(nil),   // 52: apiary.v1.StreamAssignmentsRequest
-	(*StreamAssignmentsResponse)(nil),  // 53: apiary.v1.StreamAssignmentsResponse
-	(*Assignment)(nil),                 // 54: apiary.v1.Assignment
-	(*ReportTaskStatusRequest)(nil),    // 55: apiary.v1.ReportTaskStatusRequest
-	(*ExportSpansRequest)(nil),         // 56: apiary.v1.ExportSpansRequest
-	(*ExportSpansResponse)(nil),        // 57: apiary.v1.ExportSpansResponse
-	(*ReportTaskStatusResponse)(nil),   // 58: apiary.v1.ReportTaskStatusResponse
-	(*GossipKeyringRequest)(nil),       // 59: apiary.v1.GossipKeyringRequest
-	(*GossipKeyringPool)(nil),          // 60: apiary.v1.GossipKeyringPool
-	(*GossipKeyringResponse)(nil),      // 61: apiary.v1.GossipKeyringResponse
-	(*DrainNodeRequest)(nil),           // 62: apiary.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 63: apiary.v1.DrainNodeResponse
-	(*SetNodeEligibilityRequest)(nil),  // 64: apiary.v1.SetNodeEligibilityRequest
-	(*SetNodeEligibilityResponse)(nil), // 65: apiary.v1.SetNodeEligibilityResponse
-	(*QuarantineNodeRequest)(nil),      // 66: apiary.v1.QuarantineNodeRequest
-	(*QuarantineNodeResponse)(nil),     // 67: apiary.v1.QuarantineNodeResponse
-	(*ReleaseNodeRequest)(nil),         // 68: apiary.v1.ReleaseNodeRequest
-	(*ReleaseNodeResponse)(nil),        // 69: apiary.v1.ReleaseNodeResponse
-	(*ListNodesRequest)(nil),           // 70: apiary.v1.ListNodesRequest
-	(*Node)(nil),                       // 71: apiary.v1.Node
-	(*ListNodesResponse)(nil),          // 72: apiary.v1.ListNodesResponse
-	(*GetRegionInfoRequest)(nil),       // 73: apiary.v1.GetRegionInfoRequest
-	(*Coordinator)(nil),                // 74: apiary.v1.Coordinator
-	(*GetRegionInfoResponse)(nil),      // 75: apiary.v1.GetRegionInfoResponse
-	(*ListShardsRequest)(nil),          // 76: apiary.v1.ListShardsRequest
-	(*Shard)(nil),                      // 77: apiary.v1.Shard
-	(*ListShardsResponse)(nil),         // 78: apiary.v1.ListShardsResponse
-	(*ListRegionsRequest)(nil),         // 79: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),          // 80: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),            // 81: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),              // 82: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),        // 83: apiary.v1.ListRegionsResponse
-	(*ACLToken)(nil),                   // 84: apiary.v1.ACLToken
-	(*ACLPolicy)(nil),                  // 85: apiary.v1.ACLPolicy
-	(*ACLNamespaceRule)(nil),           // 86: apiary.v1.ACLNamespaceRule
-	(*BootstrapACLRequest)(nil),        // 87: apiary.v1.BootstrapACLRequest
-	(*BootstrapACLResponse)(nil),       // 88: apiary.v1.BootstrapACLResponse
-	(*CreateACLTokenRequest)(nil),      // 89: apiary.v1.CreateACLTokenRequest
-	(*CreateACLTokenResponse)(nil),     // 90: apiary.v1.CreateACLTokenResponse
-	(*ListACLTokensRequest)(nil),       // 91: apiary.v1.ListACLTokensRequest
-	(*ListACLTokensResponse)(nil),      // 92: apiary.v1.ListACLTokensResponse
-	(*RevokeACLTokenRequest)(nil),      // 93: apiary.v1.RevokeACLTokenRequest
-	(*RevokeACLTokenResponse)(nil),     // 94: apiary.v1.RevokeACLTokenResponse
-	(*GetACLSelfRequest)(nil),          // 95: apiary.v1.GetACLSelfRequest
-	(*GetACLSelfResponse)(nil),         // 96: apiary.v1.GetACLSelfResponse
-	(*ApplyACLPolicyRequest)(nil),      // 97: apiary.v1.ApplyACLPolicyRequest
-	(*ApplyACLPolicyResponse)(nil),     // 98: apiary.v1.ApplyACLPolicyResponse
-	(*ListACLPoliciesRequest)(nil),     // 99: apiary.v1.ListACLPoliciesRequest
-	(*ListACLPoliciesResponse)(nil),    // 100: apiary.v1.ListACLPoliciesResponse
-	(*DeleteACLPolicyRequest)(nil),     // 101: apiary.v1.DeleteACLPolicyRequest
-	(*DeleteACLPolicyResponse)(nil),    // 102: apiary.v1.DeleteACLPolicyResponse
-	nil,                                // 103: apiary.v1.RegionSpec.SelectorEntry
-	nil,                                // 104: apiary.v1.TaskGroup.EnvEntry
-	nil,                                // 105: apiary.v1.TaskGroup.SecretEnvEntry
-	nil,                                // 106: apiary.v1.Spread.TargetsEntry
-	nil,                                // 107: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                // 108: apiary.v1.Assignment.EnvEntry
-	nil,                                // 109: apiary.v1.GossipKeyringPool.MessagesEntry
-	nil,                                // 110: apiary.v1.GossipKeyringPool.KeysEntry
-	nil,                                // 111: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	nil,                                // 112: apiary.v1.Node.LabelsEntry
-	nil,                                // 113: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                                // 114: apiary.v1.RegionSummary.LabelsEntry
+	(*LocalDataset)(nil),               // 41: apiary.v1.LocalDataset
+	(*DatasetList)(nil),                // 42: apiary.v1.DatasetList
+	(*DatasetHolders)(nil),             // 43: apiary.v1.DatasetHolders
+	(*DatasetCopy)(nil),                // 44: apiary.v1.DatasetCopy
+	(*RegisterNodeResponse)(nil),       // 45: apiary.v1.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),           // 46: apiary.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 47: apiary.v1.HeartbeatResponse
+	(*AttemptRef)(nil),                 // 48: apiary.v1.AttemptRef
+	(*AdoptAttemptsRequest)(nil),       // 49: apiary.v1.AdoptAttemptsRequest
+	(*AdoptAttemptsResponse)(nil),      // 50: apiary.v1.AdoptAttemptsResponse
+	(*AdoptDecision)(nil),              // 51: apiary.v1.AdoptDecision
+	(*DrainSelfRequest)(nil),           // 52: apiary.v1.DrainSelfRequest
+	(*DrainSelfResponse)(nil),          // 53: apiary.v1.DrainSelfResponse
+	(*DeregisterRequest)(nil),          // 54: apiary.v1.DeregisterRequest
+	(*DeregisterResponse)(nil),         // 55: apiary.v1.DeregisterResponse
+	(*StreamAssignmentsRequest)(nil),   // 56: apiary.v1.StreamAssignmentsRequest
+	(*StreamAssignmentsResponse)(nil),  // 57: apiary.v1.StreamAssignmentsResponse
+	(*Assignment)(nil),                 // 58: apiary.v1.Assignment
+	(*ReportTaskStatusRequest)(nil),    // 59: apiary.v1.ReportTaskStatusRequest
+	(*ExportSpansRequest)(nil),         // 60: apiary.v1.ExportSpansRequest
+	(*ExportSpansResponse)(nil),        // 61: apiary.v1.ExportSpansResponse
+	(*ReportTaskStatusResponse)(nil),   // 62: apiary.v1.ReportTaskStatusResponse
+	(*GossipKeyringRequest)(nil),       // 63: apiary.v1.GossipKeyringRequest
+	(*GossipKeyringPool)(nil),          // 64: apiary.v1.GossipKeyringPool
+	(*GossipKeyringResponse)(nil),      // 65: apiary.v1.GossipKeyringResponse
+	(*DrainNodeRequest)(nil),           // 66: apiary.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 67: apiary.v1.DrainNodeResponse
+	(*SetNodeEligibilityRequest)(nil),  // 68: apiary.v1.SetNodeEligibilityRequest
+	(*SetNodeEligibilityResponse)(nil), // 69: apiary.v1.SetNodeEligibilityResponse
+	(*QuarantineNodeRequest)(nil),      // 70: apiary.v1.QuarantineNodeRequest
+	(*QuarantineNodeResponse)(nil),     // 71: apiary.v1.QuarantineNodeResponse
+	(*ReleaseNodeRequest)(nil),         // 72: apiary.v1.ReleaseNodeRequest
+	(*ReleaseNodeResponse)(nil),        // 73: apiary.v1.ReleaseNodeResponse
+	(*ListNodesRequest)(nil),           // 74: apiary.v1.ListNodesRequest
+	(*Node)(nil),                       // 75: apiary.v1.Node
+	(*ListNodesResponse)(nil),          // 76: apiary.v1.ListNodesResponse
+	(*GetRegionInfoRequest)(nil),       // 77: apiary.v1.GetRegionInfoRequest
+	(*Coordinator)(nil),                // 78: apiary.v1.Coordinator
+	(*GetRegionInfoResponse)(nil),      // 79: apiary.v1.GetRegionInfoResponse
+	(*ListShardsRequest)(nil),          // 80: apiary.v1.ListShardsRequest
+	(*Shard)(nil),                      // 81: apiary.v1.Shard
+	(*ListShardsResponse)(nil),         // 82: apiary.v1.ListShardsResponse
+	(*ListRegionsRequest)(nil),         // 83: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),          // 84: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),            // 85: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),              // 86: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),        // 87: apiary.v1.ListRegionsResponse
+	(*ACLToken)(nil),                   // 88: apiary.v1.ACLToken
+	(*ACLPolicy)(nil),                  // 89: apiary.v1.ACLPolicy
+	(*ACLNamespaceRule)(nil),           // 90: apiary.v1.ACLNamespaceRule
+	(*BootstrapACLRequest)(nil),        // 91: apiary.v1.BootstrapACLRequest
+	(*BootstrapACLResponse)(nil),       // 92: apiary.v1.BootstrapACLResponse
+	(*CreateACLTokenRequest)(nil),      // 93: apiary.v1.CreateACLTokenRequest
+	(*CreateACLTokenResponse)(nil),     // 94: apiary.v1.CreateACLTokenResponse
+	(*ListACLTokensRequest)(nil),       // 95: apiary.v1.ListACLTokensRequest
+	(*ListACLTokensResponse)(nil),      // 96: apiary.v1.ListACLTokensResponse
+	(*RevokeACLTokenRequest)(nil),      // 97: apiary.v1.RevokeACLTokenRequest
+	(*RevokeACLTokenResponse)(nil),     // 98: apiary.v1.RevokeACLTokenResponse
+	(*GetACLSelfRequest)(nil),          // 99: apiary.v1.GetACLSelfRequest
+	(*GetACLSelfResponse)(nil),         // 100: apiary.v1.GetACLSelfResponse
+	(*ApplyACLPolicyRequest)(nil),      // 101: apiary.v1.ApplyACLPolicyRequest
+	(*ApplyACLPolicyResponse)(nil),     // 102: apiary.v1.ApplyACLPolicyResponse
+	(*ListACLPoliciesRequest)(nil),     // 103: apiary.v1.ListACLPoliciesRequest
+	(*ListACLPoliciesResponse)(nil),    // 104: apiary.v1.ListACLPoliciesResponse
+	(*DeleteACLPolicyRequest)(nil),     // 105: apiary.v1.DeleteACLPolicyRequest
+	(*DeleteACLPolicyResponse)(nil),    // 106: apiary.v1.DeleteACLPolicyResponse
+	nil,                                // 107: apiary.v1.RegionSpec.SelectorEntry
+	nil,                                // 108: apiary.v1.TaskGroup.EnvEntry
+	nil,                                // 109: apiary.v1.TaskGroup.SecretEnvEntry
+	nil,                                // 110: apiary.v1.Spread.TargetsEntry
+	nil,                                // 111: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                // 112: apiary.v1.Assignment.EnvEntry
+	nil,                                // 113: apiary.v1.GossipKeyringPool.MessagesEntry
+	nil,                                // 114: apiary.v1.GossipKeyringPool.KeysEntry
+	nil,                                // 115: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	nil,                                // 116: apiary.v1.Node.LabelsEntry
+	nil,                                // 117: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                                // 118: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	9,   // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
 	10,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
 	8,   // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
-	103, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	104, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	107, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	108, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
 	12,  // 5: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
 	13,  // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
 	14,  // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
 	15,  // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
 	16,  // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
 	17,  // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	105, // 11: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
+	109, // 11: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
 	11,  // 12: apiary.v1.TaskGroup.anti_affinity:type_name -> apiary.v1.AntiAffinity
-	106, // 13: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	110, // 13: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
 	7,   // 14: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
 	0,   // 15: apiary.v1.Job.state:type_name -> apiary.v1.JobState
 	19,  // 16: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
@@ -7800,120 +8087,125 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	18,  // 25: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
 	18,  // 26: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
 	20,  // 27: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	107, // 28: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	111, // 28: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
 	12,  // 29: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
-	44,  // 30: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
-	47,  // 31: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
-	44,  // 32: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
-	54,  // 33: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
-	6,   // 34: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	108, // 35: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
-	12,  // 36: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
-	2,   // 37: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
-	3,   // 38: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
-	4,   // 39: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
-	109, // 40: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
-	110, // 41: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
-	111, // 42: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	60,  // 43: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
-	71,  // 44: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
-	71,  // 45: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
-	71,  // 46: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
-	71,  // 47: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	112, // 48: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	12,  // 49: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	12,  // 50: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	5,   // 51: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	71,  // 52: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	113, // 53: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	74,  // 54: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	77,  // 55: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
-	114, // 56: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	80,  // 57: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	12,  // 58: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	12,  // 59: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	81,  // 60: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	82,  // 61: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	86,  // 62: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
-	84,  // 63: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
-	84,  // 64: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
-	84,  // 65: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
-	84,  // 66: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
-	85,  // 67: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
-	85,  // 68: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
-	26,  // 69: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	28,  // 70: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	30,  // 71: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	32,  // 72: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	34,  // 73: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	36,  // 74: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	38,  // 75: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	24,  // 76: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	22,  // 77: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	40,  // 78: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	42,  // 79: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	52,  // 80: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	55,  // 81: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	45,  // 82: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
-	48,  // 83: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
-	50,  // 84: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
-	56,  // 85: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	70,  // 86: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	73,  // 87: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	76,  // 88: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
-	79,  // 89: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	66,  // 90: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	68,  // 91: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	62,  // 92: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
-	64,  // 93: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
-	59,  // 94: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
-	87,  // 95: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
-	89,  // 96: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
-	91,  // 97: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
-	93,  // 98: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
-	95,  // 99: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
-	97,  // 100: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
-	99,  // 101: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
-	101, // 102: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
-	27,  // 103: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	29,  // 104: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	31,  // 105: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	33,  // 106: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	35,  // 107: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	37,  // 108: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	39,  // 109: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	25,  // 110: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	23,  // 111: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	41,  // 112: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	43,  // 113: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	53,  // 114: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	58,  // 115: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	46,  // 116: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
-	49,  // 117: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
-	51,  // 118: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
-	57,  // 119: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	72,  // 120: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	75,  // 121: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	78,  // 122: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
-	83,  // 123: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	67,  // 124: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	69,  // 125: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	63,  // 126: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
-	65,  // 127: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
-	61,  // 128: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
-	88,  // 129: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
-	90,  // 130: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
-	92,  // 131: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
-	94,  // 132: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
-	96,  // 133: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
-	98,  // 134: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
-	100, // 135: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
-	102, // 136: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
-	103, // [103:137] is the sub-list for method output_type
-	69,  // [69:103] is the sub-list for method input_type
-	69,  // [69:69] is the sub-list for extension type_name
-	69,  // [69:69] is the sub-list for extension extendee
-	0,   // [0:69] is the sub-list for field type_name
+	41,  // 30: apiary.v1.RegisterNodeRequest.datasets:type_name -> apiary.v1.LocalDataset
+	43,  // 31: apiary.v1.DatasetList.datasets:type_name -> apiary.v1.DatasetHolders
+	44,  // 32: apiary.v1.DatasetHolders.holders:type_name -> apiary.v1.DatasetCopy
+	41,  // 33: apiary.v1.HeartbeatRequest.datasets:type_name -> apiary.v1.LocalDataset
+	48,  // 34: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
+	51,  // 35: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
+	48,  // 36: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
+	58,  // 37: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
+	6,   // 38: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
+	112, // 39: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	12,  // 40: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
+	2,   // 41: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
+	3,   // 42: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
+	4,   // 43: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
+	113, // 44: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
+	114, // 45: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
+	115, // 46: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	64,  // 47: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
+	75,  // 48: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
+	75,  // 49: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
+	75,  // 50: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
+	75,  // 51: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
+	116, // 52: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	12,  // 53: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	12,  // 54: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	5,   // 55: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	41,  // 56: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
+	75,  // 57: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	117, // 58: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	78,  // 59: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	81,  // 60: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
+	118, // 61: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	84,  // 62: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	12,  // 63: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	12,  // 64: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	85,  // 65: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	86,  // 66: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	90,  // 67: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
+	88,  // 68: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
+	88,  // 69: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
+	88,  // 70: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
+	88,  // 71: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
+	89,  // 72: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
+	89,  // 73: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
+	26,  // 74: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	28,  // 75: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	30,  // 76: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	32,  // 77: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	34,  // 78: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	36,  // 79: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	38,  // 80: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	24,  // 81: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	22,  // 82: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	40,  // 83: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	46,  // 84: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	56,  // 85: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	59,  // 86: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	49,  // 87: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
+	52,  // 88: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
+	54,  // 89: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
+	60,  // 90: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	74,  // 91: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	77,  // 92: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	80,  // 93: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
+	83,  // 94: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	70,  // 95: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	72,  // 96: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	66,  // 97: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	68,  // 98: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	63,  // 99: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
+	91,  // 100: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
+	93,  // 101: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
+	95,  // 102: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
+	97,  // 103: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
+	99,  // 104: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
+	101, // 105: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
+	103, // 106: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
+	105, // 107: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
+	27,  // 108: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	29,  // 109: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	31,  // 110: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	33,  // 111: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	35,  // 112: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	37,  // 113: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	39,  // 114: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	25,  // 115: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	23,  // 116: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	45,  // 117: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	47,  // 118: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	57,  // 119: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	62,  // 120: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	50,  // 121: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	53,  // 122: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	55,  // 123: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	61,  // 124: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	76,  // 125: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	79,  // 126: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	82,  // 127: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
+	87,  // 128: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	71,  // 129: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	73,  // 130: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	67,  // 131: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	69,  // 132: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	65,  // 133: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
+	92,  // 134: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
+	94,  // 135: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
+	96,  // 136: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
+	98,  // 137: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
+	100, // 138: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
+	102, // 139: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
+	104, // 140: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
+	106, // 141: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
+	108, // [108:142] is the sub-list for method output_type
+	74,  // [74:108] is the sub-list for method input_type
+	74,  // [74:74] is the sub-list for extension type_name
+	74,  // [74:74] is the sub-list for extension extendee
+	0,   // [0:74] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -7928,7 +8220,7 @@ func file_apiary_v1_apiary_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   108,
+			NumMessages:   112,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -1,0 +1,81 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDatasetCacheScan: each subdirectory is a dataset sized by the bytes of
+// its regular files (nested ones too, links not followed); files at the top,
+// hidden directories and names the region would refuse are left out; a
+// rescan bumps the version only when the list changed; path answers only
+// for datasets held.
+func TestDatasetCacheScan(t *testing.T) {
+	dir := t.TempDir()
+	write := func(rel string, n int) {
+		t.Helper()
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, make([]byte, n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("inputs-a/part-0", 1000)
+	write("inputs-a/sub/part-1", 24)
+	write("model/weights.bin", 4096)
+	write("loose-file", 7)
+	write(".hidden/x", 5)
+	write("bad\nname/x", 5)
+	if err := os.Symlink(filepath.Join(dir, "model/weights.bin"), filepath.Join(dir, "inputs-a/link")); err != nil {
+		t.Fatal(err)
+	}
+	d := newDatasetCache(dir)
+	list, v1 := d.snapshot()
+	got := map[string]int64{}
+	for _, x := range list {
+		got[x.GetName()] = x.GetSizeBytes()
+	}
+	if len(got) != 2 || got["inputs-a"] != 1024 || got["model"] != 4096 {
+		t.Fatalf("datasets %v, want inputs-a 1024 and model 4096 only", got)
+	}
+	d.rescan()
+	if _, v := d.snapshot(); v != v1 {
+		t.Fatalf("rescan without a change moved the version %d -> %d", v1, v)
+	}
+	write("model/more.bin", 4)
+	d.rescan()
+	list, v2 := d.snapshot()
+	if v2 == v1 || list[1].GetSizeBytes() != 4100 {
+		t.Fatalf("after a resize: version %d -> %d, list %v", v1, v2, list)
+	}
+	if p, ok := d.path("model"); !ok || p != filepath.Join(dir, "model") {
+		t.Fatalf("path(model) = %q, %v", p, ok)
+	}
+	for _, name := range []string{"absent", "../model", ".", "", "inputs-a/sub"} {
+		if _, ok := d.path(name); ok {
+			t.Fatalf("path(%q) answered", name)
+		}
+	}
+	var none *datasetCache
+	if l, v := none.snapshot(); l != nil || v != 0 {
+		t.Fatal("a node without a dataset dir reports datasets")
+	}
+	if _, ok := none.path("model"); ok {
+		t.Fatal("a node without a dataset dir holds a dataset")
+	}
+}
+
+func TestDatasetEnvName(t *testing.T) {
+	for name, want := range map[string]string{"inputs-a": "APIARY_DATASET_INPUTS_A", "s3://b/x.parquet": "APIARY_DATASET_S3___B_X_PARQUET", "Model7": "APIARY_DATASET_MODEL7"} {
+		if got := datasetEnvName(name); got != want {
+			t.Errorf("datasetEnvName(%q) = %q, want %q", name, got, want)
+		}
+	}
+	if !strings.HasPrefix(datasetEnvName("é"), "APIARY_DATASET_") {
+		t.Error("non-ASCII name")
+	}
+}
