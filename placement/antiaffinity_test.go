@@ -111,3 +111,52 @@ func TestAntiAffinityExistingAndScope(t *testing.T) {
 		t.Fatalf("%d placed, unplaced %+v: want 4 (3 zones and the unlabelled node) and 1 unplaced for anti-affinity", len(p.Placements), p.Unplaced)
 	}
 }
+
+// TestAntiAffinityMixedScopes: members of one group with different scopes
+// keep every member's rule, whichever was placed first: a node-scoped member
+// stays out of the zone of a zone-scoped one, and a zone-scoped member out
+// of the zone of a node-scoped one; in one batch too.
+func TestAntiAffinityMixedScopes(t *testing.T) {
+	zones := func(i int) map[string]string { return map[string]string{"zone": fmt.Sprintf("z%d", i/2)} } // n0,n1: z0; n2,n3: z1
+	zoneOf := func(id string) string { var i int; fmt.Sscanf(id, "n%d", &i); return zones(i)["zone"] }
+	req := Resources{CPUMillis: 100, MemoryMiB: 64}
+	for _, tc := range []struct {
+		name               string
+		oldScope, newScope string // the new member must avoid the whole of z0 either way
+	}{
+		{"zone member first, then a node member", "zone", ScopeNode},
+		{"node member first, then a zone member", ScopeNode, "zone"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			existing := []Allocation{{TaskID: "old/0", GroupKey: "old/0", NodeID: "n0", Request: req,
+				AntiAffinityGroup: "mz", AntiAffinityScope: tc.oldScope}}
+			for k := 0; k < 5; k++ {
+				p := New(Options{Policy: PolicyBinpack, Seed: int64(k)}).Place(&Snapshot{Nodes: antiNodes(4, zones), Existing: existing},
+					[]Task{member("new", "mz", tc.newScope)})
+				if len(p.Placements) != 1 {
+					t.Fatalf("seed %d: unplaced %+v", k, p.Unplaced)
+				}
+				if n := p.Placements[0].NodeID; zoneOf(n) == "z0" {
+					t.Fatalf("seed %d: the %s member went to %s in z0, which holds the %s member on n0", k, tc.newScope, n, tc.oldScope)
+				}
+			}
+		})
+	}
+	// One batch: a zone member and three node members over 2 zones of 2
+	// nodes: at most one member in the zone-scoped member's zone.
+	tasks := []Task{member("z", "mz", "zone"), member("a", "mz", ""), member("b", "mz", ""), member("c", "mz", "")}
+	p := New(Options{Policy: PolicyBinpack, Seed: 1}).Place(&Snapshot{Nodes: antiNodes(4, zones)}, tasks)
+	at := map[string]string{}
+	for _, pl := range p.Placements {
+		at[pl.TaskID] = pl.NodeID
+	}
+	zz := zoneOf(at["z/0"])
+	for id, n := range at {
+		if id != "z/0" && zoneOf(n) == zz {
+			t.Fatalf("placements %v: %s shares zone %s with the zone-scoped member", at, id, zz)
+		}
+	}
+	if len(p.Placements) != 3 || len(p.Unplaced) != 1 {
+		t.Fatalf("placements %v, unplaced %+v: want the zone member and 2 node members (the other zone's 2 nodes), 1 unplaced", at, p.Unplaced)
+	}
+}

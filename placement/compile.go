@@ -91,11 +91,8 @@ func (e *Engine) compileTask(t *Task) *taskCtx {
 	}
 	c.filters = append(c.filters, antiAffinityFilter{})
 	if aa := t.AntiAffinity; aa.Group != "" {
-		f := &groupAntiAffinityFilter{key: antiAffinityKey(aa.Group), reason: ReasonAntiAffinity + " group " + aa.Group + " per node"}
-		if aa.Scope != ScopeNode && aa.Scope != "" {
-			f.label = aa.Scope
-			f.reason = ReasonAntiAffinity + " group " + aa.Group + " per " + aa.Scope
-		}
+		sc := normScope(aa.Scope)
+		f := &groupAntiAffinityFilter{name: aa.Group, scope: sc, reason: ReasonAntiAffinity + " group " + aa.Group + " per " + sc}
 		c.filters = append(c.filters, f)
 	}
 	for _, d := range t.DistinctProperties {

@@ -158,22 +158,32 @@ func (antiAffinityFilter) check(c *taskCtx, st *state, i int, _ *view) string {
 // nodes sharing a value of the scope label) that holds another member of
 // its anti-affinity group (Task.AntiAffinity).
 type groupAntiAffinityFilter struct {
-	key    string // antiAffinityKey of the group
-	label  string // "" for the node scope
-	reason string // "anti-affinity group <name> per <node|label>"
+	name   string // the group
+	scope  string // the task's scope (normScope)
+	reason string // "anti-affinity group <name> per <scope>"
 }
 
 func (f *groupAntiAffinityFilter) check(_ *taskCtx, st *state, i int, _ *view) string {
-	if f.label == "" {
-		if st.groups.nodeCounts(f.key)[i] > 0 {
-			return f.reason
-		}
-		return ""
-	}
-	if st.groups.valueCounts(f.key, f.label)[st.nodes[i].Labels[f.label]] > 0 {
+	// Any member in this task's scope of node i.
+	if inScope(st, antiAffinityKey(f.name), f.scope, i) {
 		return f.reason
 	}
+	// Node i in the scope of a member of another scope.
+	for s := range st.groups.scopes(f.name) {
+		if s != f.scope && inScope(st, antiAffinityScopeKey(f.name, s), s, i) {
+			return f.reason
+		}
+	}
 	return ""
+}
+
+// inScope reports whether the members counted under key hold node i's
+// scope: node i itself for ScopeNode, else node i's value of the label.
+func inScope(st *state, key, scope string, i int) bool {
+	if scope == ScopeNode {
+		return st.groups.nodeCounts(key)[i] > 0
+	}
+	return st.groups.valueCounts(key, scope)[st.nodes[i].Labels[scope]] > 0
 }
 
 // distinctPropertyFilter caps the group's tasks per value of a label

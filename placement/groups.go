@@ -10,6 +10,8 @@ type groupIndex struct {
 	placed   map[string][]int // group -> node indices placed in this batch
 	perNode  map[string]map[int]int
 	perValue map[string]map[string]map[string]int // group -> label -> value -> n
+	// aaScopes holds, per anti-affinity group, the scopes its members use.
+	aaScopes map[string]map[string]bool
 }
 
 func newGroupIndex(st *state) *groupIndex {
@@ -42,15 +44,51 @@ func (g *groupIndex) init() {
 		g.existing[k] = append(g.existing[k], i)
 		if a.AntiAffinityGroup != "" {
 			ak := antiAffinityKey(a.AntiAffinityGroup)
+			sk := antiAffinityScopeKey(a.AntiAffinityGroup, a.AntiAffinityScope)
 			g.existing[ak] = append(g.existing[ak], i)
+			g.existing[sk] = append(g.existing[sk], i)
+			g.noteScope(a.AntiAffinityGroup, a.AntiAffinityScope)
 		}
 	}
 }
 
-// antiAffinityKey is the key the members of anti-affinity group name are
-// counted under (it cannot be a GroupKey or a task ID: those never start
-// with a NUL byte).
+// antiAffinityKey is the key all the members of anti-affinity group name
+// are counted under, antiAffinityScopeKey the key of those of one scope
+// (neither can be a GroupKey or a task ID: those never start with a NUL
+// byte).
 func antiAffinityKey(name string) string { return "\x00aa:" + name }
+
+func antiAffinityScopeKey(name, scope string) string {
+	return "\x00aa:" + name + "\x00" + normScope(scope)
+}
+
+// normScope is scope with "" spelled ScopeNode.
+func normScope(scope string) string {
+	if scope == "" {
+		return ScopeNode
+	}
+	return scope
+}
+
+// noteScope records that a member of group name uses scope.
+func (g *groupIndex) noteScope(name, scope string) {
+	if g.aaScopes == nil {
+		g.aaScopes = map[string]map[string]bool{}
+	}
+	m := g.aaScopes[name]
+	if m == nil {
+		m = map[string]bool{}
+		g.aaScopes[name] = m
+	}
+	m[normScope(scope)] = true
+}
+
+// scopes is the scopes the members of group name use (existing and placed
+// in this batch).
+func (g *groupIndex) scopes(name string) map[string]bool {
+	g.init()
+	return g.aaScopes[name]
+}
 
 // nodeCounts returns group -> node index -> allocations.
 func (g *groupIndex) nodeCounts(group string) map[int]int {
@@ -106,8 +144,11 @@ func (g *groupIndex) valueCounts(group, label string) map[string]int {
 // anti-affinity group if it has one.
 func (g *groupIndex) add(t *Task, i int) {
 	g.addUnder(groupKey(t), i)
-	if t.AntiAffinity.Group != "" {
-		g.addUnder(antiAffinityKey(t.AntiAffinity.Group), i)
+	if aa := t.AntiAffinity; aa.Group != "" {
+		g.init()
+		g.addUnder(antiAffinityKey(aa.Group), i)
+		g.addUnder(antiAffinityScopeKey(aa.Group, aa.Scope), i)
+		g.noteScope(aa.Group, aa.Scope)
 	}
 }
 

@@ -132,9 +132,12 @@ type Task struct {
 // per value of the node label Scope (nodes without the label share the
 // value ""). Members are the existing allocations whose AntiAffinityGroup
 // is Group and the batch's tasks placed so far whose AntiAffinity.Group is.
-// Each task applies its own Scope (members of one group should share it).
-// A node excluded by it is counted under "anti-affinity group <Group> per
-// <node|Scope>" in an unplaced reason.
+// Members of one group may use different scopes: a task is kept out of a
+// node when its own scope there holds any member, or when the node lies in
+// the scope of a member of another scope (so every member's rule holds,
+// whatever the order they were placed in). A node excluded by it is counted
+// under "anti-affinity group <Group> per <node|Scope>" in an unplaced
+// reason (the task's own scope).
 type AntiAffinity struct {
 	Group string
 	Scope string
@@ -154,8 +157,10 @@ type Allocation struct {
 	// GPUIndices are the GPUs the allocation uses.
 	GPUIndices []int
 	// AntiAffinityGroup is the anti-affinity group the allocation's task
-	// belongs to ("" for none; Task.AntiAffinity).
+	// belongs to ("" for none; Task.AntiAffinity) and AntiAffinityScope its
+	// scope ("" or ScopeNode: per node).
 	AntiAffinityGroup string
+	AntiAffinityScope string
 }
 
 // Snapshot is the input state: nodes and existing allocations.

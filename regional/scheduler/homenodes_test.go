@@ -11,6 +11,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
 
@@ -281,5 +282,30 @@ func TestAntiAffinityScopeKeyConflict(t *testing.T) {
 		if strings.Contains(k, "/node/") {
 			t.Fatalf("node scope wrote a scope key %s", k)
 		}
+	}
+}
+
+// TestScopeKeysOfGoneGroupsSwept: a round deletes the scope keys of
+// anti-affinity groups no job names any more, and keeps those of groups a
+// job still names.
+func TestScopeKeysOfGoneGroupsSwept(t *testing.T) {
+	h := newOwnerHarness(t)
+	gone, kept := store.KeyAntiAffinity("old", "zone", "a"), store.KeyAntiAffinity("web", "zone", "a")
+	h.store.put(gone, "a deleted job's task")
+	h.store.put(kept, "a live job's task")
+	spec := &apiaryv1.JobSpec{Name: "w", Tasks: []*apiaryv1.TaskGroup{{Name: "g", Count: 1, Command: "true",
+		Resources: &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 64}, AntiAffinity: &apiaryv1.AntiAffinity{Group: "web", Scope: "zone"}}}}
+	h.store.put(store.KeyJob(0, "w"), store.MustJSON(store.JobRecord{ID: "w", Region: "eu-west", Spec: spec, SubmitMs: 1, TaskCount: 1}))
+	tk := taskstate.Task{JobID: "w", State: apiaryv1.TaskState_TASK_STATE_COMPLETE}
+	h.store.put(store.KeyTask(0, "w", 0), store.MustJSON(&tk))
+	h.load()
+	if err := h.round(); err != nil {
+		t.Fatal(err)
+	}
+	if h.store.get(gone) != nil {
+		t.Error("the scope key of a group no job names was kept")
+	}
+	if h.store.get(kept) == nil {
+		t.Error("the scope key of a group a job names was deleted")
 	}
 }

@@ -265,7 +265,7 @@ func (ns *nodeSnapshot) existing(batch []*cTask) []placement.Allocation {
 		added[key] = true
 		out = append(out, placement.Allocation{TaskID: key, GroupKey: groupKey(&ct.rec), NodeID: ct.rec.NodeID,
 			Priority: int(c.jobs[ct.rec.JobID].priority()), Request: c.request(&ct.rec),
-			AntiAffinityGroup: c.antiAffinityGroup(&ct.rec)})
+			AntiAffinityGroup: c.antiAffinityGroup(&ct.rec), AntiAffinityScope: c.antiAffinityScope(&ct.rec)})
 	}
 	for _, bt := range batch {
 		k := jg{bt.rec.JobID, bt.rec.Group}

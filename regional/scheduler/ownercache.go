@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -305,6 +306,31 @@ func (c *ownerCache) indexAntiAffinity(id string, j *cJob, add bool) {
 // none).
 func (c *ownerCache) antiAffinityGroup(t *taskstate.Task) string {
 	return c.group(t).GetAntiAffinity().GetGroup()
+}
+
+// antiAffinityScope is the scope of t's anti-affinity group
+// (placement.ScopeNode when unset).
+func (c *ownerCache) antiAffinityScope(t *taskstate.Task) string {
+	if sc := c.group(t).GetAntiAffinity().GetScope(); sc != "" {
+		return sc
+	}
+	return placement.ScopeNode
+}
+
+// antiAffinityLabelScopes is the label scopes (not the node scope) that the
+// cached jobs' task groups naming anti-affinity group name use, sorted.
+func (c *ownerCache) antiAffinityLabelScopes(name string) []string {
+	var out []string
+	for job := range c.aaJobs[name] {
+		for _, g := range c.jobs[job].rec.Spec.GetTasks() {
+			if aa := g.GetAntiAffinity(); aa.GetGroup() == name && aa.GetScope() != "" && aa.GetScope() != placement.ScopeNode &&
+				!slices.Contains(out, aa.GetScope()) {
+				out = append(out, aa.GetScope())
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // group is the task group of a task (nil when its job is not cached).

@@ -252,16 +252,16 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		clientv3.Compare(clientv3.ModRevision(store.KeyQuarantineSet), "<", c.nodesRev+1),
 	}, keys: []string{aliveKey, usageKey}, node: nodeID}
 	type upd struct {
-		ct    *cTask
-		rec   taskstate.Task
-		scope string // anti-affinity scope key written, if any
+		ct     *cTask
+		rec    taskstate.Task
+		scopes []string // anti-affinity scope keys written
 	}
 	var upds []upd
 	for _, p := range ps {
 		ct := byKey[p.TaskID]
-		scope := s.scopeKey(&ct.rec, nodeID)
-		if scope != "" && scopes[scope] {
-			s.skip("antiaffinity", ct.key, fmt.Errorf("this round placed a member of its anti-affinity group in %s already", scope))
+		sks := s.scopeKeys(&ct.rec, nodeID)
+		if i := slices.IndexFunc(sks, func(k string) bool { return scopes[k] }); i >= 0 {
+			s.skip("antiaffinity", ct.key, fmt.Errorf("this round placed a member of its anti-affinity group in %s already", sks[i]))
 			continue
 		}
 		rec, err := taskstate.Assign(ct.rec, nodeID, n.Alive, nowMs)
@@ -301,16 +301,16 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev))
 		w.ops = append(w.ops, clientv3.OpPut(ct.key, store.MustJSON(&rec)),
 			clientv3.OpPut(store.KeyAssign(nodeID, ct.rec.JobID, ct.rec.Index), string(b)))
-		if scope != "" {
+		for _, sk := range sks {
 			// Not re-read on a conflict (reread): the watch delivers it
 			// with the member written beside it.
-			scopes[scope] = true
-			w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(scope), "=", c.aaRev[scope]))
-			w.ops = append(w.ops, clientv3.OpPut(scope, ct.key))
+			scopes[sk] = true
+			w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(sk), "=", c.aaRev[sk]))
+			w.ops = append(w.ops, clientv3.OpPut(sk, ct.key))
 		}
 		w.keys = append(w.keys, ct.key)
 		w.forShard(ct.shard)
-		upds = append(upds, upd{ct, rec, scope})
+		upds = append(upds, upd{ct, rec, sks})
 	}
 	if len(upds) == 0 {
 		return write{}, false
@@ -321,29 +321,39 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		n.Usage, n.UsageRev = &u, rev
 		for _, x := range upds {
 			c.setTask(x.ct.key, &cTask{key: x.ct.key, shard: x.ct.shard, rec: x.rec, modRev: rev})
-			if x.scope != "" {
-				c.aaRev[x.scope] = rev
+			for _, sk := range x.scopes {
+				c.aaRev[sk] = rev
 			}
 		}
 	}
 	return w, true
 }
 
-// scopeKey is the anti-affinity scope key a placement of t on nodeID writes:
-// "" unless t's group names an anti-affinity group with a label scope. The
-// node's labels are the engine's (with the region's jurisdiction filled in);
-// a node without the label is in the scope of value "", as the engine counts
-// it.
-func (s *Loop) scopeKey(t *taskstate.Task, nodeID string) string {
-	aa := s.cache.group(t).GetAntiAffinity()
-	if aa.GetGroup() == "" || aa.GetScope() == "" || aa.GetScope() == placement.ScopeNode {
-		return ""
+// scopeKeys are the anti-affinity scope keys a placement of t on nodeID
+// writes: none unless t's group names an anti-affinity group; then, for
+// each label scope any task group naming that group uses (t's own and the
+// other jobs', so that members of different scopes meet on a key too), the
+// key of nodeID's value of the label. The node's labels are the engine's
+// (with the region's jurisdiction filled in); a node without the label is
+// in the scope of value "", as the engine counts it.
+func (s *Loop) scopeKeys(t *taskstate.Task, nodeID string) []string {
+	name := s.cache.antiAffinityGroup(t)
+	if name == "" {
+		return nil
 	}
-	var v string
-	if pn := s.snap.idx[nodeID]; pn != nil {
-		v = pn.Labels[aa.GetScope()]
+	labels := s.cache.antiAffinityLabelScopes(name)
+	if own := s.cache.antiAffinityScope(t); own != placement.ScopeNode && !slices.Contains(labels, own) {
+		labels = append(labels, own)
 	}
-	return store.KeyAntiAffinity(aa.GetGroup(), aa.GetScope(), v)
+	var out []string
+	for _, l := range labels {
+		var v string
+		if pn := s.snap.idx[nodeID]; pn != nil {
+			v = pn.Labels[l]
+		}
+		out = append(out, store.KeyAntiAffinity(name, l, v))
+	}
+	return out
 }
 
 // reasonWrite records why a task is not placed, when the reason gate says

@@ -92,3 +92,35 @@ func (s *Loop) sweepRetention(ctx context.Context, now time.Time) error {
 	s.d.Log.Info("deleted jobs past retention", "jobs", len(victims), "retention", keep)
 	return nil
 }
+
+// sweepScopeKeys deletes the anti-affinity scope keys of groups that no
+// cached job names any more (their jobs were deleted by retention), so that
+// a group name per job does not leave keys behind for ever. Each group's
+// keys are swept by the owner of the group's shard (shards.Of of its name),
+// compared on their ModRevision (a plan that rewrote one meanwhile wins),
+// at most maxOpsPerFenced per sweep.
+func (s *Loop) sweepScopeKeys(ctx context.Context) error {
+	c := s.cache
+	var ws []write
+	n := 0
+	for key, rev := range c.aaRev {
+		if n >= maxOpsPerFenced {
+			break
+		}
+		group, ok := store.AntiAffinityKeyGroup(key)
+		if !ok || len(c.aaJobs[group]) > 0 {
+			continue
+		}
+		sh := s.homeShard(group)
+		if !s.owns(sh) {
+			continue
+		}
+		n++
+		ws = append(ws, write{shards: []int{sh},
+			cmps:  []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", rev)},
+			ops:   []clientv3.Op{clientv3.OpDelete(key)},
+			after: func(int64) { delete(c.aaRev, key) },
+		})
+	}
+	return s.commit(ctx, ws)
+}

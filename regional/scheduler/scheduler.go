@@ -241,6 +241,9 @@ func (s *Loop) round(ctx context.Context) (time.Duration, error) {
 		if err := s.sweepRetention(ctx, now); err != nil {
 			return 0, err
 		}
+		if err := s.sweepScopeKeys(ctx); err != nil {
+			return 0, err
+		}
 		s.swept = time.Now()
 	}
 	return next, nil

@@ -109,6 +109,17 @@ func KeyAntiAffinity(group, label, value string) string {
 // IsAntiAffinityKey reports whether key is a KeyAntiAffinity key.
 func IsAntiAffinityKey(key string) bool { return strings.HasPrefix(key, PrefAntiAffinity) }
 
+// AntiAffinityKeyGroup is the group of a KeyAntiAffinity key (false if key
+// is not one).
+func AntiAffinityKeyGroup(key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, PrefAntiAffinity)
+	if !ok {
+		return "", false
+	}
+	group, _, ok := strings.Cut(rest, "/")
+	return group, ok && group != ""
+}
+
 // NodeKind names which of a node's keys a key under /apiary/nodes/<id> is.
 type NodeKind string
 

@@ -22,6 +22,12 @@ func TestWatchedRangeHoldsPlanKeys(t *testing.T) {
 	if !IsAntiAffinityKey(k) || strings.Count(strings.TrimPrefix(k, PrefAntiAffinity), "/") != 2 {
 		t.Errorf("%q: label and value must be escaped to one path segment each", k)
 	}
+	if g, ok := AntiAffinityKeyGroup(k); !ok || g != "db" {
+		t.Errorf("group of %q: %q, %v", k, g, ok)
+	}
+	if _, ok := AntiAffinityKeyGroup(KeyNodeUsage("n1")); ok {
+		t.Error("a usage key parsed as an anti-affinity key")
+	}
 	if IsAntiAffinityKey(KeyNodeUsage("n1")) || IsTaskKey(k) || IsJobKey(k) || IsNodeKey(k) {
 		t.Error("anti-affinity keys and other kinds overlap")
 	}
