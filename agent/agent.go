@@ -118,9 +118,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.metrics = newAgentMetrics(c, a.ledger)
 	a.contain = newContainment(c, a.log, c.Registry)
-	if c.DatasetDir != "" {
-		a.datasets = newDatasetCache(c.DatasetDir)
-	}
+	a.datasets = newDatasetCache(c.DatasetDir)
 	return a, nil
 }
 
@@ -268,9 +266,7 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 		MaxTasks:  int32(a.cfg.MaxTasks),
 		JoinToken: a.cfg.JoinToken,
 	}
-	if a.datasets != nil {
-		watch.Go(func() { a.datasets.run(runCtx, a.cfg.DatasetRescan) })
-	}
+	watch.Go(func() { a.datasets.run(runCtx, a.cfg.DatasetRescan) })
 	watch.Go(func() { a.watchdog(runCtx) })
 	drained := make(chan struct{})
 	go func() {
@@ -477,10 +473,17 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 	if err != nil {
 		err = jobFault(err) // the assignment's ids are not usable
 	} else {
+		var outDir string
+		env := a.taskEnv(asg, key, region)
+		if len(asg.GetOutputs()) > 0 {
+			outDir = filepath.Join(dir, outputsDirName)
+			env = append(env, "APIARY_OUTPUT_DIR="+outDir)
+		}
 		exec, err = Start(Spec{
 			Command:   asg.GetCommand(),
 			Args:      asg.GetArgs(),
-			Env:       a.taskEnv(asg, key, region),
+			Env:       env,
+			OutputDir: outDir,
 			Dir:       dir,
 			Timeout:   time.Duration(asg.GetTimeoutMs()) * time.Millisecond,
 			TailBytes: a.cfg.TailBytes,
@@ -599,6 +602,13 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 	req.StartTimeMs, req.EndTimeMs = res.Started.UnixMilli(), res.Ended.UnixMilli()
 	if res.Err != nil {
 		req.Error = res.Err.Error()
+	}
+	if kind == apiaryv1.ReportKind_REPORT_KIND_EXITED && res.ExitCode == 0 && len(asg.GetOutputs()) > 0 {
+		outs, err := a.datasets.publish(filepath.Join(dir, outputsDirName), asg.GetOutputs())
+		if err != nil {
+			log.Warn("outputs not kept as datasets", "err", err)
+		}
+		req.Outputs = outs
 	}
 	if r := a.report(rep, st, req, nil); r.delivered && !r.accepted {
 		log.Info("report rejected", "kind", kind.String(), "reason", r.reason)

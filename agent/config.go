@@ -76,9 +76,10 @@ type Config struct {
 	// MaxTasks caps concurrently running attempts; 0 means only resources
 	// limit them.
 	MaxTasks int
-	// DatasetDir, when set, is the node's dataset cache: each subdirectory
-	// is one dataset named after it, reported to the region (datasets.go)
-	// and given to tasks that list it as APIARY_DATASET_<NAME>.
+	// DatasetDir is the node's dataset cache: each subdirectory is one
+	// dataset named after it, reported to the region (datasets.go) and
+	// given to tasks that list it as APIARY_DATASET_<NAME>; the outputs of
+	// completed attempts are moved into it. Default: DataDir/datasets.
 	DatasetDir string
 	// DatasetRescan is how often DatasetDir is rescanned. Default
 	// DefaultDatasetRescan (10 s).
@@ -289,6 +290,8 @@ func (c Config) withDefaults() (Config, error) {
 		if fi, err := os.Stat(c.DatasetDir); err != nil || !fi.IsDir() {
 			return c, fmt.Errorf("DatasetDir %q: must be an existing directory", c.DatasetDir)
 		}
+	} else {
+		c.DatasetDir = filepath.Join(c.DataDir, "datasets") // made when an output is kept
 	}
 	if c.RPCTimeout <= 0 {
 		c.RPCTimeout = DefaultRPCTimeout

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -113,21 +115,73 @@ func scanDatasets(dir string) []*apiaryv1.LocalDataset {
 		if len(out) == maxDatasets {
 			break
 		}
-		var size int64
-		_ = filepath.WalkDir(filepath.Join(dir, e.Name()), func(_ string, de fs.DirEntry, err error) error {
-			if err != nil {
-				return nil // unreadable parts count as empty
-			}
-			if de.Type().IsRegular() {
-				if fi, err := de.Info(); err == nil {
-					size += fi.Size()
-				}
-			}
-			return nil
-		})
-		out = append(out, &apiaryv1.LocalDataset{Name: e.Name(), SizeBytes: size})
+		out = append(out, &apiaryv1.LocalDataset{Name: e.Name(), SizeBytes: dirBytes(filepath.Join(dir, e.Name()))})
 	}
 	return out
+}
+
+// outputsDirName is the directory inside an attempt's work dir where it
+// writes its outputs (APIARY_OUTPUT_DIR).
+const outputsDirName = "outputs"
+
+// publish moves the outputs an attempt wrote into dir out (the entries
+// named by names; others are left where they are) into the dataset
+// directory, replacing a dataset of the same name, and returns them with
+// their sizes; then it rescans. A directory becomes the dataset; a file
+// becomes the one file of a dataset directory of the same name. A name the
+// attempt did not write, or wrote as a symbolic link, is skipped; a move
+// that fails (another file system: rename cannot cross it) is logged by the
+// caller through err and skipped.
+func (d *datasetCache) publish(out string, names []string) ([]*apiaryv1.LocalDataset, error) {
+	if err := os.MkdirAll(d.dir, 0o755); err != nil {
+		return nil, err
+	}
+	var got []*apiaryv1.LocalDataset
+	var errs []error
+	for _, name := range names {
+		if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\\\x00") {
+			continue
+		}
+		src := filepath.Join(out, name)
+		fi, err := os.Lstat(src)
+		if err != nil || fi.Mode()&fs.ModeSymlink != 0 {
+			continue
+		}
+		dst := filepath.Join(d.dir, name)
+		if err := os.RemoveAll(dst); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if fi.IsDir() {
+			err = os.Rename(src, dst)
+		} else if err = os.Mkdir(dst, 0o755); err == nil {
+			err = os.Rename(src, filepath.Join(dst, name))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("output %s: %w", name, err))
+			continue
+		}
+		got = append(got, &apiaryv1.LocalDataset{Name: name, SizeBytes: dirBytes(dst)})
+	}
+	d.rescan()
+	return got, errors.Join(errs...)
+}
+
+// dirBytes is the bytes of the regular files under dir.
+func dirBytes(dir string) int64 {
+	var size int64
+	_ = filepath.WalkDir(dir, func(_ string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // unreadable parts count as empty
+		}
+		if de.Type().IsRegular() {
+			if fi, err := de.Info(); err == nil {
+				size += fi.Size()
+			}
+		}
+		return nil
+	})
+	return size
 }
 
 // datasetEnvName is the environment variable that gives a task the local

@@ -79,3 +79,56 @@ func TestDatasetEnvName(t *testing.T) {
 		t.Error("non-ASCII name")
 	}
 }
+
+// TestDatasetPublish: an attempt's outputs (a directory, a file) move into
+// the dataset directory, replacing older datasets of the same name, with
+// their sizes; names it did not write, symbolic links and names not asked
+// for are left alone; the cache knows them at once.
+func TestDatasetPublish(t *testing.T) {
+	root := t.TempDir()
+	dsDir, out := filepath.Join(root, "datasets"), filepath.Join(root, "work", "outputs")
+	if err := os.MkdirAll(filepath.Join(out, "table"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for p, n := range map[string]int{"table/part-0": 100, "table/part-1": 23, "model.bin": 7, "extra/x": 1} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(out, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(out, p), make([]byte, n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/etc", filepath.Join(out, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dsDir, "table"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dsDir, "table", "stale"), make([]byte, 999), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := newDatasetCache(dsDir)
+	got, err := d.publish(out, []string{"table", "model.bin", "missing", "link", "../escape"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[string]int64{}
+	for _, o := range got {
+		sizes[o.GetName()] = o.GetSizeBytes()
+	}
+	if len(sizes) != 2 || sizes["table"] != 123 || sizes["model.bin"] != 7 {
+		t.Fatalf("published %v, want table 123 (the stale copy replaced) and model.bin 7", sizes)
+	}
+	if _, err := os.Stat(filepath.Join(dsDir, "model.bin", "model.bin")); err != nil {
+		t.Fatalf("a file output is not the one file of its dataset dir: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(out, "extra", "x")); err != nil {
+		t.Fatal("an output not asked for was moved")
+	}
+	if _, ok := d.path("table"); !ok {
+		t.Fatal("the cache does not hold the published dataset")
+	}
+	if _, err := os.Lstat(filepath.Join(dsDir, "link")); err == nil {
+		t.Fatal("a symbolic link was published")
+	}
+}

@@ -22,6 +22,10 @@ type Spec struct {
 	// Dir is the working directory; it is created (with parents) if missing.
 	// stdout.log and stderr.log are written in it.
 	Dir string
+	// OutputDir, if set, is a directory created inside Dir for the
+	// attempt's outputs (the task user's, with task users), given to the
+	// task as APIARY_OUTPUT_DIR by the caller.
+	OutputDir string
 	// Timeout is the wall-clock limit; 0 means none.
 	Timeout time.Duration
 	// TailBytes is how many trailing bytes of stdout and of stderr each are
@@ -148,6 +152,16 @@ func start(spec Spec, user *taskUser) (*Execution, error) {
 		// are most of an agent's own cost per attempt).
 		if err := os.MkdirAll(spec.Dir, 0o755); err != nil {
 			return nil, nodeFault(fmt.Errorf("work dir: %w", err))
+		}
+	}
+	if spec.OutputDir != "" {
+		if err := os.Mkdir(spec.OutputDir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, nodeFault(fmt.Errorf("output dir: %w", err))
+		}
+		if user != nil {
+			if err := os.Lchown(spec.OutputDir, int(user.id), int(user.id)); err != nil {
+				return nil, nodeFault(fmt.Errorf("output dir: %w", err))
+			}
 		}
 	}
 	cmd := exec.Command(spec.Command, spec.Args...)

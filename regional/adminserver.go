@@ -56,8 +56,9 @@ func (c *Coordinator) nodeProto(id string, nv *store.NodeView) *apiaryv1.Node {
 		Draining: r.Draining, DrainDeadlineMs: r.DrainDeadlineMs, Ineligible: r.Ineligible,
 		Status: apiaryv1.NodeStatus_NODE_STATUS_DOWN, Allocated: &apiaryv1.Resources{},
 		Region: c.meta.Region}
-	for _, name := range slices.Sorted(maps.Keys(r.Datasets)) {
-		n.Datasets = append(n.Datasets, &apiaryv1.LocalDataset{Name: name, SizeBytes: r.Datasets[name]})
+	ds := nv.Datasets()
+	for _, name := range slices.Sorted(maps.Keys(ds)) {
+		n.Datasets = append(n.Datasets, &apiaryv1.LocalDataset{Name: name, SizeBytes: ds[name]})
 	}
 	if h := nv.Health; nv.AutoQuarantined() {
 		q := h.Quarantine

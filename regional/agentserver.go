@@ -184,6 +184,9 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 		resp, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(alive), "=", epoch),
 			clientv3.Compare(clientv3.ModRevision(store.KeyNode(req.GetNodeId())), "=", prevRev)).
 			Then(clientv3.OpPut(store.KeyNode(req.GetNodeId()), store.MustJSON(rec)),
+				// Outputs recorded for earlier epochs: the agent's scan
+				// (rec.Datasets) says what is still there.
+				clientv3.OpDelete(store.PrefNodeOutputs(req.GetNodeId()), clientv3.WithPrefix()),
 				clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(usage), "=", 0)},
 					[]clientv3.Op{clientv3.OpPut(usage, store.MustJSON(store.UsageRecord{}))}, nil)).
 			Else(clientv3.OpGet(alive)).Commit()

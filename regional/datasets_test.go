@@ -116,3 +116,94 @@ tasks:
 		return nil
 	})
 }
+
+// TestTwoStageJobRunsWhereItsInputIs: stage 2 of a job (after: [stage 1])
+// waits, PENDING with the reason, until stage 1 completes; stage 1's output
+// (written under $APIARY_OUTPUT_DIR) is recorded for its node with the
+// completion, and stage 2 (`datasets: [its output]`, scheduler spread)
+// runs on that node with APIARY_DATASET_<NAME> pointing at it. A stage
+// after a failed one fails without running.
+func TestTwoStageJobRunsWhereItsInputIs(t *testing.T) {
+	var agents []devcluster.AgentSpec
+	for _, id := range []string{"a1", "a2", "a3"} {
+		agents = append(agents, devcluster.AgentSpec{ID: id, CPUMillis: 4000, MemoryMiB: 4096})
+	}
+	_, r := cluster(t, devcluster.RegionSpec{Agents: agents, NoLAN: true})
+	c := dial(t, r)
+	id := submit(t, c, spec(t, `
+name: two-stage
+scheduler: spread
+tasks:
+  - name: extract
+    command: sh
+    args: ["-c", "sleep 5; mkdir -p $APIARY_OUTPUT_DIR/table && head -c 50000 /dev/zero > $APIARY_OUTPUT_DIR/table/part-0"]
+    outputs: [table]
+  - name: load
+    after: [extract]
+    count: 2
+    command: sh
+    args: ["-c", "echo \"node=$APIARY_NODE_ID input=$APIARY_DATASET_TABLE\"; wc -c < $APIARY_DATASET_TABLE/part-0"]
+    datasets: [{name: table}]
+`))
+	// While extract runs (5 s), load waits with the reason (written after
+	// 2 s of waiting).
+	testutil.Eventually(t, 20*time.Second, "load waiting with the after reason", func() error {
+		j, err := getJob(c, id)
+		if err != nil {
+			return err
+		}
+		if st := j.GetTasks()[0].GetState(); st == apiaryv1.TaskState_TASK_STATE_COMPLETE {
+			t.Fatalf("extract completed before load's waiting reason was seen: %v", j.GetTasks())
+		}
+		if tk := j.GetTasks()[1]; tk.GetState() != apiaryv1.TaskState_TASK_STATE_PENDING ||
+			!strings.Contains(tk.GetUnplacedReason(), "waiting for task group extract") {
+			return fmt.Errorf("load task 1: %s, reason %q", tk.GetState(), tk.GetUnplacedReason())
+		}
+		return nil
+	})
+	waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second)
+	tasks := logs(t, c, id)
+	var extractNode string
+	var extractEnd int64
+	for _, tk := range tasks {
+		a := tk.GetAttempts()[len(tk.GetAttempts())-1]
+		if tk.GetIndex() == 0 {
+			extractNode, extractEnd = a.GetNodeId(), a.GetEndTimeMs()
+			continue
+		}
+		if a.GetStartTimeMs() < extractEnd {
+			t.Fatalf("load task %d started at %d, before extract ended at %d", tk.GetIndex(), a.GetStartTimeMs(), extractEnd)
+		}
+		if a.GetNodeId() != extractNode || !strings.Contains(a.GetStdoutTail(), "node="+extractNode+" input=/") ||
+			!strings.Contains(a.GetStdoutTail(), "50000") {
+			t.Fatalf("load task %d ran on %s with output %q; want %s (where extract wrote table) reading its 50000 bytes",
+				tk.GetIndex(), a.GetNodeId(), a.GetStdoutTail(), extractNode)
+		}
+	}
+	resp, err := c.admin.ListNodes(callCtx(t), &apiaryv1.ListNodesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range resp.GetNodes() {
+		for _, d := range n.GetDatasets() {
+			if d.GetName() == "table" && (n.GetId() != extractNode || d.GetSizeBytes() != 50000) {
+				t.Fatalf("node %s holds table (%d bytes); want only %s with 50000", n.GetId(), d.GetSizeBytes(), extractNode)
+			}
+		}
+	}
+
+	failed := submit(t, c, spec(t, `
+name: broken-first-stage
+max_attempts: 1
+tasks:
+  - name: extract
+    command: "false"
+  - name: load
+    after: [extract]
+    command: "true"
+`))
+	j := waitState(t, c, failed, apiaryv1.JobState_JOB_STATE_FAILED, 30*time.Second)
+	if tk := j.GetTasks()[1]; tk.GetState() != apiaryv1.TaskState_TASK_STATE_FAILED || tk.GetAttempt() != 0 {
+		t.Fatalf("load after a failed extract: %s, attempt %d; want FAILED without running", tk.GetState(), tk.GetAttempt())
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -49,6 +50,9 @@ type reportState struct {
 	release   bool
 	nodeID    string
 	nodeEpoch int64
+	// outputs are the completed attempt's outputs to record for the node
+	// (declared by its task group; the report's sizes).
+	outputs []*apiaryv1.LocalDataset
 }
 
 // reportRead is what a batch's read Txn found: each task's state (in the
@@ -287,6 +291,9 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 				StartTimeMs: firstNonZero(r.GetStartTimeMs(), st.task.StartedMs), EndTimeMs: firstNonZero(r.GetEndTimeMs(), nowMs),
 				Fault: res.Fault})
 		}
+		if res.Outcome == taskstate.OutcomeComplete {
+			st.outputs = declaredOutputs(st.job.Spec, st.task.Group, r.GetOutputs())
+		}
 		st.task, st.changed = res.Task, true
 		st.release = st.release || res.Released
 		outcomes[i] = res.Outcome
@@ -302,6 +309,7 @@ func (rd *reportRead) writes() ([]clientv3.Cmp, []clientv3.Op) {
 	var cmps []clientv3.Cmp
 	var ops []clientv3.Op
 	cmpNodes := map[string]bool{}
+	outKeys := map[string]bool{}
 	for _, k := range rd.order {
 		st := rd.states[k]
 		if !st.changed {
@@ -319,8 +327,35 @@ func (rd *reportRead) writes() ([]clientv3.Cmp, []clientv3.Op) {
 		if st.release {
 			ops = append(ops, clientv3.OpDelete(store.KeyAssign(st.nodeID, st.task.JobID, st.task.Index)))
 		}
+		for _, o := range st.outputs {
+			k := store.KeyNodeOutput(st.nodeID, o.GetName())
+			if outKeys[k] {
+				continue // two completions of the batch wrote it: one put per key in a Txn
+			}
+			outKeys[k] = true
+			ops = append(ops, clientv3.OpPut(k, store.MustJSON(store.OutputRecord{Epoch: st.nodeEpoch, Bytes: o.GetSizeBytes()})))
+		}
 	}
 	return cmps, ops
+}
+
+// declaredOutputs keeps of a completion's reported outputs those its task
+// group declares (TaskGroup.outputs), once each, with a size >= 0: an agent
+// cannot record a dataset the job did not ask for.
+func declaredOutputs(spec *apiaryv1.JobSpec, group int32, reported []*apiaryv1.LocalDataset) []*apiaryv1.LocalDataset {
+	if len(reported) == 0 || int(group) >= len(spec.GetTasks()) {
+		return nil
+	}
+	declared := spec.GetTasks()[group].GetOutputs()
+	var out []*apiaryv1.LocalDataset
+	for _, o := range reported {
+		if o.GetSizeBytes() < 0 || !slices.Contains(declared, o.GetName()) ||
+			slices.ContainsFunc(out, func(x *apiaryv1.LocalDataset) bool { return x.GetName() == o.GetName() }) {
+			continue
+		}
+		out = append(out, o)
+	}
+	return out
 }
 
 func firstNonEmpty(a, b string) string {

@@ -260,7 +260,7 @@ so.`,
 	f.StringVar(&gpuModel, "gpu-model", "", "GPU model name")
 	f.IntVar(&maxTasks, "max-tasks", 0, "max concurrent tasks (0: limited by resources only)")
 	f.StringVar(&dataDir, "data-dir", "", "directory for task working dirs and full logs (default: $TMPDIR/apiary-agent-<node-id>)")
-	f.StringVar(&datasetDir, "dataset-dir", "", "the node's dataset cache: each subdirectory is a dataset (its name; its size the bytes of its files), rescanned every --dataset-rescan, reported to the region for data-locality placement and given to tasks that list it as APIARY_DATASET_<NAME> (default: none)")
+	f.StringVar(&datasetDir, "dataset-dir", "", "the node's dataset cache: each subdirectory is a dataset (its name; its size the bytes of its files), rescanned every --dataset-rescan, reported to the region for data-locality placement and given to tasks that list it as APIARY_DATASET_<NAME>; completed tasks' outputs are moved into it (default: <data-dir>/datasets)")
 	f.DurationVar(&datasetRescan, "dataset-rescan", agent.DefaultDatasetRescan, "how often --dataset-dir is rescanned for added, removed or resized datasets")
 	f.IntVar(&tailBytes, "tail-bytes", agent.DefaultTailBytes, "bytes of stdout and of stderr tail sent with each result")
 	f.DurationVar(&retention, "work-retention", agent.DefaultWorkRetention, "remove a finished attempt's directory (working dir, full logs) this long after its last change (0: keep)")

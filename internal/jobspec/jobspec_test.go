@@ -230,6 +230,13 @@ func TestErrorMessages(t *testing.T) {
 		{"name: t\ntasks:\n- name: a\n  command: echo\n  anti_affinity: {group: db, scope: \"bad label!\"}\n", `tasks[0].anti_affinity.scope: must be a label name`},
 		{"name: t\ntasks:\n- name: a\n  command: echo\n  anti_affinity: {group: db, scop: zone}\n", `tasks[0].anti_affinity.scop: unknown field (did you mean "scope"?)`},
 		{"name: t\ntasks:\n- name: a\n  command: echo\n  anti_affinity: db\n", `tasks[0].anti_affinity: must be a mapping`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  after: [b]\n", `tasks[0].after[0]: "b" is not a task group of this job`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  after: [a]\n", `tasks[0].after[0]: a task group cannot come after itself`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  after: [b]\n- name: b\n  command: echo\n  after: [c]\n- name: c\n  command: echo\n  after: [a]\n", `after: the task groups' after lists form a cycle`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n- name: b\n  command: echo\n  after: [a, a]\n", `tasks[1].after[1]: "a" is listed twice`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  outputs: [\"x/y\"]\n", `tasks[0].outputs[0]: must be 1-255 characters of letters, digits`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  outputs: [\"..\"]\n", `tasks[0].outputs[0]: must be 1-255`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  outputs: [p, p]\n", `tasks[0].outputs[1]: "p" is listed twice`},
 	}
 	for _, tc := range cases {
 		spec, err := Parse([]byte(tc.src))

@@ -449,6 +449,8 @@ func (d *decoder) task(path string, v any) *apiaryv1.TaskGroup {
 				t.Datasets = append(t.Datasets, ds)
 			})
 		},
+		"after":   func(p string, v any) { d.strList(p, v, &t.After) },
+		"outputs": func(p string, v any) { d.strList(p, v, &t.Outputs) },
 		"timeout": func(p string, v any) { d.duration(p, v, &t.TimeoutMs, "no limit") },
 		"retryable_exit_codes": func(p string, v any) {
 			d.list(p, v, func(p string, v any) {

@@ -167,6 +167,9 @@ var (
 	// antiAffinityGroupRE is an anti-affinity group name (it is part of an
 	// etcd key: store.KeyAntiAffinity).
 	antiAffinityGroupRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+	// outputNameRE is an output's name: a directory name under the
+	// attempt's output dir and the node's dataset dir.
+	outputNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,255}$`)
 	// versionRE matches one comparison of a version constraint:
 	// optional operator, then a dotted version with optional pre-release.
 	versionRE = regexp.MustCompile(`^(=|!=|>|>=|<|<=|~>)?\s*v?[0-9]+(\.[0-9]+)*(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
@@ -251,10 +254,54 @@ func Validate(spec *apiaryv1.JobSpec) error {
 		}
 		validateGroup(&c, p, g)
 	}
+	validateAfter(&c, spec, names)
 	if n := TaskCount(spec); n > MaxTasks {
 		c.add("tasks", "at most %d tasks in total are allowed (the counts add up to %d)", MaxTasks, n)
 	}
 	return c.err()
+}
+
+// validateAfter checks each group's `after`: names of other groups of the
+// job (names: group name → index), each at most once, and no cycle.
+func validateAfter(c *errs, spec *apiaryv1.JobSpec, names map[string]int) {
+	deps := make([][]int, len(spec.GetTasks()))
+	for i, g := range spec.GetTasks() {
+		seen := map[string]bool{}
+		for k, a := range g.GetAfter() {
+			f := fmt.Sprintf("tasks[%d].after[%d]", i, k)
+			j, ok := names[a]
+			switch {
+			case seen[a]:
+				c.add(f, "%q is listed twice", a)
+			case !ok:
+				c.add(f, "%q is not a task group of this job", a)
+			case j == i:
+				c.add(f, "a task group cannot come after itself")
+			default:
+				deps[i] = append(deps[i], j)
+			}
+			seen[a] = true
+		}
+	}
+	// A cycle: depth-first search, reported once at the group it closes on.
+	state := make([]int, len(deps)) // 0 new, 1 on the path, 2 done
+	var visit func(i int) bool
+	visit = func(i int) bool {
+		state[i] = 1
+		for _, j := range deps[i] {
+			if state[j] == 1 || (state[j] == 0 && visit(j)) {
+				return true
+			}
+		}
+		state[i] = 2
+		return false
+	}
+	for i := range deps {
+		if state[i] == 0 && visit(i) {
+			c.add(fmt.Sprintf("tasks[%d].after", i), "the task groups' after lists form a cycle through %q", spec.GetTasks()[i].GetName())
+			return
+		}
+	}
 }
 
 func validateGroup(c *errs, p string, g *apiaryv1.TaskGroup) {
@@ -355,6 +402,18 @@ func validateGroup(c *errs, p string, g *apiaryv1.TaskGroup) {
 		if sc := aa.GetScope(); sc != "" && sc != AntiAffinityScopeNode {
 			checkLabelKey(c, p+".anti_affinity.scope", sc)
 		}
+	}
+	checkCount(c, p+".outputs", len(g.GetOutputs()))
+	outs := map[string]bool{}
+	for i, o := range g.GetOutputs() {
+		f := fmt.Sprintf("%s.outputs[%d]", p, i)
+		switch {
+		case !outputNameRE.MatchString(o) || o == "." || o == "..":
+			c.add(f, "must be 1-255 characters of letters, digits, '.', '_' and '-' (got %q)", o)
+		case outs[o]:
+			c.add(f, "%q is listed twice", o)
+		}
+		outs[o] = true
 	}
 	checkCount(c, p+".datasets", len(g.GetDatasets()))
 	for i, d := range g.GetDatasets() {

@@ -36,6 +36,8 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 	if s.home != nil {
 		s.home.refresh()
 	}
+	stages := map[string]*jobStages{}
+	var stageWrites []write
 	for key := range c.pending {
 		ct := c.tasks[key]
 		j := c.jobs[ct.rec.JobID]
@@ -58,6 +60,21 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 			}
 			continue
 		}
+		st, ok := stages[ct.rec.JobID]
+		if !ok {
+			st = c.stagesOf(ct.rec.JobID, j)
+			stages[ct.rec.JobID] = st
+		}
+		if st != nil && !st.ready[ct.rec.Group] {
+			if by := st.doomedBy[ct.rec.Group]; by != "" {
+				if w, ok := s.dependencyWrite(ct, by, nowMs); ok {
+					stageWrites = append(stageWrites, w)
+				}
+			} else if w, ok := s.reasonWrite(ct, waitingReason(st.waitFor[ct.rec.Group]), now); ok {
+				stageWrites = append(stageWrites, w)
+			}
+			continue
+		}
 		gk := groupKey(&ct.rec)
 		g := groups[gk]
 		if g == nil {
@@ -65,6 +82,9 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 			groups[gk] = g
 		}
 		g.tasks = append(g.tasks, ct)
+	}
+	if err := s.commit(ctx, stageWrites); err != nil {
+		return 0, err
 	}
 	if len(groups) == 0 {
 		return next, nil // (a coordinator owning none of the pending tasks' shards stops here)
@@ -291,6 +311,7 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		for _, d := range g.GetDatasets() {
 			a.Datasets = append(a.Datasets, d.GetName())
 		}
+		a.Outputs = g.GetOutputs()
 		b, err := proto.Marshal(a)
 		if err != nil {
 			s.skip("marshal", ct.key, err)

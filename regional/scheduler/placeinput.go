@@ -25,7 +25,7 @@ func placementNode(n *cNode, jurisdiction string) *placement.Node {
 	return &placement.Node{ID: n.id, Labels: labels,
 		Capacity: placement.Resources{CPUMillis: n.Rec.Capacity.GetCpuMillis(), MemoryMiB: n.Rec.Capacity.GetMemoryMb(), GPUs: int(n.Rec.Capacity.GetGpus())},
 		GPUModel: n.Rec.GPUModel, MaxTasks: int(n.Rec.MaxTasks), Quarantined: n.Rec.Quarantined || n.Health.Quarantine != nil,
-		Ineligible: n.Rec.Draining || n.Rec.Ineligible, Datasets: n.Rec.Datasets}
+		Ineligible: n.Rec.Draining || n.Rec.Ineligible, Datasets: n.Datasets()}
 }
 
 // groupKey names a task's group for the engine: "<jobID>/<group index>".

@@ -22,6 +22,7 @@ import (
 //	/apiary/nodes/<nodeID>/alive              under the node's lease; CreateRevision = node epoch
 //	/apiary/nodes/<nodeID>/usage              allocated resources; ModRevision is the placement CAS version
 //	/apiary/nodes/<nodeID>/health             attempt outcomes in the attribution window, automatic quarantine (nodehealth.Record)
+//	/apiary/nodes/<nodeID>/outputs/<name>     a task's output now held by the node: epoch and bytes (OutputRecord)
 //	/apiary/quarantine                        ids of the automatically quarantined nodes (the share guard's count)
 //	/apiary/placement/antiaffinity/<group>/<label>/<value>
 //	                                          a label scope of an anti-affinity group; ModRevision is the CAS version
@@ -52,6 +53,7 @@ const (
 	suffixAlive      = "/alive"
 	suffixUsage      = "/usage"
 	suffixHealth     = "/health"
+	suffixOutputs    = "/outputs/"
 	shardPadding     = 5
 )
 
@@ -93,8 +95,15 @@ func KeyNode(nodeID string) string       { return PrefNodes + nodeID }
 func KeyNodeAlive(nodeID string) string  { return PrefNodes + nodeID + suffixAlive }
 func KeyNodeUsage(nodeID string) string  { return PrefNodes + nodeID + suffixUsage }
 func KeyNodeHealth(nodeID string) string { return PrefNodes + nodeID + suffixHealth }
-func KeyMember(coordID string) string    { return PrefMembers + coordID }
-func KeyDedup(client, req string) string { return PrefDedup + client + "/" + req }
+
+// KeyNodeOutput records that the node holds dataset name, an output of a
+// task that completed there (OutputRecord); PrefNodeOutputs is the prefix
+// of the node's output keys (a new registration deletes them: its dataset
+// scan lists what is still there).
+func KeyNodeOutput(nodeID, name string) string { return PrefNodes + nodeID + suffixOutputs + name }
+func PrefNodeOutputs(nodeID string) string     { return PrefNodes + nodeID + suffixOutputs }
+func KeyMember(coordID string) string          { return PrefMembers + coordID }
+func KeyDedup(client, req string) string       { return PrefDedup + client + "/" + req }
 
 // KeyAntiAffinity is the key of the scope of anti-affinity group whose node
 // label label has value value (the label and value path-escaped; group is
@@ -129,6 +138,7 @@ const (
 	NodeAliveKey  NodeKind = "alive"  // /apiary/nodes/<id>/alive
 	NodeUsageKey  NodeKind = "usage"  // /apiary/nodes/<id>/usage
 	NodeHealthKey NodeKind = "health" // /apiary/nodes/<id>/health
+	NodeOutputKey NodeKind = "output" // /apiary/nodes/<id>/outputs/<name>
 )
 
 // NodeKeyKind splits a key under /apiary/nodes/ into node id and kind; ok is
@@ -148,8 +158,16 @@ func NodeKeyKind(key string) (nodeID string, kind NodeKind, ok bool) {
 		return id, NodeUsageKey, true
 	case "/"+sub == suffixHealth:
 		return id, NodeHealthKey, true
+	case strings.HasPrefix("/"+sub, suffixOutputs) && len("/"+sub) > len(suffixOutputs):
+		return id, NodeOutputKey, true
 	}
 	return "", "", false
+}
+
+// NodeOutputName is the dataset name of a NodeOutputKey key.
+func NodeOutputName(key string) string {
+	_, name, _ := strings.Cut(key, suffixOutputs)
+	return name
 }
 
 // Key predicates: which part of the keyspace a key (from a range read or a

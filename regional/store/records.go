@@ -173,6 +173,38 @@ type NodeView struct {
 	// HealthRev its ModRevision (0: no key).
 	Health    nodehealth.Record
 	HealthRev int64
+	// Outputs are the task outputs recorded for the node, by name.
+	Outputs map[string]OutputRecord
+}
+
+// OutputRecord is /apiary/nodes/<id>/outputs/<name>: a completed task's
+// output the node holds, in bytes, recorded in the completion's Txn for the
+// node epoch that ran it.
+type OutputRecord struct {
+	Epoch int64 `json:"epoch"`
+	Bytes int64 `json:"bytes"`
+}
+
+// Datasets is what the node holds now, name → bytes: its agent's reported
+// datasets and the outputs recorded for its current epoch (the larger size
+// when both name one). Nil for none.
+func (n *NodeView) Datasets() map[string]int64 {
+	if n.Rec == nil {
+		return nil
+	}
+	if len(n.Outputs) == 0 {
+		return n.Rec.Datasets
+	}
+	out := make(map[string]int64, len(n.Rec.Datasets)+len(n.Outputs))
+	for k, v := range n.Rec.Datasets {
+		out[k] = v
+	}
+	for k, o := range n.Outputs {
+		if o.Epoch == n.Rec.Epoch && o.Bytes >= out[k] {
+			out[k] = o.Bytes
+		}
+	}
+	return out
 }
 
 // AutoQuarantined reports whether the node is quarantined automatically
@@ -228,6 +260,20 @@ func (n *NodeView) Apply(kind NodeKind, kv *mvccpb.KeyValue, deleted bool) error
 			return fmt.Errorf("node usage %s: %w", kv.Key, err)
 		}
 		n.Usage, n.UsageRev = &u, kv.ModRevision
+	case NodeOutputKey:
+		name := NodeOutputName(string(kv.Key))
+		if deleted {
+			delete(n.Outputs, name)
+			return nil
+		}
+		var o OutputRecord
+		if err := json.Unmarshal(kv.Value, &o); err != nil {
+			return fmt.Errorf("node output %s: %w", kv.Key, err)
+		}
+		if n.Outputs == nil {
+			n.Outputs = map[string]OutputRecord{}
+		}
+		n.Outputs[name] = o
 	case NodeHealthKey:
 		if deleted {
 			n.Health, n.HealthRev = nodehealth.Record{}, 0

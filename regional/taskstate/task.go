@@ -458,6 +458,19 @@ func Cancel(t Task, nowMs int64) (out Task, changed, kill bool) {
 	}
 }
 
+// DependencyFailed fails a PENDING task whose task group comes after a
+// group that can no longer complete (one of its tasks FAILED or
+// CANCELLED): it never runs. changed is false for a task in any other
+// state.
+func DependencyFailed(t Task, group string, nowMs int64) (out Task, changed bool) {
+	if t.State != apiaryv1.TaskState_TASK_STATE_PENDING {
+		return t, false
+	}
+	t.State, t.FinishedMs, t.UnplacedReason = apiaryv1.TaskState_TASK_STATE_FAILED, nowMs, ""
+	t.Error = fmt.Sprintf("not run: task group %s, which this group comes after, did not complete", group)
+	return t, true
+}
+
 // startFailed applies a START_FAILED report (see the Fault rules in
 // docs/architecture.md): a node fault (the agent's classification, or any
 // start failure on a node the region blames) is nodeFault; a job fault (or

@@ -734,7 +734,19 @@ type TaskGroup struct {
 	// whose group names the same anti-affinity group, in any job and any
 	// shard (Kubernetes' required pod anti-affinity across workloads). Unset:
 	// none.
-	AntiAffinity  *AntiAffinity `protobuf:"bytes,16,opt,name=anti_affinity,json=antiAffinity,proto3" json:"anti_affinity,omitempty"`
+	AntiAffinity *AntiAffinity `protobuf:"bytes,16,opt,name=anti_affinity,json=antiAffinity,proto3" json:"anti_affinity,omitempty"`
+	// Names of task groups of the same job that must have every task
+	// COMPLETE before this group's tasks are placed (a stage after its
+	// inputs). If one of them fails or is cancelled, this group's tasks fail
+	// without running. No cycles; not the group itself.
+	After []string `protobuf:"bytes,17,rep,name=after,proto3" json:"after,omitempty"`
+	// Datasets this group's tasks produce: an attempt writes each under
+	// $APIARY_OUTPUT_DIR/<name>; when it exits 0 the agent keeps them as
+	// local datasets of its node (its dataset directory) and reports their
+	// sizes with the completion, which records them for the node in the same
+	// transaction, so later tasks listing them in `datasets` are placed
+	// there. Names: 1-255 characters of letters, digits, '.', '_', '-'.
+	Outputs       []string `protobuf:"bytes,18,rep,name=outputs,proto3" json:"outputs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -877,6 +889,20 @@ func (x *TaskGroup) GetSecretEnv() map[string]string {
 func (x *TaskGroup) GetAntiAffinity() *AntiAffinity {
 	if x != nil {
 		return x.AntiAffinity
+	}
+	return nil
+}
+
+func (x *TaskGroup) GetAfter() []string {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *TaskGroup) GetOutputs() []string {
+	if x != nil {
+		return x.Outputs
 	}
 	return nil
 }
@@ -3915,7 +3941,11 @@ type Assignment struct {
 	LostAfterMs int64 `protobuf:"varint,15,opt,name=lost_after_ms,json=lostAfterMs,proto3" json:"lost_after_ms,omitempty"`
 	// Names of the task group's input datasets (TaskGroup.datasets): the
 	// agent sets APIARY_DATASET_<NAME> for each one it holds locally.
-	Datasets      []string `protobuf:"bytes,16,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	Datasets []string `protobuf:"bytes,16,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	// Names of the task group's outputs (TaskGroup.outputs): the agent gives
+	// the attempt APIARY_OUTPUT_DIR and, when it exits 0, keeps what it wrote
+	// there under these names as the node's datasets.
+	Outputs       []string `protobuf:"bytes,17,rep,name=outputs,proto3" json:"outputs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4062,6 +4092,13 @@ func (x *Assignment) GetDatasets() []string {
 	return nil
 }
 
+func (x *Assignment) GetOutputs() []string {
+	if x != nil {
+		return x.Outputs
+	}
+	return nil
+}
+
 type ReportTaskStatusRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	NodeId      string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -4078,7 +4115,11 @@ type ReportTaskStatusRequest struct {
 	EndTimeMs   int64                  `protobuf:"varint,12,opt,name=end_time_ms,json=endTimeMs,proto3" json:"end_time_ms,omitempty"`
 	// Who was at fault, for REPORT_KIND_START_FAILED (UNSPECIFIED otherwise,
 	// and from older agents: treated as JOB, today's terminal rule).
-	Fault         FailureFault `protobuf:"varint,13,opt,name=fault,proto3,enum=apiary.v1.FailureFault" json:"fault,omitempty"`
+	Fault FailureFault `protobuf:"varint,13,opt,name=fault,proto3,enum=apiary.v1.FailureFault" json:"fault,omitempty"`
+	// With an EXITED report of exit code 0: the outputs the attempt wrote
+	// (TaskGroup.outputs found under $APIARY_OUTPUT_DIR), now datasets of the
+	// node, with their sizes.
+	Outputs       []*LocalDataset `protobuf:"bytes,14,rep,name=outputs,proto3" json:"outputs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4202,6 +4243,13 @@ func (x *ReportTaskStatusRequest) GetFault() FailureFault {
 		return x.Fault
 	}
 	return FailureFault_FAILURE_FAULT_UNSPECIFIED
+}
+
+func (x *ReportTaskStatusRequest) GetOutputs() []*LocalDataset {
+	if x != nil {
+		return x.Outputs
+	}
+	return nil
 }
 
 type ExportSpansRequest struct {
@@ -7279,7 +7327,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x06prefer\x18\x02 \x03(\tR\x06prefer\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd1\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\a\n" +
 	"\tTaskGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x18\n" +
@@ -7301,7 +7349,9 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\bdatasets\x18\x0e \x03(\v2\x12.apiary.v1.DatasetR\bdatasets\x12B\n" +
 	"\n" +
 	"secret_env\x18\x0f \x03(\v2#.apiary.v1.TaskGroup.SecretEnvEntryR\tsecretEnv\x12<\n" +
-	"\ranti_affinity\x18\x10 \x01(\v2\x17.apiary.v1.AntiAffinityR\fantiAffinity\x1a6\n" +
+	"\ranti_affinity\x18\x10 \x01(\v2\x17.apiary.v1.AntiAffinityR\fantiAffinity\x12\x14\n" +
+	"\x05after\x18\x11 \x03(\tR\x05after\x12\x18\n" +
+	"\aoutputs\x18\x12 \x03(\tR\aoutputs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
@@ -7547,7 +7597,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x19StreamAssignmentsResponse\x125\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x15.apiary.v1.AssignmentR\n" +
-	"assignment\"\x93\x05\n" +
+	"assignment\"\xad\x05\n" +
 	"\n" +
 	"Assignment\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.apiary.v1.Assignment.KindR\x04kind\x12\x15\n" +
@@ -7570,14 +7620,15 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\vgpu_indices\x18\x0e \x03(\x05R\n" +
 	"gpuIndices\x12\"\n" +
 	"\rlost_after_ms\x18\x0f \x01(\x03R\vlostAfterMs\x12\x1a\n" +
-	"\bdatasets\x18\x10 \x03(\tR\bdatasets\x1a6\n" +
+	"\bdatasets\x18\x10 \x03(\tR\bdatasets\x12\x18\n" +
+	"\aoutputs\x18\x11 \x03(\tR\aoutputs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\";\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bKIND_RUN\x10\x01\x12\x0f\n" +
-	"\vKIND_CANCEL\x10\x02\"\xb4\x03\n" +
+	"\vKIND_CANCEL\x10\x02\"\xe7\x03\n" +
 	"\x17ReportTaskStatusRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -7596,7 +7647,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"stderrTail\x12\"\n" +
 	"\rstart_time_ms\x18\v \x01(\x03R\vstartTimeMs\x12\x1e\n" +
 	"\vend_time_ms\x18\f \x01(\x03R\tendTimeMs\x12-\n" +
-	"\x05fault\x18\r \x01(\x0e2\x17.apiary.v1.FailureFaultR\x05fault\"N\n" +
+	"\x05fault\x18\r \x01(\x0e2\x17.apiary.v1.FailureFaultR\x05fault\x121\n" +
+	"\aoutputs\x18\x0e \x03(\v2\x17.apiary.v1.LocalDatasetR\aoutputs\"N\n" +
 	"\x12ExportSpansRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vspans_jsonl\x18\x02 \x01(\fR\n" +
@@ -8102,110 +8154,111 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	12,  // 40: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
 	2,   // 41: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
 	3,   // 42: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
-	4,   // 43: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
-	113, // 44: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
-	114, // 45: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
-	115, // 46: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	64,  // 47: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
-	75,  // 48: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
-	75,  // 49: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
-	75,  // 50: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
-	75,  // 51: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	116, // 52: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	12,  // 53: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	12,  // 54: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	5,   // 55: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	41,  // 56: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
-	75,  // 57: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	117, // 58: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	78,  // 59: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	81,  // 60: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
-	118, // 61: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	84,  // 62: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	12,  // 63: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	12,  // 64: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	85,  // 65: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	86,  // 66: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	90,  // 67: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
-	88,  // 68: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
-	88,  // 69: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
-	88,  // 70: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
-	88,  // 71: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
-	89,  // 72: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
-	89,  // 73: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
-	26,  // 74: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	28,  // 75: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	30,  // 76: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	32,  // 77: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	34,  // 78: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	36,  // 79: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	38,  // 80: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	24,  // 81: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	22,  // 82: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	40,  // 83: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	46,  // 84: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	56,  // 85: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	59,  // 86: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	49,  // 87: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
-	52,  // 88: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
-	54,  // 89: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
-	60,  // 90: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	74,  // 91: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	77,  // 92: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	80,  // 93: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
-	83,  // 94: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	70,  // 95: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	72,  // 96: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	66,  // 97: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
-	68,  // 98: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
-	63,  // 99: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
-	91,  // 100: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
-	93,  // 101: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
-	95,  // 102: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
-	97,  // 103: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
-	99,  // 104: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
-	101, // 105: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
-	103, // 106: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
-	105, // 107: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
-	27,  // 108: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	29,  // 109: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	31,  // 110: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	33,  // 111: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	35,  // 112: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	37,  // 113: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	39,  // 114: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	25,  // 115: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	23,  // 116: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	45,  // 117: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	47,  // 118: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	57,  // 119: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	62,  // 120: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	50,  // 121: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
-	53,  // 122: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
-	55,  // 123: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
-	61,  // 124: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	76,  // 125: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	79,  // 126: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	82,  // 127: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
-	87,  // 128: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	71,  // 129: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	73,  // 130: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	67,  // 131: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
-	69,  // 132: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
-	65,  // 133: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
-	92,  // 134: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
-	94,  // 135: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
-	96,  // 136: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
-	98,  // 137: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
-	100, // 138: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
-	102, // 139: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
-	104, // 140: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
-	106, // 141: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
-	108, // [108:142] is the sub-list for method output_type
-	74,  // [74:108] is the sub-list for method input_type
-	74,  // [74:74] is the sub-list for extension type_name
-	74,  // [74:74] is the sub-list for extension extendee
-	0,   // [0:74] is the sub-list for field type_name
+	41,  // 43: apiary.v1.ReportTaskStatusRequest.outputs:type_name -> apiary.v1.LocalDataset
+	4,   // 44: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
+	113, // 45: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
+	114, // 46: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
+	115, // 47: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	64,  // 48: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
+	75,  // 49: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
+	75,  // 50: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
+	75,  // 51: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
+	75,  // 52: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
+	116, // 53: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	12,  // 54: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	12,  // 55: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	5,   // 56: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	41,  // 57: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
+	75,  // 58: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	117, // 59: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	78,  // 60: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	81,  // 61: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
+	118, // 62: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	84,  // 63: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	12,  // 64: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	12,  // 65: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	85,  // 66: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	86,  // 67: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	90,  // 68: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
+	88,  // 69: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
+	88,  // 70: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
+	88,  // 71: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
+	88,  // 72: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
+	89,  // 73: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
+	89,  // 74: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
+	26,  // 75: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	28,  // 76: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	30,  // 77: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	32,  // 78: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	34,  // 79: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	36,  // 80: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	38,  // 81: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	24,  // 82: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	22,  // 83: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	40,  // 84: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	46,  // 85: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	56,  // 86: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	59,  // 87: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	49,  // 88: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
+	52,  // 89: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
+	54,  // 90: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
+	60,  // 91: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	74,  // 92: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	77,  // 93: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	80,  // 94: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
+	83,  // 95: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	70,  // 96: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	72,  // 97: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	66,  // 98: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	68,  // 99: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	63,  // 100: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
+	91,  // 101: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
+	93,  // 102: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
+	95,  // 103: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
+	97,  // 104: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
+	99,  // 105: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
+	101, // 106: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
+	103, // 107: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
+	105, // 108: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
+	27,  // 109: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	29,  // 110: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	31,  // 111: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	33,  // 112: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	35,  // 113: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	37,  // 114: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	39,  // 115: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	25,  // 116: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	23,  // 117: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	45,  // 118: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	47,  // 119: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	57,  // 120: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	62,  // 121: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	50,  // 122: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	53,  // 123: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	55,  // 124: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	61,  // 125: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	76,  // 126: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	79,  // 127: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	82,  // 128: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
+	87,  // 129: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	71,  // 130: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	73,  // 131: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	67,  // 132: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	69,  // 133: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	65,  // 134: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
+	92,  // 135: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
+	94,  // 136: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
+	96,  // 137: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
+	98,  // 138: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
+	100, // 139: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
+	102, // 140: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
+	104, // 141: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
+	106, // 142: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
+	109, // [109:143] is the sub-list for method output_type
+	75,  // [75:109] is the sub-list for method input_type
+	75,  // [75:75] is the sub-list for extension type_name
+	75,  // [75:75] is the sub-list for extension extendee
+	0,   // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
