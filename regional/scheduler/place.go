@@ -51,21 +51,24 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 			}
 			continue
 		}
-		if !mine {
-			// another coordinator's shard
-			if s.home != nil {
-				if o := s.home.ownerOf(ct.shard); o != "" && o != s.d.CoordID {
-					others.note(o, urgency{j.priority(), j.rec.SubmitMs})
-				}
-			}
-			continue
+		if !mine && s.home == nil {
+			continue // another coordinator's shard
 		}
 		st, ok := stages[ct.rec.JobID]
 		if !ok {
 			st = c.stagesOf(ct.rec.JobID, j)
 			stages[ct.rec.JobID] = st
 		}
-		if st != nil && !st.ready[ct.rec.Group] {
+		waits := st != nil && !st.ready[ct.rec.Group]
+		if !mine {
+			// Another coordinator's shard: a task it can place (not one
+			// waiting for its stage) makes it an owner with work.
+			if o := s.home.ownerOf(ct.shard); !waits && o != "" && o != s.d.CoordID {
+				others.note(o, urgency{j.priority(), j.rec.SubmitMs})
+			}
+			continue
+		}
+		if waits {
 			if by := st.doomedBy[ct.rec.Group]; by != "" {
 				if w, ok := s.dependencyWrite(ct, by, nowMs); ok {
 					stageWrites = append(stageWrites, w)
