@@ -121,8 +121,9 @@ tasks:
 // waits, PENDING with the reason, until stage 1 completes; stage 1's output
 // (written under $APIARY_OUTPUT_DIR) is recorded for its node with the
 // completion, and stage 2 (`datasets: [its output]`, scheduler spread)
-// runs on that node with APIARY_DATASET_<NAME> pointing at it. A stage
-// after a failed one fails without running.
+// runs on that node with APIARY_DATASET_<NAME> pointing at it (fetch_bytes
+// 0). With that node gone, a reader runs elsewhere with the fetch hint (the
+// bytes it moves). A stage after a failed one fails without running.
 func TestTwoStageJobRunsWhereItsInputIs(t *testing.T) {
 	var agents []devcluster.AgentSpec
 	for _, id := range []string{"a1", "a2", "a3"} {
@@ -190,6 +191,28 @@ tasks:
 				t.Fatalf("node %s holds table (%d bytes); want only %s with 50000", n.GetId(), d.GetSizeBytes(), extractNode)
 			}
 		}
+	}
+	for _, tk := range waitState(t, c, id, apiaryv1.JobState_JOB_STATE_COMPLETE, time.Second).GetTasks() {
+		if tk.GetFetchBytes() != 0 {
+			t.Fatalf("task %d ran where its data is but has fetch_bytes %d", tk.GetIndex(), tk.GetFetchBytes())
+		}
+	}
+
+	// With the node that holds table gone, a reader runs elsewhere and says
+	// what it fetches (the size known from the lost node's record).
+	if err := r.Agent(extractNode).Kill(); err != nil {
+		t.Fatal(err)
+	}
+	away := submit(t, c, spec(t, `
+name: reads-away
+tasks:
+  - name: read
+    command: "true"
+    datasets: [{name: table}]
+`))
+	tk := waitState(t, c, away, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second).GetTasks()[0]
+	if tk.GetNodeId() == extractNode || tk.GetFetchBytes() != 50000 {
+		t.Fatalf("reader with %s gone: ran on %s, fetch_bytes %d; want another node and 50000", extractNode, tk.GetNodeId(), tk.GetFetchBytes())
 	}
 
 	failed := submit(t, c, spec(t, `

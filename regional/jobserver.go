@@ -145,7 +145,7 @@ func terminalJob(s apiaryv1.JobState) bool {
 func taskProto(t *taskstate.Task, spec *apiaryv1.JobSpec, results []*apiaryv1.AttemptResult, withTails bool) *apiaryv1.Task {
 	p := &apiaryv1.Task{JobId: t.JobID, Index: t.Index, State: t.State, Attempt: t.Attempt, NodeId: t.NodeID,
 		NodeEpoch: t.NodeEpoch, FencingToken: t.FencingToken, UnplacedReason: t.UnplacedReason,
-		NotBeforeMs: t.NotBeforeMs, Error: t.Error, NodeFailures: t.NodeFailures}
+		NotBeforeMs: t.NotBeforeMs, Error: t.Error, NodeFailures: t.NodeFailures, FetchBytes: t.FetchBytes}
 	if g := spec.GetTasks(); int(t.Group) < len(g) {
 		p.Group = g[t.Group].GetName()
 	}

@@ -39,3 +39,20 @@ func TestDatasetHolders(t *testing.T) {
 		t.Errorf("empty list printed %q", b.String())
 	}
 }
+
+// job status says when a task runs away from its input datasets, and how
+// many bytes that is.
+func TestPrintJobFetchHint(t *testing.T) {
+	job := &apiaryv1.Job{Id: "eu-west-1", Spec: &apiaryv1.JobSpec{Name: "j"}, Tasks: []*apiaryv1.Task{
+		{Index: 0, State: apiaryv1.TaskState_TASK_STATE_RUNNING, NodeId: "n2", FetchBytes: 50000},
+		{Index: 1, State: apiaryv1.TaskState_TASK_STATE_RUNNING, NodeId: "n1"},
+	}}
+	var b bytes.Buffer
+	printJob(&b, job)
+	if !regexp.MustCompile(`(?m)^fetch: task 0 runs on n2, away from 49 KiB of its input datasets`).MatchString(b.String()) {
+		t.Fatalf("no fetch hint for task 0 in:\n%s", b.String())
+	}
+	if regexp.MustCompile(`fetch: task 1`).MatchString(b.String()) {
+		t.Fatal("a fetch hint for a task on its data's node")
+	}
+}

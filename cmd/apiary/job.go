@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
@@ -564,6 +565,12 @@ func printJob(w io.Writer, job *apiaryv1.Job) {
 			cell(reason, 80), cell(task.GetError(), 80))
 	}
 	t.Flush()
+	for _, task := range job.GetTasks() {
+		if b := task.GetFetchBytes(); b > 0 && task.GetNodeId() != "" {
+			fmt.Fprintf(w, "\nfetch: task %d runs on %s, away from %s of its input datasets (the bytes it would not move where its data is)\n",
+				task.GetIndex(), task.GetNodeId(), humanize.IBytes(uint64(b)))
+		}
+	}
 	for _, task := range job.GetTasks() {
 		if task.GetState() == apiaryv1.TaskState_TASK_STATE_PENDING && strings.Contains(task.GetUnplacedReason(), placement.ReasonGPUModel) {
 			fmt.Fprintf(w, "\nnote: %s\n", gpuModelHint)

@@ -64,6 +64,9 @@ const (
 	AttrToken      = attribute.Key("apiary.fencing_token")
 	AttrReportKind = attribute.Key("apiary.report.kind")
 	AttrOutputSize = attribute.Key("apiary.output.bytes")
+	// AttrFetchBytes is a placement's input bytes the node did not hold
+	// (the fetch hint: what running where the data is would have saved).
+	AttrFetchBytes = attribute.Key("apiary.placement.fetch_bytes")
 	AttrCoord      = attribute.Key("apiary.coordinator.id")
 	AttrReason     = attribute.Key("apiary.reason")
 	AttrLinkKind   = attribute.Key("apiary.link")

@@ -31,7 +31,8 @@ type nodeSnapshot struct {
 	// auto lists the entries of the nodes under an automatic quarantine
 	// (canaries decides, each round, whether one may take its canary).
 	auto []*placement.Node
-	// datasetSize is each dataset's largest copy on a ready node, in bytes
+	// datasetSize is each dataset's largest copy on a node the cache knows
+	// (ready or not: a lost node's copy still tells the size), in bytes
 	// (the size of a task's input that names no size_bytes).
 	datasetSize map[string]int64
 }
@@ -171,13 +172,15 @@ func (ns *nodeSnapshot) build() *placement.Snapshot {
 		ns.datasetSize = map[string]int64{}
 		for _, id := range ids {
 			pn := placementNode(c.nodes[id], ns.jurisdiction)
-			for name, b := range pn.Datasets {
-				ns.datasetSize[name] = max(ns.datasetSize[name], b)
-			}
 			ns.nodes = append(ns.nodes, pn)
 			ns.idx[id] = pn
 			if c.nodes[id].AutoQuarantined() {
 				ns.auto = append(ns.auto, pn)
+			}
+		}
+		for _, n := range c.nodes {
+			for name, b := range n.Datasets() {
+				ns.datasetSize[name] = max(ns.datasetSize[name], b)
 			}
 		}
 		// Every node's usage is recomputed: the cache may hold nodes that

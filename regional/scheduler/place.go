@@ -295,6 +295,7 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		for _, g := range p.GPUIndices {
 			rec.GPUDevices = append(rec.GPUDevices, int32(g))
 		}
+		rec.FetchBytes = fetchBytes(c, &ct.rec, s.snap.idx[nodeID], s.snap.datasetSize)
 		g := c.group(&ct.rec)
 		j := c.jobs[ct.rec.JobID]
 		env := g.GetEnv()

@@ -86,3 +86,23 @@ func placementTask(c *ownerCache, ct *cTask, nowMs int64, sizes map[string]int64
 	}
 	return pt
 }
+
+// fetchBytes is the bytes of t's input datasets that node nodeID does not
+// hold: per dataset its size (size_bytes, or the largest copy the region
+// knows: sizes) less what the node holds. 0 without datasets.
+func fetchBytes(c *ownerCache, t *taskstate.Task, node *placement.Node, sizes map[string]int64) int64 {
+	ds := c.group(t).GetDatasets()
+	var out int64
+	for _, d := range ds {
+		size := d.GetSizeBytes()
+		if size <= 0 {
+			size = sizes[d.GetName()]
+		}
+		var held int64
+		if node != nil {
+			held = node.Datasets[d.GetName()]
+		}
+		out += max(0, size-held)
+	}
+	return out
+}

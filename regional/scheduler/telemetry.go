@@ -62,7 +62,8 @@ func (s *Loop) observePlacements(chunks []*placedChunk, byKey map[string]*cTask,
 				telemetry.AttrNodeID.String(p.NodeID), telemetry.AttrShard.Int(ct.shard),
 				telemetry.AttrEpoch.Int64(int64(s.owned[ct.shard])), telemetry.AttrScore.Float64(p.Score),
 				telemetry.AttrConflict.Bool(!ch.committed), telemetry.AttrRequeued.Bool(!ch.committed),
-				telemetry.AttrCoord.String(s.d.CoordID))}
+				telemetry.AttrCoord.String(s.d.CoordID),
+				telemetry.AttrFetchBytes.Int64(fetchBytes(s.cache, &ct.rec, s.snap.idx[p.NodeID], s.snap.datasetSize)))}
 			if l, ok := telemetry.AttemptLink(j.rec.Traceparent, ct.rec.JobID, ct.rec.Index, ct.rec.Attempt, "replaces"); ok {
 				opts = append(opts, trace.WithLinks(l))
 			}

@@ -50,6 +50,10 @@ type Task struct {
 	NodeFailures   int32  `json:"node_failures,omitempty"`
 	UnplacedReason string `json:"unplaced,omitempty"`
 	Error          string `json:"error,omitempty"`
+	// FetchBytes is the bytes of the task's input datasets its current
+	// node did not hold when the task was placed there (apiaryv1.Task
+	// fetch_bytes).
+	FetchBytes int64 `json:"fetch_bytes,omitempty"`
 	// CancelRequested is set on an assigned or running task of a cancelled job.
 	CancelRequested bool  `json:"cancel,omitempty"`
 	AssignedMs      int64 `json:"assigned_ms,omitempty"`
@@ -615,6 +619,7 @@ func toPending(t Task, notBefore int64) Task {
 	t.NotBeforeMs = notBefore
 	t.NodeID, t.NodeEpoch, t.FencingToken = "", 0, 0
 	t.AssignedMs, t.StartedMs, t.FinishedMs = 0, 0, 0
+	t.FetchBytes = 0
 	return t
 }
 

@@ -1601,7 +1601,13 @@ type Task struct {
 	// Terminal error, if FAILED.
 	Error string `protobuf:"bytes,12,opt,name=error,proto3" json:"error,omitempty"`
 	// Node-loss and refusal count, for the KilledWorker rule.
-	NodeFailures  int32 `protobuf:"varint,13,opt,name=node_failures,json=nodeFailures,proto3" json:"node_failures,omitempty"`
+	NodeFailures int32 `protobuf:"varint,13,opt,name=node_failures,json=nodeFailures,proto3" json:"node_failures,omitempty"`
+	// Bytes of the task's input datasets (TaskGroup.datasets) that the node
+	// of its current attempt did not hold when it was placed there: what it
+	// would have saved to run where its data is (0: all local, or no
+	// datasets). The size of a dataset no ready node held is the largest copy
+	// the region knew of (or its size_bytes).
+	FetchBytes    int64 `protobuf:"varint,14,opt,name=fetch_bytes,json=fetchBytes,proto3" json:"fetch_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1723,6 +1729,13 @@ func (x *Task) GetError() string {
 func (x *Task) GetNodeFailures() int32 {
 	if x != nil {
 		return x.NodeFailures
+	}
+	return 0
+}
+
+func (x *Task) GetFetchBytes() int64 {
+	if x != nil {
+		return x.FetchBytes
 	}
 	return 0
 }
@@ -7416,7 +7429,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\arunning\x18\x03 \x01(\x05R\arunning\x12\x1a\n" +
 	"\bcomplete\x18\x04 \x01(\x05R\bcomplete\x12\x16\n" +
 	"\x06failed\x18\x05 \x01(\x05R\x06failed\x12\x1c\n" +
-	"\tcancelled\x18\x06 \x01(\x05R\tcancelled\"\xaa\x03\n" +
+	"\tcancelled\x18\x06 \x01(\x05R\tcancelled\"\xcb\x03\n" +
 	"\x04Task\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x05R\x05index\x12\x14\n" +
@@ -7432,7 +7445,9 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	" \x01(\x03R\vnotBeforeMs\x124\n" +
 	"\battempts\x18\v \x03(\v2\x18.apiary.v1.AttemptResultR\battempts\x12\x14\n" +
 	"\x05error\x18\f \x01(\tR\x05error\x12#\n" +
-	"\rnode_failures\x18\r \x01(\x05R\fnodeFailures\"\x88\x03\n" +
+	"\rnode_failures\x18\r \x01(\x05R\fnodeFailures\x12\x1f\n" +
+	"\vfetch_bytes\x18\x0e \x01(\x03R\n" +
+	"fetchBytes\"\x88\x03\n" +
 	"\rAttemptResult\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1d\n" +
