@@ -119,6 +119,10 @@ func New(cfg Config) (*Agent, error) {
 	a.metrics = newAgentMetrics(c, a.ledger)
 	a.contain = newContainment(c, a.log, c.Registry)
 	a.datasets = newDatasetCache(c.DatasetDir)
+	if sameFS, err := sameFileSystem(c.DataDir, c.DatasetDir); err == nil && !sameFS {
+		a.log.Warn("the dataset dir is on another file system than the data dir: task outputs cannot be moved there and are not kept",
+			"dataset_dir", c.DatasetDir, "data_dir", c.DataDir)
+	}
 	return a, nil
 }
 
@@ -604,7 +608,9 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 		req.Error = res.Err.Error()
 	}
 	if kind == apiaryv1.ReportKind_REPORT_KIND_EXITED && res.ExitCode == 0 && len(asg.GetOutputs()) > 0 {
-		outs, err := a.datasets.publish(filepath.Join(dir, outputsDirName), asg.GetOutputs())
+		staging := filepath.Join(a.cfg.DataDir, "staging", filepath.Base(a.recordPath(key)))
+		_ = os.MkdirAll(filepath.Dir(staging), 0o700)
+		outs, err := a.datasets.publish(filepath.Join(dir, outputsDirName), staging, asg.GetOutputs())
 		if err != nil {
 			log.Warn("outputs not kept as datasets", "err", err)
 		}

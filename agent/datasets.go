@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -39,6 +42,9 @@ const DefaultDatasetRescan = 10 * time.Second
 // maxDatasets is the most datasets a node reports (the region's bound).
 const maxDatasets = 10000
 
+// capWarned: the maxDatasets cap was logged (once per process).
+var capWarned atomic.Bool
+
 func newDatasetCache(dir string) *datasetCache {
 	d := &datasetCache{dir: dir}
 	d.rescan()
@@ -61,11 +67,13 @@ func (d *datasetCache) path(name string) (string, bool) {
 	if d == nil || name == "" || strings.ContainsAny(name, "/\\") || name == "." || name == ".." {
 		return "", false
 	}
-	list, _ := d.snapshot()
-	if _, ok := slices.BinarySearchFunc(list, name, func(x *apiaryv1.LocalDataset, n string) int { return strings.Compare(x.GetName(), n) }); !ok {
+	// The disk, not the (capped) list: an output published past
+	// maxDatasets is held too.
+	p := filepath.Join(d.dir, name)
+	if fi, err := os.Lstat(p); err != nil || !fi.IsDir() {
 		return "", false
 	}
-	return filepath.Join(d.dir, name), true
+	return p, true
 }
 
 // run rescans every interval until ctx ends.
@@ -113,6 +121,9 @@ func scanDatasets(dir string) []*apiaryv1.LocalDataset {
 			continue
 		}
 		if len(out) == maxDatasets {
+			if !capWarned.Swap(true) {
+				slog.Warn("dataset dir holds more datasets than the region takes; the rest are not reported", "dir", dir, "max", maxDatasets)
+			}
 			break
 		}
 		out = append(out, &apiaryv1.LocalDataset{Name: e.Name(), SizeBytes: dirBytes(filepath.Join(dir, e.Name()))})
@@ -126,15 +137,36 @@ const outputsDirName = "outputs"
 
 // publish moves the outputs an attempt wrote into dir out (the entries
 // named by names; others are left where they are) into the dataset
-// directory, replacing a dataset of the same name, and returns them with
-// their sizes; then it rescans. A directory becomes the dataset; a file
-// becomes the one file of a dataset directory of the same name. A name the
-// attempt did not write, or wrote as a symbolic link, is skipped; a move
-// that fails (another file system: rename cannot cross it) is logged by the
-// caller through err and skipped.
-func (d *datasetCache) publish(out string, names []string) ([]*apiaryv1.LocalDataset, error) {
+// directory and returns them with their sizes; then it rescans.
+//
+// Safety: out is in a directory the attempt's (task) user controls, so it
+// is first renamed into staging, a directory only the agent writes (rename
+// moves a symbolic link itself, never its target), and refused unless it
+// is then a real directory: an attempt that replaced its output dir by a
+// link to /etc cannot make the agent move /etc's files. Entries that are
+// links are skipped the same way.
+//
+// Merging: outputs of one name from several attempts on the node (a group
+// of count > 1 writing part files) are merged: a directory's entries are
+// moved into the dataset's directory, replacing entries of the same name,
+// and nothing else of the dataset is removed; a file becomes an entry of
+// the dataset directory named after it. A move that fails (rename cannot
+// cross file systems) leaves the existing dataset as it was and is
+// returned in err.
+func (d *datasetCache) publish(out, staging string, names []string) ([]*apiaryv1.LocalDataset, error) {
 	if err := os.MkdirAll(d.dir, 0o755); err != nil {
 		return nil, err
+	}
+	_ = os.RemoveAll(staging)
+	if err := os.Rename(out, staging); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil // the attempt removed its output dir: nothing to keep
+		}
+		return nil, fmt.Errorf("stage outputs: %w", err)
+	}
+	defer os.RemoveAll(staging)
+	if fi, err := os.Lstat(staging); err != nil || !fi.IsDir() || fi.Mode()&fs.ModeSymlink != 0 {
+		return nil, errors.New("the attempt's output dir is not a directory (a link?): outputs not kept")
 	}
 	var got []*apiaryv1.LocalDataset
 	var errs []error
@@ -142,22 +174,17 @@ func (d *datasetCache) publish(out string, names []string) ([]*apiaryv1.LocalDat
 		if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\\\x00") {
 			continue
 		}
-		src := filepath.Join(out, name)
+		src := filepath.Join(staging, name)
 		fi, err := os.Lstat(src)
 		if err != nil || fi.Mode()&fs.ModeSymlink != 0 {
 			continue
 		}
 		dst := filepath.Join(d.dir, name)
-		if err := os.RemoveAll(dst); err != nil {
-			errs = append(errs, err)
+		if err := os.Mkdir(dst, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			errs = append(errs, fmt.Errorf("output %s: %w", name, err))
 			continue
 		}
-		if fi.IsDir() {
-			err = os.Rename(src, dst)
-		} else if err = os.Mkdir(dst, 0o755); err == nil {
-			err = os.Rename(src, filepath.Join(dst, name))
-		}
-		if err != nil {
+		if err := mergeInto(src, fi, dst, name); err != nil {
 			errs = append(errs, fmt.Errorf("output %s: %w", name, err))
 			continue
 		}
@@ -165,6 +192,43 @@ func (d *datasetCache) publish(out string, names []string) ([]*apiaryv1.LocalDat
 	}
 	d.rescan()
 	return got, errors.Join(errs...)
+}
+
+// mergeInto moves src (described by fi) into the dataset directory dst: a
+// directory's entries (links skipped), or the file itself as entry name.
+func mergeInto(src string, fi fs.FileInfo, dst, name string) error {
+	if !fi.IsDir() {
+		return replaceEntry(src, filepath.Join(dst, name))
+	}
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.Type()&fs.ModeSymlink != 0 {
+			continue
+		}
+		if err := replaceEntry(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// replaceEntry renames src to dst; an existing dst is removed only after
+// the move can be made (src is renamed beside it first), so a failed move
+// (another file system) leaves dst as it was.
+func replaceEntry(src, dst string) error {
+	tmp := dst + ".apiary-new"
+	_ = os.RemoveAll(tmp)
+	if err := os.Rename(src, tmp); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dst); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
 }
 
 // dirBytes is the bytes of the regular files under dir.
@@ -198,4 +262,35 @@ func datasetEnvName(name string) string {
 		}
 	}
 	return b.String()
+}
+
+// sameFileSystem reports whether a and b (or, for one that does not exist
+// yet, its parent) are on one file system.
+func sameFileSystem(a, b string) (bool, error) {
+	dev := func(p string) (uint64, error) {
+		for {
+			fi, err := os.Stat(p)
+			if err == nil {
+				st, ok := fi.Sys().(*syscall.Stat_t)
+				if !ok {
+					return 0, errors.New("no device number")
+				}
+				return uint64(st.Dev), nil
+			}
+			parent := filepath.Dir(p)
+			if !errors.Is(err, fs.ErrNotExist) || parent == p {
+				return 0, err
+			}
+			p = parent
+		}
+	}
+	da, err := dev(a)
+	if err != nil {
+		return false, err
+	}
+	db, err := dev(b)
+	if err != nil {
+		return false, err
+	}
+	return da == db, nil
 }

@@ -81,34 +81,35 @@ func TestDatasetEnvName(t *testing.T) {
 }
 
 // TestDatasetPublish: an attempt's outputs (a directory, a file) move into
-// the dataset directory, replacing older datasets of the same name, with
-// their sizes; names it did not write, symbolic links and names not asked
-// for are left alone; the cache knows them at once.
+// the dataset directory, merged into a dataset of the same name (its other
+// entries stay: part files of several attempts), with their sizes; names
+// it did not write, symbolic links and names not asked for are left alone;
+// the cache knows them at once; the output dir is gone afterwards.
 func TestDatasetPublish(t *testing.T) {
 	root := t.TempDir()
-	dsDir, out := filepath.Join(root, "datasets"), filepath.Join(root, "work", "outputs")
-	if err := os.MkdirAll(filepath.Join(out, "table"), 0o755); err != nil {
+	dsDir, out, staging := filepath.Join(root, "datasets"), filepath.Join(root, "work", "outputs"), filepath.Join(root, "staging", "a")
+	if err := os.MkdirAll(filepath.Dir(staging), 0o700); err != nil {
 		t.Fatal(err)
 	}
+	write := func(p string, n int) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, make([]byte, n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for p, n := range map[string]int{"table/part-0": 100, "table/part-1": 23, "model.bin": 7, "extra/x": 1} {
-		if err := os.MkdirAll(filepath.Dir(filepath.Join(out, p)), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(out, p), make([]byte, n), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		write(filepath.Join(out, p), n)
 	}
 	if err := os.Symlink("/etc", filepath.Join(out, "link")); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Join(dsDir, "table"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dsDir, "table", "stale"), make([]byte, 999), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	write(filepath.Join(dsDir, "table", "part-9"), 900)  // another attempt's part: kept
+	write(filepath.Join(dsDir, "table", "part-0"), 5000) // an older part-0: replaced
 	d := newDatasetCache(dsDir)
-	got, err := d.publish(out, []string{"table", "model.bin", "missing", "link", "../escape"})
+	got, err := d.publish(out, staging, []string{"table", "model.bin", "missing", "link", "../escape"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,19 +117,48 @@ func TestDatasetPublish(t *testing.T) {
 	for _, o := range got {
 		sizes[o.GetName()] = o.GetSizeBytes()
 	}
-	if len(sizes) != 2 || sizes["table"] != 123 || sizes["model.bin"] != 7 {
-		t.Fatalf("published %v, want table 123 (the stale copy replaced) and model.bin 7", sizes)
+	if len(sizes) != 2 || sizes["table"] != 1023 || sizes["model.bin"] != 7 {
+		t.Fatalf("published %v, want table 1023 (part-0 replaced, part-9 kept) and model.bin 7", sizes)
 	}
 	if _, err := os.Stat(filepath.Join(dsDir, "model.bin", "model.bin")); err != nil {
 		t.Fatalf("a file output is not the one file of its dataset dir: %v", err)
-	}
-	if _, err := os.Stat(filepath.Join(out, "extra", "x")); err != nil {
-		t.Fatal("an output not asked for was moved")
 	}
 	if _, ok := d.path("table"); !ok {
 		t.Fatal("the cache does not hold the published dataset")
 	}
 	if _, err := os.Lstat(filepath.Join(dsDir, "link")); err == nil {
 		t.Fatal("a symbolic link was published")
+	}
+	if _, err := os.Lstat(out); err == nil {
+		t.Fatal("the output dir is still there")
+	}
+}
+
+// TestDatasetPublishRefusesLinkedOutputDir: an attempt that replaced its
+// output dir by a link to a directory it cannot read gets nothing of that
+// directory moved (the agent runs as root: it could).
+func TestDatasetPublishRefusesLinkedOutputDir(t *testing.T) {
+	root := t.TempDir()
+	victim := filepath.Join(root, "victim")
+	if err := os.MkdirAll(filepath.Join(victim, "secret"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(victim, "secret", "key"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(root, "work", "outputs")
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, out); err != nil {
+		t.Fatal(err)
+	}
+	d := newDatasetCache(filepath.Join(root, "datasets"))
+	got, err := d.publish(out, filepath.Join(root, "staging"), []string{"secret"})
+	if err == nil || len(got) != 0 {
+		t.Fatalf("published %v, err %v; want nothing and an error", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(victim, "secret", "key")); err != nil {
+		t.Fatalf("the link's target lost its file: %v", err)
 	}
 }

@@ -278,8 +278,13 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 	return out, nil
 }
 
-// maxNodeDatasets bounds the datasets one node reports.
-const maxNodeDatasets = 10000
+// maxNodeDatasets bounds the datasets one node reports; maxDatasetBytes
+// the size of one (1 PiB: a larger claim is a bug or a lie, and would
+// dwarf every real copy in the locality score).
+const (
+	maxNodeDatasets = 10000
+	maxDatasetBytes = 1 << 50
+)
 
 // checkDatasets validates a node's reported datasets (the field rules of a
 // job's datasets: a name of 1-512 printable characters, a size >= 0; at
@@ -294,8 +299,8 @@ func checkDatasets(ds []*apiaryv1.LocalDataset) error {
 		switch {
 		case n == "" || len(n) > 512 || !utf8.ValidString(n) || strings.ContainsFunc(n, unicode.IsControl):
 			return status.Errorf(codes.InvalidArgument, "datasets[%d].name: must be 1-512 printable characters", i)
-		case d.GetSizeBytes() < 0:
-			return status.Errorf(codes.InvalidArgument, "datasets[%d].size_bytes: must be >= 0 (got %d)", i, d.GetSizeBytes())
+		case d.GetSizeBytes() < 0 || d.GetSizeBytes() > maxDatasetBytes:
+			return status.Errorf(codes.InvalidArgument, "datasets[%d].size_bytes: must be between 0 and 2^50 (got %d)", i, d.GetSizeBytes())
 		case seen[n]:
 			return status.Errorf(codes.InvalidArgument, "datasets[%d].name: %q is listed twice", i, n)
 		}

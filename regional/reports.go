@@ -349,7 +349,7 @@ func declaredOutputs(spec *apiaryv1.JobSpec, group int32, reported []*apiaryv1.L
 	declared := spec.GetTasks()[group].GetOutputs()
 	var out []*apiaryv1.LocalDataset
 	for _, o := range reported {
-		if o.GetSizeBytes() < 0 || !slices.Contains(declared, o.GetName()) ||
+		if o.GetSizeBytes() < 0 || o.GetSizeBytes() > maxDatasetBytes || !slices.Contains(declared, o.GetName()) ||
 			slices.ContainsFunc(out, func(x *apiaryv1.LocalDataset) bool { return x.GetName() == o.GetName() }) {
 			continue
 		}

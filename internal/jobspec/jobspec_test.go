@@ -237,6 +237,7 @@ func TestErrorMessages(t *testing.T) {
 		{"name: t\ntasks:\n- name: a\n  command: echo\n  outputs: [\"x/y\"]\n", `tasks[0].outputs[0]: must be 1-255 characters of letters, digits`},
 		{"name: t\ntasks:\n- name: a\n  command: echo\n  outputs: [\"..\"]\n", `tasks[0].outputs[0]: must be 1-255`},
 		{"name: t\ntasks:\n- name: a\n  command: echo\n  outputs: [p, p]\n", `tasks[0].outputs[1]: "p" is listed twice`},
+		{"name: t\ntasks:\n- name: a\n  command: echo\n  outputs: [.hidden]\n", `tasks[0].outputs[0]: must be 1-255 characters of letters, digits, '.', '_' and '-', not starting with '.'`},
 	}
 	for _, tc := range cases {
 		spec, err := Parse([]byte(tc.src))

@@ -169,7 +169,7 @@ var (
 	antiAffinityGroupRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 	// outputNameRE is an output's name: a directory name under the
 	// attempt's output dir and the node's dataset dir.
-	outputNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,255}$`)
+	outputNameRE = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}$`)
 	// versionRE matches one comparison of a version constraint:
 	// optional operator, then a dotted version with optional pre-release.
 	versionRE = regexp.MustCompile(`^(=|!=|>|>=|<|<=|~>)?\s*v?[0-9]+(\.[0-9]+)*(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
@@ -409,7 +409,7 @@ func validateGroup(c *errs, p string, g *apiaryv1.TaskGroup) {
 		f := fmt.Sprintf("%s.outputs[%d]", p, i)
 		switch {
 		case !outputNameRE.MatchString(o) || o == "." || o == "..":
-			c.add(f, "must be 1-255 characters of letters, digits, '.', '_' and '-' (got %q)", o)
+			c.add(f, "must be 1-255 characters of letters, digits, '.', '_' and '-', not starting with '.' (got %q)", o)
 		case outs[o]:
 			c.add(f, "%q is listed twice", o)
 		}

@@ -173,8 +173,11 @@ type NodeView struct {
 	// HealthRev its ModRevision (0: no key).
 	Health    nodehealth.Record
 	HealthRev int64
-	// Outputs are the task outputs recorded for the node, by name.
+	// Outputs are the task outputs recorded for the node, by name, and
+	// RecRev the record's ModRevision (a dataset report newer than an
+	// output record supersedes it: Datasets).
 	Outputs map[string]OutputRecord
+	RecRev  int64
 }
 
 // OutputRecord is /apiary/nodes/<id>/outputs/<name>: a completed task's
@@ -183,11 +186,15 @@ type NodeView struct {
 type OutputRecord struct {
 	Epoch int64 `json:"epoch"`
 	Bytes int64 `json:"bytes"`
+	// Rev is the key's ModRevision (not stored).
+	Rev int64 `json:"-"`
 }
 
 // Datasets is what the node holds now, name → bytes: its agent's reported
-// datasets and the outputs recorded for its current epoch (the larger size
-// when both name one). Nil for none.
+// datasets and the outputs recorded for its current epoch since the record
+// was last written (a record written after an output's completion carries
+// the agent's scan, which lists the output if it is still on disk; the
+// larger size when both name one). Nil for none.
 func (n *NodeView) Datasets() map[string]int64 {
 	if n.Rec == nil {
 		return nil
@@ -200,7 +207,7 @@ func (n *NodeView) Datasets() map[string]int64 {
 		out[k] = v
 	}
 	for k, o := range n.Outputs {
-		if o.Epoch == n.Rec.Epoch && o.Bytes >= out[k] {
+		if o.Epoch == n.Rec.Epoch && o.Rev > n.RecRev && o.Bytes >= out[k] {
 			out[k] = o.Bytes
 		}
 	}
@@ -240,7 +247,7 @@ func (n *NodeView) Apply(kind NodeKind, kv *mvccpb.KeyValue, deleted bool) error
 		if err := json.Unmarshal(kv.Value, &r); err != nil {
 			return fmt.Errorf("node record %s: %w", kv.Key, err)
 		}
-		n.Rec = &r
+		n.Rec, n.RecRev = &r, kv.ModRevision
 	case NodeAliveKey:
 		if deleted {
 			n.Alive = 0
@@ -270,6 +277,7 @@ func (n *NodeView) Apply(kind NodeKind, kv *mvccpb.KeyValue, deleted bool) error
 		if err := json.Unmarshal(kv.Value, &o); err != nil {
 			return fmt.Errorf("node output %s: %w", kv.Key, err)
 		}
+		o.Rev = kv.ModRevision
 		if n.Outputs == nil {
 			n.Outputs = map[string]OutputRecord{}
 		}
