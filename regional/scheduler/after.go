@@ -3,10 +3,7 @@ package scheduler
 import (
 	"fmt"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 )
 
@@ -85,14 +82,7 @@ func (s *Loop) dependencyWrite(ct *cTask, doomedBy string, nowMs int64) (write, 
 	if !changed {
 		return write{}, false
 	}
-	return write{shards: []int{ct.shard},
-		cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev)},
-		ops:  []clientv3.Op{clientv3.OpPut(ct.key, store.MustJSON(&rec))},
-		keys: []string{ct.key},
-		after: func(rev int64) {
-			s.cache.setTask(ct.key, &cTask{key: ct.key, shard: ct.shard, rec: rec, modRev: rev})
-		},
-	}, true
+	return s.taskWrite(ct, rec), true
 }
 
 // waitingReason is the unplaced reason of a task whose group waits for

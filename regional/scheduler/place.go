@@ -390,6 +390,12 @@ func (s *Loop) reasonWrite(ct *cTask, reason string, now time.Time) (write, bool
 	}
 	rec := ct.rec
 	rec.UnplacedReason = reason
+	return s.taskWrite(ct, rec), true
+}
+
+// taskWrite rewrites ct's record as rec, fenced on its shard and compared
+// on its ModRevision; the cache takes rec when it commits.
+func (s *Loop) taskWrite(ct *cTask, rec taskstate.Task) write {
 	return write{shards: []int{ct.shard},
 		cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev)},
 		ops:  []clientv3.Op{clientv3.OpPut(ct.key, store.MustJSON(&rec))},
@@ -397,7 +403,7 @@ func (s *Loop) reasonWrite(ct *cTask, reason string, now time.Time) (write, bool
 		after: func(rev int64) {
 			s.cache.setTask(ct.key, &cTask{key: ct.key, shard: ct.shard, rec: rec, modRev: rev})
 		},
-	}, true
+	}
 }
 
 // syncUsage writes the usage key of every ready node whose derived usage
