@@ -111,9 +111,15 @@ func TestTaskUsersIsolateAttempts(t *testing.T) {
 	if u, mode := owner(t, filepath.Join(dirA, "stdout.log")); u != uidA || mode != 0o600 {
 		t.Errorf("A's stdout.log: owner %d mode %o, want %d 0600", u, mode, uidA)
 	}
-	if env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pidA)); !bytes.Contains(env, []byte("hunter2-secret")) {
-		t.Fatal("A's environment lacks its secret; the test proves nothing")
-	}
+	// The pid file is written just before the shell execs sleep: read in
+	// the middle of that execve, /proc/<pid>/environ can come back empty
+	// (seen once in CI), so wait for the environment of the running sleep.
+	testutil.Eventually(t, 10*time.Second, "A's environment holds its secret (else the test proves nothing)", func() error {
+		if env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pidA)); !bytes.Contains(env, []byte("hunter2-secret")) {
+			return fmt.Errorf("environ of %d: %d bytes without the secret", pidA, len(env))
+		}
+		return nil
+	})
 
 	keyB := AttemptKey{JobID: "r1-reader", TaskIndex: 0, Attempt: 1}
 	try := func(name, cmd string) string { return cmd + "; echo " + name + "=$?; " }
