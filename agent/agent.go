@@ -195,6 +195,7 @@ func (a *Agent) Run(ctx context.Context) error {
 //   - data-dir: creates DataDir/work and kills orphans of a previous run.
 //   - metrics: /metrics over HTTP (with MetricsAddr).
 //   - janitor: removes finished attempts' work dirs (WorkRetention).
+//   - datasets: rescans the dataset dir every DatasetRescan (datasets.go).
 //   - lan: the node's serf LAN member (lan.go), joined once registered,
 //     left after the sessions stop.
 //   - sessions: the coordinator connections, then register and serve one
@@ -232,6 +233,9 @@ func (a *Agent) Parts() []lifecycle.Part {
 	var coords *coordinators
 	return append(parts,
 		lifecycle.Loop("janitor", a.janitor),
+		// datasets.go: rescans the dataset dir; the heartbeats send changes.
+		lifecycle.New("datasets", services.NewTimerService(a.cfg.DatasetRescan, nil,
+			func(context.Context) error { a.datasets.rescan(); return nil }, nil)),
 		lifecycle.New("sessions", services.NewBasicService(func(context.Context) (err error) {
 			coords, err = newCoordinators(a.cfg.CoordinatorAddrs, a.cfg.MinBackoff, a.cfg.MaxBackoff, a.cfg.DialOptions)
 			return err
@@ -270,7 +274,6 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 		MaxTasks:  int32(a.cfg.MaxTasks),
 		JoinToken: a.cfg.JoinToken,
 	}
-	watch.Go(func() { a.datasets.run(runCtx, a.cfg.DatasetRescan) })
 	watch.Go(func() { a.watchdog(runCtx) })
 	drained := make(chan struct{})
 	go func() {

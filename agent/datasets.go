@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,10 +13,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/jobspec"
 )
 
 // datasetCache is the node's local datasets (Config.DatasetDir): each
@@ -76,20 +74,6 @@ func (d *datasetCache) path(name string) (string, bool) {
 	return p, true
 }
 
-// run rescans every interval until ctx ends.
-func (d *datasetCache) run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			d.rescan()
-		}
-	}
-}
-
 // rescan reads the directory and bumps the version if the list changed. A
 // directory that cannot be read holds no datasets (the error is not
 // fatal: the agent runs tasks without them).
@@ -114,10 +98,9 @@ func scanDatasets(dir string) []*apiaryv1.LocalDataset {
 	}
 	var out []*apiaryv1.LocalDataset
 	for _, e := range entries {
-		// The region's rules for a dataset name (regional checkDatasets):
-		// 1-512 printable characters; at most maxDatasets.
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") || len(e.Name()) > 512 ||
-			!utf8.ValidString(e.Name()) || strings.ContainsFunc(e.Name(), unicode.IsControl) {
+		// The region's rules for a dataset name (jobspec.ValidDatasetName);
+		// at most maxDatasets.
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") || !jobspec.ValidDatasetName(e.Name()) {
 			continue
 		}
 		if len(out) == maxDatasets {

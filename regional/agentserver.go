@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/aclstore"
@@ -297,7 +297,7 @@ func checkDatasets(ds []*apiaryv1.LocalDataset) error {
 	for i, d := range ds {
 		n := d.GetName()
 		switch {
-		case n == "" || len(n) > 512 || !utf8.ValidString(n) || strings.ContainsFunc(n, unicode.IsControl):
+		case !jobspec.ValidDatasetName(n):
 			return status.Errorf(codes.InvalidArgument, "datasets[%d].name: must be 1-512 printable characters", i)
 		case d.GetSizeBytes() < 0 || d.GetSizeBytes() > maxDatasetBytes:
 			return status.Errorf(codes.InvalidArgument, "datasets[%d].size_bytes: must be between 0 and 2^50 (got %d)", i, d.GetSizeBytes())

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"maps"
@@ -36,15 +35,9 @@ router: every region's nodes; regions that did not answer are named on
 stderr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
-				func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.ListNodesResponse, error) {
-					return c.ListNodes(ctx, &apiaryv1.ListNodesRequest{})
-				})
+			resp, err := listNodes(cmd, o, "datasets")
 			if err != nil {
 				return err
-			}
-			if u := resp.GetUnavailableRegions(); len(u) > 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "warning: these regions did not answer, their datasets are missing: %s\n", strings.Join(u, ", "))
 			}
 			out := datasetHolders(resp.GetNodes())
 			return o.print(cmd.OutOrStdout(), out, func(w io.Writer) { printDatasets(w, out) })

@@ -19,6 +19,22 @@ import (
 
 func init() { register(newNodeCmd) }
 
+// listNodes is ListNodes against o's address, with a warning on stderr
+// naming the regions that did not answer (their <what> are missing).
+func listNodes(cmd *cobra.Command, o *clientOpts, what string) (*apiaryv1.ListNodesResponse, error) {
+	resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
+		func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.ListNodesResponse, error) {
+			return c.ListNodes(ctx, &apiaryv1.ListNodesRequest{})
+		})
+	if err != nil {
+		return nil, err
+	}
+	if u := resp.GetUnavailableRegions(); len(u) > 0 {
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: these regions did not answer, their %s are missing: %s\n", what, strings.Join(u, ", "))
+	}
+	return resp, nil
+}
+
 func newNodeCmd() *cobra.Command {
 	o := &clientOpts{}
 	cmd := &cobra.Command{
@@ -42,15 +58,9 @@ not answer are named on stderr and their nodes are missing. A node whose lease
 lapsed shows DOWN and stays listed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
-				func(ctx context.Context, c apiaryv1.AdminServiceClient) (*apiaryv1.ListNodesResponse, error) {
-					return c.ListNodes(ctx, &apiaryv1.ListNodesRequest{})
-				})
+			resp, err := listNodes(cmd, o, "nodes")
 			if err != nil {
 				return err
-			}
-			if u := resp.GetUnavailableRegions(); len(u) > 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "warning: these regions did not answer, their nodes are missing: %s\n", strings.Join(u, ", "))
 			}
 			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) { printNodes(w, cmd.ErrOrStderr(), resp.GetNodes()) })
 		},

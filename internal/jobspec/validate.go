@@ -420,8 +420,8 @@ func validateGroup(c *errs, p string, g *apiaryv1.TaskGroup) {
 		f := fmt.Sprintf("%s.datasets[%d]", p, i)
 		if d.GetName() == "" {
 			c.add(f+".name", "is required")
-		} else if len(d.GetName()) > 512 || hasControl(d.GetName()) {
-			c.add(f+".name", "must be at most 512 printable characters")
+		} else if !ValidDatasetName(d.GetName()) {
+			c.add(f+".name", "must be at most %d printable characters", MaxDatasetNameLen)
 		}
 		if d.GetSizeBytes() < 0 {
 			c.add(f+".size_bytes", "must be >= 0 (got %d)", d.GetSizeBytes())
@@ -567,6 +567,17 @@ func checkLabelMap(c *errs, p string, m map[string]string) {
 		checkLabelKey(c, f, k)
 		checkLabelValue(c, f, m[k])
 	}
+}
+
+// MaxDatasetNameLen bounds a dataset's name, in bytes.
+const MaxDatasetNameLen = 512
+
+// ValidDatasetName reports whether name may name a dataset: 1 to
+// MaxDatasetNameLen bytes of UTF-8 without control characters. The rule of
+// a job's datasets[].name, of the datasets a node reports (regional) and of
+// the dataset directories an agent reports (agent).
+func ValidDatasetName(name string) bool {
+	return name != "" && len(name) <= MaxDatasetNameLen && utf8.ValidString(name) && !hasControl(name)
 }
 
 func hasControl(s string) bool {

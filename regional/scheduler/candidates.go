@@ -153,7 +153,7 @@ func newFreeRoom(nodes []*placement.Node) *freeRoom {
 		if n.MaxTasks > 0 {
 			fn.tasks = n.MaxTasks - n.RunningTasks
 		}
-		if fn.tasks > 0 && fn.cpu > 0 && fn.mem > 0 {
+		if hasRoom(n) {
 			f.nodes = append(f.nodes, fn)
 		}
 	}
