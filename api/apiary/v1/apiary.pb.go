@@ -449,7 +449,7 @@ func (x Assignment_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Assignment_Kind.Descriptor instead.
 func (Assignment_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51, 0}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52, 0}
 }
 
 // JobSpec is what a user submits. It mirrors the YAML job file
@@ -980,7 +980,21 @@ type Resources struct {
 	// A share of one GPU in thousandths (1..999); exclusive with gpus.
 	GpuMilli int32 `protobuf:"varint,4,opt,name=gpu_milli,json=gpuMilli,proto3" json:"gpu_milli,omitempty"`
 	// Allowed GPU models; empty means any.
-	GpuModels     []string `protobuf:"bytes,5,rep,name=gpu_models,json=gpuModels,proto3" json:"gpu_models,omitempty"`
+	GpuModels []string `protobuf:"bytes,5,rep,name=gpu_models,json=gpuModels,proto3" json:"gpu_models,omitempty"`
+	// Limits beside the requests above (Kubernetes' requests and limits):
+	// what an attempt may use at most, enforced by the agent with cgroup
+	// limits where it has cgroups (memory: the cgroup's memory limit, an
+	// attempt over it is OOM-killed and reported so; CPU: a CFS quota).
+	// Unset: no limit. Each limit is >= its request. The QoS class follows
+	// (jobspec.QoSClass): limits equal to the requests for both CPU and
+	// memory make a task Guaranteed, best_effort makes it BestEffort, any
+	// other task is Burstable.
+	Limits *ResourceLimits `protobuf:"bytes,6,opt,name=limits,proto3" json:"limits,omitempty"`
+	// BestEffort (Kubernetes' QoS class): the task requests nothing (no CPU,
+	// memory or GPU is reserved for it, only a task slot), runs wherever a
+	// slot is free, and is the first to be preempted. Exclusive with
+	// requests and limits.
+	BestEffort    bool `protobuf:"varint,7,opt,name=best_effort,json=bestEffort,proto3" json:"best_effort,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1050,6 +1064,77 @@ func (x *Resources) GetGpuModels() []string {
 	return nil
 }
 
+func (x *Resources) GetLimits() *ResourceLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *Resources) GetBestEffort() bool {
+	if x != nil {
+		return x.BestEffort
+	}
+	return false
+}
+
+// ResourceLimits is the most an attempt may use (Resources.limits); 0 is
+// no limit on that resource.
+type ResourceLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// CPU in millicores (1000 = one core); a CFS quota of this share per
+	// 100 ms period.
+	CpuMillis int64 `protobuf:"varint,1,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`
+	// Memory in MiB; the attempt's cgroup memory limit.
+	MemoryMb      int64 `protobuf:"varint,2,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResourceLimits) Reset() {
+	*x = ResourceLimits{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResourceLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResourceLimits) ProtoMessage() {}
+
+func (x *ResourceLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResourceLimits.ProtoReflect.Descriptor instead.
+func (*ResourceLimits) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ResourceLimits) GetCpuMillis() int64 {
+	if x != nil {
+		return x.CpuMillis
+	}
+	return 0
+}
+
+func (x *ResourceLimits) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
 // Constraint is a hard rule on a node label.
 type Constraint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1063,7 +1148,7 @@ type Constraint struct {
 
 func (x *Constraint) Reset() {
 	*x = Constraint{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1160,7 @@ func (x *Constraint) String() string {
 func (*Constraint) ProtoMessage() {}
 
 func (x *Constraint) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1173,7 @@ func (x *Constraint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Constraint.ProtoReflect.Descriptor instead.
 func (*Constraint) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{6}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Constraint) GetLabel() string {
@@ -1125,7 +1210,7 @@ type Affinity struct {
 
 func (x *Affinity) Reset() {
 	*x = Affinity{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1137,7 +1222,7 @@ func (x *Affinity) String() string {
 func (*Affinity) ProtoMessage() {}
 
 func (x *Affinity) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1150,7 +1235,7 @@ func (x *Affinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Affinity.ProtoReflect.Descriptor instead.
 func (*Affinity) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{7}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Affinity) GetLabel() string {
@@ -1194,7 +1279,7 @@ type Spread struct {
 
 func (x *Spread) Reset() {
 	*x = Spread{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1206,7 +1291,7 @@ func (x *Spread) String() string {
 func (*Spread) ProtoMessage() {}
 
 func (x *Spread) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1219,7 +1304,7 @@ func (x *Spread) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spread.ProtoReflect.Descriptor instead.
 func (*Spread) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{8}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Spread) GetLabel() string {
@@ -1254,7 +1339,7 @@ type DistinctProperty struct {
 
 func (x *DistinctProperty) Reset() {
 	*x = DistinctProperty{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1351,7 @@ func (x *DistinctProperty) String() string {
 func (*DistinctProperty) ProtoMessage() {}
 
 func (x *DistinctProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1364,7 @@ func (x *DistinctProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DistinctProperty.ProtoReflect.Descriptor instead.
 func (*DistinctProperty) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{9}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DistinctProperty) GetLabel() string {
@@ -1307,7 +1392,7 @@ type Dataset struct {
 
 func (x *Dataset) Reset() {
 	*x = Dataset{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1404,7 @@ func (x *Dataset) String() string {
 func (*Dataset) ProtoMessage() {}
 
 func (x *Dataset) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1417,7 @@ func (x *Dataset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dataset.ProtoReflect.Descriptor instead.
 func (*Dataset) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{10}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Dataset) GetName() string {
@@ -1377,7 +1462,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1474,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1487,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{11}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Job) GetId() string {
@@ -1510,7 +1595,7 @@ type TaskCounts struct {
 
 func (x *TaskCounts) Reset() {
 	*x = TaskCounts{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1607,7 @@ func (x *TaskCounts) String() string {
 func (*TaskCounts) ProtoMessage() {}
 
 func (x *TaskCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1620,7 @@ func (x *TaskCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskCounts.ProtoReflect.Descriptor instead.
 func (*TaskCounts) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{12}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TaskCounts) GetPending() int32 {
@@ -1614,7 +1699,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1711,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1724,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{13}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Task) GetJobId() string {
@@ -1747,7 +1832,9 @@ type AttemptResult struct {
 	NodeId       string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	NodeEpoch    int64                  `protobuf:"varint,3,opt,name=node_epoch,json=nodeEpoch,proto3" json:"node_epoch,omitempty"`
 	FencingToken int64                  `protobuf:"varint,4,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
-	// "complete", "failed", "retry", "lost", "refused", "timeout", "cancelled".
+	// "complete", "failed", "retry", "lost", "refused", "timeout",
+	// "cancelled", "drained", "preempted" (stopped to make room for a task of
+	// higher priority: requeued at once, not charged; error names it).
 	Outcome     string `protobuf:"bytes,5,opt,name=outcome,proto3" json:"outcome,omitempty"`
 	ExitCode    int32  `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
 	Error       string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
@@ -1767,7 +1854,7 @@ type AttemptResult struct {
 
 func (x *AttemptResult) Reset() {
 	*x = AttemptResult{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +1866,7 @@ func (x *AttemptResult) String() string {
 func (*AttemptResult) ProtoMessage() {}
 
 func (x *AttemptResult) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +1879,7 @@ func (x *AttemptResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptResult.ProtoReflect.Descriptor instead.
 func (*AttemptResult) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{14}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AttemptResult) GetAttempt() int32 {
@@ -1889,7 +1976,7 @@ type LookupRequestRequest struct {
 
 func (x *LookupRequestRequest) Reset() {
 	*x = LookupRequestRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +1988,7 @@ func (x *LookupRequestRequest) String() string {
 func (*LookupRequestRequest) ProtoMessage() {}
 
 func (x *LookupRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2001,7 @@ func (x *LookupRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequestRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequestRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{15}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LookupRequestRequest) GetClientId() string {
@@ -1947,7 +2034,7 @@ type LookupRequestResponse struct {
 
 func (x *LookupRequestResponse) Reset() {
 	*x = LookupRequestResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1959,7 +2046,7 @@ func (x *LookupRequestResponse) String() string {
 func (*LookupRequestResponse) ProtoMessage() {}
 
 func (x *LookupRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1972,7 +2059,7 @@ func (x *LookupRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequestResponse.ProtoReflect.Descriptor instead.
 func (*LookupRequestResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{16}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LookupRequestResponse) GetFound() bool {
@@ -2018,7 +2105,7 @@ type ForwardRequestRequest struct {
 
 func (x *ForwardRequestRequest) Reset() {
 	*x = ForwardRequestRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2030,7 +2117,7 @@ func (x *ForwardRequestRequest) String() string {
 func (*ForwardRequestRequest) ProtoMessage() {}
 
 func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2043,7 +2130,7 @@ func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequestRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequestRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{17}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ForwardRequestRequest) GetClientId() string {
@@ -2087,7 +2174,7 @@ type ForwardRequestResponse struct {
 
 func (x *ForwardRequestResponse) Reset() {
 	*x = ForwardRequestResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2186,7 @@ func (x *ForwardRequestResponse) String() string {
 func (*ForwardRequestResponse) ProtoMessage() {}
 
 func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2199,7 @@ func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequestResponse.ProtoReflect.Descriptor instead.
 func (*ForwardRequestResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{18}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ForwardRequestResponse) GetJobId() string {
@@ -2150,7 +2237,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2162,7 +2249,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2175,7 +2262,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{19}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SubmitJobRequest) GetSpec() *JobSpec {
@@ -2228,7 +2315,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2240,7 +2327,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2253,7 +2340,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{20}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -2293,7 +2380,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2392,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2405,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{21}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -2337,7 +2424,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2349,7 +2436,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2362,7 +2449,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{22}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -2387,7 +2474,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2399,7 +2486,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2412,7 +2499,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{23}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListJobsRequest) GetState() JobState {
@@ -2447,7 +2534,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2459,7 +2546,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2472,7 +2559,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{24}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -2498,7 +2585,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2510,7 +2597,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2523,7 +2610,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{25}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -2542,7 +2629,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2554,7 +2641,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2567,7 +2654,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{26}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -2586,7 +2673,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2598,7 +2685,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2611,7 +2698,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{27}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -2630,7 +2717,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2729,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2742,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{28}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchJobResponse) GetJob() *Job {
@@ -2676,7 +2763,7 @@ type GetJobLogsRequest struct {
 
 func (x *GetJobLogsRequest) Reset() {
 	*x = GetJobLogsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2688,7 +2775,7 @@ func (x *GetJobLogsRequest) String() string {
 func (*GetJobLogsRequest) ProtoMessage() {}
 
 func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2701,7 +2788,7 @@ func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetJobLogsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{29}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetJobLogsRequest) GetJobId() string {
@@ -2727,7 +2814,7 @@ type GetJobLogsResponse struct {
 
 func (x *GetJobLogsResponse) Reset() {
 	*x = GetJobLogsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +2826,7 @@ func (x *GetJobLogsResponse) String() string {
 func (*GetJobLogsResponse) ProtoMessage() {}
 
 func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +2839,7 @@ func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetJobLogsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetJobLogsResponse) GetTasks() []*Task {
@@ -2773,7 +2860,7 @@ type GetJobTraceRequest struct {
 
 func (x *GetJobTraceRequest) Reset() {
 	*x = GetJobTraceRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2785,7 +2872,7 @@ func (x *GetJobTraceRequest) String() string {
 func (*GetJobTraceRequest) ProtoMessage() {}
 
 func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2798,7 +2885,7 @@ func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobTraceRequest.ProtoReflect.Descriptor instead.
 func (*GetJobTraceRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetJobTraceRequest) GetJobId() string {
@@ -2830,7 +2917,7 @@ type GetJobTraceResponse struct {
 
 func (x *GetJobTraceResponse) Reset() {
 	*x = GetJobTraceResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2842,7 +2929,7 @@ func (x *GetJobTraceResponse) String() string {
 func (*GetJobTraceResponse) ProtoMessage() {}
 
 func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2855,7 +2942,7 @@ func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobTraceResponse.ProtoReflect.Descriptor instead.
 func (*GetJobTraceResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetJobTraceResponse) GetSpansJsonl() []byte {
@@ -2904,7 +2991,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2916,7 +3003,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2929,7 +3016,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RegisterNodeRequest) GetNodeId() string {
@@ -2992,7 +3079,7 @@ type LocalDataset struct {
 
 func (x *LocalDataset) Reset() {
 	*x = LocalDataset{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3004,7 +3091,7 @@ func (x *LocalDataset) String() string {
 func (*LocalDataset) ProtoMessage() {}
 
 func (x *LocalDataset) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3017,7 +3104,7 @@ func (x *LocalDataset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalDataset.ProtoReflect.Descriptor instead.
 func (*LocalDataset) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *LocalDataset) GetName() string {
@@ -3045,7 +3132,7 @@ type DatasetList struct {
 
 func (x *DatasetList) Reset() {
 	*x = DatasetList{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3057,7 +3144,7 @@ func (x *DatasetList) String() string {
 func (*DatasetList) ProtoMessage() {}
 
 func (x *DatasetList) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3070,7 +3157,7 @@ func (x *DatasetList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetList.ProtoReflect.Descriptor instead.
 func (*DatasetList) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DatasetList) GetDatasets() []*DatasetHolders {
@@ -3092,7 +3179,7 @@ type DatasetHolders struct {
 
 func (x *DatasetHolders) Reset() {
 	*x = DatasetHolders{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3104,7 +3191,7 @@ func (x *DatasetHolders) String() string {
 func (*DatasetHolders) ProtoMessage() {}
 
 func (x *DatasetHolders) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3117,7 +3204,7 @@ func (x *DatasetHolders) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetHolders.ProtoReflect.Descriptor instead.
 func (*DatasetHolders) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DatasetHolders) GetName() string {
@@ -3146,7 +3233,7 @@ type DatasetCopy struct {
 
 func (x *DatasetCopy) Reset() {
 	*x = DatasetCopy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3158,7 +3245,7 @@ func (x *DatasetCopy) String() string {
 func (*DatasetCopy) ProtoMessage() {}
 
 func (x *DatasetCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3171,7 +3258,7 @@ func (x *DatasetCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetCopy.ProtoReflect.Descriptor instead.
 func (*DatasetCopy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DatasetCopy) GetRegion() string {
@@ -3210,7 +3297,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3222,7 +3309,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3235,7 +3322,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RegisterNodeResponse) GetNodeEpoch() int64 {
@@ -3288,7 +3375,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3300,7 +3387,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3400,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *HeartbeatRequest) GetNodeId() string {
@@ -3357,7 +3444,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3369,7 +3456,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3382,7 +3469,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *HeartbeatResponse) GetLeaseTtlMs() int64 {
@@ -3414,7 +3501,7 @@ type AttemptRef struct {
 
 func (x *AttemptRef) Reset() {
 	*x = AttemptRef{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3426,7 +3513,7 @@ func (x *AttemptRef) String() string {
 func (*AttemptRef) ProtoMessage() {}
 
 func (x *AttemptRef) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3439,7 +3526,7 @@ func (x *AttemptRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptRef.ProtoReflect.Descriptor instead.
 func (*AttemptRef) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AttemptRef) GetJobId() string {
@@ -3489,7 +3576,7 @@ type AdoptAttemptsRequest struct {
 
 func (x *AdoptAttemptsRequest) Reset() {
 	*x = AdoptAttemptsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3501,7 +3588,7 @@ func (x *AdoptAttemptsRequest) String() string {
 func (*AdoptAttemptsRequest) ProtoMessage() {}
 
 func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3514,7 +3601,7 @@ func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptAttemptsRequest.ProtoReflect.Descriptor instead.
 func (*AdoptAttemptsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AdoptAttemptsRequest) GetNodeId() string {
@@ -3548,7 +3635,7 @@ type AdoptAttemptsResponse struct {
 
 func (x *AdoptAttemptsResponse) Reset() {
 	*x = AdoptAttemptsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3560,7 +3647,7 @@ func (x *AdoptAttemptsResponse) String() string {
 func (*AdoptAttemptsResponse) ProtoMessage() {}
 
 func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3573,7 +3660,7 @@ func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptAttemptsResponse.ProtoReflect.Descriptor instead.
 func (*AdoptAttemptsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AdoptAttemptsResponse) GetDecisions() []*AdoptDecision {
@@ -3597,7 +3684,7 @@ type AdoptDecision struct {
 
 func (x *AdoptDecision) Reset() {
 	*x = AdoptDecision{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3609,7 +3696,7 @@ func (x *AdoptDecision) String() string {
 func (*AdoptDecision) ProtoMessage() {}
 
 func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3622,7 +3709,7 @@ func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptDecision.ProtoReflect.Descriptor instead.
 func (*AdoptDecision) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AdoptDecision) GetAttempt() *AttemptRef {
@@ -3658,7 +3745,7 @@ type DrainSelfRequest struct {
 
 func (x *DrainSelfRequest) Reset() {
 	*x = DrainSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3670,7 +3757,7 @@ func (x *DrainSelfRequest) String() string {
 func (*DrainSelfRequest) ProtoMessage() {}
 
 func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3683,7 +3770,7 @@ func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSelfRequest.ProtoReflect.Descriptor instead.
 func (*DrainSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DrainSelfRequest) GetNodeId() string {
@@ -3715,7 +3802,7 @@ type DrainSelfResponse struct {
 
 func (x *DrainSelfResponse) Reset() {
 	*x = DrainSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3727,7 +3814,7 @@ func (x *DrainSelfResponse) String() string {
 func (*DrainSelfResponse) ProtoMessage() {}
 
 func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3740,7 +3827,7 @@ func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSelfResponse.ProtoReflect.Descriptor instead.
 func (*DrainSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
 }
 
 type DeregisterRequest struct {
@@ -3753,7 +3840,7 @@ type DeregisterRequest struct {
 
 func (x *DeregisterRequest) Reset() {
 	*x = DeregisterRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3765,7 +3852,7 @@ func (x *DeregisterRequest) String() string {
 func (*DeregisterRequest) ProtoMessage() {}
 
 func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3778,7 +3865,7 @@ func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DeregisterRequest) GetNodeId() string {
@@ -3803,7 +3890,7 @@ type DeregisterResponse struct {
 
 func (x *DeregisterResponse) Reset() {
 	*x = DeregisterResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3815,7 +3902,7 @@ func (x *DeregisterResponse) String() string {
 func (*DeregisterResponse) ProtoMessage() {}
 
 func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3828,7 +3915,7 @@ func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
 }
 
 type StreamAssignmentsRequest struct {
@@ -3841,7 +3928,7 @@ type StreamAssignmentsRequest struct {
 
 func (x *StreamAssignmentsRequest) Reset() {
 	*x = StreamAssignmentsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3853,7 +3940,7 @@ func (x *StreamAssignmentsRequest) String() string {
 func (*StreamAssignmentsRequest) ProtoMessage() {}
 
 func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3866,7 +3953,7 @@ func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsRequest.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StreamAssignmentsRequest) GetNodeId() string {
@@ -3892,7 +3979,7 @@ type StreamAssignmentsResponse struct {
 
 func (x *StreamAssignmentsResponse) Reset() {
 	*x = StreamAssignmentsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3904,7 +3991,7 @@ func (x *StreamAssignmentsResponse) String() string {
 func (*StreamAssignmentsResponse) ProtoMessage() {}
 
 func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3917,7 +4004,7 @@ func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StreamAssignmentsResponse) GetAssignment() *Assignment {
@@ -3965,7 +4052,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3977,7 +4064,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3990,7 +4077,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Assignment) GetKind() Assignment_Kind {
@@ -4139,7 +4226,7 @@ type ReportTaskStatusRequest struct {
 
 func (x *ReportTaskStatusRequest) Reset() {
 	*x = ReportTaskStatusRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4151,7 +4238,7 @@ func (x *ReportTaskStatusRequest) String() string {
 func (*ReportTaskStatusRequest) ProtoMessage() {}
 
 func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4164,7 +4251,7 @@ func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ReportTaskStatusRequest) GetNodeId() string {
@@ -4276,7 +4363,7 @@ type ExportSpansRequest struct {
 
 func (x *ExportSpansRequest) Reset() {
 	*x = ExportSpansRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4288,7 +4375,7 @@ func (x *ExportSpansRequest) String() string {
 func (*ExportSpansRequest) ProtoMessage() {}
 
 func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4301,7 +4388,7 @@ func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansRequest.ProtoReflect.Descriptor instead.
 func (*ExportSpansRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ExportSpansRequest) GetNodeId() string {
@@ -4328,7 +4415,7 @@ type ExportSpansResponse struct {
 
 func (x *ExportSpansResponse) Reset() {
 	*x = ExportSpansResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4340,7 +4427,7 @@ func (x *ExportSpansResponse) String() string {
 func (*ExportSpansResponse) ProtoMessage() {}
 
 func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4353,7 +4440,7 @@ func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansResponse.ProtoReflect.Descriptor instead.
 func (*ExportSpansResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ExportSpansResponse) GetKept() int32 {
@@ -4379,7 +4466,7 @@ type ReportTaskStatusResponse struct {
 
 func (x *ReportTaskStatusResponse) Reset() {
 	*x = ReportTaskStatusResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4391,7 +4478,7 @@ func (x *ReportTaskStatusResponse) String() string {
 func (*ReportTaskStatusResponse) ProtoMessage() {}
 
 func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4404,7 +4491,7 @@ func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ReportTaskStatusResponse) GetAccepted() bool {
@@ -4441,7 +4528,7 @@ type GossipKeyringRequest struct {
 
 func (x *GossipKeyringRequest) Reset() {
 	*x = GossipKeyringRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4453,7 +4540,7 @@ func (x *GossipKeyringRequest) String() string {
 func (*GossipKeyringRequest) ProtoMessage() {}
 
 func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4466,7 +4553,7 @@ func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeyringRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GossipKeyringRequest) GetOp() GossipKeyringOp {
@@ -4514,7 +4601,7 @@ type GossipKeyringPool struct {
 
 func (x *GossipKeyringPool) Reset() {
 	*x = GossipKeyringPool{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4526,7 +4613,7 @@ func (x *GossipKeyringPool) String() string {
 func (*GossipKeyringPool) ProtoMessage() {}
 
 func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4539,7 +4626,7 @@ func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringPool.ProtoReflect.Descriptor instead.
 func (*GossipKeyringPool) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GossipKeyringPool) GetPool() string {
@@ -4607,7 +4694,7 @@ type GossipKeyringResponse struct {
 
 func (x *GossipKeyringResponse) Reset() {
 	*x = GossipKeyringResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4619,7 +4706,7 @@ func (x *GossipKeyringResponse) String() string {
 func (*GossipKeyringResponse) ProtoMessage() {}
 
 func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4632,7 +4719,7 @@ func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeyringResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GossipKeyringResponse) GetPools() []*GossipKeyringPool {
@@ -4656,7 +4743,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +4755,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +4768,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DrainNodeRequest) GetNodeId() string {
@@ -4721,7 +4808,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4733,7 +4820,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4746,7 +4833,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -4767,7 +4854,7 @@ type SetNodeEligibilityRequest struct {
 
 func (x *SetNodeEligibilityRequest) Reset() {
 	*x = SetNodeEligibilityRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4779,7 +4866,7 @@ func (x *SetNodeEligibilityRequest) String() string {
 func (*SetNodeEligibilityRequest) ProtoMessage() {}
 
 func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4792,7 +4879,7 @@ func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *SetNodeEligibilityRequest) GetNodeId() string {
@@ -4825,7 +4912,7 @@ type SetNodeEligibilityResponse struct {
 
 func (x *SetNodeEligibilityResponse) Reset() {
 	*x = SetNodeEligibilityResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4837,7 +4924,7 @@ func (x *SetNodeEligibilityResponse) String() string {
 func (*SetNodeEligibilityResponse) ProtoMessage() {}
 
 func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4850,7 +4937,7 @@ func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *SetNodeEligibilityResponse) GetNode() *Node {
@@ -4873,7 +4960,7 @@ type QuarantineNodeRequest struct {
 
 func (x *QuarantineNodeRequest) Reset() {
 	*x = QuarantineNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4885,7 +4972,7 @@ func (x *QuarantineNodeRequest) String() string {
 func (*QuarantineNodeRequest) ProtoMessage() {}
 
 func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4898,7 +4985,7 @@ func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeRequest.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *QuarantineNodeRequest) GetNodeId() string {
@@ -4932,7 +5019,7 @@ type QuarantineNodeResponse struct {
 
 func (x *QuarantineNodeResponse) Reset() {
 	*x = QuarantineNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4944,7 +5031,7 @@ func (x *QuarantineNodeResponse) String() string {
 func (*QuarantineNodeResponse) ProtoMessage() {}
 
 func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4957,7 +5044,7 @@ func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeResponse.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *QuarantineNodeResponse) GetNode() *Node {
@@ -4978,7 +5065,7 @@ type ReleaseNodeRequest struct {
 
 func (x *ReleaseNodeRequest) Reset() {
 	*x = ReleaseNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4990,7 +5077,7 @@ func (x *ReleaseNodeRequest) String() string {
 func (*ReleaseNodeRequest) ProtoMessage() {}
 
 func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5003,7 +5090,7 @@ func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ReleaseNodeRequest) GetNodeId() string {
@@ -5031,7 +5118,7 @@ type ReleaseNodeResponse struct {
 
 func (x *ReleaseNodeResponse) Reset() {
 	*x = ReleaseNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5043,7 +5130,7 @@ func (x *ReleaseNodeResponse) String() string {
 func (*ReleaseNodeResponse) ProtoMessage() {}
 
 func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5056,7 +5143,7 @@ func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReleaseNodeResponse) GetNode() *Node {
@@ -5081,7 +5168,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5093,7 +5180,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5106,7 +5193,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
 }
 
 type Node struct {
@@ -5155,14 +5242,19 @@ type Node struct {
 	RecentFailures int32 `protobuf:"varint,23,opt,name=recent_failures,json=recentFailures,proto3" json:"recent_failures,omitempty"`
 	// The datasets the node holds locally, by name (the agent's
 	// --dataset-dir), as of its current epoch.
-	Datasets      []*LocalDataset `protobuf:"bytes,24,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	Datasets []*LocalDataset `protobuf:"bytes,24,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	// Sum of the limits (Resources.limits) of the node's running tasks, as
+	// allocated sums their requests (Kubernetes' "Allocated resources"); a
+	// task without a limit adds nothing. Limits may exceed capacity
+	// (overcommit by Burstable tasks).
+	Limits        *ResourceLimits `protobuf:"bytes,25,opt,name=limits,proto3" json:"limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5174,7 +5266,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5187,7 +5279,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *Node) GetId() string {
@@ -5358,6 +5450,13 @@ func (x *Node) GetDatasets() []*LocalDataset {
 	return nil
 }
 
+func (x *Node) GetLimits() *ResourceLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
 type ListNodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Nodes []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
@@ -5370,7 +5469,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5382,7 +5481,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5395,7 +5494,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -5420,7 +5519,7 @@ type GetRegionInfoRequest struct {
 
 func (x *GetRegionInfoRequest) Reset() {
 	*x = GetRegionInfoRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5432,7 +5531,7 @@ func (x *GetRegionInfoRequest) String() string {
 func (*GetRegionInfoRequest) ProtoMessage() {}
 
 func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5445,7 +5544,7 @@ func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
 }
 
 type Coordinator struct {
@@ -5463,7 +5562,7 @@ type Coordinator struct {
 
 func (x *Coordinator) Reset() {
 	*x = Coordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5475,7 +5574,7 @@ func (x *Coordinator) String() string {
 func (*Coordinator) ProtoMessage() {}
 
 func (x *Coordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5488,7 +5587,7 @@ func (x *Coordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coordinator.ProtoReflect.Descriptor instead.
 func (*Coordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *Coordinator) GetId() string {
@@ -5551,7 +5650,7 @@ type GetRegionInfoResponse struct {
 
 func (x *GetRegionInfoResponse) Reset() {
 	*x = GetRegionInfoResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5563,7 +5662,7 @@ func (x *GetRegionInfoResponse) String() string {
 func (*GetRegionInfoResponse) ProtoMessage() {}
 
 func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5576,7 +5675,7 @@ func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *GetRegionInfoResponse) GetRegion() string {
@@ -5671,7 +5770,7 @@ type ListShardsRequest struct {
 
 func (x *ListShardsRequest) Reset() {
 	*x = ListShardsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5683,7 +5782,7 @@ func (x *ListShardsRequest) String() string {
 func (*ListShardsRequest) ProtoMessage() {}
 
 func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5696,7 +5795,7 @@ func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsRequest.ProtoReflect.Descriptor instead.
 func (*ListShardsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
 }
 
 // Shard is one virtual shard of a region (package shards).
@@ -5721,7 +5820,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5733,7 +5832,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5746,7 +5845,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *Shard) GetShard() int32 {
@@ -5805,7 +5904,7 @@ type ListShardsResponse struct {
 
 func (x *ListShardsResponse) Reset() {
 	*x = ListShardsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5817,7 +5916,7 @@ func (x *ListShardsResponse) String() string {
 func (*ListShardsResponse) ProtoMessage() {}
 
 func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5830,7 +5929,7 @@ func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsResponse.ProtoReflect.Descriptor instead.
 func (*ListShardsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ListShardsResponse) GetShards() []*Shard {
@@ -5869,7 +5968,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5881,7 +5980,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5894,7 +5993,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -5917,7 +6016,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5929,7 +6028,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5942,7 +6041,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -6001,7 +6100,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6013,7 +6112,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6026,7 +6125,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -6075,7 +6174,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6087,7 +6186,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6100,7 +6199,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -6189,7 +6288,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6201,7 +6300,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6214,7 +6313,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -6252,7 +6351,7 @@ type ACLToken struct {
 
 func (x *ACLToken) Reset() {
 	*x = ACLToken{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6264,7 +6363,7 @@ func (x *ACLToken) String() string {
 func (*ACLToken) ProtoMessage() {}
 
 func (x *ACLToken) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6277,7 +6376,7 @@ func (x *ACLToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
 func (*ACLToken) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ACLToken) GetAccessorId() string {
@@ -6362,7 +6461,7 @@ type ACLPolicy struct {
 
 func (x *ACLPolicy) Reset() {
 	*x = ACLPolicy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6374,7 +6473,7 @@ func (x *ACLPolicy) String() string {
 func (*ACLPolicy) ProtoMessage() {}
 
 func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6387,7 +6486,7 @@ func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLPolicy.ProtoReflect.Descriptor instead.
 func (*ACLPolicy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ACLPolicy) GetName() string {
@@ -6438,7 +6537,7 @@ type ACLNamespaceRule struct {
 
 func (x *ACLNamespaceRule) Reset() {
 	*x = ACLNamespaceRule{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6450,7 +6549,7 @@ func (x *ACLNamespaceRule) String() string {
 func (*ACLNamespaceRule) ProtoMessage() {}
 
 func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6463,7 +6562,7 @@ func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLNamespaceRule.ProtoReflect.Descriptor instead.
 func (*ACLNamespaceRule) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ACLNamespaceRule) GetName() string {
@@ -6492,7 +6591,7 @@ type BootstrapACLRequest struct {
 
 func (x *BootstrapACLRequest) Reset() {
 	*x = BootstrapACLRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6504,7 +6603,7 @@ func (x *BootstrapACLRequest) String() string {
 func (*BootstrapACLRequest) ProtoMessage() {}
 
 func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6517,7 +6616,7 @@ func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLRequest.ProtoReflect.Descriptor instead.
 func (*BootstrapACLRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *BootstrapACLRequest) GetAccessorId() string {
@@ -6547,7 +6646,7 @@ type BootstrapACLResponse struct {
 
 func (x *BootstrapACLResponse) Reset() {
 	*x = BootstrapACLResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6559,7 +6658,7 @@ func (x *BootstrapACLResponse) String() string {
 func (*BootstrapACLResponse) ProtoMessage() {}
 
 func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6572,7 +6671,7 @@ func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLResponse.ProtoReflect.Descriptor instead.
 func (*BootstrapACLResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *BootstrapACLResponse) GetToken() *ACLToken {
@@ -6618,7 +6717,7 @@ type CreateACLTokenRequest struct {
 
 func (x *CreateACLTokenRequest) Reset() {
 	*x = CreateACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6630,7 +6729,7 @@ func (x *CreateACLTokenRequest) String() string {
 func (*CreateACLTokenRequest) ProtoMessage() {}
 
 func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6643,7 +6742,7 @@ func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *CreateACLTokenRequest) GetName() string {
@@ -6712,7 +6811,7 @@ type CreateACLTokenResponse struct {
 
 func (x *CreateACLTokenResponse) Reset() {
 	*x = CreateACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6724,7 +6823,7 @@ func (x *CreateACLTokenResponse) String() string {
 func (*CreateACLTokenResponse) ProtoMessage() {}
 
 func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6737,7 +6836,7 @@ func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *CreateACLTokenResponse) GetToken() *ACLToken {
@@ -6762,7 +6861,7 @@ type ListACLTokensRequest struct {
 
 func (x *ListACLTokensRequest) Reset() {
 	*x = ListACLTokensRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6774,7 +6873,7 @@ func (x *ListACLTokensRequest) String() string {
 func (*ListACLTokensRequest) ProtoMessage() {}
 
 func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6787,7 +6886,7 @@ func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListACLTokensRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
 }
 
 type ListACLTokensResponse struct {
@@ -6801,7 +6900,7 @@ type ListACLTokensResponse struct {
 
 func (x *ListACLTokensResponse) Reset() {
 	*x = ListACLTokensResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6813,7 +6912,7 @@ func (x *ListACLTokensResponse) String() string {
 func (*ListACLTokensResponse) ProtoMessage() {}
 
 func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6826,7 +6925,7 @@ func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListACLTokensResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ListACLTokensResponse) GetTokens() []*ACLToken {
@@ -6852,7 +6951,7 @@ type RevokeACLTokenRequest struct {
 
 func (x *RevokeACLTokenRequest) Reset() {
 	*x = RevokeACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6864,7 +6963,7 @@ func (x *RevokeACLTokenRequest) String() string {
 func (*RevokeACLTokenRequest) ProtoMessage() {}
 
 func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6877,7 +6976,7 @@ func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RevokeACLTokenRequest) GetAccessorId() string {
@@ -6899,7 +6998,7 @@ type RevokeACLTokenResponse struct {
 
 func (x *RevokeACLTokenResponse) Reset() {
 	*x = RevokeACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6911,7 +7010,7 @@ func (x *RevokeACLTokenResponse) String() string {
 func (*RevokeACLTokenResponse) ProtoMessage() {}
 
 func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6924,7 +7023,7 @@ func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RevokeACLTokenResponse) GetEndedNodeId() string {
@@ -6956,7 +7055,7 @@ type GetACLSelfRequest struct {
 
 func (x *GetACLSelfRequest) Reset() {
 	*x = GetACLSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6968,7 +7067,7 @@ func (x *GetACLSelfRequest) String() string {
 func (*GetACLSelfRequest) ProtoMessage() {}
 
 func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6981,7 +7080,7 @@ func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfRequest.ProtoReflect.Descriptor instead.
 func (*GetACLSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
 }
 
 type GetACLSelfResponse struct {
@@ -6993,7 +7092,7 @@ type GetACLSelfResponse struct {
 
 func (x *GetACLSelfResponse) Reset() {
 	*x = GetACLSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7005,7 +7104,7 @@ func (x *GetACLSelfResponse) String() string {
 func (*GetACLSelfResponse) ProtoMessage() {}
 
 func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7018,7 +7117,7 @@ func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfResponse.ProtoReflect.Descriptor instead.
 func (*GetACLSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *GetACLSelfResponse) GetToken() *ACLToken {
@@ -7037,7 +7136,7 @@ type ApplyACLPolicyRequest struct {
 
 func (x *ApplyACLPolicyRequest) Reset() {
 	*x = ApplyACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7049,7 +7148,7 @@ func (x *ApplyACLPolicyRequest) String() string {
 func (*ApplyACLPolicyRequest) ProtoMessage() {}
 
 func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7062,7 +7161,7 @@ func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ApplyACLPolicyRequest) GetPolicy() *ACLPolicy {
@@ -7082,7 +7181,7 @@ type ApplyACLPolicyResponse struct {
 
 func (x *ApplyACLPolicyResponse) Reset() {
 	*x = ApplyACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7094,7 +7193,7 @@ func (x *ApplyACLPolicyResponse) String() string {
 func (*ApplyACLPolicyResponse) ProtoMessage() {}
 
 func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7107,7 +7206,7 @@ func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ApplyACLPolicyResponse) GetRegions() []string {
@@ -7132,7 +7231,7 @@ type ListACLPoliciesRequest struct {
 
 func (x *ListACLPoliciesRequest) Reset() {
 	*x = ListACLPoliciesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7144,7 +7243,7 @@ func (x *ListACLPoliciesRequest) String() string {
 func (*ListACLPoliciesRequest) ProtoMessage() {}
 
 func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7157,7 +7256,7 @@ func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
 }
 
 type ListACLPoliciesResponse struct {
@@ -7170,7 +7269,7 @@ type ListACLPoliciesResponse struct {
 
 func (x *ListACLPoliciesResponse) Reset() {
 	*x = ListACLPoliciesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7182,7 +7281,7 @@ func (x *ListACLPoliciesResponse) String() string {
 func (*ListACLPoliciesResponse) ProtoMessage() {}
 
 func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7195,7 +7294,7 @@ func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ListACLPoliciesResponse) GetPolicies() []*ACLPolicy {
@@ -7221,7 +7320,7 @@ type DeleteACLPolicyRequest struct {
 
 func (x *DeleteACLPolicyRequest) Reset() {
 	*x = DeleteACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7233,7 +7332,7 @@ func (x *DeleteACLPolicyRequest) String() string {
 func (*DeleteACLPolicyRequest) ProtoMessage() {}
 
 func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7246,7 +7345,7 @@ func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *DeleteACLPolicyRequest) GetName() string {
@@ -7266,7 +7365,7 @@ type DeleteACLPolicyResponse struct {
 
 func (x *DeleteACLPolicyResponse) Reset() {
 	*x = DeleteACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7278,7 +7377,7 @@ func (x *DeleteACLPolicyResponse) String() string {
 func (*DeleteACLPolicyResponse) ProtoMessage() {}
 
 func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7291,7 +7390,7 @@ func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *DeleteACLPolicyResponse) GetRegions() []string {
@@ -7373,7 +7472,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
 	"\fAntiAffinity\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
-	"\x05scope\x18\x02 \x01(\tR\x05scope\"\x97\x01\n" +
+	"\x05scope\x18\x02 \x01(\tR\x05scope\"\xeb\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12\x1b\n" +
@@ -7381,7 +7480,14 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x04gpus\x18\x03 \x01(\x05R\x04gpus\x12\x1b\n" +
 	"\tgpu_milli\x18\x04 \x01(\x05R\bgpuMilli\x12\x1d\n" +
 	"\n" +
-	"gpu_models\x18\x05 \x03(\tR\tgpuModels\"J\n" +
+	"gpu_models\x18\x05 \x03(\tR\tgpuModels\x121\n" +
+	"\x06limits\x18\x06 \x01(\v2\x19.apiary.v1.ResourceLimitsR\x06limits\x12\x1f\n" +
+	"\vbest_effort\x18\a \x01(\bR\n" +
+	"bestEffort\"L\n" +
+	"\x0eResourceLimits\x12\x1d\n" +
+	"\n" +
+	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12\x1b\n" +
+	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\"J\n" +
 	"\n" +
 	"Constraint\x12\x14\n" +
 	"\x05label\x18\x01 \x01(\tR\x05label\x12\x0e\n" +
@@ -7724,7 +7830,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x13ReleaseNodeResponse\x12#\n" +
 	"\x04node\x18\x01 \x01(\v2\x0f.apiary.v1.NodeR\x04node\x12'\n" +
 	"\x0fwas_quarantined\x18\x02 \x01(\bR\x0ewasQuarantined\"\x12\n" +
-	"\x10ListNodesRequest\"\x86\b\n" +
+	"\x10ListNodesRequest\"\xb9\b\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
 	"\x06labels\x18\x02 \x03(\v2\x1b.apiary.v1.Node.LabelsEntryR\x06labels\x120\n" +
@@ -7752,7 +7858,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x12quarantine_strikes\x18\x15 \x01(\x05R\x11quarantineStrikes\x12'\n" +
 	"\x0frecent_attempts\x18\x16 \x01(\x05R\x0erecentAttempts\x12'\n" +
 	"\x0frecent_failures\x18\x17 \x01(\x05R\x0erecentFailures\x123\n" +
-	"\bdatasets\x18\x18 \x03(\v2\x17.apiary.v1.LocalDatasetR\bdatasets\x1a9\n" +
+	"\bdatasets\x18\x18 \x03(\v2\x17.apiary.v1.LocalDatasetR\bdatasets\x121\n" +
+	"\x06limits\x18\x19 \x01(\v2\x19.apiary.v1.ResourceLimitsR\x06limits\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"k\n" +
@@ -8003,7 +8110,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 112)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                      // 0: apiary.v1.JobState
 	(TaskState)(0),                     // 1: apiary.v1.TaskState
@@ -8018,262 +8125,265 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(*TaskGroup)(nil),                  // 10: apiary.v1.TaskGroup
 	(*AntiAffinity)(nil),               // 11: apiary.v1.AntiAffinity
 	(*Resources)(nil),                  // 12: apiary.v1.Resources
-	(*Constraint)(nil),                 // 13: apiary.v1.Constraint
-	(*Affinity)(nil),                   // 14: apiary.v1.Affinity
-	(*Spread)(nil),                     // 15: apiary.v1.Spread
-	(*DistinctProperty)(nil),           // 16: apiary.v1.DistinctProperty
-	(*Dataset)(nil),                    // 17: apiary.v1.Dataset
-	(*Job)(nil),                        // 18: apiary.v1.Job
-	(*TaskCounts)(nil),                 // 19: apiary.v1.TaskCounts
-	(*Task)(nil),                       // 20: apiary.v1.Task
-	(*AttemptResult)(nil),              // 21: apiary.v1.AttemptResult
-	(*LookupRequestRequest)(nil),       // 22: apiary.v1.LookupRequestRequest
-	(*LookupRequestResponse)(nil),      // 23: apiary.v1.LookupRequestResponse
-	(*ForwardRequestRequest)(nil),      // 24: apiary.v1.ForwardRequestRequest
-	(*ForwardRequestResponse)(nil),     // 25: apiary.v1.ForwardRequestResponse
-	(*SubmitJobRequest)(nil),           // 26: apiary.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),          // 27: apiary.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),              // 28: apiary.v1.GetJobRequest
-	(*GetJobResponse)(nil),             // 29: apiary.v1.GetJobResponse
-	(*ListJobsRequest)(nil),            // 30: apiary.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),           // 31: apiary.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),           // 32: apiary.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),          // 33: apiary.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),            // 34: apiary.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),           // 35: apiary.v1.WatchJobResponse
-	(*GetJobLogsRequest)(nil),          // 36: apiary.v1.GetJobLogsRequest
-	(*GetJobLogsResponse)(nil),         // 37: apiary.v1.GetJobLogsResponse
-	(*GetJobTraceRequest)(nil),         // 38: apiary.v1.GetJobTraceRequest
-	(*GetJobTraceResponse)(nil),        // 39: apiary.v1.GetJobTraceResponse
-	(*RegisterNodeRequest)(nil),        // 40: apiary.v1.RegisterNodeRequest
-	(*LocalDataset)(nil),               // 41: apiary.v1.LocalDataset
-	(*DatasetList)(nil),                // 42: apiary.v1.DatasetList
-	(*DatasetHolders)(nil),             // 43: apiary.v1.DatasetHolders
-	(*DatasetCopy)(nil),                // 44: apiary.v1.DatasetCopy
-	(*RegisterNodeResponse)(nil),       // 45: apiary.v1.RegisterNodeResponse
-	(*HeartbeatRequest)(nil),           // 46: apiary.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 47: apiary.v1.HeartbeatResponse
-	(*AttemptRef)(nil),                 // 48: apiary.v1.AttemptRef
-	(*AdoptAttemptsRequest)(nil),       // 49: apiary.v1.AdoptAttemptsRequest
-	(*AdoptAttemptsResponse)(nil),      // 50: apiary.v1.AdoptAttemptsResponse
-	(*AdoptDecision)(nil),              // 51: apiary.v1.AdoptDecision
-	(*DrainSelfRequest)(nil),           // 52: apiary.v1.DrainSelfRequest
-	(*DrainSelfResponse)(nil),          // 53: apiary.v1.DrainSelfResponse
-	(*DeregisterRequest)(nil),          // 54: apiary.v1.DeregisterRequest
-	(*DeregisterResponse)(nil),         // 55: apiary.v1.DeregisterResponse
-	(*StreamAssignmentsRequest)(nil),   // 56: apiary.v1.StreamAssignmentsRequest
-	(*StreamAssignmentsResponse)(nil),  // 57: apiary.v1.StreamAssignmentsResponse
-	(*Assignment)(nil),                 // 58: apiary.v1.Assignment
-	(*ReportTaskStatusRequest)(nil),    // 59: apiary.v1.ReportTaskStatusRequest
-	(*ExportSpansRequest)(nil),         // 60: apiary.v1.ExportSpansRequest
-	(*ExportSpansResponse)(nil),        // 61: apiary.v1.ExportSpansResponse
-	(*ReportTaskStatusResponse)(nil),   // 62: apiary.v1.ReportTaskStatusResponse
-	(*GossipKeyringRequest)(nil),       // 63: apiary.v1.GossipKeyringRequest
-	(*GossipKeyringPool)(nil),          // 64: apiary.v1.GossipKeyringPool
-	(*GossipKeyringResponse)(nil),      // 65: apiary.v1.GossipKeyringResponse
-	(*DrainNodeRequest)(nil),           // 66: apiary.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 67: apiary.v1.DrainNodeResponse
-	(*SetNodeEligibilityRequest)(nil),  // 68: apiary.v1.SetNodeEligibilityRequest
-	(*SetNodeEligibilityResponse)(nil), // 69: apiary.v1.SetNodeEligibilityResponse
-	(*QuarantineNodeRequest)(nil),      // 70: apiary.v1.QuarantineNodeRequest
-	(*QuarantineNodeResponse)(nil),     // 71: apiary.v1.QuarantineNodeResponse
-	(*ReleaseNodeRequest)(nil),         // 72: apiary.v1.ReleaseNodeRequest
-	(*ReleaseNodeResponse)(nil),        // 73: apiary.v1.ReleaseNodeResponse
-	(*ListNodesRequest)(nil),           // 74: apiary.v1.ListNodesRequest
-	(*Node)(nil),                       // 75: apiary.v1.Node
-	(*ListNodesResponse)(nil),          // 76: apiary.v1.ListNodesResponse
-	(*GetRegionInfoRequest)(nil),       // 77: apiary.v1.GetRegionInfoRequest
-	(*Coordinator)(nil),                // 78: apiary.v1.Coordinator
-	(*GetRegionInfoResponse)(nil),      // 79: apiary.v1.GetRegionInfoResponse
-	(*ListShardsRequest)(nil),          // 80: apiary.v1.ListShardsRequest
-	(*Shard)(nil),                      // 81: apiary.v1.Shard
-	(*ListShardsResponse)(nil),         // 82: apiary.v1.ListShardsResponse
-	(*ListRegionsRequest)(nil),         // 83: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),          // 84: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),            // 85: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),              // 86: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),        // 87: apiary.v1.ListRegionsResponse
-	(*ACLToken)(nil),                   // 88: apiary.v1.ACLToken
-	(*ACLPolicy)(nil),                  // 89: apiary.v1.ACLPolicy
-	(*ACLNamespaceRule)(nil),           // 90: apiary.v1.ACLNamespaceRule
-	(*BootstrapACLRequest)(nil),        // 91: apiary.v1.BootstrapACLRequest
-	(*BootstrapACLResponse)(nil),       // 92: apiary.v1.BootstrapACLResponse
-	(*CreateACLTokenRequest)(nil),      // 93: apiary.v1.CreateACLTokenRequest
-	(*CreateACLTokenResponse)(nil),     // 94: apiary.v1.CreateACLTokenResponse
-	(*ListACLTokensRequest)(nil),       // 95: apiary.v1.ListACLTokensRequest
-	(*ListACLTokensResponse)(nil),      // 96: apiary.v1.ListACLTokensResponse
-	(*RevokeACLTokenRequest)(nil),      // 97: apiary.v1.RevokeACLTokenRequest
-	(*RevokeACLTokenResponse)(nil),     // 98: apiary.v1.RevokeACLTokenResponse
-	(*GetACLSelfRequest)(nil),          // 99: apiary.v1.GetACLSelfRequest
-	(*GetACLSelfResponse)(nil),         // 100: apiary.v1.GetACLSelfResponse
-	(*ApplyACLPolicyRequest)(nil),      // 101: apiary.v1.ApplyACLPolicyRequest
-	(*ApplyACLPolicyResponse)(nil),     // 102: apiary.v1.ApplyACLPolicyResponse
-	(*ListACLPoliciesRequest)(nil),     // 103: apiary.v1.ListACLPoliciesRequest
-	(*ListACLPoliciesResponse)(nil),    // 104: apiary.v1.ListACLPoliciesResponse
-	(*DeleteACLPolicyRequest)(nil),     // 105: apiary.v1.DeleteACLPolicyRequest
-	(*DeleteACLPolicyResponse)(nil),    // 106: apiary.v1.DeleteACLPolicyResponse
-	nil,                                // 107: apiary.v1.RegionSpec.SelectorEntry
-	nil,                                // 108: apiary.v1.TaskGroup.EnvEntry
-	nil,                                // 109: apiary.v1.TaskGroup.SecretEnvEntry
-	nil,                                // 110: apiary.v1.Spread.TargetsEntry
-	nil,                                // 111: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                // 112: apiary.v1.Assignment.EnvEntry
-	nil,                                // 113: apiary.v1.GossipKeyringPool.MessagesEntry
-	nil,                                // 114: apiary.v1.GossipKeyringPool.KeysEntry
-	nil,                                // 115: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	nil,                                // 116: apiary.v1.Node.LabelsEntry
-	nil,                                // 117: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                                // 118: apiary.v1.RegionSummary.LabelsEntry
+	(*ResourceLimits)(nil),             // 13: apiary.v1.ResourceLimits
+	(*Constraint)(nil),                 // 14: apiary.v1.Constraint
+	(*Affinity)(nil),                   // 15: apiary.v1.Affinity
+	(*Spread)(nil),                     // 16: apiary.v1.Spread
+	(*DistinctProperty)(nil),           // 17: apiary.v1.DistinctProperty
+	(*Dataset)(nil),                    // 18: apiary.v1.Dataset
+	(*Job)(nil),                        // 19: apiary.v1.Job
+	(*TaskCounts)(nil),                 // 20: apiary.v1.TaskCounts
+	(*Task)(nil),                       // 21: apiary.v1.Task
+	(*AttemptResult)(nil),              // 22: apiary.v1.AttemptResult
+	(*LookupRequestRequest)(nil),       // 23: apiary.v1.LookupRequestRequest
+	(*LookupRequestResponse)(nil),      // 24: apiary.v1.LookupRequestResponse
+	(*ForwardRequestRequest)(nil),      // 25: apiary.v1.ForwardRequestRequest
+	(*ForwardRequestResponse)(nil),     // 26: apiary.v1.ForwardRequestResponse
+	(*SubmitJobRequest)(nil),           // 27: apiary.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),          // 28: apiary.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),              // 29: apiary.v1.GetJobRequest
+	(*GetJobResponse)(nil),             // 30: apiary.v1.GetJobResponse
+	(*ListJobsRequest)(nil),            // 31: apiary.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),           // 32: apiary.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),           // 33: apiary.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),          // 34: apiary.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),            // 35: apiary.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),           // 36: apiary.v1.WatchJobResponse
+	(*GetJobLogsRequest)(nil),          // 37: apiary.v1.GetJobLogsRequest
+	(*GetJobLogsResponse)(nil),         // 38: apiary.v1.GetJobLogsResponse
+	(*GetJobTraceRequest)(nil),         // 39: apiary.v1.GetJobTraceRequest
+	(*GetJobTraceResponse)(nil),        // 40: apiary.v1.GetJobTraceResponse
+	(*RegisterNodeRequest)(nil),        // 41: apiary.v1.RegisterNodeRequest
+	(*LocalDataset)(nil),               // 42: apiary.v1.LocalDataset
+	(*DatasetList)(nil),                // 43: apiary.v1.DatasetList
+	(*DatasetHolders)(nil),             // 44: apiary.v1.DatasetHolders
+	(*DatasetCopy)(nil),                // 45: apiary.v1.DatasetCopy
+	(*RegisterNodeResponse)(nil),       // 46: apiary.v1.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),           // 47: apiary.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 48: apiary.v1.HeartbeatResponse
+	(*AttemptRef)(nil),                 // 49: apiary.v1.AttemptRef
+	(*AdoptAttemptsRequest)(nil),       // 50: apiary.v1.AdoptAttemptsRequest
+	(*AdoptAttemptsResponse)(nil),      // 51: apiary.v1.AdoptAttemptsResponse
+	(*AdoptDecision)(nil),              // 52: apiary.v1.AdoptDecision
+	(*DrainSelfRequest)(nil),           // 53: apiary.v1.DrainSelfRequest
+	(*DrainSelfResponse)(nil),          // 54: apiary.v1.DrainSelfResponse
+	(*DeregisterRequest)(nil),          // 55: apiary.v1.DeregisterRequest
+	(*DeregisterResponse)(nil),         // 56: apiary.v1.DeregisterResponse
+	(*StreamAssignmentsRequest)(nil),   // 57: apiary.v1.StreamAssignmentsRequest
+	(*StreamAssignmentsResponse)(nil),  // 58: apiary.v1.StreamAssignmentsResponse
+	(*Assignment)(nil),                 // 59: apiary.v1.Assignment
+	(*ReportTaskStatusRequest)(nil),    // 60: apiary.v1.ReportTaskStatusRequest
+	(*ExportSpansRequest)(nil),         // 61: apiary.v1.ExportSpansRequest
+	(*ExportSpansResponse)(nil),        // 62: apiary.v1.ExportSpansResponse
+	(*ReportTaskStatusResponse)(nil),   // 63: apiary.v1.ReportTaskStatusResponse
+	(*GossipKeyringRequest)(nil),       // 64: apiary.v1.GossipKeyringRequest
+	(*GossipKeyringPool)(nil),          // 65: apiary.v1.GossipKeyringPool
+	(*GossipKeyringResponse)(nil),      // 66: apiary.v1.GossipKeyringResponse
+	(*DrainNodeRequest)(nil),           // 67: apiary.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 68: apiary.v1.DrainNodeResponse
+	(*SetNodeEligibilityRequest)(nil),  // 69: apiary.v1.SetNodeEligibilityRequest
+	(*SetNodeEligibilityResponse)(nil), // 70: apiary.v1.SetNodeEligibilityResponse
+	(*QuarantineNodeRequest)(nil),      // 71: apiary.v1.QuarantineNodeRequest
+	(*QuarantineNodeResponse)(nil),     // 72: apiary.v1.QuarantineNodeResponse
+	(*ReleaseNodeRequest)(nil),         // 73: apiary.v1.ReleaseNodeRequest
+	(*ReleaseNodeResponse)(nil),        // 74: apiary.v1.ReleaseNodeResponse
+	(*ListNodesRequest)(nil),           // 75: apiary.v1.ListNodesRequest
+	(*Node)(nil),                       // 76: apiary.v1.Node
+	(*ListNodesResponse)(nil),          // 77: apiary.v1.ListNodesResponse
+	(*GetRegionInfoRequest)(nil),       // 78: apiary.v1.GetRegionInfoRequest
+	(*Coordinator)(nil),                // 79: apiary.v1.Coordinator
+	(*GetRegionInfoResponse)(nil),      // 80: apiary.v1.GetRegionInfoResponse
+	(*ListShardsRequest)(nil),          // 81: apiary.v1.ListShardsRequest
+	(*Shard)(nil),                      // 82: apiary.v1.Shard
+	(*ListShardsResponse)(nil),         // 83: apiary.v1.ListShardsResponse
+	(*ListRegionsRequest)(nil),         // 84: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),          // 85: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),            // 86: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),              // 87: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),        // 88: apiary.v1.ListRegionsResponse
+	(*ACLToken)(nil),                   // 89: apiary.v1.ACLToken
+	(*ACLPolicy)(nil),                  // 90: apiary.v1.ACLPolicy
+	(*ACLNamespaceRule)(nil),           // 91: apiary.v1.ACLNamespaceRule
+	(*BootstrapACLRequest)(nil),        // 92: apiary.v1.BootstrapACLRequest
+	(*BootstrapACLResponse)(nil),       // 93: apiary.v1.BootstrapACLResponse
+	(*CreateACLTokenRequest)(nil),      // 94: apiary.v1.CreateACLTokenRequest
+	(*CreateACLTokenResponse)(nil),     // 95: apiary.v1.CreateACLTokenResponse
+	(*ListACLTokensRequest)(nil),       // 96: apiary.v1.ListACLTokensRequest
+	(*ListACLTokensResponse)(nil),      // 97: apiary.v1.ListACLTokensResponse
+	(*RevokeACLTokenRequest)(nil),      // 98: apiary.v1.RevokeACLTokenRequest
+	(*RevokeACLTokenResponse)(nil),     // 99: apiary.v1.RevokeACLTokenResponse
+	(*GetACLSelfRequest)(nil),          // 100: apiary.v1.GetACLSelfRequest
+	(*GetACLSelfResponse)(nil),         // 101: apiary.v1.GetACLSelfResponse
+	(*ApplyACLPolicyRequest)(nil),      // 102: apiary.v1.ApplyACLPolicyRequest
+	(*ApplyACLPolicyResponse)(nil),     // 103: apiary.v1.ApplyACLPolicyResponse
+	(*ListACLPoliciesRequest)(nil),     // 104: apiary.v1.ListACLPoliciesRequest
+	(*ListACLPoliciesResponse)(nil),    // 105: apiary.v1.ListACLPoliciesResponse
+	(*DeleteACLPolicyRequest)(nil),     // 106: apiary.v1.DeleteACLPolicyRequest
+	(*DeleteACLPolicyResponse)(nil),    // 107: apiary.v1.DeleteACLPolicyResponse
+	nil,                                // 108: apiary.v1.RegionSpec.SelectorEntry
+	nil,                                // 109: apiary.v1.TaskGroup.EnvEntry
+	nil,                                // 110: apiary.v1.TaskGroup.SecretEnvEntry
+	nil,                                // 111: apiary.v1.Spread.TargetsEntry
+	nil,                                // 112: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                // 113: apiary.v1.Assignment.EnvEntry
+	nil,                                // 114: apiary.v1.GossipKeyringPool.MessagesEntry
+	nil,                                // 115: apiary.v1.GossipKeyringPool.KeysEntry
+	nil,                                // 116: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	nil,                                // 117: apiary.v1.Node.LabelsEntry
+	nil,                                // 118: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                                // 119: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	9,   // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
 	10,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
 	8,   // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
-	107, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	108, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	108, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	109, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
 	12,  // 5: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
-	13,  // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
-	14,  // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
-	15,  // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
-	16,  // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
-	17,  // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	109, // 11: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
+	14,  // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
+	15,  // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
+	16,  // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
+	17,  // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
+	18,  // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
+	110, // 11: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
 	11,  // 12: apiary.v1.TaskGroup.anti_affinity:type_name -> apiary.v1.AntiAffinity
-	110, // 13: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
-	7,   // 14: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
-	0,   // 15: apiary.v1.Job.state:type_name -> apiary.v1.JobState
-	19,  // 16: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
-	20,  // 17: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
-	1,   // 18: apiary.v1.Task.state:type_name -> apiary.v1.TaskState
-	21,  // 19: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
-	3,   // 20: apiary.v1.AttemptResult.fault:type_name -> apiary.v1.FailureFault
-	7,   // 21: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
-	18,  // 22: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
-	0,   // 23: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
-	18,  // 24: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
-	18,  // 25: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
-	18,  // 26: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
-	20,  // 27: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	111, // 28: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
-	12,  // 29: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
-	41,  // 30: apiary.v1.RegisterNodeRequest.datasets:type_name -> apiary.v1.LocalDataset
-	43,  // 31: apiary.v1.DatasetList.datasets:type_name -> apiary.v1.DatasetHolders
-	44,  // 32: apiary.v1.DatasetHolders.holders:type_name -> apiary.v1.DatasetCopy
-	41,  // 33: apiary.v1.HeartbeatRequest.datasets:type_name -> apiary.v1.LocalDataset
-	48,  // 34: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
-	51,  // 35: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
-	48,  // 36: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
-	58,  // 37: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
-	6,   // 38: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	112, // 39: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
-	12,  // 40: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
-	2,   // 41: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
-	3,   // 42: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
-	41,  // 43: apiary.v1.ReportTaskStatusRequest.outputs:type_name -> apiary.v1.LocalDataset
-	4,   // 44: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
-	113, // 45: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
-	114, // 46: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
-	115, // 47: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	64,  // 48: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
-	75,  // 49: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
-	75,  // 50: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
-	75,  // 51: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
-	75,  // 52: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	116, // 53: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	12,  // 54: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	12,  // 55: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	5,   // 56: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	41,  // 57: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
-	75,  // 58: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	117, // 59: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	78,  // 60: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	81,  // 61: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
-	118, // 62: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	84,  // 63: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	12,  // 64: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	12,  // 65: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	85,  // 66: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	86,  // 67: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	90,  // 68: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
-	88,  // 69: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
-	88,  // 70: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
-	88,  // 71: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
-	88,  // 72: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
-	89,  // 73: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
-	89,  // 74: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
-	26,  // 75: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	28,  // 76: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	30,  // 77: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	32,  // 78: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	34,  // 79: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	36,  // 80: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	38,  // 81: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	24,  // 82: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	22,  // 83: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	40,  // 84: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	46,  // 85: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	56,  // 86: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	59,  // 87: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	49,  // 88: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
-	52,  // 89: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
-	54,  // 90: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
-	60,  // 91: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	74,  // 92: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	77,  // 93: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	80,  // 94: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
-	83,  // 95: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	70,  // 96: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	72,  // 97: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	66,  // 98: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
-	68,  // 99: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
-	63,  // 100: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
-	91,  // 101: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
-	93,  // 102: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
-	95,  // 103: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
-	97,  // 104: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
-	99,  // 105: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
-	101, // 106: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
-	103, // 107: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
-	105, // 108: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
-	27,  // 109: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	29,  // 110: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	31,  // 111: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	33,  // 112: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	35,  // 113: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	37,  // 114: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	39,  // 115: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	25,  // 116: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	23,  // 117: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	45,  // 118: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	47,  // 119: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	57,  // 120: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	62,  // 121: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	50,  // 122: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
-	53,  // 123: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
-	55,  // 124: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
-	61,  // 125: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	76,  // 126: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	79,  // 127: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	82,  // 128: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
-	87,  // 129: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	71,  // 130: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	73,  // 131: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	67,  // 132: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
-	69,  // 133: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
-	65,  // 134: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
-	92,  // 135: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
-	94,  // 136: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
-	96,  // 137: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
-	98,  // 138: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
-	100, // 139: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
-	102, // 140: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
-	104, // 141: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
-	106, // 142: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
-	109, // [109:143] is the sub-list for method output_type
-	75,  // [75:109] is the sub-list for method input_type
-	75,  // [75:75] is the sub-list for extension type_name
-	75,  // [75:75] is the sub-list for extension extendee
-	0,   // [0:75] is the sub-list for field type_name
+	13,  // 13: apiary.v1.Resources.limits:type_name -> apiary.v1.ResourceLimits
+	111, // 14: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	7,   // 15: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
+	0,   // 16: apiary.v1.Job.state:type_name -> apiary.v1.JobState
+	20,  // 17: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
+	21,  // 18: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
+	1,   // 19: apiary.v1.Task.state:type_name -> apiary.v1.TaskState
+	22,  // 20: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
+	3,   // 21: apiary.v1.AttemptResult.fault:type_name -> apiary.v1.FailureFault
+	7,   // 22: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
+	19,  // 23: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
+	0,   // 24: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
+	19,  // 25: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
+	19,  // 26: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
+	19,  // 27: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
+	21,  // 28: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
+	112, // 29: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	12,  // 30: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
+	42,  // 31: apiary.v1.RegisterNodeRequest.datasets:type_name -> apiary.v1.LocalDataset
+	44,  // 32: apiary.v1.DatasetList.datasets:type_name -> apiary.v1.DatasetHolders
+	45,  // 33: apiary.v1.DatasetHolders.holders:type_name -> apiary.v1.DatasetCopy
+	42,  // 34: apiary.v1.HeartbeatRequest.datasets:type_name -> apiary.v1.LocalDataset
+	49,  // 35: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
+	52,  // 36: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
+	49,  // 37: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
+	59,  // 38: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
+	6,   // 39: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
+	113, // 40: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	12,  // 41: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
+	2,   // 42: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
+	3,   // 43: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
+	42,  // 44: apiary.v1.ReportTaskStatusRequest.outputs:type_name -> apiary.v1.LocalDataset
+	4,   // 45: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
+	114, // 46: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
+	115, // 47: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
+	116, // 48: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	65,  // 49: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
+	76,  // 50: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
+	76,  // 51: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
+	76,  // 52: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
+	76,  // 53: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
+	117, // 54: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	12,  // 55: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	12,  // 56: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	5,   // 57: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	42,  // 58: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
+	13,  // 59: apiary.v1.Node.limits:type_name -> apiary.v1.ResourceLimits
+	76,  // 60: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	118, // 61: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	79,  // 62: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	82,  // 63: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
+	119, // 64: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	85,  // 65: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	12,  // 66: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	12,  // 67: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	86,  // 68: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	87,  // 69: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	91,  // 70: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
+	89,  // 71: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
+	89,  // 72: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
+	89,  // 73: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
+	89,  // 74: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
+	90,  // 75: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
+	90,  // 76: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
+	27,  // 77: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	29,  // 78: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	31,  // 79: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	33,  // 80: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	35,  // 81: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	37,  // 82: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	39,  // 83: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	25,  // 84: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	23,  // 85: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	41,  // 86: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	47,  // 87: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	57,  // 88: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	60,  // 89: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	50,  // 90: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
+	53,  // 91: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
+	55,  // 92: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
+	61,  // 93: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	75,  // 94: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	78,  // 95: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	81,  // 96: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
+	84,  // 97: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	71,  // 98: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	73,  // 99: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	67,  // 100: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	69,  // 101: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	64,  // 102: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
+	92,  // 103: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
+	94,  // 104: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
+	96,  // 105: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
+	98,  // 106: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
+	100, // 107: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
+	102, // 108: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
+	104, // 109: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
+	106, // 110: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
+	28,  // 111: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	30,  // 112: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	32,  // 113: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	34,  // 114: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	36,  // 115: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	38,  // 116: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	40,  // 117: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	26,  // 118: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	24,  // 119: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	46,  // 120: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	48,  // 121: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	58,  // 122: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	63,  // 123: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	51,  // 124: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	54,  // 125: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	56,  // 126: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	62,  // 127: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	77,  // 128: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	80,  // 129: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	83,  // 130: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
+	88,  // 131: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	72,  // 132: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	74,  // 133: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	68,  // 134: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	70,  // 135: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	66,  // 136: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
+	93,  // 137: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
+	95,  // 138: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
+	97,  // 139: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
+	99,  // 140: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
+	101, // 141: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
+	103, // 142: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
+	105, // 143: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
+	107, // 144: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
+	111, // [111:145] is the sub-list for method output_type
+	77,  // [77:111] is the sub-list for method input_type
+	77,  // [77:77] is the sub-list for extension type_name
+	77,  // [77:77] is the sub-list for extension extendee
+	0,   // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -8288,7 +8398,7 @@ func file_apiary_v1_apiary_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   112,
+			NumMessages:   113,
 			NumExtensions: 0,
 			NumServices:   4,
 		},
