@@ -9,9 +9,11 @@ import (
 // Nomad's preemption (nomad/scheduler/preemption.go) and the K8s
 // DefaultPreemption plugin: on every node that passes the task's non-capacity
 // filters, pick the fewest existing allocations of lower priority (at least
-// Options.PreemptionDelta lower) that make room, lowest priority first;
-// propose the node needing the fewest evictions, then the lowest highest
-// victim priority, then the lowest total victim priority.
+// Options.PreemptionDelta lower) that make room, BestEffort first, then
+// Burstable, then Guaranteed (a Guaranteed allocation only for a
+// Guaranteed task: Kubernetes' QoS classes), lowest priority first within
+// a class; propose the node needing the fewest evictions, then the lowest
+// highest victim priority, then the lowest total victim priority.
 //
 // The proposal is a separate part of the plan: the engine does not count the
 // freed room (no placement in the plan relies on it) and the caller must
@@ -39,6 +41,7 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 	type choice struct {
 		node   int
 		evict  []int
+		maxQoS int
 		maxPri int
 		sumPri int
 	}
@@ -66,17 +69,21 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 		victims = victims[:0]
 		for _, k := range allocs {
 			a := &st.snap.Existing[k]
-			if a.Priority <= limit && !st.claimed[a.TaskID] {
+			if a.Priority <= limit && !st.claimed[a.TaskID] && (a.QoS != QoSGuaranteed || c.t.QoS == QoSGuaranteed) {
 				victims = append(victims, k)
 			}
 		}
 		if len(victims) == 0 {
 			continue
 		}
-		// Lowest priority first; among equals the largest first, so few
+		// BestEffort, then Burstable, then Guaranteed; lowest priority
+		// first within a class; among equals the largest first, so few
 		// evictions suffice.
 		slices.SortFunc(victims, func(x, y int) int {
 			ax, ay := &st.snap.Existing[x], &st.snap.Existing[y]
+			if r := cmp.Compare(ax.QoS.evictOrder(), ay.QoS.evictOrder()); r != 0 {
+				return r
+			}
 			if r := cmp.Compare(ax.Priority, ay.Priority); r != 0 {
 				return r
 			}
@@ -106,13 +113,13 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 		}
 		ch := choice{node: i, evict: picked}
 		for _, k := range picked {
-			p := st.snap.Existing[k].Priority
-			ch.maxPri = max(ch.maxPri, p)
-			ch.sumPri += p
+			a := &st.snap.Existing[k]
+			ch.maxQoS = max(ch.maxQoS, a.QoS.evictOrder())
+			ch.maxPri = max(ch.maxPri, a.Priority)
+			ch.sumPri += a.Priority
 		}
-		if best == nil || len(ch.evict) < len(best.evict) ||
-			(len(ch.evict) == len(best.evict) && (ch.maxPri < best.maxPri ||
-				(ch.maxPri == best.maxPri && ch.sumPri < best.sumPri))) {
+		if best == nil || cmp.Or(cmp.Compare(len(ch.evict), len(best.evict)), cmp.Compare(ch.maxQoS, best.maxQoS),
+			cmp.Compare(ch.maxPri, best.maxPri), cmp.Compare(ch.sumPri, best.sumPri)) < 0 {
 			b := ch
 			best = &b
 		}

@@ -152,6 +152,53 @@ func TestPreemption(t *testing.T) {
 	}
 }
 
+// TestPreemptionQoS: BestEffort victims go first, then Burstable; a
+// Guaranteed allocation is taken only for a Guaranteed task.
+func TestPreemptionQoS(t *testing.T) {
+	mk := func() *Snapshot {
+		a := node("a", 4000, 4000, 0, nil)
+		a.Allocated = Resources{CPUMillis: 4000, MemoryMiB: 2000}
+		b := node("b", 4000, 4000, 0, nil)
+		b.Allocated = Resources{CPUMillis: 4000, MemoryMiB: 2000}
+		return &Snapshot{Nodes: []*Node{a, b}, Existing: []Allocation{
+			// a: one Guaranteed at priority 10 would do, a Burstable at 20
+			// too; b: only Guaranteed.
+			{TaskID: "a-g", NodeID: "a", Priority: 10, QoS: QoSGuaranteed, Request: Resources{CPUMillis: 2000, MemoryMiB: 1000}},
+			{TaskID: "a-b", NodeID: "a", Priority: 20, Request: Resources{CPUMillis: 2000, MemoryMiB: 1000}},
+			{TaskID: "b-g", NodeID: "b", Priority: 10, QoS: QoSGuaranteed, Request: Resources{CPUMillis: 4000, MemoryMiB: 2000}},
+		}}
+	}
+	burst := Task{ID: "hi", Priority: 90, Request: Resources{CPUMillis: 2000, MemoryMiB: 500}}
+	_, p := placeOne(t, Options{}, mk(), burst)
+	if len(p.Preemptions) != 1 || len(p.Preemptions[0].Evict) != 1 || p.Preemptions[0].Evict[0] != "a-b" {
+		t.Fatalf("a Burstable preemptor must take the Burstable victim, never a Guaranteed one: %+v", p.Preemptions)
+	}
+	guar := burst
+	guar.QoS = QoSGuaranteed
+	_, p = placeOne(t, Options{}, mk(), guar)
+	// Burstable goes before Guaranteed even at a higher priority.
+	if len(p.Preemptions) != 1 || p.Preemptions[0].Evict[0] != "a-b" {
+		t.Fatalf("Burstable victims go before Guaranteed ones: %+v", p.Preemptions)
+	}
+	only := mk()
+	only.Existing = only.Existing[:1]
+	only.Existing = append(only.Existing, Allocation{TaskID: "a-be", NodeID: "a", Priority: 5, QoS: QoSBestEffort})
+	only.Nodes = only.Nodes[:1]
+	only.Nodes[0].Allocated = Resources{CPUMillis: 2000, MemoryMiB: 1000}
+	only.Nodes[0].MaxTasks = 2
+	only.Nodes[0].RunningTasks = 2
+	// A full task slot: the BestEffort task (which holds no resources)
+	// frees it before the Guaranteed one would.
+	_, p = placeOne(t, Options{}, only, guar)
+	if len(p.Preemptions) != 1 || len(p.Preemptions[0].Evict) != 1 || p.Preemptions[0].Evict[0] != "a-be" {
+		t.Fatalf("BestEffort goes first: %+v", p.Preemptions)
+	}
+	_, p = placeOne(t, Options{}, func() *Snapshot { s := mk(); s.Existing = s.Existing[2:]; s.Nodes = s.Nodes[1:]; return s }(), burst)
+	if len(p.Preemptions) != 0 {
+		t.Fatalf("a Burstable task preempted a Guaranteed one: %+v", p.Preemptions)
+	}
+}
+
 func TestPow10Frac(t *testing.T) {
 	for k := 0; k <= 100000; k++ {
 		f := float64(k) / 100000

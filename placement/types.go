@@ -125,6 +125,32 @@ type Task struct {
 	// (Apiary's anti_affinity across jobs; Kubernetes' required pod
 	// anti-affinity with a topologyKey).
 	AntiAffinity AntiAffinity
+	// QoS is the task's quality-of-service class (preemption only).
+	QoS QoS
+}
+
+// QoS is a task's quality-of-service class (Kubernetes' Guaranteed,
+// Burstable, BestEffort) as preemption uses it: victims are taken
+// BestEffort first, then Burstable, then Guaranteed, and only a
+// Guaranteed task may preempt a Guaranteed one. The zero value is
+// Burstable.
+type QoS uint8
+
+const (
+	QoSBurstable QoS = iota
+	QoSBestEffort
+	QoSGuaranteed
+)
+
+// evictOrder ranks a victim's class: lower is preempted first.
+func (q QoS) evictOrder() int {
+	switch q {
+	case QoSBestEffort:
+		return 0
+	case QoSGuaranteed:
+		return 2
+	}
+	return 1
 }
 
 // AntiAffinity is a task's membership of a named anti-affinity group and
@@ -161,6 +187,8 @@ type Allocation struct {
 	// scope ("" or ScopeNode: per node).
 	AntiAffinityGroup string
 	AntiAffinityScope string
+	// QoS is the allocation's task's class (preemption order and rule).
+	QoS QoS
 }
 
 // Snapshot is the input state: nodes and existing allocations.

@@ -67,6 +67,10 @@ type Config struct {
 	// the shard assignment. For a region whose scheduling is to run on
 	// other hosts, and for benchmarks of one owner against several.
 	APIOnly bool
+	// MaxPreemptions bounds the preemptors each shard owner commits per
+	// scheduling round (`apiary region --max-preemptions`; 0: the default,
+	// scheduler.DefaultMaxPreemptions = 8; negative: preemption off).
+	MaxPreemptions int
 	// ShardSettle is how long a coordinator that joins must stay in the
 	// live set before shards move to it (default shards.DefaultSettle;
 	// shards.ReconcilerConfig.Settle).

@@ -17,6 +17,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"apiary.dev/apiary/internal/lifecycle"
+	"apiary.dev/apiary/internal/priority"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/scheduler"
 	"apiary.dev/apiary/regional/store"
@@ -248,22 +249,26 @@ func (c *Coordinator) onShardsChanged(owned map[int]shards.Epoch) {
 // ownerDeps is what the scheduling loop needs from c; owners is the
 // region's shard owners view (nil: no home-node rule).
 func (c *Coordinator) ownerDeps(owners *shards.Owners) scheduler.Deps {
-	p := c.cfg.Placer
+	p, pre := c.cfg.Placer, c.cfg.Placer
 	if p == nil {
-		// Preemption proposals are not committed by the coordinator (yet),
-		// and the snapshot carries only the existing allocations of the
-		// batch's groups, so the engine does not compute them. The seed is
-		// the coordinator id's hash: a coordinator's choices are
+		// The main pass's snapshot carries only the existing allocations
+		// of the batch's groups (and anti-affinity groups), so its engine
+		// does not preempt; the preemption pass (regional/scheduler,
+		// preempt.go) has its own engine and sees every active task. The
+		// seed is the coordinator id's hash: a coordinator's choices are
 		// reproducible, and two owners break ties differently.
-		p = placement.New(placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: int64(xxhash.Sum64String(c.cfg.ID)), DisablePreemption: true,
-			Workload: c.cfg.Workload})
+		opts := placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: int64(xxhash.Sum64String(c.cfg.ID)), DisablePreemption: true,
+			Workload: c.cfg.Workload, PreemptionDelta: priority.PreemptionDelta}
+		p = placement.New(opts)
+		opts.DisablePreemption = false
+		pre = placement.New(opts)
 	}
 	return scheduler.Deps{Region: c.meta.Region, Jurisdiction: c.meta.Jurisdiction, CoordID: c.cfg.ID, Placer: p,
 		ShardCount: c.meta.ShardCount, Publish: c.publishShardStats,
 		Retention: c.cfg.JobRetention, Client: c.cli, Commit: &store.EtcdCommitter{Client: c.cli, Layout: c.shardLayout(), Retry: c.txnRetry},
 		Specs: &c.specs, Log: c.log, Metrics: c.metrics, Skipped: scheduler.SkippedCounter(c.cfg.Registry),
 		Tracer: c.tracer, Tracing: c.tracing, DefaultLostAfter: c.cfg.DefaultLostAfter, GraceUntil: c.graceUntil(),
-		Owners: owners}
+		Owners: owners, Preempter: pre, MaxPreemptions: c.cfg.MaxPreemptions}
 }
 
 // scheduleLoop runs the scheduling loop of c's shards, rebuilding it (a

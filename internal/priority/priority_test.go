@@ -12,3 +12,20 @@ func TestOfBoundaries(t *testing.T) {
 		t.Errorf("Classes = %v, want batch, standard, urgent in order (the WAN backlog tag encodes in this order)", Classes)
 	}
 }
+
+func TestValueIsInItsClassAndPreemptsTheClassesBelow(t *testing.T) {
+	prev := int32(-PreemptionDelta)
+	for _, c := range Classes {
+		v, ok := Value(c)
+		if !ok || Of(v) != c {
+			t.Errorf("Value(%s) = %d, %v: not in its own class", c, v, ok)
+		}
+		if v-prev < PreemptionDelta {
+			t.Errorf("Value(%s) = %d is less than PreemptionDelta above the class below (%d)", c, v, prev)
+		}
+		prev = v
+	}
+	if _, ok := Value("critical"); ok {
+		t.Error("Value accepted an unknown class")
+	}
+}

@@ -73,6 +73,12 @@ type RegionMetrics struct {
 	SerfMembers  *prometheus.GaugeVec   // pool, state
 	Adoptions    *prometheus.CounterVec // result: adopted, refused
 	Drains       *prometheus.CounterVec // by: operator, agent; and deregister
+	// Preemptions counts preemption events, by event: reserved (a
+	// preemptor's Txn marked its victims and reserved their node), victim
+	// (one attempt marked preempted), placed (a preemptor placed in its
+	// reservation), expired (its victims did not stop in time), lost (the
+	// node epoch ended), taken (the room was gone when they had stopped).
+	Preemptions *prometheus.CounterVec
 }
 
 // NewRegionMetrics registers a coordinator's metrics on reg.
@@ -86,6 +92,8 @@ func NewRegionMetrics(reg prometheus.Registerer) *RegionMetrics {
 			"Plan transactions whose compares failed (another writer changed a task or node first)."),
 		Requeues:     f.counter("apiary_plan_requeues_total", "Tasks of a conflicting plan returned to the queue to be placed again."),
 		Unplaced:     f.counter("apiary_placement_unplaced_total", "Tasks that a placement pass could not place anywhere."),
+		Preemptions: f.counterVec("apiary_preemptions_total",
+			"Preemption events, by event: reserved (a preemption committed), victim (an attempt marked preempted), placed (the preemptor placed in its reservation), expired, lost, taken (the reservation ended without it).", "event"),
 		PendingTasks: f.gaugeVec("apiary_pending_tasks", "PENDING tasks per shard (of the shards this coordinator owns).", "shard"),
 		Tasks:        f.gaugeVec("apiary_tasks", "Tasks of the shards this coordinator owns, by state.", "state"),
 		Nodes:        f.gaugeVec("apiary_nodes", "Nodes of the region, by state (ready, lost).", "state"),

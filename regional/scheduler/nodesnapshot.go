@@ -48,11 +48,13 @@ type nodeUse struct {
 	gpuFree []int
 }
 
-// usedBy returns what the active tasks of (node, epoch) hold, derived from
-// the task cache (the usage key mirrors it for other owners and operators).
-// The per-GPU free share comes from the devices recorded on each task
-// (Task.GPUDevices, set with the plan); see gpuLayout for tasks without.
-func (ns *nodeSnapshot) usedBy(n *cNode) nodeUse {
+// usedBy returns what the active tasks of (node, epoch) and the
+// reservations on it (preempt.go; but those of the tasks in except) hold,
+// derived from the task cache (the usage key mirrors it for other owners
+// and operators). The per-GPU free share comes from the devices recorded
+// on each task (Task.GPUDevices, set with the plan); see gpuLayout for
+// tasks without, and for reservations.
+func (ns *nodeSnapshot) usedBy(n *cNode, except map[string]bool) nodeUse {
 	c := ns.cache
 	u := nodeUse{UsageRecord: store.UsageRecord{Epoch: n.Alive}}
 	whole := 0
@@ -72,6 +74,19 @@ func (ns *nodeSnapshot) usedBy(n *cNode) nodeUse {
 		case r.GPUs > 0:
 			whole += r.GPUs
 		default:
+			shares = append(shares, r.GPUMilli)
+		}
+	}
+	for key := range c.reserved[n.id] {
+		ct := c.tasks[key]
+		if ct == nil || except[key] || ct.rec.Reservation.NodeEpoch != n.Alive {
+			continue
+		}
+		r := c.request(&ct.rec)
+		u.Add(r)
+		if r.GPUs > 0 {
+			whole += r.GPUs
+		} else if r.GPUMilli > 0 {
 			shares = append(shares, r.GPUMilli)
 		}
 	}
@@ -95,7 +110,7 @@ func (ns *nodeSnapshot) usage(n *cNode) nodeUse {
 	if u, ok := ns.use[n.id]; ok && !c.useDirty[n.id] && u.Epoch == n.Alive {
 		return u
 	}
-	u := ns.usedBy(n)
+	u := ns.usedBy(n, nil)
 	ns.use[n.id] = u
 	delete(c.useDirty, n.id)
 	// The flag is cleared here for every caller (syncUsage too), so the
@@ -266,9 +281,7 @@ func (ns *nodeSnapshot) existing(batch []*cTask) []placement.Allocation {
 			return
 		}
 		added[key] = true
-		out = append(out, placement.Allocation{TaskID: key, GroupKey: groupKey(&ct.rec), NodeID: ct.rec.NodeID,
-			Priority: int(c.jobs[ct.rec.JobID].priority()), Request: c.request(&ct.rec),
-			AntiAffinityGroup: c.antiAffinityGroup(&ct.rec), AntiAffinityScope: c.antiAffinityScope(&ct.rec)})
+		out = append(out, allocation(c, key, ct))
 	}
 	for _, bt := range batch {
 		k := jg{bt.rec.JobID, bt.rec.Group}
@@ -299,6 +312,38 @@ func (ns *nodeSnapshot) existing(batch []*cTask) []placement.Allocation {
 		}
 	}
 	// Deterministic order: the engine is deterministic for a given input.
+	sort.Slice(out, func(a, b int) bool { return out[a].TaskID < out[b].TaskID })
+	return out
+}
+
+// allocation is an active task as an existing allocation for the engine.
+func allocation(c *ownerCache, key string, ct *cTask) placement.Allocation {
+	a := placement.Allocation{TaskID: key, GroupKey: groupKey(&ct.rec), NodeID: ct.rec.NodeID,
+		Priority: int(c.jobs[ct.rec.JobID].priority()), Request: c.request(&ct.rec), QoS: c.qos(&ct.rec),
+		AntiAffinityGroup: c.antiAffinityGroup(&ct.rec), AntiAffinityScope: c.antiAffinityScope(&ct.rec)}
+	for _, g := range ct.rec.GPUDevices {
+		a.GPUIndices = append(a.GPUIndices, int(g))
+	}
+	return a
+}
+
+// allActive lists every active task of the current epoch of every ready
+// node as an existing allocation (what the preemption pass chooses victims
+// from, and counts for every group rule), but those being preempted or
+// cancelled already (they are leaving), sorted by task key.
+func (ns *nodeSnapshot) allActive() []placement.Allocation {
+	c := ns.cache
+	var out []placement.Allocation
+	for id := range ns.idx {
+		n := c.nodes[id]
+		for key := range c.byNode[id] {
+			ct := c.tasks[key]
+			if ct == nil || ct.rec.NodeEpoch != n.Alive || ct.rec.PreemptedBy != "" || ct.rec.CancelRequested {
+				continue
+			}
+			out = append(out, allocation(c, key, ct))
+		}
+	}
 	sort.Slice(out, func(a, b int) bool { return out[a].TaskID < out[b].TaskID })
 	return out
 }

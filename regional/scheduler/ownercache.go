@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/qos"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
@@ -28,6 +29,9 @@ type ownerCache struct {
 	nodes    map[string]*cNode
 	pending  map[string]bool            // task keys in PENDING
 	byNode   map[string]map[string]bool // node id -> active task keys
+	// reserved maps a node id to the PENDING tasks holding a reservation
+	// there (taskstate.Reservation; preempt.go).
+	reserved map[string]map[string]bool
 	// dirtyCancel holds the jobs whose cancel flag was seen set: the next
 	// round's cancels pass handles them.
 	dirtyCancel map[string]bool
@@ -81,7 +85,7 @@ type cNode struct {
 
 func newOwnerCache(specs *store.SpecCache) *ownerCache {
 	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, tasks: map[string]*cTask{},
-		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{},
+		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{}, reserved: map[string]map[string]bool{},
 		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, aaJobs: map[string]map[string]bool{},
 		aaRev: map[string]int64{}, specs: specs}
 }
@@ -217,9 +221,21 @@ func (c *ownerCache) setTask(key string, t *cTask) {
 	if t != nil && t.rec.NodeID != "" {
 		c.useDirty[t.rec.NodeID] = true
 	}
+	if t != nil && t.rec.Reservation != nil {
+		c.useDirty[t.rec.Reservation.NodeID] = true
+	}
 	if old := c.tasks[key]; old != nil {
 		if old.rec.NodeID != "" {
 			c.useDirty[old.rec.NodeID] = true
+		}
+		if r := old.rec.Reservation; r != nil {
+			c.useDirty[r.NodeID] = true
+			if m := c.reserved[r.NodeID]; m != nil {
+				delete(m, key)
+				if len(m) == 0 {
+					delete(c.reserved, r.NodeID)
+				}
+			}
 		}
 		delete(c.pending, key)
 		if m := c.byNode[old.rec.NodeID]; m != nil {
@@ -250,6 +266,14 @@ func (c *ownerCache) setTask(key string, t *cTask) {
 	switch {
 	case t.rec.State == apiaryv1.TaskState_TASK_STATE_PENDING:
 		c.pending[key] = true
+		if r := t.rec.Reservation; r != nil {
+			m := c.reserved[r.NodeID]
+			if m == nil {
+				m = map[string]bool{}
+				c.reserved[r.NodeID] = m
+			}
+			m[key] = true
+		}
 	case taskstate.Active(t.rec.State):
 		bn := c.byNode[t.rec.NodeID]
 		if bn == nil {
@@ -346,6 +370,17 @@ func (c *ownerCache) group(t *taskstate.Task) *apiaryv1.TaskGroup {
 func (c *ownerCache) request(t *taskstate.Task) placement.Resources {
 	r := c.group(t).GetResources()
 	return placement.Resources{CPUMillis: r.GetCpuMillis(), MemoryMiB: r.GetMemoryMb(), GPUs: int(r.GetGpus()), GPUMilli: int(r.GetGpuMilli())}
+}
+
+// qos is the QoS class of t's group for the engine.
+func (c *ownerCache) qos(t *taskstate.Task) placement.QoS {
+	switch qos.Of(c.group(t).GetResources()) {
+	case qos.Guaranteed:
+		return placement.QoSGuaranteed
+	case qos.BestEffort:
+		return placement.QoSBestEffort
+	}
+	return placement.QoSBurstable
 }
 
 // jobPolicy is the retry policy of a task and its job record (nil, with the

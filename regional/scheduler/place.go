@@ -45,6 +45,9 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 			continue
 		}
 		mine := s.owns(ct.shard)
+		if ct.rec.Reservation != nil {
+			continue // waits for its victims (dispatchReserved)
+		}
 		if ct.rec.NotBeforeMs > nowMs {
 			if d := time.Duration(ct.rec.NotBeforeMs-nowMs) * time.Millisecond; mine && d < next {
 				next = d
@@ -171,6 +174,9 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 		return 0, err
 	}
 	s.observePlacements(chunks, byKey, now, s.conflicts-conflicts)
+	if err := s.preempt(ctx, plan.Unplaced, byKey, now); err != nil {
+		return 0, err
+	}
 	var unplaced []*cTask
 	reasons := map[string]placement.Unplaced{}
 	for _, u := range plan.Unplaced {

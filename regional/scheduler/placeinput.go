@@ -40,7 +40,7 @@ func placementTask(c *ownerCache, ct *cTask, nowMs int64, sizes map[string]int64
 	g := c.group(&ct.rec)
 	pt := placement.Task{ID: ct.key, GroupKey: groupKey(&ct.rec), Priority: int(j.priority()),
 		Request: c.request(&ct.rec), GPUModels: g.GetResources().GetGpuModels(),
-		DistinctHosts: g.GetDistinctHosts(), FailedOn: ct.rec.FailedOn,
+		DistinctHosts: g.GetDistinctHosts(), FailedOn: ct.rec.FailedOn, QoS: c.qos(&ct.rec),
 		Policy: placement.Policy(j.rec.Spec.GetScheduler())}
 	for _, cn := range g.GetConstraints() {
 		pt.Constraints = append(pt.Constraints, placement.Constraint{Label: cn.GetLabel(), Op: cn.GetOp(), Values: cn.GetValues()})

@@ -61,6 +61,12 @@ type Deps struct {
 	// (homenodes.go); nil turns the rule off (every owner plans on every
 	// node, conflicts caught by the usage compare only).
 	Owners OwnerView
+	// Preempter is the engine of the preemption pass (preempt.go): Placer's
+	// options with preemption on. Nil turns preemption off.
+	Preempter placement.Placer
+	// MaxPreemptions bounds the preemptors committed per round (0:
+	// DefaultMaxPreemptions; negative: preemption off).
+	MaxPreemptions int
 }
 
 // Loop is the scheduling loop of the shards a coordinator owns: a cache of
@@ -89,6 +95,9 @@ type Loop struct {
 	lostSince map[nodeEpoch]time.Time
 	// home is the home-node rule's state (nil when Deps.Owners is).
 	home *homeNodes
+	// preemptTried is when the preemption pass last considered each task
+	// (preemptRetry).
+	preemptTried map[string]time.Time
 }
 
 // New builds the loop over an empty cache (Run fills it). It schedules the
@@ -97,7 +106,8 @@ type Loop struct {
 // time Run fails.
 func New(d Deps, set *ShardSet) *Loop {
 	s := &Loop{d: d, set: set, owned: map[int]shards.Epoch{}, cache: newOwnerCache(d.Specs), reasons: newReasonGate(),
-		skipLogged: map[string]time.Time{}, lostSince: map[nodeEpoch]time.Time{}, home: newHomeNodes(d.Owners)}
+		skipLogged: map[string]time.Time{}, lostSince: map[nodeEpoch]time.Time{}, home: newHomeNodes(d.Owners),
+		preemptTried: map[string]time.Time{}}
 	s.snap = newNodeSnapshot(s.cache, d.Jurisdiction)
 	s.cache.leftPending = s.reasons.forget
 	s.cache.skipped = s.skip
@@ -225,11 +235,15 @@ func (s *Loop) round(ctx context.Context) (time.Duration, error) {
 	if err := s.cancels(ctx, now); err != nil {
 		return 0, err
 	}
+	reservedNext, err := s.dispatchReserved(ctx, now)
+	if err != nil {
+		return 0, err
+	}
 	next, err := s.place(ctx, now)
 	if err != nil {
 		return 0, err
 	}
-	next = min(next, reclaimNext)
+	next = min(next, reclaimNext, reservedNext)
 	s.updateGauges(now)
 	if time.Since(s.usageSynced) > 500*time.Millisecond {
 		if err := s.syncUsage(ctx); err != nil {

@@ -142,7 +142,7 @@ func TestUsageCountsShares(t *testing.T) {
 		key := jobID + "/0"
 		s.cache.setTask(key, &cTask{key: key, rec: taskstate.Task{JobID: jobID, State: apiaryv1.TaskState_TASK_STATE_RUNNING, NodeID: n.id, NodeEpoch: 1}})
 	}
-	u := s.snap.usedBy(n)
+	u := s.snap.usedBy(n, nil)
 	if u.GPUs != 1 || u.GPUMilli != 1120 || u.Tasks != 3 {
 		t.Fatalf("usage %+v, want 1 whole GPU, 1120 milli of shares, 3 tasks", u.UsageRecord)
 	}

@@ -9,6 +9,8 @@
 //	                                           └→ FAILED (terminal)
 //	retryable failure → PENDING after backoff (attempt budget permitting)
 //	node lost (lease gone) → PENDING, no backoff (attempt budget permitting)
+//	preempted (ASSIGNED/RUNNING marked PreemptedBy, its end) → PENDING at
+//	once, not charged; the preemptor holds a Reservation meanwhile
 //
 // It must not do I/O: the regional coordinator reads records from etcd, calls
 // these functions, and commits the result in one fenced or compared Txn.

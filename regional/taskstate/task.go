@@ -59,6 +59,35 @@ type Task struct {
 	AssignedMs      int64 `json:"assigned_ms,omitempty"`
 	StartedMs       int64 `json:"started_ms,omitempty"`
 	FinishedMs      int64 `json:"finished_ms,omitempty"`
+	// PreemptedBy is set on an active attempt that a task of higher
+	// priority preempts (Preempt): who, e.g. "job 7f3a task 0 (priority
+	// 90)". The attempt's end (the agent kills it on the CANCEL that the
+	// same Txn wrote) requeues the task at once without charge.
+	PreemptedBy string `json:"preempted_by,omitempty"`
+	// Reservation is the room a PENDING preemptor holds on a node while
+	// its victims stop (Reserve); cleared by Assign.
+	Reservation *Reservation `json:"reservation,omitempty"`
+	// PreemptedFor is the attempt (Attempt+1 at the time) for whose
+	// placement this task preempted others: a task preempts at most once
+	// per placement.
+	PreemptedFor int32 `json:"preempted_for,omitempty"`
+}
+
+// Reservation is the room a preemptor holds on one node epoch: its
+// victims (task key and attempt) are stopping there, and every owner
+// counts the preemptor's request as used on that node until it is placed
+// or the reservation ends (UntilMs, Unix ms).
+type Reservation struct {
+	NodeID    string   `json:"node"`
+	NodeEpoch int64    `json:"epoch"`
+	Victims   []Victim `json:"victims"`
+	UntilMs   int64    `json:"until"`
+}
+
+// Victim is one attempt a preemption stops.
+type Victim struct {
+	Key     string `json:"key"`
+	Attempt int32  `json:"attempt"`
 }
 
 // Terminal reports whether s is COMPLETE, FAILED or CANCELLED.
@@ -139,8 +168,69 @@ func Assign(t Task, nodeID string, nodeEpoch int64, nowMs int64) (Task, error) {
 	t.GPUDevices = nil // the caller sets the new attempt's devices
 	t.FencingToken = 0 // set from the assignment key's CreateRevision once known
 	t.UnplacedReason = ""
+	t.Reservation = nil
 	t.AssignedMs, t.StartedMs, t.FinishedMs = nowMs, 0, 0
 	return t, nil
+}
+
+// Preempt marks an ASSIGNED or RUNNING attempt as preempted by the task
+// described in by (docs/architecture.md, "Preemption"): the caller rewrites
+// its assignment as a CANCEL in the same Txn, and the attempt's end then
+// requeues it at once without charge (preempted). It is refused for a task
+// that is not active, whose cancellation was asked for, or that is being
+// preempted already.
+func Preempt(t Task, by string) (Task, error) {
+	switch {
+	case !Active(t.State):
+		return t, fmt.Errorf("task %s/%d: preempt from %s", t.JobID, t.Index, t.State)
+	case t.CancelRequested:
+		return t, fmt.Errorf("task %s/%d: being cancelled", t.JobID, t.Index)
+	case t.PreemptedBy != "":
+		return t, fmt.Errorf("task %s/%d: being preempted by %s already", t.JobID, t.Index, t.PreemptedBy)
+	}
+	t.PreemptedBy = by
+	return t, nil
+}
+
+// Reserve records a PENDING task's reservation r for the placement of its
+// next attempt (the preemption of r's victims). A task reserves at most
+// once per placement: it is refused when the task preempted for its next
+// attempt already, or is not PENDING.
+func Reserve(t Task, r Reservation, reason string) (Task, error) {
+	switch {
+	case t.State != apiaryv1.TaskState_TASK_STATE_PENDING:
+		return t, fmt.Errorf("task %s/%d: reserve from %s", t.JobID, t.Index, t.State)
+	case t.PreemptedFor > t.Attempt:
+		return t, fmt.Errorf("task %s/%d: preempted for attempt %d already", t.JobID, t.Index, t.PreemptedFor)
+	}
+	t.Reservation = &r
+	t.PreemptedFor = t.Attempt + 1
+	t.UnplacedReason = reason
+	return t, nil
+}
+
+// EndReservation drops a PENDING task's reservation (it expired, its node
+// epoch ended, or the room went to another task), recording why as the
+// unplaced reason. changed is false when there was none.
+func EndReservation(t Task, reason string) (out Task, changed bool) {
+	if t.Reservation == nil || t.State != apiaryv1.TaskState_TASK_STATE_PENDING {
+		return t, false
+	}
+	t.Reservation = nil
+	t.UnplacedReason = reason
+	return t, true
+}
+
+// preempted requeues a preempted attempt's task at once, not charged.
+func preempted(t Task, endMs int64) Result {
+	if t.CancelRequested {
+		t.State, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_CANCELLED, endMs
+		return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
+	}
+	attempt, by := t.Attempt, t.PreemptedBy
+	t = toPending(t, 0)
+	t.Error = fmt.Sprintf("attempt %d preempted by %s; requeued at once, not charged to max_attempts", attempt, by)
+	return Result{Task: t, Outcome: OutcomePreempted, Released: true}
 }
 
 // Report is an agent's report on one attempt.
@@ -191,6 +281,9 @@ const (
 	// OutcomeDrained: the attempt was stopped by a drain (or its node left
 	// cleanly); requeued without charge.
 	OutcomeDrained = "drained"
+	// OutcomePreempted: the attempt was stopped to make room for a task of
+	// higher priority (Preempt); requeued at once without charge.
+	OutcomePreempted = "preempted"
 )
 
 // Result is what ApplyReport decided.
@@ -261,6 +354,19 @@ func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng 
 	end := r.EndMs
 	if end == 0 {
 		end = nowMs
+	}
+	if t.PreemptedBy != "" {
+		// A preempted attempt's end, whatever it was, is the preemption's
+		// doing, unless it completed first or the node was drained.
+		switch r.Kind {
+		case apiaryv1.ReportKind_REPORT_KIND_STARTED, apiaryv1.ReportKind_REPORT_KIND_DRAINED:
+		case apiaryv1.ReportKind_REPORT_KIND_EXITED:
+			if r.ExitCode != 0 {
+				return preempted(t, end)
+			}
+		default:
+			return preempted(t, end)
+		}
 	}
 	switch r.Kind {
 	case apiaryv1.ReportKind_REPORT_KIND_STARTED:
@@ -383,6 +489,9 @@ func NodeLost(t Task, p Policy, nodeID string, epoch int64, loss Loss, nowMs int
 	}
 	if loss.Drained {
 		return drained(t, nowMs), true
+	}
+	if t.PreemptedBy != "" {
+		return preempted(t, nowMs), true // being stopped anyway: not the task's loss
 	}
 	return nodeLoss(t, p, nodeID, loss.Alone, nowMs), true
 }
@@ -620,6 +729,7 @@ func toPending(t Task, notBefore int64) Task {
 	t.NodeID, t.NodeEpoch, t.FencingToken = "", 0, 0
 	t.AssignedMs, t.StartedMs, t.FinishedMs = 0, 0, 0
 	t.FetchBytes = 0
+	t.PreemptedBy = ""
 	return t
 }
 

@@ -1392,3 +1392,68 @@ func checkFailure(rt *rapid.T, pol Policy, task Task, r Report, res Result) {
 		rt.Fatalf("%s not blamed on the node counted a node fault: %d → %d", r.Kind, task.NodeFaults, next.NodeFaults)
 	}
 }
+
+// TestPreemptTransitions: a preempted attempt's end, whatever it is (a
+// cancel report, a kill's non-zero exit, a timeout, a node loss), requeues
+// its task at once without charge and says by whom; a success still
+// completes; a task reserves at most once per placement.
+func TestPreemptTransitions(t *testing.T) {
+	running := Task{JobID: "j", State: apiaryv1.TaskState_TASK_STATE_RUNNING, Attempt: 2, Used: 1, NodeID: "n", NodeEpoch: 5}
+	p := Policy{MaxAttempts: 2}
+	v, err := Preempt(running, "job u task 0 (priority 90, urgent)")
+	if err != nil || v.PreemptedBy == "" {
+		t.Fatalf("Preempt: %v %+v", err, v)
+	}
+	if _, err := Preempt(v, "again"); err == nil {
+		t.Error("a task being preempted was preempted twice")
+	}
+	if _, err := Preempt(Task{State: apiaryv1.TaskState_TASK_STATE_PENDING}, "x"); err == nil {
+		t.Error("a PENDING task was preempted")
+	}
+	if c, _, _ := Cancel(running, 1); c.CancelRequested {
+		if _, err := Preempt(c, "x"); err == nil {
+			t.Error("a task being cancelled was preempted")
+		}
+	}
+	for _, r := range []Report{
+		{Kind: apiaryv1.ReportKind_REPORT_KIND_CANCELLED},
+		{Kind: apiaryv1.ReportKind_REPORT_KIND_EXITED, ExitCode: 143},
+		{Kind: apiaryv1.ReportKind_REPORT_KIND_TIMED_OUT},
+		{Kind: apiaryv1.ReportKind_REPORT_KIND_LOST},
+	} {
+		r.NodeID, r.NodeEpoch, r.Attempt = "n", 5, 2
+		res := ApplyReport(v, p, r, 5, 100, rand.New(rand.NewPCG(1, 2)))
+		if res.Outcome != OutcomePreempted || res.Task.State != apiaryv1.TaskState_TASK_STATE_PENDING || res.Task.Used != 1 ||
+			res.Task.NotBeforeMs != 0 || res.Task.PreemptedBy != "" || !strings.Contains(res.Task.Error, "attempt 2 preempted by job u task 0") {
+			t.Errorf("%s: outcome %q task %+v; want preempted, PENDING at once, Used 1, naming the preemptor", r.Kind, res.Outcome, res.Task)
+		}
+	}
+	done := ApplyReport(v, p, Report{Kind: apiaryv1.ReportKind_REPORT_KIND_EXITED, NodeID: "n", NodeEpoch: 5, Attempt: 2}, 5, 100, rand.New(rand.NewPCG(1, 2)))
+	if done.Task.State != apiaryv1.TaskState_TASK_STATE_COMPLETE {
+		t.Errorf("a preempted attempt that exited 0 first: %+v, want COMPLETE", done.Task)
+	}
+	lost, ok := NodeLost(v, p, "n", 5, Loss{Alone: true}, 100)
+	if !ok || lost.Outcome != OutcomePreempted || lost.Task.Used != 1 || lost.Task.NodeFailures != 0 {
+		t.Errorf("node lost under a preempted attempt: %+v, want preempted, not charged, no node failure", lost)
+	}
+
+	pre := Task{JobID: "u", State: apiaryv1.TaskState_TASK_STATE_PENDING, Attempt: 0}
+	r, err := Reserve(pre, Reservation{NodeID: "n", NodeEpoch: 5}, "preempting")
+	if err != nil || r.PreemptedFor != 1 || r.Reservation == nil {
+		t.Fatalf("Reserve: %v %+v", err, r)
+	}
+	ended, changed := EndReservation(r, "gone")
+	if !changed || ended.Reservation != nil || ended.UnplacedReason != "gone" {
+		t.Fatalf("EndReservation: %+v", ended)
+	}
+	if _, err := Reserve(ended, Reservation{NodeID: "n"}, "again"); err == nil {
+		t.Error("a task preempted twice for one placement")
+	}
+	a, err := Assign(r, "n", 5, 10)
+	if err != nil || a.Reservation != nil {
+		t.Fatalf("Assign of a reserved task: %v %+v", err, a)
+	}
+	if _, err := Reserve(toPending(a, 0), Reservation{NodeID: "n"}, "next placement"); err != nil {
+		t.Errorf("the next placement may preempt again: %v", err)
+	}
+}
