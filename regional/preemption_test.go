@@ -1,0 +1,89 @@
+package regional_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/testutil"
+)
+
+// TestUrgentTaskPreemptsBatchWork: a region full of batch tasks (priority
+// 20, max_attempts 1), then an urgent task (priority 90) that fits nowhere:
+// it runs, having preempted the fewest batch tasks (one: it needs one
+// task's room); the victim's attempt says it was preempted and by whom, and
+// the victim runs again and completes (with max_attempts 1, a charged
+// attempt would have failed the job instead). Submission to running is
+// logged; its distribution is measured by `apiary loadtest preempt`, not
+// here (the bound below only catches a reservation that waited for its
+// 30 s deadline).
+func TestUrgentTaskPreemptsBatchWork(t *testing.T) {
+	agents := []devcluster.AgentSpec{
+		{ID: "a0", CPUMillis: 2000, MemoryMiB: 4096, MaxTasks: 8},
+		{ID: "a1", CPUMillis: 2000, MemoryMiB: 4096, MaxTasks: 8},
+	}
+	_, r := cluster(t, devcluster.RegionSpec{Coordinators: 1, Agents: agents, NoLAN: true})
+	c := dial(t, r)
+	batch := submit(t, c, spec(t, `
+name: batch
+priority: 20
+max_attempts: 1
+tasks:
+  - name: work
+    count: 4
+    command: sleep
+    args: ["4"]
+    resources: {cpu_millis: 1000, memory_mb: 64}
+`))
+	waitRunning(t, c, batch, 4)
+	start := time.Now()
+	urgent := submit(t, c, spec(t, `
+name: urgent
+priority: 90
+tasks:
+  - name: now
+    command: sleep
+    args: ["1"]
+    resources: {cpu_millis: 1000, memory_mb: 64}
+`))
+	var ran time.Duration
+	testutil.Eventually(t, 20*time.Second, "the urgent task running", func() error {
+		j, err := getJob(c, urgent)
+		if err != nil {
+			return err
+		}
+		if s := j.GetTasks()[0].GetState(); s != apiaryv1.TaskState_TASK_STATE_RUNNING && s != apiaryv1.TaskState_TASK_STATE_COMPLETE {
+			return fmt.Errorf("urgent task %s (%s)", s, j.GetTasks()[0].GetUnplacedReason())
+		}
+		ran = time.Since(start)
+		return nil
+	})
+	t.Logf("urgent task: submission to running %v", ran)
+	if ran > 10*time.Second {
+		t.Errorf("urgent task ran %v after submission: it waited for the reservation's deadline, not its victims", ran)
+	}
+	waitState(t, c, urgent, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
+	j := waitState(t, c, batch, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second)
+	victims := 0
+	for _, tk := range j.GetTasks() {
+		as := tk.GetAttempts()
+		for i, a := range as {
+			if a.GetOutcome() != "preempted" {
+				continue
+			}
+			victims++
+			if !strings.Contains(a.GetError(), "preempted by job "+urgent+" task 0 (priority 90, urgent)") {
+				t.Errorf("victim %d attempt %d error %q, want it to name the urgent task", tk.GetIndex(), a.GetAttempt(), a.GetError())
+			}
+			if i != len(as)-2 || as[len(as)-1].GetOutcome() != "complete" {
+				t.Errorf("victim %d's attempts %v: want the preempted one, then a complete one", tk.GetIndex(), as)
+			}
+		}
+	}
+	if victims != 1 {
+		t.Fatalf("%d batch tasks preempted, want 1 (the fewest that make room)", victims)
+	}
+}
