@@ -96,7 +96,7 @@ type Weights struct {
 	Fit            float64 // resource fit (bin-pack/spread/fragmentation): 1
 	Affinity       float64 // label affinities: 1
 	Spread         float64 // spread across a label: 1
-	Locality       float64 // data locality: 1
+	Locality       float64 // data locality: 1 (negative: off)
 	FailurePenalty float64 // earlier failures of the task on the node: 1
 }
 
@@ -111,6 +111,9 @@ func (w Weights) withDefaults() Weights {
 	d(&w.Spread)
 	d(&w.Locality)
 	d(&w.FailurePenalty)
+	if w.Locality < 0 {
+		w.Locality = 0 // off (measurements of locality's effect)
+	}
 	return w
 }
 

@@ -67,6 +67,11 @@ type Config struct {
 	// the shard assignment. For a region whose scheduling is to run on
 	// other hosts, and for benchmarks of one owner against several.
 	APIOnly bool
+	// LocalityWeight is the weight of data locality in placement scores
+	// (placement.Weights.Locality; `apiary region --locality-weight`): 0
+	// means the default, 1, equal to resource fit; negative turns locality
+	// off (for measuring what it saves).
+	LocalityWeight float64
 	// MaxPreemptions bounds the preemptors each shard owner commits per
 	// scheduling round (`apiary region --max-preemptions`; 0: the default,
 	// scheduler.DefaultMaxPreemptions = 8; negative: preemption off).

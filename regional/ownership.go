@@ -258,7 +258,7 @@ func (c *Coordinator) ownerDeps(owners *shards.Owners) scheduler.Deps {
 		// seed is the coordinator id's hash: a coordinator's choices are
 		// reproducible, and two owners break ties differently.
 		opts := placement.Options{Policy: c.cfg.SchedulerPolicy, Seed: int64(xxhash.Sum64String(c.cfg.ID)), DisablePreemption: true,
-			Workload: c.cfg.Workload, PreemptionDelta: priority.PreemptionDelta}
+			Workload: c.cfg.Workload, PreemptionDelta: priority.PreemptionDelta, Weights: placement.Weights{Locality: c.cfg.LocalityWeight}}
 		p = placement.New(opts)
 		opts.DisablePreemption = false
 		pre = placement.New(opts)
