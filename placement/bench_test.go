@@ -148,3 +148,79 @@ func BenchmarkSmallBatch(b *testing.B) {
 		})
 	}
 }
+
+// preemptCluster is synthCluster with every node's allocation spelled out
+// as existing allocations (4 per node, priorities 0-59, a third
+// Guaranteed, a tenth BestEffort) and, when full, every node's CPU and
+// memory taken, so that every task of priority 90 must preempt.
+func preemptCluster(n int, full bool, seed uint64) *Snapshot {
+	snap := synthCluster(n, seed)
+	rng := rand.New(rand.NewPCG(seed, 3))
+	for _, nd := range snap.Nodes {
+		if full {
+			nd.Allocated = Resources{CPUMillis: nd.Capacity.CPUMillis, MemoryMiB: nd.Capacity.MemoryMiB}
+		}
+		for k := range 4 {
+			q := QoSBurstable
+			switch rng.IntN(10) {
+			case 0, 1, 2:
+				q = QoSGuaranteed
+			case 3:
+				q = QoSBestEffort
+			}
+			snap.Existing = append(snap.Existing, Allocation{TaskID: fmt.Sprintf("%s/%d", nd.ID, k), GroupKey: fmt.Sprintf("old-%d/g", rng.IntN(1000)),
+				NodeID: nd.ID, Priority: rng.IntN(60), QoS: q,
+				Request: Resources{CPUMillis: nd.Allocated.CPUMillis / 4, MemoryMiB: nd.Allocated.MemoryMiB / 4}})
+		}
+	}
+	return snap
+}
+
+// BenchmarkPreemption measures decisions per second (a placement, or an
+// unplaced task with or without a preemption proposal) with preemption on,
+// 10,000 nodes with 40,000 existing allocations, batch 1,000 at priority
+// 90, bin-pack, Generation set, 16 and 64 preemption candidates: "full"
+// (every node full: every task needs a preemption, at most one per node
+// per call) and "mixed" (synthCluster's partial allocation; one task in
+// ten asks for a whole node's CPU, so it places only by preempting).
+func BenchmarkPreemption(b *testing.B) {
+	for _, cands := range []int{16, 64} {
+		for _, full := range []bool{true, false} {
+			snap := preemptCluster(10000, full, 7)
+			snap.Generation = 1
+			tasks := synthTasks(1000, 11)
+			for i := range tasks {
+				tasks[i].Priority = 90
+				if i%3 == 0 {
+					tasks[i].QoS = QoSGuaranteed
+				}
+				if !full && i%10 == 0 {
+					// A whole node's CPU: fits only where victims leave.
+					tasks[i].Request.CPUMillis = 64000
+				}
+			}
+			name := fmt.Sprintf("nodes=10000/existing=40000/candidates=%d/mixed", cands)
+			if full {
+				name = fmt.Sprintf("nodes=10000/existing=40000/candidates=%d/full", cands)
+			}
+			b.Run(name, func(b *testing.B) {
+				e := New(Options{Policy: PolicyBinpack, Seed: 1, PreemptionCandidates: cands})
+				e.Place(snap, tasks) // index build, before the timer
+				var p Plan
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					s := *snap
+					p = e.Place(&s, tasks)
+				}
+				b.ReportMetric(float64(len(tasks))*float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+				b.ReportMetric(float64(len(p.Placements)), "placed/batch")
+				b.ReportMetric(float64(len(p.Preemptions)), "preemptions/batch")
+				victims := 0
+				for _, x := range p.Preemptions {
+					victims += len(x.Evict)
+				}
+				b.ReportMetric(float64(victims), "victims/batch")
+			})
+		}
+	}
+}

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -35,6 +36,11 @@ type Options struct {
 	// preemption proposals off.
 	PreemptionDelta   int
 	DisablePreemption bool
+	// PreemptionCandidates bounds the nodes with a set of victims a
+	// preemptor compares (in the seeded scan order; Kubernetes'
+	// DefaultPreemption bounds its candidates likewise). 0 means
+	// DefaultPreemptionCandidates; negative means every node.
+	PreemptionCandidates int
 	// FragModel selects the fragmentation measure of PolicyFragmentation;
 	// empty means FragModelHybrid.
 	FragModel FragModel
@@ -82,6 +88,12 @@ const DefaultPackingWeight = 30.0
 // gpuspec33 (seeds 42-44, full scan: 0.3 -> 89.3%, 1 -> 94.4%, 2 -> 94.6%,
 // 3 -> 94.5%, 10 -> 94.5% GPU allocation at 100% arrival).
 const DefaultScarcityWeight = 2.0
+
+// DefaultPreemptionCandidates is the default Options.PreemptionCandidates:
+// at 10,000 full nodes 16 candidates decided about twice as fast as 64
+// (BenchmarkPreemption; BENCHMARKS.md) with as many victims per
+// preemption in that workload.
+const DefaultPreemptionCandidates = 16
 
 // DefaultCandidateLimit is the default number of feasible nodes scored per
 // task. Measured on the Alibaba trace (BENCHMARKS.md, 10 seeds): scoring 64
@@ -144,6 +156,9 @@ func New(opts Options) Placer { return NewEngine(opts) }
 func NewEngine(opts Options) *Engine {
 	if opts.Policy == "" {
 		opts.Policy = PolicyBinpack
+	}
+	if opts.PreemptionCandidates == 0 {
+		opts.PreemptionCandidates = DefaultPreemptionCandidates
 	}
 	if opts.CandidateLimit == 0 {
 		opts.CandidateLimit = DefaultCandidateLimit
@@ -271,7 +286,7 @@ func (s *Session) PlaceOne(t *Task) Result {
 	s.avoided, s.avoidedRaw = s.avoided[:0], s.avoidedRaw[:0]
 	avoid := len(t.FailedOn) > 0
 	otherPossible := false // a node the task did not fail on could run it
-	if cs.total > 0 {
+	if cs.total > 0 && !st.noRoom(c.req) {
 		start, stride := s.scanOrder(cs.total)
 		for j, p := 0, start; j < cs.total && len(s.cands) < limit; j++ {
 			i := cs.at(p)
@@ -323,15 +338,22 @@ func (s *Session) PlaceOne(t *Task) Result {
 		s.raw, s.avoidedRaw = s.avoidedRaw, s.raw
 	}
 	if len(s.cands) == 0 {
+		if !st.freeOK && len(s.avoided) == 0 {
+			st.boundFree()
+		}
 		c.avoidFailed = avoid && otherPossible
-		u := s.explain(c)
-		r := Result{Unplaced: u}
 		// A task that could run now on a node it failed on waits for
 		// room elsewhere rather than evict anyone.
 		if !s.e.opts.DisablePreemption && len(s.avoided) == 0 {
-			r.Preemption = s.preempt(c)
+			if p := s.preempt(c); p != nil {
+				// Its reason is the preemption: the per-filter count of
+				// every node (explain, most of an unplaced task's cost)
+				// is left out.
+				return Result{Unplaced: &Unplaced{TaskID: t.ID, Reason: fmt.Sprintf("preempting %d allocation(s) on node %s", len(p.Evict), p.NodeID),
+					Excluded: map[string]int{}}, Preemption: p}
+			}
 		}
-		return r
+		return Result{Unplaced: s.explain(c)}
 	}
 	// Normalise and select.
 	for k, sc := range c.scorers {

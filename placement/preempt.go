@@ -26,18 +26,23 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 		return nil
 	}
 	if st.byNode == nil {
-		st.byNode = map[string][]int{}
+		idx := make(map[string]int, len(st.nodes))
+		for i, n := range st.nodes {
+			idx[n.ID] = i
+		}
+		st.byNode = make([][]int, len(st.nodes))
 		for k := range st.snap.Existing {
 			a := &st.snap.Existing[k]
-			if st.batchIDs[a.TaskID] {
+			i, ok := idx[a.NodeID]
+			if !ok || st.batchIDs[a.TaskID] {
 				continue
 			}
-			st.byNode[a.NodeID] = append(st.byNode[a.NodeID], k)
+			st.byNode[i] = append(st.byNode[i], k)
 		}
-		st.claimed = map[string]bool{}
-		st.preempted = map[int]bool{}
+		st.claimed = make([]bool, len(st.snap.Existing))
+		st.preempted = make([]bool, len(st.nodes))
 	}
-	limit := c.t.Priority - s.e.opts.PreemptionDelta
+	maxVictimPri := c.t.Priority - s.e.opts.PreemptionDelta
 	type choice struct {
 		node   int
 		evict  []int
@@ -47,12 +52,46 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 	}
 	var best *choice
 	var victims []int
-	for i, n := range st.nodes {
-		allocs := st.byNode[n.ID]
-		if len(allocs) == 0 || st.preempted[i] {
+	// The nodes the task's label index allows, in the session's seeded
+	// scan order, until PreemptionCandidates nodes with a set of victims were
+	// found (Kubernetes' DefaultPreemption also stops after a bounded
+	// number of candidate nodes): a full region of 10,000 nodes is not
+	// scanned whole for every preemptor.
+	cs := st.candidates(c)
+	limit := s.e.opts.PreemptionCandidates
+	if limit < 0 || limit > cs.total {
+		limit = cs.total
+	}
+	found := 0
+	start, stride := 0, 1
+	if cs.total > 0 {
+		start, stride = s.scanOrder(cs.total)
+	}
+	for j, p := 0, start; j < cs.total && found < limit; j++ {
+		i := cs.at(p)
+		if p += stride; p >= cs.total {
+			p -= cs.total
+		}
+		allocs := st.byNode[i]
+		if len(allocs) == 0 || st.preempted[i] || !c.staticOK(st, i) {
 			continue
 		}
 		v := st.view(i)
+		// Cheap bound first: free room plus every possible victim's must
+		// cover the request's CPU and memory.
+		victims = victims[:0]
+		cpu, mem := v.cpuFree, v.memFree
+		for _, k := range allocs {
+			a := &st.snap.Existing[k]
+			if a.Priority <= maxVictimPri && !st.claimed[k] && (a.QoS != QoSGuaranteed || c.t.QoS == QoSGuaranteed) {
+				victims = append(victims, k)
+				r := normRequest(a.Request)
+				cpu, mem = cpu+r.CPUMillis, mem+r.MemoryMiB
+			}
+		}
+		if len(victims) == 0 || cpu < c.req.CPUMillis || mem < c.req.MemoryMiB {
+			continue
+		}
 		ok := true
 		for _, f := range c.filters[:c.nonRes] {
 			if _, isMax := f.(maxTasksFilter); isMax {
@@ -64,16 +103,6 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 			}
 		}
 		if !ok {
-			continue
-		}
-		victims = victims[:0]
-		for _, k := range allocs {
-			a := &st.snap.Existing[k]
-			if a.Priority <= limit && !st.claimed[a.TaskID] && (a.QoS != QoSGuaranteed || c.t.QoS == QoSGuaranteed) {
-				victims = append(victims, k)
-			}
-		}
-		if len(victims) == 0 {
 			continue
 		}
 		// BestEffort, then Burstable, then Guaranteed; lowest priority
@@ -111,6 +140,7 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 				picked = trial
 			}
 		}
+		found++
 		ch := choice{node: i, evict: picked}
 		for _, k := range picked {
 			a := &st.snap.Existing[k]
@@ -129,9 +159,8 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 	}
 	p := &Preemption{ForTaskID: c.t.ID, NodeID: st.nodes[best.node].ID}
 	for _, k := range best.evict {
-		id := st.snap.Existing[k].TaskID
-		st.claimed[id] = true
-		p.Evict = append(p.Evict, id)
+		st.claimed[k] = true
+		p.Evict = append(p.Evict, st.snap.Existing[k].TaskID)
 	}
 	st.preempted[best.node] = true
 	return p

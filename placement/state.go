@@ -1,5 +1,7 @@
 package placement
 
+import "math"
+
 // state is the engine's working copy of node usage for one Place call. It
 // never mutates the Snapshot: each node's free capacity and flags are copied
 // into a compact slot per call (one sequential O(nodes) pass), its GPU
@@ -40,10 +42,32 @@ type state struct {
 	labelCode map[string]*labelCodes
 
 	// Preemption bookkeeping, built on first use: existing allocations by
-	// node, victims already proposed, nodes already hosting a preemption.
-	byNode    map[string][]int
-	claimed   map[string]bool
-	preempted map[int]bool
+	// node index, victims already proposed (by index in Existing), nodes
+	// already hosting a preemption.
+	byNode    [][]int
+	claimed   []bool
+	preempted []bool
+
+	// freeBound is the most CPU and memory free on any node, computed once
+	// a task found no node (freeOK): placements only lower free room in a
+	// state, so it stays an upper bound, and a later task asking more than
+	// it fits nowhere without a scan (a full region's preemptors).
+	freeCPU, freeMem int64
+	freeOK           bool
+}
+
+// noRoom reports whether req exceeds the free bound (no node can fit it).
+func (st *state) noRoom(req Resources) bool {
+	return st.freeOK && (req.CPUMillis > st.freeCPU || req.MemoryMiB > st.freeMem)
+}
+
+// boundFree computes freeBound over every node.
+func (st *state) boundFree() {
+	st.freeCPU, st.freeMem, st.freeOK = math.MinInt64, math.MinInt64, true
+	for i := range st.nodes {
+		s := st.slot(i)
+		st.freeCPU, st.freeMem = max(st.freeCPU, s.cpuFree), max(st.freeMem, s.memFree)
+	}
 }
 
 // idleGPUs[k] is a shared, read-only slice of k idle GPUs.
