@@ -496,6 +496,7 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 			TailBytes: a.cfg.TailBytes,
 			KillGrace: a.cfg.KillGrace,
 			Record:    a.recordPath(key),
+			Limits:    limitsOf(asg.GetResources()),
 			contain:   a.contain,
 			cgroup:    attemptCgroupName(key),
 		})

@@ -62,6 +62,16 @@ type Usage struct {
 	// MemoryPeakBytes is the most charged at once (memory.max_usage_in_bytes,
 	// memory.peak from Linux 5.19); 0 when the kernel does not say.
 	MemoryPeakBytes int64
+	// MemoryLimitBytes is the memory limit the attempt ran under
+	// (Limits.MemoryMB, cgroup_limits.go); 0: none.
+	MemoryLimitBytes int64
+	// OOMKills counts the attempt's processes the OOM killer ended in its
+	// cgroup (memory.oom_control oom_kill under v1, from Linux 4.13;
+	// memory.events oom_kill under v2); -1 when the kernel does not say.
+	OOMKills int64
+	// MemoryLimitReached says that its memory reached the limit
+	// (oomEvents: a failed charge counted, or the peak at the limit).
+	MemoryLimitReached bool
 }
 
 // attemptCgroup is one attempt's cgroup: a directory per hierarchy.
@@ -69,8 +79,11 @@ type attemptCgroup struct {
 	dirs []string
 	// Where each file lives (the directory in its hierarchy), or "":
 	// v2 is the attempt's v2 directory (all of the below there); freezer,
-	// memory, cpuacct are v1 directories.
-	v2, freezer, memory, cpuacct string
+	// memory, cpu, cpuacct are v1 directories.
+	v2, freezer, memory, cpu, cpuacct string
+	// memLimit is the memory limit written (limitMemory), in bytes; 0:
+	// none.
+	memLimit int64
 }
 
 // attemptCgroupOf returns the attempt cgroup made of dirs, telling each
@@ -90,6 +103,9 @@ func attemptCgroupOf(dirs []string) *attemptCgroup {
 		}
 		if exists(d, "cpuacct.usage") {
 			g.cpuacct = d
+		}
+		if exists(d, "cpu.cfs_quota_us") {
+			g.cpu = d
 		}
 	}
 	return g
@@ -395,8 +411,10 @@ func (c *containment) setup() {
 		c.mu.Unlock()
 		c.log.Info("attempts run in cgroups", "version", l.version, "parents", parents,
 			"memory", l.has("memory"), "cpu_weight", l.has("cpu"))
+		c.logLimits("")
 		return
 	}
+	defer c.logLimits("no cgroups for attempts")
 	lvl := slog.LevelWarn
 	if c.mode == CgroupsV1 || c.mode == CgroupsV2 {
 		lvl = slog.LevelError
@@ -540,6 +558,10 @@ func (c *containment) start(cmd *exec.Cmd, g *attemptCgroup) error {
 func (c *containment) finish(g *attemptCgroup) (u Usage, empty bool) {
 	empty = g.kill(killWait)
 	u = g.usage()
+	if g.memLimit > 0 {
+		u.MemoryLimitBytes = g.memLimit
+		u.OOMKills, u.MemoryLimitReached = g.oomEvents()
+	}
 	c.mu.Lock()
 	delete(c.running, g)
 	c.doneCPU += u.CPUSeconds

@@ -69,7 +69,11 @@ type Config struct {
 	// "auto" (default; v2 with memory and pids, else v1 with memory, pids
 	// and freezer, else v2 without them, else none), "v1", "v2" or "off".
 	// When the cgroups asked for are unusable the agent logs why once and
-	// runs without them.
+	// runs without them. The attempts' cgroups also enforce their
+	// resources.limits (cgroup_limits.go): the memory limit needs the
+	// memory controller, the CPU limit the cpu controller; without them
+	// the limits are not enforced (logged once at start) and the tasks
+	// still run.
 	Cgroups string
 	// GPUModel is the GPU model name, matched against Resources.gpu_models.
 	GPUModel string

@@ -25,6 +25,12 @@
 //     read for CPU and memory usage; every task starts at nice +10 from a
 //     launcher thread, below the agent. A restarted agent kills its
 //     predecessor's attempt cgroups, then sweeps by records (orphans.go).
+//   - Resource limits (cgroup_limits.go): an assignment's resources.limits
+//     are written into the attempt's cgroup before its process starts
+//     (memory limit, swap included; CPU as a CFS quota), and an attempt
+//     ended by the cgroup's OOM killer has its report's error say so
+//     (memoryLimitError). Without the controller a limit needs, it is not
+//     enforced (logged once at start); the task still runs.
 //   - Reports (reporter.go, liveness.go): every report is retried with
 //     backoff on transport errors until the coordinator accepts or rejects
 //     it, with the attempt's current epoch. A rejection of an attempt of the

@@ -39,6 +39,13 @@ type Spec struct {
 	// its process group id and start time once it is, removed after the
 	// group was killed at the end of the attempt. Its directory must exist.
 	Record string
+	// Limits are the attempt's resource limits (the job's
+	// resources.limits), written into its cgroup before the process starts
+	// (cgroup_limits.go); ignored without a cgroup or without the cgroup
+	// controller a limit needs (the agent says so once at start). An
+	// attempt ended by its memory limit has Result.Err say so
+	// (memoryLimitError).
+	Limits Limits
 
 	// contain, if set, starts the process on one of its launcher threads,
 	// at a lower priority than the agent, in a cgroup of its own named
@@ -88,8 +95,9 @@ type Result struct {
 	StdoutTail, StderrTail string
 	// Started and Ended bracket the process's life as seen by the agent.
 	Started, Ended time.Time
-	// Err is an unexpected wait or log-file error, if any; the exit code is
-	// still meaningful.
+	// Err says that the attempt's memory limit ended it or some of its
+	// processes (memoryLimitError), and holds an unexpected wait or
+	// log-file error, if any; the exit code is still meaningful.
 	Err error
 	// Usage is what the attempt's processes used, from its cgroup (read
 	// once every process of it is gone); Measured is false without one.
@@ -214,6 +222,15 @@ func start(spec Spec, user *taskUser) (*Execution, error) {
 			files[1].Close()
 			return nil, nodeFault(err)
 		}
+		// Limits before the process exists: it never runs unlimited.
+		if cg != nil {
+			if err = spec.contain.limit(cg, spec.Limits, spec.contain.log); err != nil {
+				files[0].Close()
+				files[1].Close()
+				_, _ = spec.contain.finish(cg)
+				return nil, err
+			}
+		}
 	}
 	var rec *os.File
 	if spec.Record != "" {
@@ -327,7 +344,8 @@ func start(spec Spec, user *taskUser) (*Execution, error) {
 		if waitErr != nil && !errors.As(waitErr, &exitErr) {
 			res.Err = waitErr
 		}
-		res.Err = errors.Join(res.Err, tailErr[0], tailErr[1])
+		// First: the one line a user reads first in the attempt's result.
+		res.Err = errors.Join(memoryLimitError(usage, outcome, exitSignal(cmd.ProcessState)), res.Err, tailErr[0], tailErr[1])
 		e.result = res
 		close(e.done)
 	}()

@@ -73,6 +73,7 @@ func (c *Coordinator) nodeProto(id string, nv *store.NodeView) *apiaryv1.Node {
 		if u := nv.Usage; u != nil && u.Epoch == r.Epoch {
 			n.Allocated = &apiaryv1.Resources{CpuMillis: u.CPUMillis, MemoryMb: u.MemoryMiB, Gpus: u.GPUs, GpuMilli: u.GPUMilli}
 			n.RunningTasks = u.Tasks
+			n.Limits = &apiaryv1.ResourceLimits{CpuMillis: u.LimitCPUMillis, MemoryMb: u.LimitMemoryMiB}
 		}
 	}
 	return n

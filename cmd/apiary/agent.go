@@ -78,6 +78,17 @@ root, or with --task-user-isolation=false, tasks run as the agent's user and
 can read all of these; the agent says so at start. Run agents as root, or one
 agent per trust domain.
 
+A task's resources.limits (QoS classes: limits equal to the requests make it
+Guaranteed) are enforced in its attempt's cgroup (--cgroups), written before
+the process starts: the memory limit (v1 memory.limit_in_bytes and
+memory.memsw.limit_in_bytes, v2 memory.max with memory.swap.max 0), whose
+OOM kill is reported in the attempt's error ("killed by its memory limit
+(256 MiB): the cgroup's OOM killer ended it"), and the CPU limit as a CFS
+quota per 100 ms period (v1 cpu.cfs_quota_us, v2 cpu.max). Without cgroups,
+or without the memory or cpu controller, those limits cannot be enforced:
+the agent says so once at start ("resource limits not enforced") and runs
+such tasks without them; it never refuses a task for its limits.
+
 A region that runs with ACLs (--acl) takes a node only with an agent join
 token of that region (apiary acl token create --type agent --region R
 [--node-id ID]): give its secret as --join-token-file or $` + EnvJoinToken + `.
@@ -265,7 +276,7 @@ so.`,
 	f.IntVar(&tailBytes, "tail-bytes", agent.DefaultTailBytes, "bytes of stdout and of stderr tail sent with each result")
 	f.DurationVar(&retention, "work-retention", agent.DefaultWorkRetention, "remove a finished attempt's directory (working dir, full logs) this long after its last change (0: keep)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
-	f.StringVar(&cgroups, "cgroups", agent.CgroupsAuto, "contain each attempt in a cgroup of its own, killed as a whole when the attempt ends (setsid escapees included) and measured: auto (v2 with memory and pids, else v1 with memory, pids and freezer, else v2 without them), v1, v2 or off; when unusable the agent logs why and runs without")
+	f.StringVar(&cgroups, "cgroups", agent.CgroupsAuto, "contain each attempt in a cgroup of its own, killed as a whole when the attempt ends (setsid escapees included) and measured: auto (v2 with memory and pids, else v1 with memory, pids and freezer, else v2 without them), v1, v2 or off; when unusable the agent logs why and runs without (and without enforcing tasks' resources.limits)")
 	f.Int64Var(&reservedCPU, "reserved-cpu-millis", 0, "CPU kept for the agent and the host's daemons (Kubernetes' system-reserved), subtracted from the detected CPU capacity; not with --cpu-millis")
 	f.StringVar(&lanAddr, "lan-addr", "", `host:port (UDP and TCP) of this agent's member of the region's serf LAN pool, joined through the addresses the coordinator returns at registration; a crash is then seen in about 1 s instead of a lease TTL (default: the local address of the route to the first --addr, port 0; "off": no member, the lease alone)`)
 	f.DurationVar(&disconnectGrace, "disconnect-grace", agent.DefaultDisconnectGrace, "keep attempts running this long while no coordinator answers (jobs' disconnect.lost_after overrides it), then kill them")

@@ -229,6 +229,15 @@ one region that has the node.`,
 	return cmd
 }
 
+// reqLim is a node list cell "REQUESTED/LIMIT", the limit "-" when 0
+// (no running task has one).
+func reqLim(req, lim int64) string {
+	if lim <= 0 {
+		return fmt.Sprintf("%d/-", req)
+	}
+	return fmt.Sprintf("%d/%d", req, lim)
+}
+
 // operatorName is who asks, for the quarantine record: $USER@host (at most
 // 128 bytes).
 func operatorName() string {
@@ -246,9 +255,14 @@ func operatorName() string {
 }
 
 // printNodes writes a table of nodes to w; "no nodes" to errw when there are none.
+// CPU (m) and MEMORY (MiB) are the running tasks' requests over the node's
+// capacity; CPU REQ/LIM (m) and MEM REQ/LIM (MiB) the same requests beside
+// the sum of their limits (Node.limits, Kubernetes' "Allocated resources"),
+// "-" when none of them has a limit: limits above capacity are Burstable
+// tasks' overcommit.
 func printNodes(w, errw io.Writer, nodes []*apiaryv1.Node) {
 	t := newTable(w)
-	fmt.Fprintln(t, "REGION\tID\tSTATUS\tEPOCH\tCPU (m)\tMEMORY (MiB)\tGPUS\tTASKS\tFAILED\tSCHEDULING\tLABELS")
+	fmt.Fprintln(t, "REGION\tID\tSTATUS\tEPOCH\tCPU (m)\tMEMORY (MiB)\tCPU REQ/LIM (m)\tMEM REQ/LIM (MiB)\tGPUS\tTASKS\tFAILED\tSCHEDULING\tLABELS")
 	for _, n := range nodes {
 		st := strings.TrimPrefix(n.GetStatus().String(), "NODE_STATUS_")
 		var sched []string
@@ -308,9 +322,11 @@ func printNodes(w, errw io.Writer, nodes []*apiaryv1.Node) {
 		}
 		// FAILED: failed of ended attempts in the attribution window.
 		failed := fmt.Sprintf("%d/%d", n.GetRecentFailures(), n.GetRecentAttempts())
-		fmt.Fprintf(t, "%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\t%s\t%s\n", cell(n.GetRegion(), 0), n.GetId(), st, n.GetEpoch(),
+		fmt.Fprintf(t, "%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(n.GetRegion(), 0), n.GetId(), st, n.GetEpoch(),
 			n.GetAllocated().GetCpuMillis(), n.GetCapacity().GetCpuMillis(),
 			n.GetAllocated().GetMemoryMb(), n.GetCapacity().GetMemoryMb(),
+			reqLim(n.GetAllocated().GetCpuMillis(), n.GetLimits().GetCpuMillis()),
+			reqLim(n.GetAllocated().GetMemoryMb(), n.GetLimits().GetMemoryMb()),
 			gpus, tasks, failed, q, cell(fmtLabels(n.GetLabels()), 80))
 	}
 	t.Flush()

@@ -25,6 +25,17 @@
 // 0 for those fields in a job file, so a user who writes `count: 0` is told,
 // not silently given one task.
 //
+// Requests and limits (QoS classes, Kubernetes' Guaranteed, Burstable and
+// BestEffort; internal/qos): resources.limits {cpu_millis, memory_mb} is
+// the most an attempt may use (0: no limit; the agent enforces it with
+// cgroup limits where it has cgroups). Each limit must be >= its request
+// after the defaults, and bounded like the request (limits.cpu_millis at
+// least MinCPULimitMillis). A request left unset takes its limit before
+// the defaults apply (Kubernetes' rule; ApplyResourceDefaults), so limits
+// alone make a task Guaranteed. resources.best_effort: true excludes
+// cpu_millis, memory_mb, gpus, gpu_milli and limits, and gets no default
+// requests: a BestEffort task reserves nothing (QoSClass).
+//
 // What it must not touch: no I/O beyond reading the one job file it is given
 // (ParseFile), no network, no etcd, no placement or scheduling decisions (the
 // semantics of constraints, spreads and affinities belong to placement/; this

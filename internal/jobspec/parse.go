@@ -471,8 +471,29 @@ func (d *decoder) resources(path string, v any) *apiaryv1.Resources {
 		"gpus":       func(p string, v any) { d.int32v(p, v, &r.Gpus) },
 		"gpu_milli":  func(p string, v any) { d.int32v(p, v, &r.GpuMilli) },
 		"gpu_models": func(p string, v any) { d.strList(p, v, &r.GpuModels) },
+		"limits": func(p string, v any) {
+			l := &apiaryv1.ResourceLimits{}
+			d.object(p, v, map[string]handler{
+				"cpu_millis": func(p string, v any) { d.limit64(p, v, &l.CpuMillis) },
+				"memory_mb":  func(p string, v any) { d.limit64(p, v, &l.MemoryMb) },
+			})
+			r.Limits = l
+		},
+		"best_effort": func(p string, v any) { d.boolean(p, v, &r.BestEffort) },
 	})
 	return r
+}
+
+// limit64 is a limit (resources.limits.*), whose 0 means "no limit" in the
+// proto; an explicit 0 in a file is refused, as for positive64.
+func (d *decoder) limit64(path string, v any, dst *int64) {
+	var x int64
+	d.int64v(path, v, &x)
+	if x == 0 && isZero(v) {
+		d.errs.add(path, "must be > 0 (omit it for no limit)")
+		return
+	}
+	*dst = x
 }
 
 // rule decodes a constraint (weight == nil) or an affinity.
@@ -567,10 +588,23 @@ var aliases = map[string]string{
 	"cmd": "command", "arguments": "args", "environment": "env", "task": "tasks",
 	"retry_exit_codes": "retryable_exit_codes", "selectors": "selector",
 	"secrets": "secret_env", "secret_environment": "secret_env",
+	"limit": "limits", "besteffort": "best_effort", "best-effort": "best_effort",
+}
+
+// hints explain a field that does not exist because the file says it
+// another way; given when the mapping has the field named (Kubernetes'
+// resources.requests: the requests are resources.cpu_millis and memory_mb).
+var hints = map[string]struct{ field, hint string }{
+	"requests": {"limits", " (the requests are cpu_millis and memory_mb directly under resources; only limits has a mapping of its own)"},
 }
 
 // suggest returns ` (did you mean "x"?)` for a near miss, or "".
 func suggest(k string, fields map[string]handler) string {
+	if h, ok := hints[strings.ToLower(k)]; ok {
+		if _, known := fields[h.field]; known {
+			return h.hint
+		}
+	}
 	if a, ok := aliases[strings.ToLower(k)]; ok {
 		if _, known := fields[a]; known {
 			return fmt.Sprintf(" (did you mean %q?)", a)

@@ -18,6 +18,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/acl"
+	"apiary.dev/apiary/internal/qos"
 )
 
 // Limits and defaults of a job spec.
@@ -39,7 +40,11 @@ const (
 	MaxMemoryMB = 16_777_216
 	MaxGPUs     = 64
 	MaxGPUMilli = 999
-	MaxTimeout  = 7 * 24 * time.Hour
+	// MinCPULimitMillis is the smallest resources.limits.cpu_millis: the
+	// agent enforces a CPU limit as a CFS quota per 100 ms period, and the
+	// kernel's smallest quota is 1 ms (cpu.cfs_quota_us, cpu.max).
+	MinCPULimitMillis = 10
+	MaxTimeout        = 7 * 24 * time.Hour
 	// MaxLostAfter bounds disconnect.lost_after.
 	MaxLostAfter = 24 * time.Hour
 
@@ -472,6 +477,86 @@ func validateResources(c *errs, p string, r *apiaryv1.Resources) {
 			c.add(fmt.Sprintf("%s.gpu_models[%d]", p, i), "must be a non-empty model name of at most %d printable characters", MaxLabelValLen)
 		}
 	}
+	lim := r.GetLimits()
+	bound("limits.cpu_millis", lim.GetCpuMillis(), MaxCPUMilli)
+	bound("limits.memory_mb", lim.GetMemoryMb(), MaxMemoryMB)
+	if l := lim.GetCpuMillis(); l > 0 && l < MinCPULimitMillis {
+		c.add(p+".limits.cpu_millis", "must be at least %d (the smallest CFS quota, 1 ms per 100 ms period; got %d)", MinCPULimitMillis, l)
+	}
+	if r.GetBestEffort() {
+		// BestEffort (Kubernetes' QoS class) requests nothing: a request or
+		// a limit would make it Burstable or Guaranteed.
+		const rule = "cannot be set with best_effort: true (a BestEffort task requests nothing and has no limits; drop one or the other)"
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{
+			{"cpu_millis", r.GetCpuMillis() != 0},
+			{"memory_mb", r.GetMemoryMb() != 0},
+			{"gpus", r.GetGpus() != 0},
+			{"gpu_milli", r.GetGpuMilli() != 0},
+			{"limits", lim.GetCpuMillis() != 0 || lim.GetMemoryMb() != 0},
+		} {
+			if f.set {
+				c.add(p+"."+f.name, "%s", rule)
+			}
+		}
+		return
+	}
+	cpu, mem := requestsAfterDefaults(r)
+	if l := lim.GetCpuMillis(); l > 0 && l < cpu {
+		c.add(p+".limits.cpu_millis", "must be >= the request cpu_millis (%d millicores; got %d): a limit is the most an attempt may use", cpu, l)
+	}
+	if l := lim.GetMemoryMb(); l > 0 && l < mem {
+		c.add(p+".limits.memory_mb", "must be >= the request memory_mb (%d MiB; got %d): a limit is the most an attempt may use", mem, l)
+	}
+}
+
+// requestsAfterDefaults returns the CPU (millicores) and memory (MiB)
+// requests r has once ApplyResourceDefaults ran: an unset request takes
+// its limit, else its default; a best_effort task's stay 0.
+func requestsAfterDefaults(r *apiaryv1.Resources) (cpuMillis, memoryMB int64) {
+	if r.GetBestEffort() {
+		return r.GetCpuMillis(), r.GetMemoryMb()
+	}
+	pick := func(req, limit, def int64) int64 {
+		switch {
+		case req != 0:
+			return req
+		case limit > 0:
+			return limit
+		}
+		return def
+	}
+	return pick(r.GetCpuMillis(), r.GetLimits().GetCpuMillis(), DefaultCPUMillis),
+		pick(r.GetMemoryMb(), r.GetLimits().GetMemoryMb(), DefaultMemoryMB)
+}
+
+// ApplyResourceDefaults fills a task group's unset requests, in place
+// (ApplyDefaults calls it for every group): a request left unset (0) takes
+// its limit when the limit is set (Kubernetes' rule: limits alone make the
+// requests equal, so `limits: {cpu_millis: 500, memory_mb: 256}` is
+// Guaranteed), else its default (cpu_millis 100, memory_mb 64). A
+// best_effort group gets no requests: they stay 0, as BestEffort reserves
+// nothing. Idempotent; nil is left alone.
+func ApplyResourceDefaults(r *apiaryv1.Resources) {
+	if r == nil {
+		return
+	}
+	r.CpuMillis, r.MemoryMb = requestsAfterDefaults(r)
+}
+
+// QoSClass is the QoS class of a task group's resources as submitted,
+// that is after ApplyResourceDefaults (qos.Of on the defaulted copy; r is
+// not changed): Guaranteed when both limits equal their requests,
+// BestEffort with best_effort, Burstable otherwise.
+func QoSClass(r *apiaryv1.Resources) qos.Class {
+	if r == nil {
+		r = &apiaryv1.Resources{}
+	}
+	d := proto.Clone(r).(*apiaryv1.Resources)
+	ApplyResourceDefaults(d)
+	return qos.Of(d)
 }
 
 // validateRule checks a constraint or affinity: label, op and its arity.
@@ -633,7 +718,9 @@ func Normalize(spec *apiaryv1.JobSpec) {
 
 // ApplyDefaults fills every zero value that has a documented default, in
 // place: priority 50, max_attempts 3, namespace "default", and per task group
-// count 1, cpu_millis 100, memory_mb 64, distinct_property.max_per_value 1.
+// count 1, the requests (ApplyResourceDefaults: cpu_millis and memory_mb
+// take their limit when one is set, else 100 and 64; none for best_effort),
+// distinct_property.max_per_value 1.
 // It is idempotent; call it after Validate.
 func ApplyDefaults(spec *apiaryv1.JobSpec) {
 	if spec == nil {
@@ -658,12 +745,7 @@ func ApplyDefaults(spec *apiaryv1.JobSpec) {
 		if g.Resources == nil {
 			g.Resources = &apiaryv1.Resources{}
 		}
-		if g.Resources.CpuMillis == 0 {
-			g.Resources.CpuMillis = DefaultCPUMillis
-		}
-		if g.Resources.MemoryMb == 0 {
-			g.Resources.MemoryMb = DefaultMemoryMB
-		}
+		ApplyResourceDefaults(g.Resources)
 		for _, d := range g.DistinctProperties {
 			if d != nil && d.MaxPerValue == 0 {
 				d.MaxPerValue = DefaultMaxPerValue

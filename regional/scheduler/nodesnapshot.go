@@ -67,6 +67,7 @@ func (ns *nodeSnapshot) usedBy(n *cNode, except map[string]bool) nodeUse {
 		}
 		r := c.request(&ct.rec)
 		u.Add(r)
+		u.AddLimits(c.group(&ct.rec).GetResources().GetLimits())
 		switch {
 		case r.GPUs == 0 && r.GPUMilli == 0:
 		case len(ct.rec.GPUDevices) > 0:

@@ -329,6 +329,7 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		}
 		req := c.request(&ct.rec)
 		u.Add(req)
+		u.AddLimits(g.GetResources().GetLimits())
 		w.cmps = append(w.cmps, clientv3.Compare(clientv3.ModRevision(ct.key), "=", ct.modRev))
 		w.ops = append(w.ops, clientv3.OpPut(ct.key, store.MustJSON(&rec)),
 			clientv3.OpPut(store.KeyAssign(nodeID, ct.rec.JobID, ct.rec.Index), string(b)))

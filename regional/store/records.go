@@ -96,6 +96,17 @@ type UsageRecord struct {
 	// 1000 when shares sit on several GPUs).
 	GPUMilli int32 `json:"gpu_milli,omitempty"`
 	Tasks    int32 `json:"tasks"`
+	// LimitCPUMillis and LimitMemoryMiB sum the limits (Resources.limits)
+	// of the tasks counted; a task without a limit adds nothing
+	// (apiaryv1.Node.limits).
+	LimitCPUMillis int64 `json:"lim_cpu,omitempty"`
+	LimitMemoryMiB int64 `json:"lim_mem,omitempty"`
+}
+
+// AddLimits counts the limits of a task already counted by Add.
+func (u *UsageRecord) AddLimits(l *apiaryv1.ResourceLimits) {
+	u.LimitCPUMillis += l.GetCpuMillis()
+	u.LimitMemoryMiB += l.GetMemoryMb()
 }
 
 // add counts one more task holding r.
