@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/priority"
 )
 
 // ParseFile reads and parses the job file at path. It never reads more than
@@ -351,6 +352,16 @@ func (d *decoder) jobSpec(v any) *apiaryv1.JobSpec {
 	d.object("", v, map[string]handler{
 		"name": func(p string, v any) { d.str(p, v, &s.Name) },
 		"priority": func(p string, v any) {
+			if name, ok := v.(string); ok {
+				// A class name stands for its value (internal/priority).
+				x, ok := priority.Value(name)
+				if !ok {
+					d.errs.add(p, "must be an integer 1..%d or a priority class: %s (got %q)", MaxPriority, strings.Join(priority.Classes, ", "), name)
+					return
+				}
+				s.Priority = x
+				return
+			}
 			var x int32
 			d.int32v(p, v, &x)
 			if x == 0 && isZero(v) {

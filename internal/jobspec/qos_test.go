@@ -186,3 +186,19 @@ func TestPrepareBestEffortTwice(t *testing.T) {
 		t.Fatalf("limits-only group after Prepare: %v", g)
 	}
 }
+
+// TestPriorityClassNames: priority takes a class name for its value
+// (internal/priority), and an unknown name is an error naming the field
+// and the classes.
+func TestPriorityClassNames(t *testing.T) {
+	for name, want := range map[string]int32{"batch": 20, "standard": 50, "urgent": 90} {
+		s, err := Parse([]byte("name: x\npriority: " + name + "\ntasks:\n  - name: a\n    command: \"true\"\n"))
+		if err != nil || s.GetPriority() != want {
+			t.Errorf("priority %s: %v, %d; want %d", name, err, s.GetPriority(), want)
+		}
+	}
+	_, err := Parse([]byte("name: x\npriority: critical\ntasks:\n  - name: a\n    command: \"true\"\n"))
+	if err == nil || !strings.Contains(err.Error(), "priority") || !strings.Contains(err.Error(), "batch, standard, urgent") {
+		t.Errorf("unknown class: %v", err)
+	}
+}
