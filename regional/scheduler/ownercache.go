@@ -32,6 +32,10 @@ type ownerCache struct {
 	// reserved maps a node id to the PENDING tasks holding a reservation
 	// there (taskstate.Reservation; preempt.go).
 	reserved map[string]map[string]bool
+	// victimPri counts the active tasks that could be preempted (not being
+	// preempted or cancelled already) by their job's priority: the
+	// preemption pass runs only for a task that outranks the lowest.
+	victimPri map[int32]int
 	// dirtyCancel holds the jobs whose cancel flag was seen set: the next
 	// round's cancels pass handles them.
 	dirtyCancel map[string]bool
@@ -74,6 +78,9 @@ type cTask struct {
 	shard  int
 	rec    taskstate.Task
 	modRev int64
+	// victim: counted in ownerCache.victimPri under pri.
+	victim bool
+	pri    int32
 }
 
 // cNode is a node's keys as the owner holds them (the shared decoding,
@@ -85,7 +92,7 @@ type cNode struct {
 
 func newOwnerCache(specs *store.SpecCache) *ownerCache {
 	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, tasks: map[string]*cTask{},
-		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{}, reserved: map[string]map[string]bool{},
+		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{}, reserved: map[string]map[string]bool{}, victimPri: map[int32]int{},
 		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, aaJobs: map[string]map[string]bool{},
 		aaRev: map[string]int64{}, specs: specs}
 }
@@ -224,6 +231,15 @@ func (c *ownerCache) setTask(key string, t *cTask) {
 	if t != nil && t.rec.Reservation != nil {
 		c.useDirty[t.rec.Reservation.NodeID] = true
 	}
+	if old := c.tasks[key]; old != nil && old.victim {
+		if c.victimPri[old.pri]--; c.victimPri[old.pri] <= 0 {
+			delete(c.victimPri, old.pri)
+		}
+	}
+	if t != nil && taskstate.Active(t.rec.State) && t.rec.PreemptedBy == "" && !t.rec.CancelRequested {
+		t.victim, t.pri = true, c.jobs[t.rec.JobID].priority()
+		c.victimPri[t.pri]++
+	}
 	if old := c.tasks[key]; old != nil {
 		if old.rec.NodeID != "" {
 			c.useDirty[old.rec.NodeID] = true
@@ -282,6 +298,18 @@ func (c *ownerCache) setTask(key string, t *cTask) {
 		}
 		bn[key] = true
 	}
+}
+
+// lowestVictim is the lowest job priority of an active task that could be
+// preempted; false when there is none.
+func (c *ownerCache) lowestVictim() (int32, bool) {
+	low, ok := int32(0), false
+	for p := range c.victimPri {
+		if !ok || p < low {
+			low, ok = p, true
+		}
+	}
+	return low, ok
 }
 
 func (c *ownerCache) forget(key string) {

@@ -66,7 +66,9 @@ func (s *Loop) maxPreemptions() int {
 }
 
 // preempt runs the preemption pass over the round's unplaced tasks: those
-// with enough priority to preempt anything, that hold no reservation, have
+// with enough priority to preempt the lowest-priority active task
+// (ownerCache.lowestVictim; a region whose tasks share one priority never
+// runs the pass), that hold no reservation, have
 // not preempted for their next attempt yet and were not tried in the last
 // preemptRetry, at most maxPreemptions of them, most urgent first. The
 // engine sees every active task of the ready nodes (but those being
@@ -78,6 +80,10 @@ func (s *Loop) preempt(ctx context.Context, unplaced []placement.Unplaced, byKey
 		return nil
 	}
 	c := s.cache
+	low, ok := c.lowestVictim()
+	if !ok {
+		return nil
+	}
 	for k, at := range s.preemptTried {
 		if now.Sub(at) >= preemptRetry {
 			delete(s.preemptTried, k)
@@ -89,7 +95,7 @@ func (s *Loop) preempt(ctx context.Context, unplaced []placement.Unplaced, byKey
 		if ct == nil || ct.rec.Reservation != nil || ct.rec.PreemptedFor > ct.rec.Attempt {
 			continue
 		}
-		if _, tried := s.preemptTried[ct.key]; tried || c.jobs[ct.rec.JobID].priority() < priority.PreemptionDelta {
+		if _, tried := s.preemptTried[ct.key]; tried || c.jobs[ct.rec.JobID].priority()-low < priority.PreemptionDelta {
 			continue
 		}
 		cands = append(cands, ct)

@@ -163,6 +163,30 @@ func TestPreemptionCommitted(t *testing.T) {
 	if got := counterValue(h.metrics.Preemptions.WithLabelValues("placed")); got != 1 {
 		t.Errorf("placed preemptions %v, want 1", got)
 	}
+	checkVictimIndex(t, h.s.cache)
+	if low, ok := h.s.cache.lowestVictim(); !ok || low != priority.BatchValue {
+		t.Errorf("lowest victim priority %d %v, want %d", low, ok, priority.BatchValue)
+	}
+}
+
+// checkVictimIndex compares the cache's victimPri with a count from
+// scratch.
+func checkVictimIndex(t *testing.T, c *ownerCache) {
+	t.Helper()
+	want := map[int32]int{}
+	for _, ct := range c.tasks {
+		if taskstate.Active(ct.rec.State) && ct.rec.PreemptedBy == "" && !ct.rec.CancelRequested {
+			want[c.jobs[ct.rec.JobID].priority()]++
+		}
+	}
+	if len(want) != len(c.victimPri) {
+		t.Fatalf("victimPri %v, want %v", c.victimPri, want)
+	}
+	for p, n := range want {
+		if c.victimPri[p] != n {
+			t.Fatalf("victimPri %v, want %v", c.victimPri, want)
+		}
+	}
 }
 
 // TestPreemptionRules: no preemption of a priority within
@@ -188,6 +212,7 @@ func TestPreemptionRules(t *testing.T) {
 			t.Fatalf("priority 90 preempted priority 85 (delta %d): %+v", priority.PreemptionDelta, u)
 		}
 	}
+	checkVictimIndex(t, h.s.cache)
 	h2 := preemptHarness(t, 1)
 	h2.addNode("n1", 2000, 8192)
 	h2.addNode("n2", 2000, 8192)
@@ -201,6 +226,7 @@ func TestPreemptionRules(t *testing.T) {
 	if err := h2.round(); err != nil {
 		t.Fatal(err)
 	}
+	checkVictimIndex(t, h2.s.cache)
 	reserved := 0
 	var holder int32
 	for i := range int32(2) {
