@@ -29,7 +29,7 @@ empty :=
 space := $(empty) $(empty)
 FAULT_RE = ^($(subst $(space),|,$(strip $(FAULT_TESTS))))$$
 
-.PHONY: all deps build test test-fault test-split-check race proto proto-check lint demo demo-tls bench bench-badnode bench-tls bench-shards loadtest-liveness clean
+.PHONY: all deps build test test-fault test-split-check race proto proto-check lint demo demo-tls bench bench-badnode bench-tls bench-shards bench-placement loadtest-liveness clean
 
 all: build
 
@@ -101,6 +101,16 @@ bench-tls: build
 # about 7 minutes; results in loadtest/results/shards-<date>/.
 bench-shards: build
 	$(GO) run ./loadtest/bench/cmd/apiary-bench -bin $(BIN) -out loadtest/results/shards-$$(date +%F) -only shards
+
+# Issue 13's placement measurements: an urgent task's submission to RUNNING
+# in a full region (committed preemption) against the same with one slot
+# free, 20 alternating trials each, with 1 and with 3 coordinators; and the
+# stage-2 input bytes moved with data locality on against off (10
+# alternating runs each, a fresh region per run); about 4 minutes; results
+# in loadtest/results/placement-<date>/. PLACEMENT_ARGS adds flags, e.g.
+# PLACEMENT_ARGS="-preempt-coordinators 1 -locality-runs 5".
+bench-placement: build
+	$(GO) run ./loadtest/bench/cmd/apiary-bench -bin $(BIN) -out loadtest/results/placement-$$(date +%F) -only preempt,locality $(PLACEMENT_ARGS)
 
 # Issue 20's liveness load tests (partition-agent, outage-region) with small
 # trial counts, about 4 minutes; results in loadtest/results/. Not part of

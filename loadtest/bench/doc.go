@@ -46,6 +46,15 @@
 // time over the control's (with the harness spawning the sleeps itself as
 // a floor).
 //
+// And two of placement (issue 13, not in the default set, `make
+// bench-placement`): Preempt (preempt.go), an urgent task's submission to
+// RUNNING in a full region, where it must preempt a batch task, against
+// the same region with one slot free, trials alternated, with 1 and 3
+// coordinators; and Locality (locality.go), the input bytes stage-2 tasks
+// of a generated two-stage workload would fetch (their fetch_bytes) with
+// the data-locality score on and off (`region --locality-weight -1`), a
+// fresh region per run, runs alternated.
+//
 // cmd/apiary-bench runs them and writes per-trial CSV rows and a summary.
 // The package owns measurement only: it must not change regional state
 // except through the public API (SubmitJob, CancelJob), process signals

@@ -15,6 +15,11 @@
 // shards (sharded ownership: the failover with one of three shard owners
 // killed, and the drain with 1 against 3 owners; about 7 minutes) is not in
 // the default set: `make bench-shards`, or -only shards.
+//
+// preempt and locality (issue 13: an urgent task's submission to RUNNING
+// in a full region against one slot free, and stage-2 input bytes moved
+// with data locality on against off; about 4 minutes) are not in the
+// default set either: `make bench-placement`, or -only preempt,locality.
 package main
 
 import (
@@ -43,6 +48,13 @@ var (
 	shardsDrainTrials    = flag.Int("shards-drain-trials", bench.DefaultShards.DrainTrials, "shards: drain rounds (each: a spawn floor, one drain with 3 owners and one with 1, alternating order)")
 	shardsDrainTasks     = flag.Int("shards-drain-tasks", int(bench.DefaultShards.Drain.TasksPerJob), "shards: tasks per job of the drain (20 jobs; 100 = 2,000 tasks for 256 slots, a backlog; 10 = 200 tasks, within the slots)")
 	shardsDrainLease     = flag.Duration("shards-drain-node-lease", 0, "shards: the drain region's --node-lease-ttl (0: the region's default); a longer lease keeps a machine too slow at spawning processes from losing nodes mid-drain")
+)
+
+// placement flags (make bench-placement: preempt, locality).
+var (
+	preemptTrials = flag.Int("preempt-trials", bench.DefaultPreempt.Trials, "preempt: trials per mode (full: the urgent task must preempt; free: one slot free, the floor), alternating")
+	preemptCoords = flag.String("preempt-coordinators", joinInts(bench.DefaultPreempt.Coordinators), "preempt: coordinator counts, one region each, run one after the other (e.g. 1,3)")
+	localityRuns  = flag.Int("locality-runs", bench.DefaultLocality.Runs, "locality: runs per mode (on, off), alternating, a fresh region each")
 )
 
 // tlscost flags (the submit flags -clients, -conns, -warmup, -duration apply too).
@@ -264,6 +276,33 @@ func main() {
 		}
 		sum.WriteString(md)
 	}
+	if run["preempt"] && ctx.Err() == nil {
+		o := bench.DefaultPreempt
+		o.Trials, o.Coordinators = *preemptTrials, nil
+		for _, c := range strings.Split(*preemptCoords, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(c))
+			if err != nil || n < 1 {
+				fatal(fmt.Errorf("-preempt-coordinators: %q is not a coordinator count (1, 3 or 5)", c))
+			}
+			o.Coordinators = append(o.Coordinators, n)
+		}
+		md, err := bench.RunPreempt(ctx, cfg, o, *out)
+		if err != nil {
+			cfg.Log.Write([]byte(fmt.Sprintf("preempt: %v\n", err)))
+			failed = true
+		}
+		sum.WriteString(md)
+	}
+	if run["locality"] && ctx.Err() == nil {
+		o := bench.DefaultLocality
+		o.Runs = *localityRuns
+		md, err := bench.RunLocality(ctx, cfg, o, *out)
+		if err != nil {
+			cfg.Log.Write([]byte(fmt.Sprintf("locality: %v\n", err)))
+			failed = true
+		}
+		sum.WriteString(md)
+	}
 	if run["tlscost"] && ctx.Err() == nil {
 		o := bench.DefaultTLSCost
 		o.Runs, o.Nodes = *tlscostRuns, *tlscostNodes
@@ -303,7 +342,14 @@ func hostInfo() string {
 	return runtime.GOOS + "/" + runtime.GOARCH
 }
 
-func itoa(i int) string   { return strconv.Itoa(i) }
+func itoa(i int) string { return strconv.Itoa(i) }
+func joinInts(xs []int) string {
+	var s []string
+	for _, x := range xs {
+		s = append(s, strconv.Itoa(x))
+	}
+	return strings.Join(s, ",")
+}
 func f1(x float64) string { return strconv.FormatFloat(x, 'f', 1, 64) }
 func check(err error) {
 	if err != nil {
