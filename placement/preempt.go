@@ -30,14 +30,15 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 		for i, n := range st.nodes {
 			idx[n.ID] = i
 		}
-		st.byNode = make([][]int, len(st.nodes))
+		st.byNode = make([][]victimRef, len(st.nodes))
 		for k := range st.snap.Existing {
 			a := &st.snap.Existing[k]
 			i, ok := idx[a.NodeID]
 			if !ok || st.batchIDs[a.TaskID] {
 				continue
 			}
-			st.byNode[i] = append(st.byNode[i], k)
+			r := normRequest(a.Request)
+			st.byNode[i] = append(st.byNode[i], victimRef{k: int32(k), pri: int32(a.Priority), qos: a.QoS, cpu: r.CPUMillis, mem: r.MemoryMiB})
 		}
 		st.claimed = make([]bool, len(st.snap.Existing))
 		st.preempted = make([]bool, len(st.nodes))
@@ -81,12 +82,10 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 		// cover the request's CPU and memory.
 		victims = victims[:0]
 		cpu, mem := v.cpuFree, v.memFree
-		for _, k := range allocs {
-			a := &st.snap.Existing[k]
-			if a.Priority <= maxVictimPri && !st.claimed[k] && (a.QoS != QoSGuaranteed || c.t.QoS == QoSGuaranteed) {
-				victims = append(victims, k)
-				r := normRequest(a.Request)
-				cpu, mem = cpu+r.CPUMillis, mem+r.MemoryMiB
+		for _, a := range allocs {
+			if int(a.pri) <= maxVictimPri && !st.claimed[a.k] && (a.qos != QoSGuaranteed || c.t.QoS == QoSGuaranteed) {
+				victims = append(victims, int(a.k))
+				cpu, mem = cpu+a.cpu, mem+a.mem
 			}
 		}
 		if len(victims) == 0 || cpu < c.req.CPUMillis || mem < c.req.MemoryMiB {
@@ -164,6 +163,16 @@ func (s *Session) preempt(c *taskCtx) *Preemption {
 	}
 	st.preempted[best.node] = true
 	return p
+}
+
+// victimRef is an existing allocation as the preemption scan reads it, kept
+// per node in one contiguous slice (st.byNode): its index in Existing,
+// priority, class and normalised request.
+type victimRef struct {
+	k        int32
+	pri      int32
+	qos      QoS
+	cpu, mem int64
 }
 
 func size(r Resources) int64 {

@@ -44,7 +44,7 @@ type state struct {
 	// Preemption bookkeeping, built on first use: existing allocations by
 	// node index, victims already proposed (by index in Existing), nodes
 	// already hosting a preemption.
-	byNode    [][]int
+	byNode    [][]victimRef
 	claimed   []bool
 	preempted []bool
 
