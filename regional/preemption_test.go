@@ -11,16 +11,25 @@ import (
 	"apiary.dev/apiary/internal/testutil"
 )
 
-// TestUrgentTaskPreemptsBatchWork: a region full of batch tasks (priority
-// 20, max_attempts 1), then an urgent task (priority 90) that fits nowhere:
-// it runs, having preempted the fewest batch tasks (one: it needs one
-// task's room); the victim's attempt says it was preempted and by whom, and
+// TestUrgentTaskPreemptsBatchWork: a region full of batch tasks (two of
+// priority 20, two of 10, max_attempts 1), then an urgent task (priority 90)
+// that fits nowhere: it runs, having preempted the fewest tasks of the
+// lowest priority (one of priority 10: it needs one task's room); the
+// victim's attempt says it was preempted and by whom, and
 // the victim runs again and completes (with max_attempts 1, a charged
 // attempt would have failed the job instead). Submission to running is
 // logged; its distribution is measured by `apiary loadtest preempt`, not
 // here (the bound below only catches a reservation that waited for its
 // 30 s deadline).
 func TestUrgentTaskPreemptsBatchWork(t *testing.T) {
+	getJobT := func(t *testing.T, c clients, id string) *apiaryv1.Job {
+		t.Helper()
+		j, err := getJob(c, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
 	agents := []devcluster.AgentSpec{
 		{ID: "a0", CPUMillis: 2000, MemoryMiB: 4096, MaxTasks: 8},
 		{ID: "a1", CPUMillis: 2000, MemoryMiB: 4096, MaxTasks: 8},
@@ -33,12 +42,24 @@ priority: 20
 max_attempts: 1
 tasks:
   - name: work
-    count: 4
+    count: 2
     command: sleep
     args: ["4"]
     resources: {cpu_millis: 1000, memory_mb: 64}
 `))
-	waitRunning(t, c, batch, 4)
+	low := submit(t, c, spec(t, `
+name: low
+priority: 10
+max_attempts: 1
+tasks:
+  - name: work
+    count: 2
+    command: sleep
+    args: ["4"]
+    resources: {cpu_millis: 1000, memory_mb: 64}
+`))
+	waitRunning(t, c, batch, 2)
+	waitRunning(t, c, low, 2)
 	start := time.Now()
 	urgent := submit(t, c, spec(t, `
 name: urgent
@@ -66,7 +87,15 @@ tasks:
 		t.Errorf("urgent task ran %v after submission: it waited for the reservation's deadline, not its victims", ran)
 	}
 	waitState(t, c, urgent, apiaryv1.JobState_JOB_STATE_COMPLETE, 30*time.Second)
-	j := waitState(t, c, batch, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second)
+	if j := waitState(t, c, batch, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second); j.GetCounts().GetComplete() != 2 {
+		t.Fatalf("batch job %v", j.GetCounts())
+	}
+	for _, tk := range getJobT(t, c, batch).GetTasks() {
+		if len(tk.GetAttempts()) != 1 {
+			t.Errorf("batch (priority 20) task %d has attempts %v: preempted although priority 10 tasks ran", tk.GetIndex(), tk.GetAttempts())
+		}
+	}
+	j := waitState(t, c, low, apiaryv1.JobState_JOB_STATE_COMPLETE, 60*time.Second)
 	victims := 0
 	for _, tk := range j.GetTasks() {
 		as := tk.GetAttempts()
@@ -84,6 +113,6 @@ tasks:
 		}
 	}
 	if victims != 1 {
-		t.Fatalf("%d batch tasks preempted, want 1 (the fewest that make room)", victims)
+		t.Fatalf("%d priority-10 tasks preempted, want 1 (the fewest that make room)", victims)
 	}
 }
