@@ -157,7 +157,7 @@ tasks:
 			t.Fatalf("extract completed before load's waiting reason was seen: %v", j.GetTasks())
 		}
 		if tk := j.GetTasks()[1]; tk.GetState() != apiaryv1.TaskState_TASK_STATE_PENDING ||
-			!strings.Contains(tk.GetUnplacedReason(), "waiting for task group extract") {
+			!strings.Contains(tk.GetUnplacedReason(), "task group extract must complete first") {
 			return fmt.Errorf("load task 1: %s, reason %q", tk.GetState(), tk.GetUnplacedReason())
 		}
 		return nil

@@ -49,7 +49,7 @@ func TestPrintJobFetchHint(t *testing.T) {
 	}}
 	var b bytes.Buffer
 	printJob(&b, job)
-	if !regexp.MustCompile(`(?m)^fetch: task 0 runs on n2, away from 49 KiB of its input datasets`).MatchString(b.String()) {
+	if !regexp.MustCompile(`(?m)^fetch: task 0 runs on n2, which lacks 49 KiB of its input datasets`).MatchString(b.String()) {
 		t.Fatalf("no fetch hint for task 0 in:\n%s", b.String())
 	}
 	if regexp.MustCompile(`fetch: task 1`).MatchString(b.String()) {

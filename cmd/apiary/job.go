@@ -154,7 +154,7 @@ exit 4: the job keeps running; follow it with 'apiary job status JOB_ID'.`,
 				if resp.GetDeduplicated() {
 					dedup = " (already submitted; same job)"
 				}
-				fmt.Fprintf(errw, "submitted %s (%d tasks) to region %s%s\n", spec.GetName(), jobspec.TaskCount(spec), resp.GetRegion(), dedup)
+				fmt.Fprintf(errw, "submitted %s (%s) to region %s%s\n", spec.GetName(), plural(int(jobspec.TaskCount(spec)), "task"), resp.GetRegion(), dedup)
 				fmt.Fprintln(out, resp.GetJobId())
 				return nil
 			}
@@ -567,7 +567,7 @@ func printJob(w io.Writer, job *apiaryv1.Job) {
 	t.Flush()
 	for _, task := range job.GetTasks() {
 		if b := task.GetFetchBytes(); b > 0 && task.GetNodeId() != "" {
-			fmt.Fprintf(w, "\nfetch: task %d runs on %s, away from %s of its input datasets (the bytes it would not move where its data is)\n",
+			fmt.Fprintf(w, "\nfetch: task %d runs on %s, which lacks %s of its input datasets (running where its data is would not have moved them)\n",
 				task.GetIndex(), task.GetNodeId(), humanize.IBytes(uint64(b)))
 		}
 	}
@@ -679,8 +679,8 @@ func newJobCancelCmd(o *clientOpts) *cobra.Command {
 				case terminal(s):
 					fmt.Fprintf(w, "job %s had already ended (%s); nothing to cancel\n", id, strings.ToLower(jobState(s)))
 				default:
-					fmt.Fprintf(w, "job %s: cancel requested; %d tasks still running will be killed\n",
-						id, job.GetCounts().GetRunning()+job.GetCounts().GetAssigned())
+					fmt.Fprintf(w, "job %s: cancel requested; %s still running will be killed\n",
+						id, plural(int(job.GetCounts().GetRunning()+job.GetCounts().GetAssigned()), "task"))
 				}
 			})
 		},
@@ -787,4 +787,12 @@ func printTail(w io.Writer, name, s string) {
 	for _, line := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
 		fmt.Fprintf(w, "    %s\n", line)
 	}
+}
+
+// plural is "1 task", "2 tasks".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, noun)
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

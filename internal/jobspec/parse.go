@@ -354,7 +354,7 @@ func (d *decoder) jobSpec(v any) *apiaryv1.JobSpec {
 		"priority": func(p string, v any) {
 			if name, ok := v.(string); ok {
 				// A class name stands for its value (internal/priority).
-				x, ok := priority.Value(name)
+				x, ok := priority.Value(strings.ToLower(strings.TrimSpace(name)))
 				if !ok {
 					d.errs.add(p, "must be an integer 1..%d or a priority class: %s (got %q)", MaxPriority, strings.Join(priority.Classes, ", "), name)
 					return

@@ -198,7 +198,7 @@ func Validate(spec *apiaryv1.JobSpec) error {
 	}
 	checkName(&c, "name", spec.GetName(), MaxNameLen, true)
 	if p := spec.GetPriority(); p < MinPriority || p > MaxPriority {
-		c.add("priority", "must be between %d and %d (got %d)", MinPriority, MaxPriority, p)
+		c.add("priority", "must be between %d and %d, or a class: batch, standard, urgent (got %d)", max(MinPriority, 1), MaxPriority, p)
 	}
 	if m := spec.GetMaxAttempts(); m < 0 || m > MaxMaxAttempts {
 		c.add("max_attempts", "must be between 1 and %d (got %d)", MaxMaxAttempts, m)

@@ -88,5 +88,5 @@ func (s *Loop) dependencyWrite(ct *cTask, doomedBy string, nowMs int64) (write, 
 // waitingReason is the unplaced reason of a task whose group waits for
 // group name.
 func waitingReason(name string) string {
-	return fmt.Sprintf("waiting for task group %s to complete (after)", name)
+	return fmt.Sprintf("task group %s must complete first (after)", name)
 }
