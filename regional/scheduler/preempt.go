@@ -34,10 +34,11 @@ import (
 //     (dispatchReserved), in the room the reservation held; nothing is ever
 //     over-committed on the agent.
 //
-// A task preempts at most once per placement (Task.PreemptedFor); a
-// reservation ends without a placement when its node epoch ends, when its
-// victims do not stop within reservationTTL, or when the room is gone
-// (another constraint changed), and the task then waits like any other.
+// A reservation ends without a placement when its node epoch ends, when
+// its victims do not stop within reservationTTL, or when the room is gone
+// (the node was quarantined meanwhile, say); the task may then preempt
+// again, on any node, up to taskstate.MaxReservations times per placement
+// (so a placement that keeps failing does not go on stopping others).
 
 const (
 	// DefaultMaxPreemptions is Deps.MaxPreemptions when 0: preemptors
@@ -68,8 +69,8 @@ func (s *Loop) maxPreemptions() int {
 // preempt runs the preemption pass over the round's unplaced tasks: those
 // with enough priority to preempt the lowest-priority active task
 // (ownerCache.lowestVictim; a region whose tasks share one priority never
-// runs the pass), that hold no reservation, have
-// not preempted for their next attempt yet and were not tried in the last
+// runs the pass), that may preempt (taskstate.MayPreempt) and were not
+// tried in the last
 // preemptRetry, at most maxPreemptions of them, most urgent first. The
 // engine sees every active task of the ready nodes (but those being
 // preempted or cancelled already); each proposal is committed by
@@ -92,7 +93,7 @@ func (s *Loop) preempt(ctx context.Context, unplaced []placement.Unplaced, byKey
 	var cands []*cTask
 	for _, u := range unplaced {
 		ct := byKey[u.TaskID]
-		if ct == nil || ct.rec.Reservation != nil || ct.rec.PreemptedFor > ct.rec.Attempt {
+		if ct == nil || !taskstate.MayPreempt(ct.rec) {
 			continue
 		}
 		if _, tried := s.preemptTried[ct.key]; tried || c.jobs[ct.rec.JobID].priority()-low < priority.PreemptionDelta {
@@ -235,7 +236,12 @@ func (s *Loop) dispatchReserved(ctx context.Context, now time.Time) (time.Durati
 		}
 		w := s.taskWrite(ct, rec)
 		after := w.after
-		w.after = func(rev int64) { after(rev); s.d.Metrics.Preemptions.WithLabelValues(event).Inc() }
+		w.after = func(rev int64) {
+			after(rev)
+			s.d.Metrics.Preemptions.WithLabelValues(event).Inc()
+			s.d.Log.Info("reservation ended without a placement", "task", ct.key, "event", event, "reason", reason,
+				"reservations", rec.Reservations, "may_preempt_again", taskstate.MayPreempt(rec))
+		}
 		ends = append(ends, w)
 	}
 	for nodeID, keys := range c.reserved {

@@ -191,8 +191,7 @@ func checkVictimIndex(t *testing.T, c *ownerCache) {
 
 // TestPreemptionRules: no preemption of a priority within
 // priority.PreemptionDelta; at most MaxPreemptions preemptors per round; a
-// preemptor whose reservation ended does not preempt again for the same
-// placement.
+// preemptor whose reservation's node was lost preempts again elsewhere.
 func TestPreemptionRules(t *testing.T) {
 	h := preemptHarness(t, 1)
 	h.addNode("n1", 2000, 8192)
@@ -239,17 +238,44 @@ func TestPreemptionRules(t *testing.T) {
 		t.Fatalf("%d preemptors committed in one round, want MaxPreemptions = 1", reserved)
 	}
 	// The reservation's node epoch ends: the reservation ends with a
-	// reason, and the task does not preempt again for this placement.
+	// reason, and the urgent tasks preempt on the node left (the holder
+	// again, with its second reservation for the placement).
 	u := h2.task("urgent", holder)
-	h2.watchDelete(store.KeyNodeAlive(u.Reservation.NodeID))
-	for range 2 {
-		h2.s.preemptTried = map[string]time.Time{} // no retry wait
+	lost := u.Reservation.NodeID
+	h2.watchDelete(store.KeyNodeAlive(lost))
+	h2.s.preemptTried = map[string]time.Time{} // no retry wait
+	if err := h2.round(); err != nil {
+		t.Fatal(err)
+	}
+	if u = h2.task("urgent", holder); u.Reservation != nil && u.Reservation.NodeID == lost {
+		t.Fatalf("reservation on the lost node kept: %+v", u.Reservation)
+	}
+	for range 3 {
+		h2.s.preemptTried = map[string]time.Time{}
 		if err := h2.round(); err != nil {
 			t.Fatal(err)
 		}
-		u = h2.task("urgent", holder)
-		if u.Reservation != nil || !strings.Contains(u.UnplacedReason, "ended before it was placed") || u.PreemptedFor != 1 {
-			t.Fatalf("after its node epoch ended: %+v, want no new reservation, the reason, PreemptedFor 1", u)
+	}
+	onLeft := 0
+	for i := range int32(2) {
+		u := h2.task("urgent", i)
+		if r := u.Reservation; r != nil {
+			if r.NodeID == lost {
+				t.Fatalf("urgent/%d holds a reservation on the lost node %s", i, lost)
+			}
+			onLeft++
 		}
+		if i == holder && u.PreemptedFor != 1 {
+			t.Errorf("holder after its node was lost: %+v, want PreemptedFor 1", u)
+		}
+	}
+	// One preemption on the node left (its other batch task cannot make
+	// room while the first victim still holds its own).
+	if onLeft != 1 {
+		t.Errorf("%d urgent tasks hold reservations on the node left, want 1", onLeft)
+	}
+	// The holder, whose reservation ended, may preempt again.
+	if u := h2.task("urgent", holder); !taskstate.MayPreempt(u) && (u.Reservation == nil || u.Reservations != 2) {
+		t.Errorf("holder after its node was lost: %+v, want it free to preempt again (or holding its second reservation)", u)
 	}
 }

@@ -68,9 +68,24 @@ type Task struct {
 	// its victims stop (Reserve); cleared by Assign.
 	Reservation *Reservation `json:"reservation,omitempty"`
 	// PreemptedFor is the attempt (Attempt+1 at the time) for whose
-	// placement this task preempted others: a task preempts at most once
-	// per placement.
+	// placement this task preempted others, and Reservations how many
+	// reservations it made for it: a reservation that ended without the
+	// placement (its node lost, its victims not stopped in time, its room
+	// gone) lets it preempt again, up to MaxReservations per placement.
 	PreemptedFor int32 `json:"preempted_for,omitempty"`
+	Reservations int32 `json:"reservations,omitempty"`
+}
+
+// MaxReservations bounds the preemptions one placement of a task may make
+// (Reserve): a placement that keeps failing after its victims stopped
+// does not go on stopping others.
+const MaxReservations = 3
+
+// MayPreempt reports whether a PENDING task may preempt for its next
+// placement: it holds no reservation and has made fewer than
+// MaxReservations for that placement.
+func MayPreempt(t Task) bool {
+	return t.Reservation == nil && (t.PreemptedFor <= t.Attempt || t.Reservations < MaxReservations)
 }
 
 // Reservation is the room a preemptor holds on one node epoch: its
@@ -193,18 +208,22 @@ func Preempt(t Task, by string) (Task, error) {
 }
 
 // Reserve records a PENDING task's reservation r for the placement of its
-// next attempt (the preemption of r's victims). A task reserves at most
-// once per placement: it is refused when the task preempted for its next
-// attempt already, or is not PENDING.
+// next attempt (the preemption of r's victims). It is refused for a task
+// that is not PENDING or may not preempt (MayPreempt: it holds a
+// reservation, or made MaxReservations for this placement).
 func Reserve(t Task, r Reservation, reason string) (Task, error) {
 	switch {
 	case t.State != apiaryv1.TaskState_TASK_STATE_PENDING:
 		return t, fmt.Errorf("task %s/%d: reserve from %s", t.JobID, t.Index, t.State)
-	case t.PreemptedFor > t.Attempt:
-		return t, fmt.Errorf("task %s/%d: preempted for attempt %d already", t.JobID, t.Index, t.PreemptedFor)
+	case !MayPreempt(t):
+		return t, fmt.Errorf("task %s/%d: made %d reservations for attempt %d already", t.JobID, t.Index, t.Reservations, t.PreemptedFor)
+	}
+	if t.PreemptedFor > t.Attempt {
+		t.Reservations++
+	} else {
+		t.PreemptedFor, t.Reservations = t.Attempt+1, 1
 	}
 	t.Reservation = &r
-	t.PreemptedFor = t.Attempt + 1
 	t.UnplacedReason = reason
 	return t, nil
 }
@@ -392,6 +411,11 @@ func ApplyReport(t Task, p Policy, r Report, aliveEpoch int64, nowMs int64, rng 
 			return Result{Task: t, Outcome: OutcomeCancelled, Released: true}
 		}
 		what := fmt.Sprintf("exited with code %d", r.ExitCode)
+		if r.Error != "" {
+			// The agent's account of the end (e.g. "killed by its memory
+			// limit (32 MiB): ..."), kept in the task's error too.
+			what += " (" + r.Error + ")"
+		}
 		if r.Blame == BlameNode {
 			return nodeFault(t, p, end, nowMs, rng, what+" on a node quarantined as an outlier")
 		}

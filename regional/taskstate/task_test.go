@@ -1396,7 +1396,8 @@ func checkFailure(rt *rapid.T, pol Policy, task Task, r Report, res Result) {
 // TestPreemptTransitions: a preempted attempt's end, whatever it is (a
 // cancel report, a kill's non-zero exit, a timeout, a node loss), requeues
 // its task at once without charge and says by whom; a success still
-// completes; a task reserves at most once per placement.
+// completes; a task reserves at most MaxReservations times per placement
+// and never while it holds one.
 func TestPreemptTransitions(t *testing.T) {
 	running := Task{JobID: "j", State: apiaryv1.TaskState_TASK_STATE_RUNNING, Attempt: 2, Used: 1, NodeID: "n", NodeEpoch: 5}
 	p := Policy{MaxAttempts: 2}
@@ -1446,8 +1447,24 @@ func TestPreemptTransitions(t *testing.T) {
 	if !changed || ended.Reservation != nil || ended.UnplacedReason != "gone" {
 		t.Fatalf("EndReservation: %+v", ended)
 	}
-	if _, err := Reserve(ended, Reservation{NodeID: "n"}, "again"); err == nil {
-		t.Error("a task preempted twice for one placement")
+	// A reservation that ended without the placement lets it preempt
+	// again, up to MaxReservations times for the placement.
+	again := ended
+	for k := 2; k <= MaxReservations; k++ {
+		r2, err := Reserve(again, Reservation{NodeID: "n"}, "again")
+		if err != nil || r2.Reservations != int32(k) || r2.PreemptedFor != 1 {
+			t.Fatalf("reservation %d for one placement: %v %+v", k, err, r2)
+		}
+		if _, err := Reserve(r2, Reservation{NodeID: "m"}, "while holding one"); err == nil {
+			t.Fatal("a task holding a reservation reserved again")
+		}
+		again, _ = EndReservation(r2, "gone")
+	}
+	if MayPreempt(again) {
+		t.Error("MayPreempt after MaxReservations for one placement")
+	}
+	if _, err := Reserve(again, Reservation{NodeID: "n"}, "again"); err == nil {
+		t.Errorf("reservation %d for one placement accepted", MaxReservations+1)
 	}
 	a, err := Assign(r, "n", 5, 10)
 	if err != nil || a.Reservation != nil {
