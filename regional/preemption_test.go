@@ -2,6 +2,7 @@ package regional_test
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -115,4 +116,89 @@ tasks:
 	if victims != 1 {
 		t.Fatalf("%d priority-10 tasks preempted, want 1 (the fewest that make room)", victims)
 	}
+}
+
+// TestPreemptorWhoseNodeIsLostPreemptsElsewhere: the urgent task's
+// reservation is on a node whose agent is then SIGKILLed before the victims
+// report: the reservation ends with its node epoch, and the urgent task
+// preempts again on the node left and runs there (the breaker's case: it
+// used to wait behind the long batch work for good).
+func TestPreemptorWhoseNodeIsLostPreemptsElsewhere(t *testing.T) {
+	agents := []devcluster.AgentSpec{
+		{ID: "a0", CPUMillis: 2000, MemoryMiB: 4096, MaxTasks: 8},
+		{ID: "a1", CPUMillis: 2000, MemoryMiB: 4096, MaxTasks: 8},
+	}
+	// A 10 s node lease: the agents are paused for a few seconds below.
+	_, r := cluster(t, devcluster.RegionSpec{Coordinators: 1, Agents: agents, NoLAN: true, ExtraArgs: []string{"--node-lease-ttl", "10s"}})
+	c := dial(t, r)
+	batch := submit(t, c, spec(t, `
+name: batch
+priority: batch
+tasks:
+  - name: work
+    count: 4
+    command: sleep
+    args: ["300"]
+    resources: {cpu_millis: 1000, memory_mb: 64}
+`))
+	waitRunning(t, c, batch, 4)
+	t.Cleanup(func() { _, _ = c.jobs.CancelJob(callCtx(t), &apiaryv1.CancelJobRequest{JobId: batch}) })
+	// SIGSTOP every agent first, so that the victims cannot report before
+	// the node of the reservation is killed.
+	for _, a := range agents {
+		if err := r.Agent(a.ID).Pause(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	urgent := submit(t, c, spec(t, `
+name: urgent
+priority: urgent
+tasks:
+  - name: now
+    command: sleep
+    args: ["1"]
+    resources: {cpu_millis: 1000, memory_mb: 64}
+`))
+	var reserved string
+	re := regexp.MustCompile(`on node (\S+); placed there`)
+	testutil.Eventually(t, 20*time.Second, "the urgent task's reservation", func() error {
+		j, err := getJob(c, urgent)
+		if err != nil {
+			return err
+		}
+		m := re.FindStringSubmatch(j.GetTasks()[0].GetUnplacedReason())
+		if m == nil {
+			return fmt.Errorf("reason %q", j.GetTasks()[0].GetUnplacedReason())
+		}
+		reserved = m[1]
+		return nil
+	})
+	var other string
+	for _, a := range agents {
+		p := r.Agent(a.ID)
+		if reserved == a.ID {
+			if err := p.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		other = a.ID
+		if err := p.Resume(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, 40*time.Second, "the urgent task running on the node left", func() error {
+		j, err := getJob(c, urgent)
+		if err != nil {
+			return err
+		}
+		tk := j.GetTasks()[0]
+		if s := tk.GetState(); s != apiaryv1.TaskState_TASK_STATE_RUNNING && s != apiaryv1.TaskState_TASK_STATE_COMPLETE {
+			return fmt.Errorf("urgent task %s (%s)", s, tk.GetUnplacedReason())
+		}
+		if tk.GetNodeId() != other {
+			return fmt.Errorf("urgent task on %s, want the node of agent %s", tk.GetNodeId(), other)
+		}
+		return nil
+	})
 }
