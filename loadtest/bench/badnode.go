@@ -273,26 +273,12 @@ func BadNode(ctx context.Context, cfg Config, o BadNodeOptions, setup string, tr
 	}
 
 	// Submit every job at once.
-	ids := make([]string, o.Jobs)
-	errs := make([]error, o.Jobs)
-	var wg sync.WaitGroup
 	t0 := time.Now()
-	for j := 0; j < o.Jobs; j++ {
-		wg.Add(1)
-		go func(j int) {
-			defer wg.Done()
-			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			resp, err := js.SubmitJob(sctx, &apiaryv1.SubmitJobRequest{Spec: badNodeJob(o, fmt.Sprintf("badnode-%d", j+1)),
-				ClientId: "bench-badnode", RequestId: fmt.Sprintf("%s-%d-j%d-%d", setup, trial, j, t0.UnixNano())})
-			ids[j], errs[j] = resp.GetJobId(), err
-		}(j)
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return res, fmt.Errorf("submit: %w", err)
-		}
+	ids, err := submitAll(ctx, js, o.Jobs, "bench-badnode", func(j int) (*apiaryv1.JobSpec, string) {
+		return badNodeJob(o, fmt.Sprintf("badnode-%d", j+1)), fmt.Sprintf("%s-%d-j%d-%d", setup, trial, j, t0.UnixNano())
+	})
+	if err != nil {
+		return res, err
 	}
 
 	assigned := map[attemptKey]assignSeen{}

@@ -424,3 +424,29 @@ func foreignShare(a, b hostCPU) float64 {
 	}
 	return max(0, (b.busy-a.busy)-(b.tree-a.tree)) / secs
 }
+
+// submitAll submits n jobs at once (one goroutine each, 30 s per call):
+// job j's spec and request id come from job(j), under client id clientID.
+// It returns the job ids in order, or the first submission error.
+func submitAll(ctx context.Context, js apiaryv1.JobServiceClient, n int, clientID string,
+	job func(j int) (*apiaryv1.JobSpec, string)) ([]string, error) {
+	ids := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for j := range n {
+		spec, reqID := job(j)
+		wg.Go(func() {
+			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			resp, err := js.SubmitJob(sctx, &apiaryv1.SubmitJobRequest{Spec: spec, ClientId: clientID, RequestId: reqID})
+			ids[j], errs[j] = resp.GetJobId(), err
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("submit: %w", err)
+		}
+	}
+	return ids, nil
+}

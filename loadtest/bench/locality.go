@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
@@ -204,26 +203,12 @@ func Locality(ctx context.Context, cfg Config, o LocalityOptions, mode string, r
 		return res, err
 	}
 
-	ids := make([]string, o.Jobs)
-	errs := make([]error, o.Jobs)
-	var wg sync.WaitGroup
 	t0 := time.Now()
-	for j := 0; j < o.Jobs; j++ {
-		wg.Add(1)
-		go func(j int) {
-			defer wg.Done()
-			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			resp, err := js.SubmitJob(sctx, &apiaryv1.SubmitJobRequest{Spec: twoStageJob(o, j),
-				ClientId: "bench-locality", RequestId: fmt.Sprintf("%s-%d-j%d-%d", mode, run, j, t0.UnixNano())})
-			ids[j], errs[j] = resp.GetJobId(), err
-		}(j)
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return res, fmt.Errorf("submit: %w", err)
-		}
+	ids, err := submitAll(ctx, js, o.Jobs, "bench-locality", func(j int) (*apiaryv1.JobSpec, string) {
+		return twoStageJob(o, j), fmt.Sprintf("%s-%d-j%d-%d", mode, run, j, t0.UnixNano())
+	})
+	if err != nil {
+		return res, err
 	}
 	per := 1 + int(o.Readers)
 	terminal := []apiaryv1.TaskState{apiaryv1.TaskState_TASK_STATE_COMPLETE, apiaryv1.TaskState_TASK_STATE_FAILED, apiaryv1.TaskState_TASK_STATE_CANCELLED}
