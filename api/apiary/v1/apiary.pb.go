@@ -5643,9 +5643,17 @@ type GetRegionInfoResponse struct {
 	// Id of the coordinator that owns the most shards (ties: the lowest id;
 	// "" while none owns any). Each coordinator owns a hash range of shards
 	// (coordinators[].shards_owned, ListShards).
-	Scheduler     string `protobuf:"bytes,12,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Scheduler string `protobuf:"bytes,12,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	// The region's state in etcd as the answering coordinator's member (or,
+	// client-only, the first endpoint that answers) reports it: the backend
+	// file's size and the part of it in use (the rest is free pages until a
+	// defragmentation), in bytes, and the backend quota (writes fail with
+	// "etcdserver: mvcc: database space exceeded" past it). 0 when unknown.
+	StateSizeBytes  int64 `protobuf:"varint,13,opt,name=state_size_bytes,json=stateSizeBytes,proto3" json:"state_size_bytes,omitempty"`
+	StateInUseBytes int64 `protobuf:"varint,14,opt,name=state_in_use_bytes,json=stateInUseBytes,proto3" json:"state_in_use_bytes,omitempty"`
+	StateQuotaBytes int64 `protobuf:"varint,15,opt,name=state_quota_bytes,json=stateQuotaBytes,proto3" json:"state_quota_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetRegionInfoResponse) Reset() {
@@ -5762,6 +5770,111 @@ func (x *GetRegionInfoResponse) GetScheduler() string {
 	return ""
 }
 
+func (x *GetRegionInfoResponse) GetStateSizeBytes() int64 {
+	if x != nil {
+		return x.StateSizeBytes
+	}
+	return 0
+}
+
+func (x *GetRegionInfoResponse) GetStateInUseBytes() int64 {
+	if x != nil {
+		return x.StateInUseBytes
+	}
+	return 0
+}
+
+func (x *GetRegionInfoResponse) GetStateQuotaBytes() int64 {
+	if x != nil {
+		return x.StateQuotaBytes
+	}
+	return 0
+}
+
+type SaveSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaveSnapshotRequest) Reset() {
+	*x = SaveSnapshotRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaveSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaveSnapshotRequest) ProtoMessage() {}
+
+func (x *SaveSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaveSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*SaveSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
+}
+
+// SaveSnapshotResponse is a piece of an etcd snapshot (etcd's Maintenance.Snapshot:
+// the whole backend at one revision, with its hash appended at the end);
+// the chunks, concatenated in order, are the snapshot file that
+// `etcdutl snapshot restore` (and `apiary region snapshot restore`) take.
+type SaveSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaveSnapshotResponse) Reset() {
+	*x = SaveSnapshotResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaveSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaveSnapshotResponse) ProtoMessage() {}
+
+func (x *SaveSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaveSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*SaveSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *SaveSnapshotResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type ListShardsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -5770,7 +5883,7 @@ type ListShardsRequest struct {
 
 func (x *ListShardsRequest) Reset() {
 	*x = ListShardsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5782,7 +5895,7 @@ func (x *ListShardsRequest) String() string {
 func (*ListShardsRequest) ProtoMessage() {}
 
 func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5795,7 +5908,7 @@ func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsRequest.ProtoReflect.Descriptor instead.
 func (*ListShardsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
 }
 
 // Shard is one virtual shard of a region (package shards).
@@ -5820,7 +5933,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5832,7 +5945,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5845,7 +5958,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *Shard) GetShard() int32 {
@@ -5904,7 +6017,7 @@ type ListShardsResponse struct {
 
 func (x *ListShardsResponse) Reset() {
 	*x = ListShardsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5916,7 +6029,7 @@ func (x *ListShardsResponse) String() string {
 func (*ListShardsResponse) ProtoMessage() {}
 
 func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5929,7 +6042,7 @@ func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsResponse.ProtoReflect.Descriptor instead.
 func (*ListShardsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListShardsResponse) GetShards() []*Shard {
@@ -5968,7 +6081,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5980,7 +6093,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5993,7 +6106,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -6016,7 +6129,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6028,7 +6141,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6041,7 +6154,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -6100,7 +6213,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6112,7 +6225,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6125,7 +6238,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -6174,7 +6287,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6186,7 +6299,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6199,7 +6312,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -6288,7 +6401,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6300,7 +6413,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6313,7 +6426,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -6351,7 +6464,7 @@ type ACLToken struct {
 
 func (x *ACLToken) Reset() {
 	*x = ACLToken{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6363,7 +6476,7 @@ func (x *ACLToken) String() string {
 func (*ACLToken) ProtoMessage() {}
 
 func (x *ACLToken) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6376,7 +6489,7 @@ func (x *ACLToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
 func (*ACLToken) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ACLToken) GetAccessorId() string {
@@ -6461,7 +6574,7 @@ type ACLPolicy struct {
 
 func (x *ACLPolicy) Reset() {
 	*x = ACLPolicy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6473,7 +6586,7 @@ func (x *ACLPolicy) String() string {
 func (*ACLPolicy) ProtoMessage() {}
 
 func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6486,7 +6599,7 @@ func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLPolicy.ProtoReflect.Descriptor instead.
 func (*ACLPolicy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ACLPolicy) GetName() string {
@@ -6537,7 +6650,7 @@ type ACLNamespaceRule struct {
 
 func (x *ACLNamespaceRule) Reset() {
 	*x = ACLNamespaceRule{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6549,7 +6662,7 @@ func (x *ACLNamespaceRule) String() string {
 func (*ACLNamespaceRule) ProtoMessage() {}
 
 func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6562,7 +6675,7 @@ func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLNamespaceRule.ProtoReflect.Descriptor instead.
 func (*ACLNamespaceRule) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ACLNamespaceRule) GetName() string {
@@ -6591,7 +6704,7 @@ type BootstrapACLRequest struct {
 
 func (x *BootstrapACLRequest) Reset() {
 	*x = BootstrapACLRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6603,7 +6716,7 @@ func (x *BootstrapACLRequest) String() string {
 func (*BootstrapACLRequest) ProtoMessage() {}
 
 func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6616,7 +6729,7 @@ func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLRequest.ProtoReflect.Descriptor instead.
 func (*BootstrapACLRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *BootstrapACLRequest) GetAccessorId() string {
@@ -6646,7 +6759,7 @@ type BootstrapACLResponse struct {
 
 func (x *BootstrapACLResponse) Reset() {
 	*x = BootstrapACLResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6658,7 +6771,7 @@ func (x *BootstrapACLResponse) String() string {
 func (*BootstrapACLResponse) ProtoMessage() {}
 
 func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6671,7 +6784,7 @@ func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLResponse.ProtoReflect.Descriptor instead.
 func (*BootstrapACLResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *BootstrapACLResponse) GetToken() *ACLToken {
@@ -6717,7 +6830,7 @@ type CreateACLTokenRequest struct {
 
 func (x *CreateACLTokenRequest) Reset() {
 	*x = CreateACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6729,7 +6842,7 @@ func (x *CreateACLTokenRequest) String() string {
 func (*CreateACLTokenRequest) ProtoMessage() {}
 
 func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6742,7 +6855,7 @@ func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *CreateACLTokenRequest) GetName() string {
@@ -6811,7 +6924,7 @@ type CreateACLTokenResponse struct {
 
 func (x *CreateACLTokenResponse) Reset() {
 	*x = CreateACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6823,7 +6936,7 @@ func (x *CreateACLTokenResponse) String() string {
 func (*CreateACLTokenResponse) ProtoMessage() {}
 
 func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6836,7 +6949,7 @@ func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *CreateACLTokenResponse) GetToken() *ACLToken {
@@ -6861,7 +6974,7 @@ type ListACLTokensRequest struct {
 
 func (x *ListACLTokensRequest) Reset() {
 	*x = ListACLTokensRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6873,7 +6986,7 @@ func (x *ListACLTokensRequest) String() string {
 func (*ListACLTokensRequest) ProtoMessage() {}
 
 func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6886,7 +6999,7 @@ func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListACLTokensRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
 }
 
 type ListACLTokensResponse struct {
@@ -6900,7 +7013,7 @@ type ListACLTokensResponse struct {
 
 func (x *ListACLTokensResponse) Reset() {
 	*x = ListACLTokensResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6912,7 +7025,7 @@ func (x *ListACLTokensResponse) String() string {
 func (*ListACLTokensResponse) ProtoMessage() {}
 
 func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6925,7 +7038,7 @@ func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListACLTokensResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ListACLTokensResponse) GetTokens() []*ACLToken {
@@ -6951,7 +7064,7 @@ type RevokeACLTokenRequest struct {
 
 func (x *RevokeACLTokenRequest) Reset() {
 	*x = RevokeACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6963,7 +7076,7 @@ func (x *RevokeACLTokenRequest) String() string {
 func (*RevokeACLTokenRequest) ProtoMessage() {}
 
 func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6976,7 +7089,7 @@ func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RevokeACLTokenRequest) GetAccessorId() string {
@@ -6998,7 +7111,7 @@ type RevokeACLTokenResponse struct {
 
 func (x *RevokeACLTokenResponse) Reset() {
 	*x = RevokeACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7010,7 +7123,7 @@ func (x *RevokeACLTokenResponse) String() string {
 func (*RevokeACLTokenResponse) ProtoMessage() {}
 
 func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7023,7 +7136,7 @@ func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RevokeACLTokenResponse) GetEndedNodeId() string {
@@ -7055,7 +7168,7 @@ type GetACLSelfRequest struct {
 
 func (x *GetACLSelfRequest) Reset() {
 	*x = GetACLSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7067,7 +7180,7 @@ func (x *GetACLSelfRequest) String() string {
 func (*GetACLSelfRequest) ProtoMessage() {}
 
 func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7080,7 +7193,7 @@ func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfRequest.ProtoReflect.Descriptor instead.
 func (*GetACLSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
 }
 
 type GetACLSelfResponse struct {
@@ -7092,7 +7205,7 @@ type GetACLSelfResponse struct {
 
 func (x *GetACLSelfResponse) Reset() {
 	*x = GetACLSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7104,7 +7217,7 @@ func (x *GetACLSelfResponse) String() string {
 func (*GetACLSelfResponse) ProtoMessage() {}
 
 func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7117,7 +7230,7 @@ func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfResponse.ProtoReflect.Descriptor instead.
 func (*GetACLSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *GetACLSelfResponse) GetToken() *ACLToken {
@@ -7136,7 +7249,7 @@ type ApplyACLPolicyRequest struct {
 
 func (x *ApplyACLPolicyRequest) Reset() {
 	*x = ApplyACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7148,7 +7261,7 @@ func (x *ApplyACLPolicyRequest) String() string {
 func (*ApplyACLPolicyRequest) ProtoMessage() {}
 
 func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7161,7 +7274,7 @@ func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ApplyACLPolicyRequest) GetPolicy() *ACLPolicy {
@@ -7181,7 +7294,7 @@ type ApplyACLPolicyResponse struct {
 
 func (x *ApplyACLPolicyResponse) Reset() {
 	*x = ApplyACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7193,7 +7306,7 @@ func (x *ApplyACLPolicyResponse) String() string {
 func (*ApplyACLPolicyResponse) ProtoMessage() {}
 
 func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7206,7 +7319,7 @@ func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ApplyACLPolicyResponse) GetRegions() []string {
@@ -7231,7 +7344,7 @@ type ListACLPoliciesRequest struct {
 
 func (x *ListACLPoliciesRequest) Reset() {
 	*x = ListACLPoliciesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7243,7 +7356,7 @@ func (x *ListACLPoliciesRequest) String() string {
 func (*ListACLPoliciesRequest) ProtoMessage() {}
 
 func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7256,7 +7369,7 @@ func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
 }
 
 type ListACLPoliciesResponse struct {
@@ -7269,7 +7382,7 @@ type ListACLPoliciesResponse struct {
 
 func (x *ListACLPoliciesResponse) Reset() {
 	*x = ListACLPoliciesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7281,7 +7394,7 @@ func (x *ListACLPoliciesResponse) String() string {
 func (*ListACLPoliciesResponse) ProtoMessage() {}
 
 func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7294,7 +7407,7 @@ func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ListACLPoliciesResponse) GetPolicies() []*ACLPolicy {
@@ -7320,7 +7433,7 @@ type DeleteACLPolicyRequest struct {
 
 func (x *DeleteACLPolicyRequest) Reset() {
 	*x = DeleteACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7332,7 +7445,7 @@ func (x *DeleteACLPolicyRequest) String() string {
 func (*DeleteACLPolicyRequest) ProtoMessage() {}
 
 func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7345,7 +7458,7 @@ func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *DeleteACLPolicyRequest) GetName() string {
@@ -7365,7 +7478,7 @@ type DeleteACLPolicyResponse struct {
 
 func (x *DeleteACLPolicyResponse) Reset() {
 	*x = DeleteACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7377,7 +7490,7 @@ func (x *DeleteACLPolicyResponse) String() string {
 func (*DeleteACLPolicyResponse) ProtoMessage() {}
 
 func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7390,7 +7503,7 @@ func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{100}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *DeleteACLPolicyResponse) GetRegions() []string {
@@ -7871,7 +7984,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12\x1c\n" +
 	"\tscheduler\x18\x03 \x01(\bR\tscheduler\x12!\n" +
-	"\fshards_owned\x18\x04 \x01(\x05R\vshardsOwned\"\xa6\x04\n" +
+	"\fshards_owned\x18\x04 \x01(\x05R\vshardsOwned\"\xa9\x05\n" +
 	"\x15GetRegionInfoResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\"\n" +
 	"\fjurisdiction\x18\x02 \x01(\tR\fjurisdiction\x12D\n" +
@@ -7888,10 +8001,16 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	" \x01(\tR\n" +
 	"etcdLeader\x12)\n" +
 	"\x10nodes_registered\x18\v \x01(\x05R\x0fnodesRegistered\x12\x1c\n" +
-	"\tscheduler\x18\f \x01(\tR\tscheduler\x1a9\n" +
+	"\tscheduler\x18\f \x01(\tR\tscheduler\x12(\n" +
+	"\x10state_size_bytes\x18\r \x01(\x03R\x0estateSizeBytes\x12+\n" +
+	"\x12state_in_use_bytes\x18\x0e \x01(\x03R\x0fstateInUseBytes\x12*\n" +
+	"\x11state_quota_bytes\x18\x0f \x01(\x03R\x0fstateQuotaBytes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x13\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x15\n" +
+	"\x13SaveSnapshotRequest\"*\n" +
+	"\x14SaveSnapshotResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\x13\n" +
 	"\x11ListShardsRequest\"\xb5\x01\n" +
 	"\x05Shard\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x14\n" +
@@ -8073,12 +8192,13 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tDrainSelf\x12\x1b.apiary.v1.DrainSelfRequest\x1a\x1c.apiary.v1.DrainSelfResponse\x12I\n" +
 	"\n" +
 	"Deregister\x12\x1c.apiary.v1.DeregisterRequest\x1a\x1d.apiary.v1.DeregisterResponse\x12L\n" +
-	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\xe7\x05\n" +
+	"\vExportSpans\x12\x1d.apiary.v1.ExportSpansRequest\x1a\x1e.apiary.v1.ExportSpansResponse2\xba\x06\n" +
 	"\fAdminService\x12F\n" +
 	"\tListNodes\x12\x1b.apiary.v1.ListNodesRequest\x1a\x1c.apiary.v1.ListNodesResponse\x12R\n" +
 	"\rGetRegionInfo\x12\x1f.apiary.v1.GetRegionInfoRequest\x1a .apiary.v1.GetRegionInfoResponse\x12I\n" +
 	"\n" +
-	"ListShards\x12\x1c.apiary.v1.ListShardsRequest\x1a\x1d.apiary.v1.ListShardsResponse\x12L\n" +
+	"ListShards\x12\x1c.apiary.v1.ListShardsRequest\x1a\x1d.apiary.v1.ListShardsResponse\x12Q\n" +
+	"\fSaveSnapshot\x12\x1e.apiary.v1.SaveSnapshotRequest\x1a\x1f.apiary.v1.SaveSnapshotResponse0\x01\x12L\n" +
 	"\vListRegions\x12\x1d.apiary.v1.ListRegionsRequest\x1a\x1e.apiary.v1.ListRegionsResponse\x12U\n" +
 	"\x0eQuarantineNode\x12 .apiary.v1.QuarantineNodeRequest\x1a!.apiary.v1.QuarantineNodeResponse\x12L\n" +
 	"\vReleaseNode\x12\x1d.apiary.v1.ReleaseNodeRequest\x1a\x1e.apiary.v1.ReleaseNodeResponse\x12F\n" +
@@ -8110,7 +8230,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 115)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                      // 0: apiary.v1.JobState
 	(TaskState)(0),                     // 1: apiary.v1.TaskState
@@ -8193,62 +8313,64 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(*GetRegionInfoRequest)(nil),       // 78: apiary.v1.GetRegionInfoRequest
 	(*Coordinator)(nil),                // 79: apiary.v1.Coordinator
 	(*GetRegionInfoResponse)(nil),      // 80: apiary.v1.GetRegionInfoResponse
-	(*ListShardsRequest)(nil),          // 81: apiary.v1.ListShardsRequest
-	(*Shard)(nil),                      // 82: apiary.v1.Shard
-	(*ListShardsResponse)(nil),         // 83: apiary.v1.ListShardsResponse
-	(*ListRegionsRequest)(nil),         // 84: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),          // 85: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),            // 86: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),              // 87: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),        // 88: apiary.v1.ListRegionsResponse
-	(*ACLToken)(nil),                   // 89: apiary.v1.ACLToken
-	(*ACLPolicy)(nil),                  // 90: apiary.v1.ACLPolicy
-	(*ACLNamespaceRule)(nil),           // 91: apiary.v1.ACLNamespaceRule
-	(*BootstrapACLRequest)(nil),        // 92: apiary.v1.BootstrapACLRequest
-	(*BootstrapACLResponse)(nil),       // 93: apiary.v1.BootstrapACLResponse
-	(*CreateACLTokenRequest)(nil),      // 94: apiary.v1.CreateACLTokenRequest
-	(*CreateACLTokenResponse)(nil),     // 95: apiary.v1.CreateACLTokenResponse
-	(*ListACLTokensRequest)(nil),       // 96: apiary.v1.ListACLTokensRequest
-	(*ListACLTokensResponse)(nil),      // 97: apiary.v1.ListACLTokensResponse
-	(*RevokeACLTokenRequest)(nil),      // 98: apiary.v1.RevokeACLTokenRequest
-	(*RevokeACLTokenResponse)(nil),     // 99: apiary.v1.RevokeACLTokenResponse
-	(*GetACLSelfRequest)(nil),          // 100: apiary.v1.GetACLSelfRequest
-	(*GetACLSelfResponse)(nil),         // 101: apiary.v1.GetACLSelfResponse
-	(*ApplyACLPolicyRequest)(nil),      // 102: apiary.v1.ApplyACLPolicyRequest
-	(*ApplyACLPolicyResponse)(nil),     // 103: apiary.v1.ApplyACLPolicyResponse
-	(*ListACLPoliciesRequest)(nil),     // 104: apiary.v1.ListACLPoliciesRequest
-	(*ListACLPoliciesResponse)(nil),    // 105: apiary.v1.ListACLPoliciesResponse
-	(*DeleteACLPolicyRequest)(nil),     // 106: apiary.v1.DeleteACLPolicyRequest
-	(*DeleteACLPolicyResponse)(nil),    // 107: apiary.v1.DeleteACLPolicyResponse
-	nil,                                // 108: apiary.v1.RegionSpec.SelectorEntry
-	nil,                                // 109: apiary.v1.TaskGroup.EnvEntry
-	nil,                                // 110: apiary.v1.TaskGroup.SecretEnvEntry
-	nil,                                // 111: apiary.v1.Spread.TargetsEntry
-	nil,                                // 112: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                // 113: apiary.v1.Assignment.EnvEntry
-	nil,                                // 114: apiary.v1.GossipKeyringPool.MessagesEntry
-	nil,                                // 115: apiary.v1.GossipKeyringPool.KeysEntry
-	nil,                                // 116: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	nil,                                // 117: apiary.v1.Node.LabelsEntry
-	nil,                                // 118: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                                // 119: apiary.v1.RegionSummary.LabelsEntry
+	(*SaveSnapshotRequest)(nil),        // 81: apiary.v1.SaveSnapshotRequest
+	(*SaveSnapshotResponse)(nil),       // 82: apiary.v1.SaveSnapshotResponse
+	(*ListShardsRequest)(nil),          // 83: apiary.v1.ListShardsRequest
+	(*Shard)(nil),                      // 84: apiary.v1.Shard
+	(*ListShardsResponse)(nil),         // 85: apiary.v1.ListShardsResponse
+	(*ListRegionsRequest)(nil),         // 86: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),          // 87: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),            // 88: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),              // 89: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),        // 90: apiary.v1.ListRegionsResponse
+	(*ACLToken)(nil),                   // 91: apiary.v1.ACLToken
+	(*ACLPolicy)(nil),                  // 92: apiary.v1.ACLPolicy
+	(*ACLNamespaceRule)(nil),           // 93: apiary.v1.ACLNamespaceRule
+	(*BootstrapACLRequest)(nil),        // 94: apiary.v1.BootstrapACLRequest
+	(*BootstrapACLResponse)(nil),       // 95: apiary.v1.BootstrapACLResponse
+	(*CreateACLTokenRequest)(nil),      // 96: apiary.v1.CreateACLTokenRequest
+	(*CreateACLTokenResponse)(nil),     // 97: apiary.v1.CreateACLTokenResponse
+	(*ListACLTokensRequest)(nil),       // 98: apiary.v1.ListACLTokensRequest
+	(*ListACLTokensResponse)(nil),      // 99: apiary.v1.ListACLTokensResponse
+	(*RevokeACLTokenRequest)(nil),      // 100: apiary.v1.RevokeACLTokenRequest
+	(*RevokeACLTokenResponse)(nil),     // 101: apiary.v1.RevokeACLTokenResponse
+	(*GetACLSelfRequest)(nil),          // 102: apiary.v1.GetACLSelfRequest
+	(*GetACLSelfResponse)(nil),         // 103: apiary.v1.GetACLSelfResponse
+	(*ApplyACLPolicyRequest)(nil),      // 104: apiary.v1.ApplyACLPolicyRequest
+	(*ApplyACLPolicyResponse)(nil),     // 105: apiary.v1.ApplyACLPolicyResponse
+	(*ListACLPoliciesRequest)(nil),     // 106: apiary.v1.ListACLPoliciesRequest
+	(*ListACLPoliciesResponse)(nil),    // 107: apiary.v1.ListACLPoliciesResponse
+	(*DeleteACLPolicyRequest)(nil),     // 108: apiary.v1.DeleteACLPolicyRequest
+	(*DeleteACLPolicyResponse)(nil),    // 109: apiary.v1.DeleteACLPolicyResponse
+	nil,                                // 110: apiary.v1.RegionSpec.SelectorEntry
+	nil,                                // 111: apiary.v1.TaskGroup.EnvEntry
+	nil,                                // 112: apiary.v1.TaskGroup.SecretEnvEntry
+	nil,                                // 113: apiary.v1.Spread.TargetsEntry
+	nil,                                // 114: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                // 115: apiary.v1.Assignment.EnvEntry
+	nil,                                // 116: apiary.v1.GossipKeyringPool.MessagesEntry
+	nil,                                // 117: apiary.v1.GossipKeyringPool.KeysEntry
+	nil,                                // 118: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	nil,                                // 119: apiary.v1.Node.LabelsEntry
+	nil,                                // 120: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                                // 121: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	9,   // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
 	10,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
 	8,   // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
-	108, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	109, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	110, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	111, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
 	12,  // 5: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
 	14,  // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
 	15,  // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
 	16,  // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
 	17,  // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
 	18,  // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	110, // 11: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
+	112, // 11: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
 	11,  // 12: apiary.v1.TaskGroup.anti_affinity:type_name -> apiary.v1.AntiAffinity
 	13,  // 13: apiary.v1.Resources.limits:type_name -> apiary.v1.ResourceLimits
-	111, // 14: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	113, // 14: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
 	7,   // 15: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
 	0,   // 16: apiary.v1.Job.state:type_name -> apiary.v1.JobState
 	20,  // 17: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
@@ -8263,7 +8385,7 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	19,  // 26: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
 	19,  // 27: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
 	21,  // 28: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	112, // 29: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	114, // 29: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
 	12,  // 30: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
 	42,  // 31: apiary.v1.RegisterNodeRequest.datasets:type_name -> apiary.v1.LocalDataset
 	44,  // 32: apiary.v1.DatasetList.datasets:type_name -> apiary.v1.DatasetHolders
@@ -8274,43 +8396,43 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	49,  // 37: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
 	59,  // 38: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
 	6,   // 39: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	113, // 40: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	115, // 40: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
 	12,  // 41: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
 	2,   // 42: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
 	3,   // 43: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
 	42,  // 44: apiary.v1.ReportTaskStatusRequest.outputs:type_name -> apiary.v1.LocalDataset
 	4,   // 45: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
-	114, // 46: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
-	115, // 47: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
-	116, // 48: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	116, // 46: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
+	117, // 47: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
+	118, // 48: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
 	65,  // 49: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
 	76,  // 50: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
 	76,  // 51: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
 	76,  // 52: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
 	76,  // 53: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	117, // 54: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	119, // 54: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
 	12,  // 55: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
 	12,  // 56: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
 	5,   // 57: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
 	42,  // 58: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
 	13,  // 59: apiary.v1.Node.limits:type_name -> apiary.v1.ResourceLimits
 	76,  // 60: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	118, // 61: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	120, // 61: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
 	79,  // 62: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	82,  // 63: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
-	119, // 64: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	85,  // 65: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	84,  // 63: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
+	121, // 64: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	87,  // 65: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
 	12,  // 66: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
 	12,  // 67: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	86,  // 68: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	87,  // 69: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	91,  // 70: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
-	89,  // 71: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
-	89,  // 72: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
-	89,  // 73: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
-	89,  // 74: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
-	90,  // 75: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
-	90,  // 76: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
+	88,  // 68: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	89,  // 69: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	93,  // 70: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
+	91,  // 71: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
+	91,  // 72: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
+	91,  // 73: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
+	91,  // 74: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
+	92,  // 75: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
+	92,  // 76: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
 	27,  // 77: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
 	29,  // 78: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
 	31,  // 79: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
@@ -8330,57 +8452,59 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	61,  // 93: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
 	75,  // 94: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
 	78,  // 95: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	81,  // 96: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
-	84,  // 97: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	71,  // 98: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	73,  // 99: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	67,  // 100: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
-	69,  // 101: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
-	64,  // 102: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
-	92,  // 103: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
-	94,  // 104: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
-	96,  // 105: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
-	98,  // 106: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
-	100, // 107: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
-	102, // 108: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
-	104, // 109: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
-	106, // 110: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
-	28,  // 111: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	30,  // 112: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	32,  // 113: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	34,  // 114: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	36,  // 115: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	38,  // 116: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	40,  // 117: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	26,  // 118: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	24,  // 119: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	46,  // 120: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	48,  // 121: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	58,  // 122: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	63,  // 123: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	51,  // 124: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
-	54,  // 125: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
-	56,  // 126: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
-	62,  // 127: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	77,  // 128: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	80,  // 129: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	83,  // 130: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
-	88,  // 131: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	72,  // 132: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	74,  // 133: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	68,  // 134: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
-	70,  // 135: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
-	66,  // 136: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
-	93,  // 137: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
-	95,  // 138: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
-	97,  // 139: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
-	99,  // 140: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
-	101, // 141: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
-	103, // 142: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
-	105, // 143: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
-	107, // 144: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
-	111, // [111:145] is the sub-list for method output_type
-	77,  // [77:111] is the sub-list for method input_type
+	83,  // 96: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
+	81,  // 97: apiary.v1.AdminService.SaveSnapshot:input_type -> apiary.v1.SaveSnapshotRequest
+	86,  // 98: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	71,  // 99: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	73,  // 100: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	67,  // 101: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	69,  // 102: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	64,  // 103: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
+	94,  // 104: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
+	96,  // 105: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
+	98,  // 106: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
+	100, // 107: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
+	102, // 108: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
+	104, // 109: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
+	106, // 110: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
+	108, // 111: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
+	28,  // 112: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	30,  // 113: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	32,  // 114: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	34,  // 115: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	36,  // 116: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	38,  // 117: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	40,  // 118: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	26,  // 119: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	24,  // 120: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	46,  // 121: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	48,  // 122: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	58,  // 123: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	63,  // 124: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	51,  // 125: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	54,  // 126: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	56,  // 127: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	62,  // 128: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	77,  // 129: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	80,  // 130: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	85,  // 131: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
+	82,  // 132: apiary.v1.AdminService.SaveSnapshot:output_type -> apiary.v1.SaveSnapshotResponse
+	90,  // 133: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	72,  // 134: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	74,  // 135: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	68,  // 136: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	70,  // 137: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	66,  // 138: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
+	95,  // 139: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
+	97,  // 140: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
+	99,  // 141: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
+	101, // 142: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
+	103, // 143: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
+	105, // 144: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
+	107, // 145: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
+	109, // 146: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
+	112, // [112:147] is the sub-list for method output_type
+	77,  // [77:112] is the sub-list for method input_type
 	77,  // [77:77] is the sub-list for extension type_name
 	77,  // [77:77] is the sub-list for extension extendee
 	0,   // [0:77] is the sub-list for field type_name
@@ -8398,7 +8522,7 @@ func file_apiary_v1_apiary_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   113,
+			NumMessages:   115,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

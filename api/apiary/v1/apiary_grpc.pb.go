@@ -913,6 +913,7 @@ const (
 	AdminService_ListNodes_FullMethodName          = "/apiary.v1.AdminService/ListNodes"
 	AdminService_GetRegionInfo_FullMethodName      = "/apiary.v1.AdminService/GetRegionInfo"
 	AdminService_ListShards_FullMethodName         = "/apiary.v1.AdminService/ListShards"
+	AdminService_SaveSnapshot_FullMethodName       = "/apiary.v1.AdminService/SaveSnapshot"
 	AdminService_ListRegions_FullMethodName        = "/apiary.v1.AdminService/ListRegions"
 	AdminService_QuarantineNode_FullMethodName     = "/apiary.v1.AdminService/QuarantineNode"
 	AdminService_ReleaseNode_FullMethodName        = "/apiary.v1.AdminService/ReleaseNode"
@@ -934,6 +935,13 @@ type AdminServiceClient interface {
 	// coordinators only (the router answers UNIMPLEMENTED: ask a region).
 	// Errors: UNAVAILABLE while the coordinator's cache is not loaded.
 	ListShards(ctx context.Context, in *ListShardsRequest, opts ...grpc.CallOption) (*ListShardsResponse, error)
+	// SaveSnapshot streams a snapshot of the region's etcd state (all jobs,
+	// tasks, nodes and keys; secrets stay sealed) from the answering
+	// coordinator's member, for `apiary region snapshot save FILE`. With
+	// ACLs it needs a management token. Served by coordinators only (the
+	// router answers UNIMPLEMENTED). Errors: UNAVAILABLE when etcd does not
+	// answer.
+	SaveSnapshot(ctx context.Context, in *SaveSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SaveSnapshotResponse], error)
 	// ListRegions is served by the global router: every region it knows from
 	// the serf WAN pool, with health, capacity and backlog (from the
 	// coordinators' tags, refreshed every few seconds).
@@ -1013,6 +1021,25 @@ func (c *adminServiceClient) ListShards(ctx context.Context, in *ListShardsReque
 	return out, nil
 }
 
+func (c *adminServiceClient) SaveSnapshot(ctx context.Context, in *SaveSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SaveSnapshotResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AdminService_ServiceDesc.Streams[0], AdminService_SaveSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SaveSnapshotRequest, SaveSnapshotResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_SaveSnapshotClient = grpc.ServerStreamingClient[SaveSnapshotResponse]
+
 func (c *adminServiceClient) ListRegions(ctx context.Context, in *ListRegionsRequest, opts ...grpc.CallOption) (*ListRegionsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListRegionsResponse)
@@ -1086,6 +1113,13 @@ type AdminServiceServer interface {
 	// coordinators only (the router answers UNIMPLEMENTED: ask a region).
 	// Errors: UNAVAILABLE while the coordinator's cache is not loaded.
 	ListShards(context.Context, *ListShardsRequest) (*ListShardsResponse, error)
+	// SaveSnapshot streams a snapshot of the region's etcd state (all jobs,
+	// tasks, nodes and keys; secrets stay sealed) from the answering
+	// coordinator's member, for `apiary region snapshot save FILE`. With
+	// ACLs it needs a management token. Served by coordinators only (the
+	// router answers UNIMPLEMENTED). Errors: UNAVAILABLE when etcd does not
+	// answer.
+	SaveSnapshot(*SaveSnapshotRequest, grpc.ServerStreamingServer[SaveSnapshotResponse]) error
 	// ListRegions is served by the global router: every region it knows from
 	// the serf WAN pool, with health, capacity and backlog (from the
 	// coordinators' tags, refreshed every few seconds).
@@ -1143,6 +1177,9 @@ func (UnimplementedAdminServiceServer) GetRegionInfo(context.Context, *GetRegion
 }
 func (UnimplementedAdminServiceServer) ListShards(context.Context, *ListShardsRequest) (*ListShardsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListShards not implemented")
+}
+func (UnimplementedAdminServiceServer) SaveSnapshot(*SaveSnapshotRequest, grpc.ServerStreamingServer[SaveSnapshotResponse]) error {
+	return status.Error(codes.Unimplemented, "method SaveSnapshot not implemented")
 }
 func (UnimplementedAdminServiceServer) ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRegions not implemented")
@@ -1236,6 +1273,17 @@ func _AdminService_ListShards_Handler(srv interface{}, ctx context.Context, dec 
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _AdminService_SaveSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SaveSnapshotRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AdminServiceServer).SaveSnapshot(m, &grpc.GenericServerStream[SaveSnapshotRequest, SaveSnapshotResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AdminService_SaveSnapshotServer = grpc.ServerStreamingServer[SaveSnapshotResponse]
 
 func _AdminService_ListRegions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListRegionsRequest)
@@ -1389,7 +1437,13 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AdminService_GossipKeyring_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "SaveSnapshot",
+			Handler:       _AdminService_SaveSnapshot_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "apiary/v1/apiary.proto",
 }
 
