@@ -2459,15 +2459,22 @@ func (x *GetJobResponse) GetJob() *Job {
 	return nil
 }
 
+// ListJobsRequest asks for one page of jobs, in descending job id order
+// (ids are "<region>-<20 chars>", so a region's jobs are together).
 type ListJobsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Optional state filter.
 	State JobState `protobuf:"varint,1,opt,name=state,proto3,enum=apiary.v1.JobState" json:"state,omitempty"`
-	// Max jobs returned; default 100, max 10000.
+	// Page size: max jobs returned; default 100, max 10000.
 	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
 	// Optional namespace filter; empty lists every namespace the caller may
 	// read (all of them without ACLs).
-	Namespace     string `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Namespace string `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// The previous page's next_page_token (empty: the first page). It is the
+	// last job id of that page: the page holds jobs with a smaller id, so a
+	// token stays valid while jobs come and go (a job submitted meanwhile
+	// with a smaller id appears on a later page).
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2523,13 +2530,22 @@ func (x *ListJobsRequest) GetNamespace() string {
 	return ""
 }
 
+func (x *ListJobsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListJobsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Jobs  []*Job                 `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
 	// Regions that did not answer a fan-out list.
 	UnavailableRegions []string `protobuf:"bytes,2,rep,name=unavailable_regions,json=unavailableRegions,proto3" json:"unavailable_regions,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Set when more jobs may follow: pass it as page_token for the next page.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListJobsResponse) Reset() {
@@ -2574,6 +2590,13 @@ func (x *ListJobsResponse) GetUnavailableRegions() []string {
 		return x.UnavailableRegions
 	}
 	return nil
+}
+
+func (x *ListJobsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type CancelJobRequest struct {
@@ -7717,14 +7740,17 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"2\n" +
 	"\x0eGetJobResponse\x12 \n" +
-	"\x03job\x18\x01 \x01(\v2\x0e.apiary.v1.JobR\x03job\"p\n" +
+	"\x03job\x18\x01 \x01(\v2\x0e.apiary.v1.JobR\x03job\"\x8f\x01\n" +
 	"\x0fListJobsRequest\x12)\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x13.apiary.v1.JobStateR\x05state\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x1c\n" +
-	"\tnamespace\x18\x03 \x01(\tR\tnamespace\"g\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x8f\x01\n" +
 	"\x10ListJobsResponse\x12\"\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x0e.apiary.v1.JobR\x04jobs\x12/\n" +
-	"\x13unavailable_regions\x18\x02 \x03(\tR\x12unavailableRegions\")\n" +
+	"\x13unavailable_regions\x18\x02 \x03(\tR\x12unavailableRegions\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\")\n" +
 	"\x10CancelJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"5\n" +
 	"\x11CancelJobResponse\x12 \n" +
