@@ -313,6 +313,9 @@ type Coordinator struct {
 	submits *groupCommit[*submitItem]
 	reports *groupCommit[*reportItem]
 	specs   store.SpecCache
+	// jobs is the job index the scheduling loop's cache keeps; ListJobs
+	// pages through it.
+	jobs *scheduler.JobIndex
 
 	capState capacityState
 	// acls is the ACL store and cache (Config.ACL; set by the "acl" part)
@@ -352,7 +355,7 @@ func New(cfg Config) (*Coordinator, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	c := &Coordinator{born: time.Now(), cfg: cfg, log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
+	c := &Coordinator{born: time.Now(), cfg: cfg, jobs: scheduler.NewJobIndex(), log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
 		tracer: telemetry.Tracer(telemetry.OrNoop(cfg.TracerProvider)), tracing: telemetry.IsEnabled(cfg.TracerProvider),
 		metrics:  telemetry.NewRegionMetrics(cfg.Registry),
 		capState: capacityState{extra: map[string]localJob{}},

@@ -423,6 +423,74 @@ tasks:
 		}
 	})
 
+	t.Run("ListJobsPagesFromTheIndex", func(t *testing.T) {
+		// Jobs submitted just before are listed at once (the list waits for
+		// the job index to reach etcd's revision), a page at a time in
+		// descending id order, with the counts GetJob derives.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		want := map[string]bool{}
+		for i := range 12 {
+			want[submit(t, c, spec(t, fmt.Sprintf("name: paged-%d\ntasks:\n  - name: a\n    count: 2\n    command: \"true\"\n", i)))] = true
+		}
+		seen := map[string]bool{}
+		token, prev, pages := "", "", 0
+		for {
+			resp, err := c.jobs.ListJobs(ctx, &apiaryv1.ListJobsRequest{Limit: 5, PageToken: token})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pages++
+			if len(resp.GetJobs()) > 5 {
+				t.Fatalf("page of %d jobs, limit 5", len(resp.GetJobs()))
+			}
+			for _, j := range resp.GetJobs() {
+				if seen[j.GetId()] || (prev != "" && j.GetId() >= prev) {
+					t.Fatalf("job %s after %s: not in descending order or listed twice", j.GetId(), prev)
+				}
+				seen[j.GetId()], prev = true, j.GetId()
+				if want[j.GetId()] && countTotal(j.GetCounts()) != 2 {
+					t.Fatalf("job %s listed with counts %v, want 2 tasks", j.GetId(), j.GetCounts())
+				}
+			}
+			if token = resp.GetNextPageToken(); token == "" {
+				break
+			}
+		}
+		for id := range want {
+			if !seen[id] {
+				t.Fatalf("job %s submitted before the list is missing from %d pages", id, pages)
+			}
+		}
+		if pages < 3 {
+			t.Fatalf("%d pages for at least 12 jobs at 5 a page", pages)
+		}
+		// A write outside the index's keys (etcd's revision moves, no event
+		// reaches the watch): the list still answers at once, the watch
+		// stream's progress notification bringing the index's revision up.
+		cli, err := clientv3.New(clientv3.Config{Endpoints: r.EtcdEndpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		for i := range 3 {
+			if _, err := cli.Put(ctx, "/zz-test/unrelated", fmt.Sprint(i)); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if _, err := c.jobs.ListJobs(ctx, &apiaryv1.ListJobsRequest{Limit: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if d := time.Since(start); d > 3*time.Second {
+				t.Fatalf("list after an unrelated write took %v: the index waited for an event", d)
+			}
+		}
+		if _, err := c.jobs.ListJobs(ctx, &apiaryv1.ListJobsRequest{PageToken: strings.Repeat("x", 300)}); status.Code(err) != codes.InvalidArgument ||
+			!strings.Contains(err.Error(), "page_token") {
+			t.Fatalf("a 300-byte page token: %v, want INVALID_ARGUMENT naming page_token", err)
+		}
+	})
+
 	t.Run("SubmitIsIdempotentPerRequestID", func(t *testing.T) {
 		s := spec(t, "name: once\ntasks:\n  - name: a\n    command: \"true\"\n")
 		req := &apiaryv1.SubmitJobRequest{Spec: s, ClientId: "cli-1", RequestId: "req-42"}
@@ -579,4 +647,8 @@ tasks:
 			t.Fatalf("invalid input changed etcd: %d keys before, %d after", before, after)
 		}
 	})
+}
+
+func countTotal(c *apiaryv1.TaskCounts) int32 {
+	return c.GetPending() + c.GetAssigned() + c.GetRunning() + c.GetComplete() + c.GetFailed() + c.GetCancelled()
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"sort"
 	"strings"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/aclstore"
+	"apiary.dev/apiary/regional/scheduler"
 	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
@@ -248,43 +248,67 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 		}
 		return ok
 	}
-	cctx, cancel := store.EtcdCtx(ctx)
-	defer cancel()
-	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()),
-		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix())).Commit()
-	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list jobs: %v", err)
+	if len(req.GetPageToken()) > 256 {
+		return nil, status.Errorf(codes.InvalidArgument, "page_token: must be a previous answer's next_page_token (a job id), got %d bytes", len(req.GetPageToken()))
 	}
-	views := map[string]*jobView{}
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		v := &jobView{}
-		if json.Unmarshal(kv.Value, &v.rec) == nil && mayRead(v.rec.Spec.GetNamespace()) {
-			views[v.rec.ID] = v
-		}
+	if err := s.c.jobsCurrent(ctx); err != nil {
+		return nil, err
 	}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		_, jobID, _, ok := store.ParseTaskKey(string(kv.Key))
-		if !ok || views[jobID] == nil {
-			continue
-		}
-		var t taskstate.Task
-		if json.Unmarshal(kv.Value, &t) == nil {
-			views[jobID].tasks = append(views[jobID].tasks, t)
-		}
-	}
+	state := req.GetState()
+	page, more := s.c.jobs.Page(req.GetPageToken(), limit, func(j *scheduler.IndexedJob) bool {
+		return (state == apiaryv1.JobState_JOB_STATE_UNSPECIFIED || j.State == state) && mayRead(j.Rec.Spec.GetNamespace())
+	})
 	out := &apiaryv1.ListJobsResponse{}
-	for _, v := range views {
-		j := v.toProto(false, false, s.c.cfg.SchedulerPolicy)
-		if req.GetState() != apiaryv1.JobState_JOB_STATE_UNSPECIFIED && j.State != req.GetState() {
-			continue
-		}
-		out.Jobs = append(out.Jobs, j)
+	for _, ij := range page {
+		rec := ij.Rec
+		out.Jobs = append(out.Jobs, &apiaryv1.Job{Id: rec.ID, Region: rec.Region, Spec: jobspec.Redact(rec.Spec),
+			SubmitTimeMs: rec.SubmitMs, CancelRequested: rec.CancelRequested, ClientId: rec.ClientID,
+			RequestId: rec.RequestID, Shard: int32(rec.Shard), Counts: ij.Counts, State: ij.State,
+			FinishTimeMs: ij.FinishTimeMs, Scheduler: cmp.Or(rec.Spec.GetScheduler(), string(s.c.cfg.SchedulerPolicy))})
 	}
-	sort.Slice(out.Jobs, func(a, b int) bool { return out.Jobs[a].Id > out.Jobs[b].Id })
-	if len(out.Jobs) > limit {
-		out.Jobs = out.Jobs[:limit]
+	if more && len(out.Jobs) > 0 {
+		out.NextPageToken = out.Jobs[len(out.Jobs)-1].GetId()
 	}
 	return out, nil
+}
+
+// jobsIndexWait bounds how long ListJobs waits for the job index to catch
+// up with etcd.
+const jobsIndexWait = 5 * time.Second
+
+// jobsCurrent waits until the job index (the scheduling loop's watch cache)
+// has applied every write etcd committed before the call: it reads etcd's
+// current revision (one key, keys only) and, while the index is behind,
+// asks the watch stream for a progress notification (etcd's
+// RequestProgress, as Kubernetes' consistent reads from its watch cache
+// do), so that an idle region's index learns the revision without an
+// event. UNAVAILABLE when etcd does not answer or the index does not catch
+// up within jobsIndexWait (its cache is reloading).
+func (c *Coordinator) jobsCurrent(ctx context.Context) error {
+	cctx, cancel := store.EtcdCtx(ctx)
+	defer cancel()
+	resp, err := c.cli.Get(cctx, store.PrefJobs, clientv3.WithLimit(1), clientv3.WithKeysOnly())
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "list jobs: %v", err)
+	}
+	rev := resp.Header.Revision
+	wctx, wcancel := context.WithTimeout(ctx, jobsIndexWait)
+	defer wcancel()
+	for c.jobs.Revision() < rev {
+		// The loop's watch stream: same outgoing metadata as its context.
+		_ = c.cli.RequestProgress(clientv3.WithRequireLeader(wctx))
+		pctx, pcancel := context.WithTimeout(wctx, 100*time.Millisecond)
+		err := c.jobs.WaitFor(pctx, rev)
+		pcancel()
+		if err == nil {
+			return nil
+		}
+		if wctx.Err() != nil {
+			return status.Errorf(codes.Unavailable, "list jobs: the coordinator's job index is at revision %d, behind etcd's %d after %s (its cache is reloading); retry",
+				c.jobs.Revision(), rev, jobsIndexWait)
+		}
+	}
+	return nil
 }
 
 // CancelJob sets the job's cancel flag (one compared write); the shard owner

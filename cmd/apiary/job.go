@@ -583,14 +583,17 @@ func printJob(w io.Writer, job *apiaryv1.Job) {
 // job list
 
 func newJobListCmd(o *clientOpts) *cobra.Command {
-	var state, namespace string
+	var state, namespace, pageToken string
 	var limit int32
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List jobs, newest first as the server orders them",
-		Long: `List jobs, newest first as the server orders them. Without --namespace,
-the jobs of every namespace the caller may read (with ACLs on, those its
-token's policies grant read on; all of them without ACLs).`,
+		Short: "List jobs, a page at a time, in descending job id order",
+		Long: `List jobs, a page of --limit at a time, in descending job id order: a job id
+starts with its region and then sorts by submission time, so each region's
+jobs come together, newest first. When more follow, the page token of the
+next page is printed on stderr; pass it as --page-token. Without
+--namespace, the jobs of every namespace the caller may read (with ACLs on,
+those its token's policies grant read on; all of them without ACLs).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var st apiaryv1.JobState
@@ -609,7 +612,7 @@ token's policies grant read on; all of them without ACLs).`,
 			}
 			resp, err := unaryCall(cmd, o, check, apiaryv1.NewJobServiceClient, "",
 				func(ctx context.Context, c apiaryv1.JobServiceClient) (*apiaryv1.ListJobsResponse, error) {
-					return c.ListJobs(ctx, &apiaryv1.ListJobsRequest{State: st, Limit: limit, Namespace: namespace})
+					return c.ListJobs(ctx, &apiaryv1.ListJobsRequest{State: st, Limit: limit, Namespace: namespace, PageToken: pageToken})
 				})
 			if err != nil {
 				return err
@@ -630,11 +633,15 @@ token's policies grant read on; all of them without ACLs).`,
 				if len(resp.GetJobs()) == 0 {
 					fmt.Fprintln(cmd.ErrOrStderr(), "no jobs")
 				}
+				if next := resp.GetNextPageToken(); next != "" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "more jobs follow: --page-token %s\n", next)
+				}
 			})
 		},
 	}
 	cmd.Flags().StringVar(&state, "state", "", "only jobs in this state: pending, running, complete, failed or cancelled")
-	cmd.Flags().Int32Var(&limit, "limit", 100, "at most this many jobs (1..10000)")
+	cmd.Flags().Int32Var(&limit, "limit", 100, "at most this many jobs per page (1..10000)")
+	cmd.Flags().StringVar(&pageToken, "page-token", "", "the page after this token (printed after a page when more jobs follow)")
 	cmd.Flags().StringVar(&namespace, "namespace", "", "only jobs of this namespace (default: every namespace the caller may read)")
 	return cmd
 }

@@ -601,9 +601,13 @@ func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*
 		limit = 100
 	}
 	out := &apiaryv1.ListJobsResponse{}
+	more := false
 	res := r.fanOutEach(ctx, r.cfg.View.Regions(), "list jobs", func(ctx context.Context, _ federation.Region, cc *grpc.ClientConn) (func(), error) {
 		resp, err := apiaryv1.NewJobServiceClient(cc).ListJobs(ctx, req, grpc.MaxCallRecvMsgSize(64<<20))
-		return func() { out.Jobs = append(out.Jobs, resp.GetJobs()...) }, err
+		return func() {
+			out.Jobs = append(out.Jobs, resp.GetJobs()...)
+			more = more || resp.GetNextPageToken() != ""
+		}, err
 	})
 	if err := res.refused(); err != nil {
 		// A region refused the caller (no token, or none that may read
@@ -611,14 +615,15 @@ func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*
 		return nil, err
 	}
 	out.UnavailableRegions = res.failed()
-	sort.SliceStable(out.Jobs, func(a, b int) bool {
-		if x, y := out.Jobs[a].GetSubmitTimeMs(), out.Jobs[b].GetSubmitTimeMs(); x != y {
-			return x > y
-		}
-		return out.Jobs[a].GetId() > out.Jobs[b].GetId()
-	})
+	// Descending job id, as each region pages (the page token is the last
+	// id: every region lists the ids below it, so the merge of their
+	// first `limit` is the federation's page).
+	sort.Slice(out.Jobs, func(a, b int) bool { return out.Jobs[a].GetId() > out.Jobs[b].GetId() })
 	if len(out.Jobs) > limit {
-		out.Jobs = out.Jobs[:limit]
+		out.Jobs, more = out.Jobs[:limit], true
+	}
+	if more && len(out.Jobs) > 0 {
+		out.NextPageToken = out.Jobs[len(out.Jobs)-1].GetId()
 	}
 	return out, nil
 }

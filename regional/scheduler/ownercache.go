@@ -60,6 +60,9 @@ type ownerCache struct {
 	// specs receives every job record seen (shared with report commit);
 	// nil in tests.
 	specs *store.SpecCache
+	// index receives every job record and task state change, and the
+	// revision applied (ListJobs reads it); nil for none.
+	index *JobIndex
 	// leftPending is called with a task key that left PENDING or the cache
 	// (the reason gate forgets it); nil for none.
 	leftPending func(key string)
@@ -102,6 +105,9 @@ func newOwnerCache(specs *store.SpecCache) *ownerCache {
 func (c *ownerCache) load(ctx context.Context, kv clientv3.KV) (int64, error) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if c.index != nil {
+		c.index.Reset()
+	}
 	resp, err := kv.Txn(cctx).Then(clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()),
 		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()), clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix()),
 		clientv3.OpGet(store.PrefAntiAffinity, clientv3.WithPrefix())).Commit()
@@ -114,6 +120,9 @@ func (c *ownerCache) load(ctx context.Context, kv clientv3.KV) (int64, error) {
 		}
 	}
 	c.nodesRev = max(c.nodesRev, resp.Header.Revision)
+	if c.index != nil {
+		c.index.advance(resp.Header.Revision)
+	}
 	return resp.Header.Revision, nil
 }
 
@@ -128,6 +137,11 @@ func (c *ownerCache) applyWatch(wr clientv3.WatchResponse, ok bool) error {
 	}
 	for _, ev := range wr.Events {
 		c.apply(ev.Kv, ev.Type == clientv3.EventTypeDelete)
+	}
+	if c.index != nil {
+		// Every event up to the header's revision is applied (a progress
+		// notification carries no events, only the revision).
+		c.index.advance(wr.Header.Revision)
 	}
 	return nil
 }
@@ -167,6 +181,9 @@ func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 		if deleted {
 			c.indexAntiAffinity(jobID, old, false)
 			delete(c.jobs, jobID)
+			if c.index != nil {
+				c.index.deleteJob(jobID)
+			}
 			return
 		}
 		if old != nil && kv.ModRevision <= old.modRev {
@@ -180,6 +197,9 @@ func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 		c.indexAntiAffinity(jobID, old, false)
 		c.jobs[jobID] = &cJob{rec: j, modRev: kv.ModRevision}
 		c.indexAntiAffinity(jobID, c.jobs[jobID], true)
+		if c.index != nil {
+			c.index.putJob(&c.jobs[jobID].rec)
+		}
 		if c.specs != nil {
 			c.specs.Put(&j)
 		}
@@ -225,6 +245,18 @@ func (c *ownerCache) skip(what, key string, err error) {
 // setTask replaces a cached task (nil removes it) and keeps the indexes in
 // step.
 func (c *ownerCache) setTask(key string, t *cTask) {
+	if c.index != nil {
+		var jobID string
+		var from, to apiaryv1.TaskState
+		var finished int64
+		if old := c.tasks[key]; old != nil {
+			jobID, from = old.rec.JobID, old.rec.State
+		}
+		if t != nil {
+			jobID, to, finished = t.rec.JobID, t.rec.State, t.rec.FinishedMs
+		}
+		c.index.task(jobID, from, to, finished)
+	}
 	if t != nil && t.rec.NodeID != "" {
 		c.useDirty[t.rec.NodeID] = true
 	}
@@ -326,6 +358,9 @@ func (c *ownerCache) removeJob(id string) {
 	c.indexAntiAffinity(id, c.jobs[id], false)
 	delete(c.jobTasks, id)
 	delete(c.jobs, id)
+	if c.index != nil {
+		c.index.deleteJob(id)
+	}
 }
 
 // indexAntiAffinity adds job id to (add false: removes it from) aaJobs

@@ -67,6 +67,9 @@ type Deps struct {
 	// MaxPreemptions bounds the preemptors committed per round (0:
 	// DefaultMaxPreemptions; negative: preemption off).
 	MaxPreemptions int
+	// Jobs is the job index the loop's cache keeps for ListJobs (nil:
+	// none). It is reset whenever a new loop loads its cache.
+	Jobs *JobIndex
 }
 
 // Loop is the scheduling loop of the shards a coordinator owns: a cache of
@@ -109,6 +112,7 @@ func New(d Deps, set *ShardSet) *Loop {
 		skipLogged: map[string]time.Time{}, lostSince: map[nodeEpoch]time.Time{}, home: newHomeNodes(d.Owners),
 		preemptTried: map[string]time.Time{}}
 	s.snap = newNodeSnapshot(s.cache, d.Jurisdiction)
+	s.cache.index = d.Jobs
 	s.cache.leftPending = s.reasons.forget
 	s.cache.skipped = s.skip
 	return s

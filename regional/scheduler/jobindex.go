@@ -1,0 +1,199 @@
+package scheduler
+
+import (
+	"context"
+	"sync"
+
+	"github.com/google/btree"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// JobIndex is the region's jobs with their task counts, kept by the
+// scheduling loop's watch cache (ownerCache) and read concurrently by
+// ListJobs: a page costs O(log jobs + page), and no task record is read
+// (Kubernetes' apiserver serves LIST from its watch cache the same way;
+// Nomad keeps a job summary per job). It holds the revision up to which
+// the cache has applied etcd's events, so a reader can wait until it has
+// seen every write committed before its request (WaitFor).
+//
+// Every coordinator's loop (API-only ones too) keeps one; a loop that
+// reloads its cache resets it (Reset) and fills it again.
+type JobIndex struct {
+	mu   sync.RWMutex
+	rev  int64
+	jobs *btree.BTreeG[*jobEntry] // by id
+	byID map[string]*jobEntry
+	// advanced is closed and replaced whenever rev grows.
+	advanced chan struct{}
+}
+
+// jobEntry is one job: its record (shared with the cache, never modified:
+// a job update replaces it) and its tasks' counts.
+type jobEntry struct {
+	id     string
+	rec    *store.JobRecord
+	counts apiaryv1.TaskCounts
+	// finish is the latest FinishedMs of its tasks.
+	finish int64
+}
+
+// NewJobIndex returns an empty index at revision 0.
+func NewJobIndex() *JobIndex {
+	return &JobIndex{jobs: btree.NewG(32, func(a, b *jobEntry) bool { return a.id < b.id }),
+		byID: map[string]*jobEntry{}, advanced: make(chan struct{})}
+}
+
+// Reset empties the index (a reloading cache fills it again) and sets its
+// revision to 0.
+func (x *JobIndex) Reset() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.jobs.Clear(false)
+	clear(x.byID)
+	x.rev = 0
+}
+
+// advance records that every event up to rev was applied.
+func (x *JobIndex) advance(rev int64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if rev > x.rev {
+		x.rev = rev
+		close(x.advanced)
+		x.advanced = make(chan struct{})
+	}
+}
+
+// Revision is the etcd revision up to which the index is current.
+func (x *JobIndex) Revision() int64 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.rev
+}
+
+// WaitFor waits until the index is current up to rev, or ctx ends (its
+// error is returned then).
+func (x *JobIndex) WaitFor(ctx context.Context, rev int64) error {
+	for {
+		x.mu.RLock()
+		done, ch := x.rev >= rev, x.advanced
+		x.mu.RUnlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// putJob adds or replaces a job's record (its counts stay).
+func (x *JobIndex) putJob(rec *store.JobRecord) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if e := x.byID[rec.ID]; e != nil {
+		e.rec = rec
+		return
+	}
+	e := &jobEntry{id: rec.ID, rec: rec}
+	x.byID[rec.ID] = e
+	x.jobs.ReplaceOrInsert(e)
+}
+
+// deleteJob drops a job.
+func (x *JobIndex) deleteJob(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if e := x.byID[id]; e != nil {
+		delete(x.byID, id)
+		x.jobs.Delete(e)
+	}
+}
+
+// task moves one task of job id from state old (UNSPECIFIED: it was not
+// counted) to state new (UNSPECIFIED: it is gone), with its FinishedMs.
+// A task of a job the index does not hold (its record not seen yet) is
+// counted once the job arrives only through a reload; the job record is
+// written before its tasks in one Txn, so the watch delivers it first.
+func (x *JobIndex) task(id string, old, new apiaryv1.TaskState, finishedMs int64) {
+	if old == new && finishedMs == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e := x.byID[id]
+	if e == nil {
+		return
+	}
+	uncount(&e.counts, old)
+	if new != apiaryv1.TaskState_TASK_STATE_UNSPECIFIED {
+		taskstate.Count(&e.counts, new)
+	}
+	e.finish = max(e.finish, finishedMs)
+}
+
+// uncount removes a task state from counts (the inverse of taskstate.Count).
+func uncount(c *apiaryv1.TaskCounts, s apiaryv1.TaskState) {
+	switch s {
+	case apiaryv1.TaskState_TASK_STATE_PENDING:
+		c.Pending--
+	case apiaryv1.TaskState_TASK_STATE_ASSIGNED:
+		c.Assigned--
+	case apiaryv1.TaskState_TASK_STATE_RUNNING:
+		c.Running--
+	case apiaryv1.TaskState_TASK_STATE_COMPLETE:
+		c.Complete--
+	case apiaryv1.TaskState_TASK_STATE_FAILED:
+		c.Failed--
+	case apiaryv1.TaskState_TASK_STATE_CANCELLED:
+		c.Cancelled--
+	}
+}
+
+// IndexedJob is one job of a page: its record (read-only) and its counts
+// and derived state as of the index's revision.
+type IndexedJob struct {
+	Rec          *store.JobRecord
+	Counts       *apiaryv1.TaskCounts
+	State        apiaryv1.JobState
+	FinishTimeMs int64 // the latest task end, once the job is terminal
+}
+
+// Page returns up to limit jobs with an id below before ("" : from the
+// highest), in descending id order, that keep passes, and whether more
+// may follow.
+func (x *JobIndex) Page(before string, limit int, keep func(*IndexedJob) bool) (page []IndexedJob, more bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	visit := func(e *jobEntry) bool {
+		if e.id == before {
+			return true
+		}
+		counts := e.counts
+		j := IndexedJob{Rec: e.rec, Counts: &counts, State: taskstate.JobState(e.rec.CancelRequested, &counts)}
+		if j.State == apiaryv1.JobState_JOB_STATE_COMPLETE || j.State == apiaryv1.JobState_JOB_STATE_FAILED ||
+			j.State == apiaryv1.JobState_JOB_STATE_CANCELLED {
+			j.FinishTimeMs = e.finish
+		}
+		if !keep(&j) {
+			return true
+		}
+		if len(page) == limit {
+			more = true
+			return false
+		}
+		page = append(page, j)
+		return true
+	}
+	if before == "" {
+		x.jobs.Descend(visit)
+	} else {
+		x.jobs.DescendLessOrEqual(&jobEntry{id: before}, visit)
+	}
+	return page, more
+}
