@@ -35,7 +35,7 @@ type JobIndex struct {
 type jobEntry struct {
 	id     string
 	rec    *store.JobRecord
-	counts apiaryv1.TaskCounts
+	counts *apiaryv1.TaskCounts
 	// finish is the latest FinishedMs of its tasks.
 	finish int64
 }
@@ -100,7 +100,7 @@ func (x *JobIndex) putJob(rec *store.JobRecord) {
 		e.rec = rec
 		return
 	}
-	e := &jobEntry{id: rec.ID, rec: rec}
+	e := &jobEntry{id: rec.ID, rec: rec, counts: &apiaryv1.TaskCounts{}}
 	x.byID[rec.ID] = e
 	x.jobs.ReplaceOrInsert(e)
 }
@@ -130,9 +130,9 @@ func (x *JobIndex) task(id string, old, new apiaryv1.TaskState, finishedMs int64
 	if e == nil {
 		return
 	}
-	uncount(&e.counts, old)
+	uncount(e.counts, old)
 	if new != apiaryv1.TaskState_TASK_STATE_UNSPECIFIED {
-		taskstate.Count(&e.counts, new)
+		taskstate.Count(e.counts, new)
 	}
 	e.finish = max(e.finish, finishedMs)
 }
@@ -174,8 +174,10 @@ func (x *JobIndex) Page(before string, limit int, keep func(*IndexedJob) bool) (
 		if e.id == before {
 			return true
 		}
-		counts := e.counts
-		j := IndexedJob{Rec: e.rec, Counts: &counts, State: taskstate.JobState(e.rec.CancelRequested, &counts)}
+		c := e.counts
+		counts := &apiaryv1.TaskCounts{Pending: c.Pending, Assigned: c.Assigned, Running: c.Running,
+			Complete: c.Complete, Failed: c.Failed, Cancelled: c.Cancelled}
+		j := IndexedJob{Rec: e.rec, Counts: counts, State: taskstate.JobState(e.rec.CancelRequested, counts)}
 		if j.State == apiaryv1.JobState_JOB_STATE_COMPLETE || j.State == apiaryv1.JobState_JOB_STATE_FAILED ||
 			j.State == apiaryv1.JobState_JOB_STATE_CANCELLED {
 			j.FinishTimeMs = e.finish
