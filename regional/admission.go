@@ -138,7 +138,10 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	st := &c.capState
 	ops := []clientv3.Op{clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix())}
 	bounded := c.cfg.Backlog.any()
-	if bounded {
+	// The backlog comes from the job index (the scheduling loop's watch
+	// cache) once it is loaded; until then from jobs and tasks read here.
+	fromIndex := bounded && c.jobs.Revision() > 0
+	if bounded && !fromIndex {
 		ops = append(ops, clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()), clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()))
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -217,7 +220,16 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	}
 	var pending map[string]int64
 	var seenJobs map[string]int32
-	if bounded {
+	switch {
+	case fromIndex:
+		seenJobs, pending = map[string]int32{}, map[string]int64{}
+		if c.jobs.EachPending(func(rec *store.JobRecord, n int32) {
+			seenJobs[rec.ID] = rec.Spec.GetPriority()
+			pending[priority.Of(rec.Spec.GetPriority())] += int64(n)
+		}) == 0 {
+			seenJobs, pending = nil, nil // reloading: unknown until the next refresh
+		}
+	case bounded:
 		prio := map[string]int32{}
 		seenJobs = prio
 		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {

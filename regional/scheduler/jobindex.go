@@ -199,3 +199,19 @@ func (x *JobIndex) Page(before string, limit int, keep func(*IndexedJob) bool) (
 	}
 	return page, more
 }
+
+// EachPending calls fn with every job's record and its PENDING task count,
+// under the index's read lock (fn must not call the index), and returns
+// the revision they are current to (0: the index is not loaded; fn was not
+// called).
+func (x *JobIndex) EachPending(fn func(rec *store.JobRecord, pending int32)) int64 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if x.rev == 0 {
+		return 0
+	}
+	for _, e := range x.byID {
+		fn(e.rec, e.counts.Pending)
+	}
+	return x.rev
+}
