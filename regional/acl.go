@@ -90,6 +90,9 @@ var aclMethods = map[string]aclNeed{
 	apiaryv1.AdminService_DrainNode_FullMethodName:          needNodeWrite,
 	apiaryv1.AdminService_SetNodeEligibility_FullMethodName: needNodeWrite,
 	apiaryv1.AdminService_GossipKeyring_FullMethodName:      needOperator,
+	// A snapshot holds all of the region's state (every job's spec and
+	// environment, the ACL tokens' hashes, sealed secrets).
+	apiaryv1.AdminService_SaveSnapshot_FullMethodName: needManagement,
 
 	apiaryv1.ACLService_BootstrapACL_FullMethodName:    needNothing,
 	apiaryv1.ACLService_GetACLSelf_FullMethodName:      needToken,

@@ -284,6 +284,19 @@ func TestACLRegion(t *testing.T) {
 		if c := status.Code(err); c == codes.PermissionDenied || c == codes.Unauthenticated {
 			t.Errorf("GossipKeyring as management: %v", err)
 		}
+		// A snapshot holds everything: management only, even for an
+		// operator or node reader (the refusal comes with the first Recv).
+		snap := func(c aclClients) error {
+			st, err := c.admin.SaveSnapshot(callCtx(t), &apiaryv1.SaveSnapshotRequest{})
+			if err == nil {
+				_, err = st.Recv()
+			}
+			return err
+		}
+		refused(t, "SaveSnapshot with node read", snap(n), codes.PermissionDenied, "AdminService/SaveSnapshot needs a management token")
+		if err := snap(m); err != nil {
+			t.Errorf("SaveSnapshot as management: %v", err)
+		}
 		_, err = n.acl.ListACLTokens(callCtx(t), &apiaryv1.ListACLTokensRequest{})
 		refused(t, "ListACLTokens as a client token", err, codes.PermissionDenied, "ACLService/ListACLTokens needs a management token")
 		if nodes := nodeEpochs(t, n.clients); len(nodes) != 2 {

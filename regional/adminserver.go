@@ -22,8 +22,9 @@ import (
 
 // adminServer serves AdminService: node and region views for operators.
 // ListNodes lists the region's nodes, GetRegionInfo describes the region
-// (members, scheduler, etcd leader, counts), and ListRegions answers from
-// the coordinator's own view (see there).
+// (members, scheduler, etcd leader, counts, state size), ListRegions
+// answers from the coordinator's own view (see there), and SaveSnapshot
+// streams etcd's snapshot (snapshot.go).
 type adminServer struct {
 	apiaryv1.UnimplementedAdminServiceServer
 	c *Coordinator
@@ -137,6 +138,7 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 		return nil, status.Errorf(codes.Unavailable, "region info: %v", err)
 	}
 	out.Revision = resp.Header.Revision
+	c.stateSize(ctx, out)
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		var m store.MemberRecord
 		if json.Unmarshal(kv.Value, &m) != nil {

@@ -393,6 +393,7 @@ func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
 //
 //   - etcd: the embedded member, its client and the region meta; a member
 //     that stops serving (error, removed, hard stop) fails the process.
+//     It also runs the member's defragmentation loop (defrag.go).
 //   - metrics: /metrics and /debug/pprof/ over HTTP (with MetricsAddr).
 //   - acl: the ACL store's cache of /apiary/acl/ (with Config.ACL): loaded
 //     before the API serves, then kept by a watch (acl.go).
@@ -550,6 +551,14 @@ func (c *Coordinator) runEtcdPart(ctx context.Context) error {
 		t := time.NewTicker(EtcdTLSPoll)
 		defer t.Stop()
 		reloads = t.C
+	}
+	// The member's defragmentation loop (defrag.go) runs as long as this part.
+	if d := newDefragger(c.cfg.Etcd, c.etcd.Server, c.cli, c.etcdClientTLS(), c.cfg.Registry, c.log); d != nil {
+		dctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { d.run(dctx) })
+		defer wg.Wait()
+		defer stop()
 	}
 	for {
 		select {

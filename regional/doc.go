@@ -9,7 +9,9 @@
 //
 //   - The embedded etcd member and its settings (etcd.go). The region meta is
 //     written once at creation and checked on every start; the region name and
-//     shard count are fixed then (coordinator.go).
+//     shard count are fixed then (coordinator.go). The member's state size:
+//     quota and compaction (etcd.go), defragmentation of its own member
+//     (defrag.go), snapshots and their offline restore (snapshot.go).
 //   - The gRPC services, served by every coordinator, whatever shards it
 //     owns:
 //     JobService (jobserver.go, submit.go), AgentService (agentserver.go,

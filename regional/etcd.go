@@ -60,10 +60,27 @@ type EtcdConfig struct {
 	// MEASURED.md; leader crash to next write is about 0.7 s).
 	ElectionMs  uint
 	HeartbeatMs uint
-	// QuotaBytes is the backend quota (default 4 GiB).
+	// QuotaBytes is the backend quota in bytes (default DefaultQuotaBytes,
+	// 4 GiB; etcd's --quota-backend-bytes): past it the member raises a
+	// NOSPACE alarm and refuses every write ("etcdserver: mvcc: database
+	// space exceeded") until the state shrinks (compaction, then
+	// defragmentation) and the alarm is disarmed. Free pages count: the
+	// file's size is what is compared.
 	QuotaBytes int64
-	// CompactionRetention keeps this much history (default "1h", periodic).
+	// CompactionRetention keeps this much history (default "1h";
+	// etcd's --auto-compaction-mode periodic with
+	// --auto-compaction-retention): older revisions are compacted away,
+	// their pages freed inside the backend file (see DefragInterval).
 	CompactionRetention string
+	// DefragInterval is the least time between two defragmentations of
+	// this member (defrag.go; default DefaultDefragInterval, 1 h;
+	// negative: never). A defragmentation runs only when the free pages
+	// are at least DefragMinFreeFraction of the file (default 0.25) and
+	// DefragMinFreeBytes (default 64 MiB), and never while another member
+	// defragments or does not answer.
+	DefragInterval        time.Duration
+	DefragMinFreeFraction float64
+	DefragMinFreeBytes    int64
 	// TLS, when its files are set, serves the client and peer URLs (then
 	// https) with mutual TLS; the coordinator sets it with its own TLS
 	// (Config.TLS, Config.validate), plaintext URLs (http) otherwise.
@@ -291,7 +308,7 @@ func startEtcd(ctx context.Context, c EtcdConfig, log *slog.Logger) (*embed.Etcd
 	if cfg.InitialCluster == "" {
 		cfg.InitialCluster = c.Name + "=" + c.PeerURL
 	}
-	cfg.InitialClusterToken = "apiary-" + tokenOf(cfg.InitialCluster)
+	cfg.InitialClusterToken = EtcdClusterToken(cfg.InitialCluster)
 	cfg.ClusterState = embed.ClusterStateFlagNew
 	if c.ClusterState == "existing" {
 		cfg.ClusterState = embed.ClusterStateFlagExisting
@@ -301,7 +318,7 @@ func startEtcd(ctx context.Context, c EtcdConfig, log *slog.Logger) (*embed.Etcd
 	cfg.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
 	cfg.QuotaBackendBytes = c.QuotaBytes
 	if cfg.QuotaBackendBytes == 0 {
-		cfg.QuotaBackendBytes = 4 << 30
+		cfg.QuotaBackendBytes = DefaultQuotaBytes
 	}
 	cfg.AutoCompactionMode = "periodic"
 	cfg.AutoCompactionRetention = c.CompactionRetention
@@ -345,6 +362,8 @@ func startEtcd(ctx context.Context, c EtcdConfig, log *slog.Logger) (*embed.Etcd
 	}
 }
 
+// tokenOf is a short FNV-1a hash of the initial cluster string (the
+// cluster token's suffix, EtcdClusterToken).
 func tokenOf(cluster string) string {
 	h := uint32(2166136261)
 	for i := 0; i < len(cluster); i++ {

@@ -233,9 +233,47 @@ func TestClientOnlyCoordinatorTakesItsShare(t *testing.T) {
 			if info.GetEtcdLeader() == "" {
 				return errors.New("no etcd leader named")
 			}
+			// The state's size from a member's Status; the quota is the
+			// member's own setting, unknown (0) to a client-only one.
+			wantQuota := regional.DefaultQuotaBytes
+			if co == c4 {
+				wantQuota = 0
+			}
+			if info.GetStateSizeBytes() <= 0 || info.GetStateInUseBytes() <= 0 || info.GetStateInUseBytes() > info.GetStateSizeBytes() ||
+				info.GetStateQuotaBytes() != wantQuota {
+				return fmt.Errorf("state %d (%d in use) of %d, want a size and quota %d", info.GetStateSizeBytes(),
+					info.GetStateInUseBytes(), info.GetStateQuotaBytes(), wantQuota)
+			}
 			leaders[co.Addr()] = info.GetEtcdLeader()
 			return nil
 		})
+		// A snapshot through each: the member's own, or (c4) the first
+		// endpoint's; etcd's format, whole.
+		st, err := apiaryv1.NewAdminServiceClient(conn).SaveSnapshot(context.Background(), &apiaryv1.SaveSnapshotRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), "snap.db")
+		var data []byte
+		for {
+			m, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("SaveSnapshot through %s: %v", co.Addr(), err)
+			}
+			if len(m.GetData()) > regional.SnapshotChunkBytes {
+				t.Fatalf("a chunk of %d bytes", len(m.GetData()))
+			}
+			data = append(data, m.GetData()...)
+		}
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if info, err := regional.CheckSnapshot(path); err != nil || info.Revision <= 0 {
+			t.Errorf("snapshot through %s: %+v, %v", co.Addr(), info, err)
+		}
 		conn.Close()
 	}
 	if leaders[c4.Addr()] != leaders[members[0].Addr()] {

@@ -56,6 +56,7 @@ func newRegionCmd() *cobra.Command {
 		ready        string
 		debugAddr    string
 		tel          telemetryFlags
+		etcdOps      etcdOpsFlags
 		tlsf         serverTLSFlags
 		gossipf      gossipFlags
 		schedule     bool
@@ -82,8 +83,18 @@ coordinators that can (after --owner-lease-ttl), and it keeps running and takes
 a share again when etcd answers. With TLS it dials the members with its own
 region certificate (the members accept only certificates of their region).
 --etcd-endpoints cannot be combined with --etcd-client-url, --etcd-peer-url,
---initial-cluster, --initial-cluster-state, --etcd-election-ms or
---etcd-heartbeat-ms, which configure a member.
+--initial-cluster, --initial-cluster-state, --etcd-election-ms,
+--etcd-heartbeat-ms or the --etcd-quota-mib, --etcd-compaction-retention and
+--etcd-defrag-* flags, which configure a member.
+
+The state's size: etcd's backend quota (--etcd-quota-mib, default 4096),
+periodic compaction (--etcd-compaction-retention, default 1h) and the
+defragmentation of this coordinator's own member (--etcd-defrag-interval,
+default 1h, 0: never; only when the free pages pass both
+--etcd-defrag-min-free-percent and --etcd-defrag-min-free-mib, never while
+another member defragments or does not answer). 'apiary region snapshot
+save' and 'restore' back the state up and bring it back (README.md, "Region
+operations").
 
 With --tls-ca, --tls-cert and --tls-key (a region certificate of --region:
 apiary tls cert create --role region --region R --id ID), the API serves
@@ -163,6 +174,9 @@ with apiary acl bootstrap.`,
 			if err := regionEtcdEndpoints(cmd, &cfg); err != nil {
 				return err
 			}
+			if err := etcdOps.apply(&cfg.Etcd); err != nil {
+				return err
+			}
 			if err := regionTLS(cmd, &tlsf, &cfg); err != nil {
 				return err
 			}
@@ -214,6 +228,7 @@ with apiary acl bootstrap.`,
 	f.StringVar(&cfg.Etcd.ClusterState, "initial-cluster-state", "new", "new or existing")
 	f.UintVar(&cfg.Etcd.ElectionMs, "etcd-election-ms", 500, "etcd election timeout (ms)")
 	f.UintVar(&cfg.Etcd.HeartbeatMs, "etcd-heartbeat-ms", 50, "etcd heartbeat interval (ms)")
+	etcdOps.add(cmd)
 	f.DurationVar(&cfg.NodeLeaseTTL, "node-lease-ttl", 2*time.Second, "node lease TTL (whole seconds, >= 1s)")
 	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", 2*time.Second, "the coordinator's session lease TTL, which holds its member key and its shard claims (whole seconds, >= 1s)")
 	f.Float64Var(&cfg.LocalityWeight, "locality-weight", 1, "weight of data locality in placement scores, against resource fit's 1: a task with datasets goes to the node holding the most of its input bytes unless that node's fit is worse by more than this weight (the score is in [0, 1] per stage); a negative weight turns locality off")
@@ -246,7 +261,58 @@ with apiary acl bootstrap.`,
 
 // memberFlags are the flags that configure an embedded etcd member, which
 // --etcd-endpoints (no member) refuses.
-var memberFlags = []string{"etcd-client-url", "etcd-peer-url", "initial-cluster", "initial-cluster-state", "etcd-election-ms", "etcd-heartbeat-ms"}
+var memberFlags = []string{"etcd-client-url", "etcd-peer-url", "initial-cluster", "initial-cluster-state", "etcd-election-ms", "etcd-heartbeat-ms",
+	"etcd-quota-mib", "etcd-compaction-retention", "etcd-defrag-interval", "etcd-defrag-min-free-percent", "etcd-defrag-min-free-mib"}
+
+// etcdOpsFlags are the embedded member's state-size settings: quota,
+// compaction and defragmentation (regional.EtcdConfig; README.md, "Region
+// operations").
+type etcdOpsFlags struct {
+	quotaMiB       int64
+	retention      string
+	defragInterval time.Duration
+	defragPercent  float64
+	defragMiB      int64
+}
+
+func (e *etcdOpsFlags) add(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.Int64Var(&e.quotaMiB, "etcd-quota-mib", regional.DefaultQuotaBytes>>20, "etcd backend quota (MiB; etcd's --quota-backend-bytes): past it etcd refuses every write until the state shrinks (compaction, defragmentation) and the NOSPACE alarm is disarmed")
+	f.StringVar(&e.retention, "etcd-compaction-retention", "1h", "etcd periodic auto-compaction: keep this much revision history (a duration, e.g. 1h or 30m; etcd's --auto-compaction-retention)")
+	f.DurationVar(&e.defragInterval, "etcd-defrag-interval", regional.DefaultDefragInterval, "defragment this coordinator's own etcd member at most this often, when its free pages pass both --etcd-defrag-min-free-percent and --etcd-defrag-min-free-mib, never while another member defragments or does not answer (0: never)")
+	f.Float64Var(&e.defragPercent, "etcd-defrag-min-free-percent", 100*regional.DefaultDefragMinFreeFraction, "defragment only when at least this percentage of the etcd backend file is free pages")
+	f.Int64Var(&e.defragMiB, "etcd-defrag-min-free-mib", regional.DefaultDefragMinFreeBytes>>20, "defragment only when at least this much of the etcd backend file is free pages (MiB)")
+}
+
+// apply checks the flags (exit 2 naming the flag and the rule) and sets
+// them on c.
+func (e *etcdOpsFlags) apply(c *regional.EtcdConfig) error {
+	switch {
+	case e.quotaMiB < 64 || e.quotaMiB > 8<<10:
+		return withCode(exitInvalid, fmt.Errorf("--etcd-quota-mib: must be 64..8192 (etcd suggests at most 8 GiB), got %d", e.quotaMiB))
+	case e.defragInterval < 0:
+		return withCode(exitInvalid, fmt.Errorf("--etcd-defrag-interval: must be >= 0 (0: never), got %s", e.defragInterval))
+	case !(e.defragPercent > 0 && e.defragPercent <= 100):
+		return withCode(exitInvalid, fmt.Errorf("--etcd-defrag-min-free-percent: must be > 0 and <= 100, got %g", e.defragPercent))
+	case e.defragMiB < 0:
+		return withCode(exitInvalid, fmt.Errorf("--etcd-defrag-min-free-mib: must be >= 0, got %d", e.defragMiB))
+	}
+	if d, err := time.ParseDuration(e.retention); err != nil || d <= 0 {
+		return withCode(exitInvalid, fmt.Errorf("--etcd-compaction-retention: must be a duration > 0 such as 1h or 30m, got %q", e.retention))
+	}
+	c.QuotaBytes = e.quotaMiB << 20
+	c.CompactionRetention = e.retention
+	c.DefragInterval = e.defragInterval
+	if c.DefragInterval == 0 {
+		c.DefragInterval = -1 // never; 0 means the default in regional.EtcdConfig
+	}
+	c.DefragMinFreeFraction = e.defragPercent / 100
+	c.DefragMinFreeBytes = e.defragMiB << 20
+	if c.DefragMinFreeBytes == 0 {
+		c.DefragMinFreeBytes = 1 // any; 0 means the default
+	}
+	return nil
+}
 
 // regionEtcdEndpoints applies --etcd-endpoints to cfg: refused (exit 2,
 // naming every flag) together with a flag of memberFlags given on the

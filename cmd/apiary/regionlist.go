@@ -63,7 +63,7 @@ func regionFederationHook(cmd *cobra.Command, cfg *regional.Config) {
 		cfg.Backlog = b
 		return nil
 	}
-	cmd.AddCommand(newRegionListCmd(), newRegionStatusCmd(), newRegionShardsCmd())
+	cmd.AddCommand(newRegionListCmd(), newRegionStatusCmd(), newRegionShardsCmd(), newRegionSnapshotCmd())
 }
 
 func newRegionListCmd() *cobra.Command {
@@ -83,7 +83,13 @@ Against a coordinator, the answer is that coordinator's view: every region of
 its WAN pool if it is in one (an alive coordinator counts as answering: a
 coordinator does not probe the others' APIs as the router does), else its own
 region only. 'apiary region status' shows how many shards each coordinator
-owns (each schedules its own), 'apiary region shards' lists them.`,
+owns (each schedules its own), 'apiary region shards' lists them.
+
+STATE is the size of each region's etcd backend file and its quota
+("12MiB/4.0GiB"), asked of one of the region's alive coordinators (within
+2 s; "-" when none answered, or the region is down); 'apiary region
+status' shows the part in use too. -o json prints the router's answer,
+which has no state size.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
@@ -93,7 +99,11 @@ owns (each schedules its own), 'apiary region shards' lists them.`,
 			if err != nil {
 				return err
 			}
-			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) { printRegions(w, cmd.ErrOrStderr(), resp.GetRegions()) })
+			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
+				ctx, stop := signalContext(cmd)
+				defer stop()
+				printRegionsState(w, cmd.ErrOrStderr(), resp.GetRegions(), regionStates(ctx, o, resp.GetRegions()))
+			})
 		},
 	}
 	o.addFlags(cmd)
@@ -102,8 +112,14 @@ owns (each schedules its own), 'apiary region shards' lists them.`,
 
 // printRegions writes a table of regions to w; a note to errw when there are none.
 func printRegions(w, errw io.Writer, regions []*apiaryv1.RegionSummary) {
+	printRegionsState(w, errw, regions, nil)
+}
+
+// printRegionsState is printRegions with each region's STATE cell
+// (regionStates; "-" for a region missing from state).
+func printRegionsState(w, errw io.Writer, regions []*apiaryv1.RegionSummary, state map[string]string) {
 	t := newTable(w)
-	fmt.Fprintln(t, "REGION\tJURISDICTION\tSTATUS\tCOORDINATORS\tNODES\tFREE CPU (m)\tFREE MEM (MiB)\tLARGEST NODE\tBACKLOG/BOUND (batch,standard,urgent)\tLABELS")
+	fmt.Fprintln(t, "REGION\tJURISDICTION\tSTATUS\tCOORDINATORS\tNODES\tSTATE\tFREE CPU (m)\tFREE MEM (MiB)\tLARGEST NODE\tBACKLOG/BOUND (batch,standard,urgent)\tLABELS")
 	for _, r := range regions {
 		st := "up"
 		if !r.GetUp() {
@@ -140,8 +156,12 @@ func printRegions(w, errw io.Writer, regions []*apiaryv1.RegionSummary) {
 		}
 		l := r.GetLargestNode()
 		// COORDINATORS up to 240 bytes: five with their state and shards.
-		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%dm/%dMiB/%dgpu\t%s\t%s\n", r.GetName(), cell(r.GetJurisdiction(), 0),
-			cell(st, 100), cell(strings.Join(coords, " "), 240), r.GetNodesReady(),
+		stateCell := state[r.GetName()]
+		if stateCell == "" {
+			stateCell = "-"
+		}
+		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%dm/%dMiB/%dgpu\t%s\t%s\n", r.GetName(), cell(r.GetJurisdiction(), 0),
+			cell(st, 100), cell(strings.Join(coords, " "), 240), r.GetNodesReady(), stateCell,
 			r.GetFree().GetCpuMillis(), r.GetFree().GetMemoryMb(), l.GetCpuMillis(), l.GetMemoryMb(), l.GetGpus(),
 			cell(strings.Join(bl, " "), 0), cell(fmtLabels(r.GetLabels()), 60))
 	}
@@ -162,7 +182,10 @@ creation) with how many shards each live coordinator owns, how many no live
 coordinator owns ("unowned"), and the highest fencing epoch of any shard (it
 grows with every claim, so a takeover shows as a change); the etcd raft
 leader (often another member); ready and registered nodes; pending tasks;
-then each live coordinator (one holding an etcd session) with its API
+the region's state in etcd ("State": the backend file's size as the
+answering coordinator's member reports it, the part in use (the rest is
+free pages that a defragmentation returns) and the quota past which etcd
+refuses writes); then each live coordinator (one holding an etcd session) with its API
 address, whether that API answers a health check now (within 1 s), and the
 shards it owns (SHARDS; ROLE "scheduler" when it owns at least one).
 
@@ -279,6 +302,7 @@ func printRegionStatus(w io.Writer, r *apiaryv1.GetRegionInfoResponse, api map[s
 	fmt.Fprintf(h, "etcd leader:\t%s\n", cell(r.GetEtcdLeader(), 0))
 	fmt.Fprintf(h, "Nodes:\t%d ready, %d registered\n", r.GetNodesReady(), r.GetNodesRegistered())
 	fmt.Fprintf(h, "Pending tasks:\t%d\n", r.GetPendingTasks())
+	fmt.Fprintf(h, "State:\t%s\n", fmtState(r.GetStateSizeBytes(), r.GetStateInUseBytes(), r.GetStateQuotaBytes()))
 	h.Flush()
 	fmt.Fprintln(w)
 	t := newTable(w)

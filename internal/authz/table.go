@@ -86,6 +86,10 @@ var methods = map[string]rule{
 	// coordinator's handler (regional/keyring.go) then admits client
 	// certificates only (an operator), and the router does not serve it.
 	apiaryv1.AdminService_GossipKeyring_FullMethodName: admin(accessAPI),
+	// etcd snapshot (apiary region snapshot save): admitted as the API;
+	// with ACLs the coordinator's ACL layer then requires a management
+	// token (regional/acl.go), and the router does not serve it.
+	apiaryv1.AdminService_SaveSnapshot_FullMethodName: admin(accessAPI),
 
 	// ACL tokens and policies: the gate admits users' certificates as for
 	// the API (and routers, which fan ACL writes out to every region); the

@@ -28,6 +28,7 @@ import (
 //	                                          a label scope of an anti-affinity group; ModRevision is the CAS version
 //	                                          of placing a member there (value: the last member placed, a task key)
 //	/apiary/dedup/<clientID>/<requestID>      job id and payload hash of a submission
+//	/apiary/upkeep/defrag-lock                the member defragmenting now (its name), under a lease (regional/defrag.go)
 //
 // /apiary/acl/ (ACL tokens, policies, join token bindings) is package
 // regional/aclstore's: it spells those keys itself (aclstore/keys.go).
@@ -46,6 +47,10 @@ const (
 	PrefNodes        = Root + "nodes/"
 	PrefDedup        = Root + "dedup/"
 	KeyQuarantineSet = Root + "quarantine"
+	// KeyDefragLock is held, under a lease, by the one member that
+	// defragments its backend at a time. "upkeep" sorts after "tasks/",
+	// outside the scheduling loop's watch range (PrefJobs to PrefTasks).
+	KeyDefragLock = Root + "upkeep/defrag-lock"
 	// PrefAntiAffinity sorts between PrefJobs and PrefTasks, so the owner
 	// loop's one watch over that range delivers a scope key and the task
 	// written with it at one revision (as it does for node usage keys).
