@@ -81,9 +81,9 @@ type Agent struct {
 // attemptState is the agent's view of one attempt. Guarded by Agent.mu.
 type attemptState struct {
 	key       AttemptKey
-	exec      *Execution // nil until started
-	cancelled bool       // a CANCEL arrived
-	finished  time.Time  // zero while the attempt may still run
+	exec      Running   // nil until started
+	cancelled bool      // a CANCEL arrived
+	finished  time.Time // zero while the attempt may still run
 	// epoch is the node epoch the attempt belongs to: the one it was
 	// dispatched to, or the one that adopted it. Reports carry it.
 	epoch     int64
@@ -214,6 +214,12 @@ func (a *Agent) Parts() []lifecycle.Part {
 				return fmt.Errorf("data dir: %w", err)
 			}
 		}
+		if !a.cfg.Executor.spawns() {
+			// The noop executor: no process to contain, none left behind.
+			a.log.Warn("attempts run no process: the executor is a timer, for measuring the control plane only",
+				"executor", a.cfg.Executor.String())
+			return nil
+		}
 		a.startContainment() // cgroups, and a previous run's attempt cgroups killed
 		if n := killOrphans(a.cfg.DataDir, a.log); n > 0 {
 			a.log.Warn("killed processes left by a previous run", "processes", n)
@@ -237,6 +243,10 @@ func (a *Agent) Parts() []lifecycle.Part {
 		lifecycle.New("datasets", services.NewTimerService(a.cfg.DatasetRescan, nil,
 			func(context.Context) error { a.datasets.rescan(); return nil }, nil)),
 		lifecycle.New("sessions", services.NewBasicService(func(context.Context) (err error) {
+			if len(a.cfg.Conns) > 0 {
+				coords = sharedCoordinators(a.cfg.CoordinatorAddrs, a.cfg.Conns)
+				return nil
+			}
 			coords, err = newCoordinators(a.cfg.CoordinatorAddrs, a.cfg.MinBackoff, a.cfg.MaxBackoff, a.cfg.DialOptions)
 			return err
 		}, func(ctx context.Context) error {
@@ -261,7 +271,8 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 	var watch sync.WaitGroup
 	a.log.Info("agent starting", "coordinators", a.cfg.CoordinatorAddrs, "data_dir", a.cfg.DataDir,
 		"cpu_millis", a.cfg.Capacity.CPUMillis, "memory_mb", a.cfg.Capacity.MemoryMB,
-		"gpus", a.cfg.Capacity.GPUs, "max_tasks", a.cfg.MaxTasks, "disconnect_grace", a.cfg.DisconnectGrace)
+		"gpus", a.cfg.Capacity.GPUs, "max_tasks", a.cfg.MaxTasks, "disconnect_grace", a.cfg.DisconnectGrace,
+		"executor", a.cfg.Executor.String())
 	req := &apiaryv1.RegisterNodeRequest{
 		NodeId: a.cfg.NodeID,
 		Labels: a.cfg.Labels,
@@ -309,6 +320,7 @@ func (a *Agent) sessions(ctx context.Context, coords *coordinators) error {
 			break
 		}
 		a.metrics.Registrations.Inc()
+		a.cfg.Counters.Registrations.Add(1)
 		a.metrics.Epoch.Set(float64(sess.epoch))
 		began := time.Now()
 		err = a.serveEpoch(sctx, sess, rep)
@@ -416,6 +428,7 @@ func (a *Agent) handleAssignment(sess *session, rep *reporter, asg *apiaryv1.Ass
 		if err != nil {
 			st.finished = now
 			a.metrics.Attempts.WithLabelValues("refused").Inc()
+			a.cfg.Counters.Refused.Add(1)
 			log.Info("refusing assignment", "reason", err)
 			a.wg.Go(func() {
 				req := a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_REFUSED)
@@ -476,7 +489,7 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 	}
 	sctx, span := a.startRun(ctx, sess, asg, region)
 	dir, err := a.workDir(key)
-	var exec *Execution
+	var exec Running
 	if err != nil {
 		err = jobFault(err) // the assignment's ids are not usable
 	} else {
@@ -486,7 +499,7 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 			outDir = filepath.Join(dir, outputsDirName)
 			env = append(env, "APIARY_OUTPUT_DIR="+outDir)
 		}
-		exec, err = Start(Spec{
+		exec, err = a.cfg.Executor.Start(Spec{
 			Command:   asg.GetCommand(),
 			Args:      asg.GetArgs(),
 			Env:       env,
@@ -503,6 +516,7 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 	}
 	if err != nil {
 		finish()
+		a.cfg.Counters.StartFailed.Add(1)
 		a.endRun(span, err, nil, nil, dir)
 		log.WarnContext(sctx, "attempt failed to start", "err", err, "fault", StartFault(err).String())
 		req := a.newReport(sess, key, apiaryv1.ReportKind_REPORT_KIND_START_FAILED)
@@ -515,6 +529,7 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 		}
 		return
 	}
+	a.cfg.Counters.Started.Add(1)
 	a.mu.Lock()
 	st.exec = exec
 	switch {
@@ -561,6 +576,7 @@ func (a *Agent) runAttempt(sess *session, rep *reporter, st *attemptState, asg *
 	}
 	res := exec.Wait()
 	finish()
+	a.cfg.Counters.Ended.Add(1)
 	outcome := res.Outcome.String()
 	a.mu.Lock()
 	switch {

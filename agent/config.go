@@ -146,6 +146,23 @@ type Config struct {
 	// (none given): insecure transport credentials.
 	DialOptions []grpc.DialOption
 
+	// Executor starts the attempts: ProcessExecutor (default; `--executor
+	// exec`), a subprocess each, or NoopExecutor (`--executor
+	// noop[:DURATION]`), a timer each, for measuring the control plane
+	// only (no process, work dir or cgroup; the agent then sets up no
+	// containment and sweeps no leftover processes at start).
+	Executor Executor
+	// Conns, if set, are the connections to the coordinators, one per
+	// CoordinatorAddrs entry in the same order, used instead of dialing
+	// (DialOptions are then unused). The caller made them, may share them
+	// among agents (`apiary loadtest fleet` shares a few among thousands),
+	// and closes them after Run returns. Needs LANAddr LANOff: the LAN
+	// member learns the pool's addresses from its own connections.
+	Conns []*grpc.ClientConn
+	// Counters, if set, receives the agent's event counts (shared by
+	// agents that run in one process); default: counters of its own.
+	Counters *Counters
+
 	// TracerProvider makes a task.run span per attempt, a child of the
 	// assignment's traceparent. Default: tracing off.
 	TracerProvider trace.TracerProvider
@@ -323,6 +340,21 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Registry == nil {
 		c.Registry = telemetry.NewRegistry()
+	}
+	if c.Executor == nil {
+		c.Executor = ProcessExecutor()
+	}
+	if c.Counters == nil {
+		c.Counters = &Counters{}
+	}
+	if len(c.Conns) > 0 {
+		if len(c.Conns) != len(c.CoordinatorAddrs) {
+			return c, fmt.Errorf("conns: %d connections for %d coordinator addrs; give one per address, in order", len(c.Conns), len(c.CoordinatorAddrs))
+		}
+		if c.LANAddr != LANOff {
+			return c, fmt.Errorf("conns: shared connections need LANAddr %q (the LAN member learns its pool from the agent's own connections)", LANOff)
+		}
+		c.Conns = slices.Clone(c.Conns)
 	}
 	c.TracerProvider = telemetry.OrNoop(c.TracerProvider)
 	return c, nil

@@ -23,6 +23,8 @@ import (
 type coordinators struct {
 	addrs []string
 	conns []*grpc.ClientConn
+	// shared: the conns are the caller's (Config.Conns), not closed here.
+	shared bool
 
 	mu      sync.Mutex
 	cur     int
@@ -64,6 +66,12 @@ func newCoordinators(addrs []string, minBackoff, maxBackoff time.Duration, extra
 	return c, nil
 }
 
+// sharedCoordinators uses conns (Config.Conns, one per address, the
+// caller's) instead of dialing; close leaves them open.
+func sharedCoordinators(addrs []string, conns []*grpc.ClientConn) *coordinators {
+	return &coordinators{addrs: addrs, conns: conns, shared: true, changed: make(chan struct{})}
+}
+
 // client returns the coordinator in use and its index, for failover.
 func (c *coordinators) client() (int, apiaryv1.AgentServiceClient) {
 	c.mu.Lock()
@@ -94,6 +102,9 @@ func (c *coordinators) watch() (int, <-chan struct{}) {
 }
 
 func (c *coordinators) close() {
+	if c.shared {
+		return
+	}
 	for _, cc := range c.conns {
 		cc.Close()
 	}

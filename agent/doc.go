@@ -17,7 +17,11 @@
 //     directory <DataDir>/work/<jobID>/<index>/<attempt>/ and its own process
 //     group, with full stdout/stderr in files there and the last TailBytes of
 //     each kept in memory (tail.go); the timeout and cancellation kill the
-//     whole process group.
+//     whole process group. The executor is chosen once, behind the
+//     Executor interface (executors.go): ProcessExecutor (the default) or
+//     NoopExecutor (noop.go), a timer per attempt for measuring the
+//     control plane (`--executor noop`, `apiary loadtest fleet`), which
+//     goes through the same admission, report and fencing paths.
 //   - Containment (cgroup.go, cgroup_attempt.go, cgroup_launch.go): where the
 //     host allows it, each attempt runs in a cgroup of its own under the
 //     agent's parent cgroup, joined before the process's first instruction,

@@ -161,6 +161,7 @@ func (a *Agent) inContact() bool {
 func (a *Agent) contact(resp *apiaryv1.HeartbeatResponse) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.cfg.Counters.Heartbeats.Add(1)
 	wasCut := a.leaseTTL > 0 && time.Since(a.lastContact) >= a.leaseTTL
 	a.lastContact = time.Now()
 	if wasCut {

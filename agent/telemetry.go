@@ -49,7 +49,7 @@ func (a *Agent) startRun(ctx context.Context, sess *session, asg *apiaryv1.Assig
 
 // endRun ends the run span and counts the attempt: startErr when the
 // process could not start, else its result.
-func (a *Agent) endRun(span trace.Span, startErr error, exec *Execution, res *Result, dir string) {
+func (a *Agent) endRun(span trace.Span, startErr error, exec Running, res *Result, dir string) {
 	outcome := "start_failed"
 	if startErr == nil {
 		d := res.Ended.Sub(res.Started)

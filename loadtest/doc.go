@@ -13,5 +13,7 @@
 // that ran: job, task, attempt, fencing token, node, region), which is the
 // harness's view of what really executed. The harness talks to Apiary only
 // through its public gRPC API and process signals; it must not read or write
-// etcd or import the coordinator's internals.
+// etcd or import the coordinator's internals. The simulated fleet
+// (fleet.go, `apiary loadtest fleet`) runs the real node agent (package
+// agent) in-process, thousands of them, with the noop executor.
 package loadtest

@@ -47,6 +47,7 @@ func newAgentCmd() *cobra.Command {
 		joinTokenFile                  string
 		taskUsers                      bool
 		taskUIDRange                   string
+		executor                       string
 		tel                            telemetryFlags
 		tlsf                           serverTLSFlags
 		gossipf                        gossipFlags
@@ -104,6 +105,11 @@ serf LAN pool is encrypted; it must hold a key of the region's pool. An agent
 that cannot join the pool (no key, another key) says so at ERROR and runs on
 its lease alone: the region then sees it fail only when the lease lapses.
 
+--executor noop[:DURATION] is for measuring the control plane only: no
+process, work dir or cgroup; each attempt is a timer that exits 0 after
+DURATION (default at once), reported through the same admission, reports
+and fencing as a process. The default, --executor exec, runs processes.
+
 With --tls-ca, --tls-cert and --tls-key (an agent certificate: apiary tls
 cert create --role agent --region R --id NODE), the agent reaches its
 coordinators with mutual TLS, verifying that they hold a region certificate
@@ -120,6 +126,10 @@ so.`,
 			lbls, err := parseAgentLabels(labels)
 			if err != nil {
 				return withCode(exitInvalid, err)
+			}
+			exe, err := agent.ParseExecutor(executor)
+			if err != nil {
+				return withCode(exitInvalid, fmt.Errorf("--%w", err))
 			}
 			if cpuMillis < 0 || memoryMB < 0 || gpus < 0 || maxTasks < 0 {
 				return withCode(exitInvalid, fmt.Errorf("--cpu-millis, --memory-mb, --gpus and --max-tasks must be >= 0"))
@@ -235,6 +245,7 @@ so.`,
 				GossipWarnPlain:   tlsR != nil,
 
 				// Containment of the tasks (agent/cgroup.go), the host's reserve.
+				Executor:          exe,
 				Cgroups:           cgroups,
 				ReservedCPUMillis: reservedCPU,
 				TaskUsers:         taskUsersMode,
@@ -285,6 +296,7 @@ so.`,
 		"needs root and a --data-dir every directory above which others may search (default: on when both hold, else off with a warning; true: refuse to start without them; false: tasks run as the agent's user, with a warning)")
 	f.StringVar(&taskUIDRange, "task-uid-range", agent.DefaultTaskUIDs.String(), "user and group ids for --task-user-isolation, FIRST-LAST; no account on the host may use them (ids of /etc/passwd and /etc/group are skipped)")
 	f.StringVar(&joinTokenFile, "join-token-file", "", "file holding the secret of this node's join token (apiary acl token create --type agent --region R), sent with every registration; needed by a region that runs with --acl (default $"+EnvJoinToken+", which the agent removes from its environment so that tasks never see it)")
+	f.StringVar(&executor, "executor", "exec", "how attempts run: exec (a subprocess each) or, to measure the control plane only, noop[:DURATION] (no process, work dir or cgroup: each attempt is a timer that exits 0 after DURATION, default at once; the command is ignored)")
 	f.StringVar(&faultFile, "fault-file", "", "fault tests only (internal/faulthook): while this file exists, every gRPC call to the coordinators fails with UNAVAILABLE and open streams are cut, as in a network partition (the serf LAN member is not cut); 'apiary loadtest failover --scenario partition-agent' creates and removes it")
 	_ = f.MarkHidden("fault-file")
 	tel.add(cmd)

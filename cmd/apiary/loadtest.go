@@ -30,9 +30,11 @@ func newLoadtestCmd() *cobra.Command {
 (or, for "run", an existing one with --addr), inject faults, then read every
 job back and verify: nothing accepted lost, no task completed twice, stale
 attempts' effects fenced, no task outside its jurisdiction. Any violation
-makes the command exit 1 and lists the offending ids.`,
+makes the command exit 1 and lists the offending ids. "fleet" runs thousands
+of simulated agents (noop executor) in this process against an existing
+region, to measure its control plane.`,
 	}
-	cmd.AddCommand(newLoadtestRunCmd(), newLoadtestFailoverCmd())
+	cmd.AddCommand(newLoadtestRunCmd(), newLoadtestFailoverCmd(), newLoadtestFleetCmd())
 	return cmd
 }
 
