@@ -396,8 +396,9 @@ func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, 
 	}
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer wcancel()
-	w := c.cli.Watch(wctx, store.PrefNodeAssign(req.GetNodeId()), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	aw := c.cli.Watch(wctx, store.KeyNodeAlive(req.GetNodeId()), clientv3.WithRev(resp.Header.Revision+1))
+	// c.watchCli, not the in-process c.cli (see its doc).
+	w := c.watchCli.Watch(wctx, store.PrefNodeAssign(req.GetNodeId()), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	aw := c.watchCli.Watch(wctx, store.KeyNodeAlive(req.GetNodeId()), clientv3.WithRev(resp.Header.Revision+1))
 	for {
 		select {
 		case <-ctx.Done():

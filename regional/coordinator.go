@@ -302,6 +302,14 @@ type Coordinator struct {
 	}
 	etcd   *embed.Etcd
 	cli    *clientv3.Client
+	// watchCli carries the per-request watches (an agent's assignment
+	// stream, WatchJob): a gRPC client over loopback to the member's own
+	// client URL (c.cli itself for a client-only coordinator). Not the
+	// in-process client: its watch stream, shared by every watch of c.cli,
+	// deadlocks under a storm of watch cancellations (etcd issues 18879
+	// and 20716: hundreds of agents leaving at once froze the scheduling
+	// loop's watch for good), which real gRPC's flow control does not.
+	watchCli *clientv3.Client
 	grpc   *grpc.Server
 	health *health.Server
 	lis    net.Listener
@@ -532,6 +540,12 @@ func (c *Coordinator) startEtcdPart(ctx context.Context) error {
 	}
 	c.etcd = e
 	c.cli = v3client.New(e.Server)
+	wcfg := c.etcdClientConfig()
+	wcfg.Endpoints, wcfg.TLS = []string{ecfg.ClientURL}, c.etcdClientTLS()
+	if c.watchCli, err = clientv3.New(wcfg); err != nil {
+		c.closeEtcd()
+		return fmt.Errorf("etcd watch client for %s: %w", ecfg.ClientURL, err)
+	}
 	if err := c.initMeta(ctx); err != nil {
 		c.closeEtcd()
 		return err
@@ -733,6 +747,9 @@ func (c *Coordinator) Kill() {
 // closeEtcd closes the client (its lease keep-alive loops) and the member
 // (none with Etcd.Endpoints).
 func (c *Coordinator) closeEtcd() {
+	if c.watchCli != nil && c.watchCli != c.cli {
+		_ = c.watchCli.Close()
+	}
 	if c.cli != nil {
 		_ = c.cli.Close()
 	}

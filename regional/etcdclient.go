@@ -136,7 +136,7 @@ func (c *Coordinator) startEtcdClient(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--etcd-endpoints %s: %w", strings.Join(c.cfg.Etcd.Endpoints, ","), err)
 	}
-	c.cli = cli
+	c.cli, c.watchCli = cli, cli
 	wctx, stopReport := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var problems endpointProblems

@@ -441,8 +441,8 @@ func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobS
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	tasksW := s.c.cli.Watch(wctx, store.PrefJobTasks(shard, req.GetJobId()), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	jobW := s.c.cli.Watch(wctx, store.KeyJob(shard, req.GetJobId()), clientv3.WithRev(rev+1))
+	tasksW := s.c.watchCli.Watch(wctx, store.PrefJobTasks(shard, req.GetJobId()), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	jobW := s.c.watchCli.Watch(wctx, store.KeyJob(shard, req.GetJobId()), clientv3.WithRev(rev+1))
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
 	for {

@@ -168,4 +168,27 @@ tasks:
 			t.Fatalf("node %s still READY after the fleet stopped (not deregistered)", id)
 		}
 	}
+
+	// A storm: 100 agents registering at once and leaving together 3 s
+	// later (hundreds of watch cancellations at once). The region must go
+	// on scheduling: it once froze here for good (etcd's in-process watch
+	// stream deadlocked; the per-agent watches now use a gRPC client).
+	storm := exec.Command(bin, "loadtest", "fleet", "--agents", "100", "--region", addr, "--node-prefix", "st",
+		"--start-rate", "0", "--duration", "3s", "--data-dir", filepath.Join(dir, "storm"), "--log-level", "warn")
+	if out, err := storm.CombinedOutput(); err != nil {
+		t.Fatalf("storm fleet: %v\n%s", err, out)
+	}
+	after := exec.Command(bin, "loadtest", "fleet", "--agents", "2", "--region", addr, "--node-prefix", "af",
+		"--duration", "40s", "--data-dir", filepath.Join(dir, "after"), "--log-level", "warn")
+	if err := after.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer after.Process.Kill()
+	afterJob := filepath.Join(dir, "after.yaml")
+	if err := os.WriteFile(afterJob, []byte("name: after-storm\ntasks:\n  - name: a\n    count: 4\n    command: \"true\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "job", "run", afterJob, "--wait", "--wait-timeout", "25s", "--addr", addr).CombinedOutput(); err != nil {
+		t.Fatalf("a job after the storm: %v\n%s", err, out)
+	}
 }
