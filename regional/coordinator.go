@@ -300,8 +300,8 @@ type Coordinator struct {
 		sync.Mutex
 		at map[string]time.Time
 	}
-	etcd   *embed.Etcd
-	cli    *clientv3.Client
+	etcd *embed.Etcd
+	cli  *clientv3.Client
 	// watchCli carries the per-request watches (an agent's assignment
 	// stream, WatchJob): a gRPC client over loopback to the member's own
 	// client URL (c.cli itself for a client-only coordinator). Not the
@@ -310,10 +310,10 @@ type Coordinator struct {
 	// and 20716: hundreds of agents leaving at once froze the scheduling
 	// loop's watch for good), which real gRPC's flow control does not.
 	watchCli *clientv3.Client
-	grpc   *grpc.Server
-	health *health.Server
-	lis    net.Listener
-	meta   store.MetaRecord
+	grpc     *grpc.Server
+	health   *health.Server
+	lis      net.Listener
+	meta     store.MetaRecord
 
 	// etcdTLS: the copies of the accepted TLS material etcd reads (etcd part)
 	etcdTLS etcdTLSCopy
