@@ -523,9 +523,22 @@ func TestAgentDuplicateAssignmentRunsOnce(t *testing.T) {
 	if n := strings.Count(string(b), "x"); n != 1 {
 		t.Fatalf("ran %d times, want 1", n)
 	}
-	// A task that ends within startedReportDelay (100 ms) sends no STARTED.
-	if ks := kinds(f.reportsFor(key)); len(ks) != 1 || ks[0] != apiaryv1.ReportKind_REPORT_KIND_EXITED {
-		t.Fatalf("reports %v, want one EXITED", ks)
+	// One end reported, at most one STARTED (none when the task ended
+	// within startedReportDelay, 100 ms: not always so on a loaded host).
+	ks := kinds(f.reportsFor(key))
+	exited, started := 0, 0
+	for _, k := range ks {
+		switch k {
+		case apiaryv1.ReportKind_REPORT_KIND_EXITED:
+			exited++
+		case apiaryv1.ReportKind_REPORT_KIND_STARTED:
+			started++
+		default:
+			t.Fatalf("reports %v: unexpected %s", ks, k)
+		}
+	}
+	if exited != 1 || started > 1 {
+		t.Fatalf("reports %v, want one EXITED and at most one STARTED", ks)
 	}
 }
 
