@@ -37,7 +37,7 @@ import (
 )
 
 // gossipCluster starts one region of one coordinator (LAN pool, /metrics
-// at the returned address, a 10 s node lease so that only the pool can
+// at the returned address, an 8 s node lease so that only the pool can
 // move a task quickly, no failover grace) and two agents, plus a global
 // router (WAN pool), with opts' TLS and gossip key, in dir.
 func gossipCluster(t *testing.T, dir string, tls bool, key string) (*devcluster.Cluster, *devcluster.Region, string) {
@@ -200,7 +200,7 @@ func rogueRefused(t *testing.T, r *devcluster.Region, cl *devcluster.Cluster, me
 //   - an agent restarted with the old key on its command line rejoins
 //     from its rotated keyring file, and a crash of the agent running a
 //     task is still seen through the pool: the task runs again on the
-//     other node within 5 s, well inside the 10 s node lease (fast
+//     other node within 6 s, inside the 8 s node lease (fast
 //     reclaim).
 func TestGossipEncryptedRegionEndToEnd(t *testing.T) {
 	oldKey, err := federation.GenerateGossipKey()

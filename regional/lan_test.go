@@ -15,14 +15,17 @@ import (
 )
 
 // lanLease is the node lease of the LAN tests: long, so that only the fast
-// path (serf → fast reclaim) can move a task within lanDeadline.
+// path (serf → fast reclaim) can move a task within lanDeadline. The fast
+// path waits until the agent has been silent for half the lease (4 s,
+// heartbeatVeto), so the deadline leaves 2 s for serf's detection, the
+// reclaim and the placement, and stays 2 s short of the lease.
 const (
-	lanLease    = 10 * time.Second
-	lanDeadline = 5 * time.Second
+	lanLease    = 8 * time.Second
+	lanDeadline = 6 * time.Second
 )
 
 // lanRegion starts a one-coordinator region with the LAN pool (devcluster's
-// default), two agents, a 10 s node lease, no failover grace (the owner of
+// default), two agents, an 8 s node lease, no failover grace (the owner of
 // a fresh region would otherwise hold every reclaim for its first 10 s)
 // and /metrics at the returned address.
 func lanRegion(t *testing.T) (*devcluster.Region, clients, string) {
@@ -37,8 +40,8 @@ func fastReclaims(t *testing.T, metrics string) float64 {
 }
 
 // TestLANAgentKilledRerunsBeforeLease: SIGKILL the agent running a task;
-// with a 10 s node lease, the task runs as attempt 2 on the other node
-// within 5 s, because the coordinator ended the node epoch when serf
+// with an 8 s node lease, the task runs as attempt 2 on the other node
+// within 6 s, because the coordinator ended the node epoch when serf
 // declared the agent's member failed (apiary_lan_fast_reclaims_total).
 // Without the LAN pool it waits out the lease and fails.
 func TestLANAgentKilledRerunsBeforeLease(t *testing.T) {
@@ -71,8 +74,8 @@ func TestLANAgentKilledRerunsBeforeLease(t *testing.T) {
 }
 
 // TestLANFalseSuspicionCommitsOnce: SIGSTOP the agent running a task until
-// the coordinator has ended its epoch on serf's suspicion (about 1 s, far
-// shorter than the 10 s lease), then SIGCONT. The suspicion was wrong (the
+// the coordinator has ended its epoch on serf's suspicion (after half the
+// 8 s lease without heartbeats), then SIGCONT. The suspicion was wrong (the
 // agent was only paused), and it costs the agent a re-registration and the
 // attempt a rerun, never a duplicate: the agent kills the stale attempt as
 // soon as it runs again, the task's effect happens once (by attempt 2), and
@@ -128,7 +131,7 @@ func TestLANFalseSuspicionCommitsOnce(t *testing.T) {
 // TestLANDeposesPausedOwner: SIGSTOP a shard owner of a 3-coordinator
 // region with a 10 s owner lease. Its API port still accepts connections,
 // so the TCP probe (--suspect-after) never fires; a peer revokes its lease
-// within 5 s because its LAN member was declared failed (logged
+// within 6 s because its LAN member was declared failed (logged
 // via=lan_failed), and the survivors own every shard. Without the pool the
 // paused coordinator keeps its shards until its lease expires.
 func TestLANDeposesPausedOwner(t *testing.T) {
