@@ -18,6 +18,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/lifecycle"
 	"apiary.dev/apiary/internal/priority"
 	"apiary.dev/apiary/regional/nodehealth"
 	"apiary.dev/apiary/regional/store"
@@ -88,8 +89,13 @@ func (b BacklogBounds) any() bool {
 // capacityState is the last summary read from etcd, plus the tasks this
 // coordinator accepted since that read began.
 type capacityState struct {
-	mu     sync.Mutex
-	readOK bool
+	// refresh serializes refreshes (refreshCapacity).
+	refresh sync.Mutex
+	mu      sync.Mutex
+	// nodesRev is the etcd revision the last summary's nodes are current
+	// to (refreshCapacityAfter).
+	nodesRev int64
+	readOK   bool
 	// everRead: some read succeeded (so a failed one is an outage, and
 	// the next good one a recovery, worth a log line).
 	everRead  bool
@@ -133,16 +139,37 @@ func (st *capacityState) extraBy(class string) int64 {
 	return n
 }
 
-// refreshCapacity reads nodes (and the backlog when bounded) from etcd.
+// refreshCapacity recomputes the capacity summary. Nodes come from the node
+// index (the scheduling loop's watch cache) once it is loaded, and the
+// backlog (when bounded) from the job index; until then both are read from
+// etcd. Every refresh makes one linearizable read (a single key when both
+// indexes are loaded), so an etcd without quorum shows as etcd-unavailable.
+// Refreshes run one at a time.
 func (c *Coordinator) refreshCapacity(ctx context.Context) {
+	c.capState.refresh.Lock()
+	defer c.capState.refresh.Unlock()
+	c.refreshCapacityLocked(ctx)
+}
+
+// refreshCapacityLocked is refreshCapacity with capState.refresh held.
+func (c *Coordinator) refreshCapacityLocked(ctx context.Context) {
 	st := &c.capState
-	ops := []clientv3.Op{clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix())}
+	fromCache := c.nodes.Revision() > 0
 	bounded := c.cfg.Backlog.any()
-	// The backlog comes from the job index (the scheduling loop's watch
-	// cache) once it is loaded; until then from jobs and tasks read here.
 	fromIndex := bounded && c.jobs.Revision() > 0
+	var ops []clientv3.Op
+	nodesAt, jobsAt := -1, -1
+	if !fromCache {
+		nodesAt = len(ops)
+		ops = append(ops, clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix()))
+	}
 	if bounded && !fromIndex {
+		jobsAt = len(ops)
 		ops = append(ops, clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()), clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()))
+	}
+	if len(ops) == 0 {
+		// The quorum probe: one key, keys only.
+		ops = append(ops, clientv3.OpGet(store.KeyMember(c.cfg.ID), clientv3.WithKeysOnly()))
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	resp, err := c.cli.Txn(cctx).Then(ops...).Commit()
@@ -169,54 +196,19 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	st.mu.Lock()
 	st.everRead = true
 	st.mu.Unlock()
-	var sum federation.Capacity
-	seen := map[federation.Res]bool{}
-	var sizes []federation.Res
-	nodesSeen, live := 0, 0
-	models := map[string]bool{}
-	health := map[string]nodehealth.Record{}
-	ready, eligible, held := map[string]bool{}, map[string]bool{}, map[string]bool{}
-	for id, nv := range store.DecodeNodes(resp.Responses[0].GetResponseRange().Kvs) {
-		if nv.HealthRev != 0 {
-			health[id] = nv.Health
+	var ns nodeSummary
+	ns.init()
+	nodesRev := resp.Header.Revision
+	if fromCache {
+		if rev := c.nodes.Each(ns.add); rev > 0 {
+			nodesRev = rev
+		} else {
+			return // reloading since the check above: the next refresh reads
 		}
-		if nv.Ready() {
-			live++
-			ready[id] = true
-			eligible[id] = !nv.NoPlacements()
+	} else {
+		for id, nv := range store.DecodeNodes(resp.Responses[nodesAt].GetResponseRange().Kvs) {
+			ns.add(id, nv)
 		}
-		if nv.Rec != nil && nv.Rec.Quarantined {
-			held[id] = true
-		}
-		r := nv.Rec
-		if r == nil || r.Capacity == nil {
-			continue
-		}
-		nodesSeen++
-		if r.GPUModel != "" {
-			models[r.GPUModel] = true
-		}
-		size := federation.Res{CPUMillis: r.Capacity.GetCpuMillis(), MemoryMiB: r.Capacity.GetMemoryMb(), GPUs: int64(r.Capacity.GetGpus())}
-		if !seen[size] {
-			seen[size] = true
-			sizes = append(sizes, size)
-		}
-		sum.Largest.CPUMillis = max(sum.Largest.CPUMillis, size.CPUMillis)
-		sum.Largest.MemoryMiB = max(sum.Largest.MemoryMiB, size.MemoryMiB)
-		sum.Largest.GPUs = max(sum.Largest.GPUs, size.GPUs)
-		if !nv.Ready() || nv.NoPlacements() {
-			continue
-		}
-		sum.NodesReady++
-		free := size
-		if u := nv.Usage; u != nil && u.Epoch == r.Epoch {
-			free.CPUMillis -= u.CPUMillis
-			free.MemoryMiB -= u.MemoryMiB
-			free.GPUs -= int64(u.GPUs)
-		}
-		sum.Free.CPUMillis += max(free.CPUMillis, 0)
-		sum.Free.MemoryMiB += max(free.MemoryMiB, 0)
-		sum.Free.GPUs += max(free.GPUs, 0)
 	}
 	var pending map[string]int64
 	var seenJobs map[string]int32
@@ -232,14 +224,14 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	case bounded:
 		prio := map[string]int32{}
 		seenJobs = prio
-		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		for _, kv := range resp.Responses[jobsAt].GetResponseRange().Kvs {
 			var j store.JobRecord
 			if json.Unmarshal(kv.Value, &j) == nil {
 				prio[j.ID] = j.Spec.GetPriority()
 			}
 		}
 		pending = map[string]int64{}
-		for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		for _, kv := range resp.Responses[jobsAt+1].GetResponseRange().Kvs {
 			var t taskstate.Task
 			if json.Unmarshal(kv.Value, &t) == nil && t.State == apiaryv1.TaskState_TASK_STATE_PENDING {
 				pending[priority.Of(prio[t.JobID])]++
@@ -247,8 +239,9 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 		}
 	}
 	st.mu.Lock()
-	st.readOK, st.readAt, st.cap, st.sizes, st.gpuModels, st.nodesSeen, st.pending = true, time.Now(), sum, sizes, models, nodesSeen, pending
-	st.live, st.health, st.ready, st.eligible, st.held = live, health, ready, eligible, held
+	st.readOK, st.readAt, st.cap, st.sizes, st.gpuModels, st.nodesSeen, st.pending = true, time.Now(), ns.sum, ns.sizes, ns.models, ns.nodesSeen, pending
+	st.live, st.health, st.ready, st.eligible, st.held = ns.live, ns.health, ns.ready, ns.eligible, ns.held
+	st.nodesRev = nodesRev
 	st.lastSeen = seenJobs
 	if !bounded {
 		clear(st.extra)
@@ -260,6 +253,107 @@ func (c *Coordinator) refreshCapacity(ctx context.Context) {
 	}
 	st.mu.Unlock()
 }
+
+// nodeSummary is the node half of the capacity summary, summed one node at
+// a time (add) from the node index or from a range read.
+type nodeSummary struct {
+	sum                   federation.Capacity
+	seen                  map[federation.Res]bool
+	sizes                 []federation.Res
+	nodesSeen, live       int
+	models                map[string]bool
+	health                map[string]nodehealth.Record
+	ready, eligible, held map[string]bool
+}
+
+func (ns *nodeSummary) init() {
+	ns.seen, ns.models, ns.health = map[federation.Res]bool{}, map[string]bool{}, map[string]nodehealth.Record{}
+	ns.ready, ns.eligible, ns.held = map[string]bool{}, map[string]bool{}, map[string]bool{}
+}
+
+func (ns *nodeSummary) add(id string, nv *store.NodeView) {
+	if nv.HealthRev != 0 {
+		ns.health[id] = nv.Health
+	}
+	if nv.Ready() {
+		ns.live++
+		ns.ready[id] = true
+		ns.eligible[id] = !nv.NoPlacements()
+	}
+	if nv.Rec != nil && nv.Rec.Quarantined {
+		ns.held[id] = true
+	}
+	r := nv.Rec
+	if r == nil || r.Capacity == nil {
+		return
+	}
+	ns.nodesSeen++
+	if r.GPUModel != "" {
+		ns.models[r.GPUModel] = true
+	}
+	size := federation.Res{CPUMillis: r.Capacity.GetCpuMillis(), MemoryMiB: r.Capacity.GetMemoryMb(), GPUs: int64(r.Capacity.GetGpus())}
+	if !ns.seen[size] {
+		ns.seen[size] = true
+		ns.sizes = append(ns.sizes, size)
+	}
+	sum := &ns.sum
+	sum.Largest.CPUMillis = max(sum.Largest.CPUMillis, size.CPUMillis)
+	sum.Largest.MemoryMiB = max(sum.Largest.MemoryMiB, size.MemoryMiB)
+	sum.Largest.GPUs = max(sum.Largest.GPUs, size.GPUs)
+	if !nv.Ready() || nv.NoPlacements() {
+		return
+	}
+	sum.NodesReady++
+	free := size
+	if u := nv.Usage; u != nil && u.Epoch == r.Epoch {
+		free.CPUMillis -= u.CPUMillis
+		free.MemoryMiB -= u.MemoryMiB
+		free.GPUs -= int64(u.GPUs)
+	}
+	sum.Free.CPUMillis += max(free.CPUMillis, 0)
+	sum.Free.MemoryMiB += max(free.MemoryMiB, 0)
+	sum.Free.GPUs += max(free.GPUs, 0)
+}
+
+// refreshCapacityAfter makes the capacity summary include a node write
+// committed at rev (a registration, a drain, a quarantine), so admission
+// judges "fits no node" with it: it waits (up to 2 s) until the node index
+// holds rev, and recomputes unless a refresh since did. In a registration
+// storm the recomputes coalesce: a write waits at most capacityCoalesce
+// behind the last one, and every write the index holds by then is counted
+// by the one recompute. Before the index is loaded it reads etcd.
+func (c *Coordinator) refreshCapacityAfter(ctx context.Context, rev int64) {
+	st := &c.capState
+	if c.nodes.Revision() > 0 {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_ = c.nodes.WaitFor(wctx, rev)
+		cancel()
+		st.mu.Lock()
+		doneRev, at := st.nodesRev, st.readAt
+		st.mu.Unlock()
+		if doneRev >= rev {
+			return
+		}
+		if wait := capacityCoalesce - time.Since(at); wait > 0 {
+			if lifecycle.Sleep(ctx, wait) != nil {
+				return
+			}
+		}
+	}
+	st.refresh.Lock()
+	defer st.refresh.Unlock()
+	st.mu.Lock()
+	doneRev := st.nodesRev
+	st.mu.Unlock()
+	if doneRev >= rev {
+		return // a refresh that this one waited behind counted it
+	}
+	c.refreshCapacityLocked(ctx)
+}
+
+// capacityCoalesce is the shortest time between two refreshes that
+// refreshCapacityAfter starts (a registration waits at most this long).
+const capacityCoalesce = 50 * time.Millisecond
 
 // capacitySnapshot returns the summary for the WAN tags.
 func (c *Coordinator) capacitySnapshot() (health string, cp federation.Capacity, backlog []federation.Backlog) {

@@ -161,6 +161,7 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	// epochs: carry them over
 	// from the record being replaced, compared on its ModRevision so that a
 	// quarantine or release committed meanwhile is not overwritten.
+	var regRev int64 // the registration's revision
 	for i := 0; ; i++ {
 		prev, err := c.cli.Get(cctx, store.KeyNode(req.GetNodeId()))
 		if err != nil {
@@ -194,6 +195,7 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 			return nil, status.Errorf(codes.Unavailable, "register: %v", err)
 		}
 		if resp.Succeeded {
+			regRev = resp.Header.Revision
 			break
 		}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) != 1 || kvs[0].CreateRevision != epoch {
@@ -209,7 +211,7 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	c.beats.note(rec.ID, epoch, time.Now()) // a registration is the epoch's first sign of life
 	// Admission judges "fits no node" from the capacity summary: include
 	// this node before the agent hears it is registered.
-	c.refreshCapacity(ctx)
+	c.refreshCapacityAfter(ctx, regRev)
 	return &apiaryv1.RegisterNodeResponse{NodeEpoch: epoch, LeaseTtlMs: ttl * 1000,
 		HeartbeatIntervalMs: c.heartbeatInterval().Milliseconds(), Region: c.meta.Region, LanJoin: c.lanJoin()}, nil
 }

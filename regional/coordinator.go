@@ -324,6 +324,9 @@ type Coordinator struct {
 	// jobs is the job index the scheduling loop's cache keeps; ListJobs
 	// pages through it.
 	jobs *scheduler.JobIndex
+	// nodes is the node index the same cache keeps (the capacity
+	// summary's nodes).
+	nodes *scheduler.NodeIndex
 
 	capState capacityState
 	// acls is the ACL store and cache (Config.ACL; set by the "acl" part)
@@ -363,7 +366,7 @@ func New(cfg Config) (*Coordinator, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	c := &Coordinator{born: time.Now(), cfg: cfg, jobs: scheduler.NewJobIndex(), log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
+	c := &Coordinator{born: time.Now(), cfg: cfg, jobs: scheduler.NewJobIndex(), nodes: scheduler.NewNodeIndex(), log: cfg.Logger.With("coordinator", cfg.ID, "region", cfg.Region),
 		tracer: telemetry.Tracer(telemetry.OrNoop(cfg.TracerProvider)), tracing: telemetry.IsEnabled(cfg.TracerProvider),
 		metrics:  telemetry.NewRegionMetrics(cfg.Registry),
 		capState: capacityState{extra: map[string]localJob{}},

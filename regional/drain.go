@@ -183,7 +183,7 @@ func (s *agentServer) Deregister(ctx context.Context, req *apiaryv1.DeregisterRe
 		}
 		c.metrics.Drains.WithLabelValues("deregister").Inc()
 		c.log.Info("node left", "node", id, "epoch", req.GetNodeEpoch())
-		c.refreshCapacity(ctx)
+		c.refreshCapacityAfter(ctx, put.Header.Revision)
 		return &apiaryv1.DeregisterResponse{}, nil
 	}
 	return nil, status.Errorf(codes.Aborted, "node %s kept changing; retry", id)

@@ -182,7 +182,7 @@ func (c *Coordinator) updateNode(ctx context.Context, id string, edit func(*stor
 		if put.Succeeded {
 			// Admission's "fits no node" summary leaves quarantined
 			// nodes out.
-			c.refreshCapacity(ctx)
+			c.refreshCapacityAfter(ctx, put.Header.Revision)
 			return c.nodeProto(id, nv), true, nil
 		}
 	}

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"context"
 	"sync"
 
 	"github.com/google/btree"
@@ -22,12 +21,10 @@ import (
 // Every coordinator's loop (API-only ones too) keeps one; a loop that
 // reloads its cache resets it (Reset) and fills it again.
 type JobIndex struct {
+	watermark
 	mu   sync.RWMutex
-	rev  int64
 	jobs *btree.BTreeG[*jobEntry] // by id
 	byID map[string]*jobEntry
-	// advanced is closed and replaced whenever rev grows.
-	advanced chan struct{}
 }
 
 // jobEntry is one job: its record (shared with the cache, never modified:
@@ -43,7 +40,7 @@ type jobEntry struct {
 // NewJobIndex returns an empty index at revision 0.
 func NewJobIndex() *JobIndex {
 	return &JobIndex{jobs: btree.NewG(32, func(a, b *jobEntry) bool { return a.id < b.id }),
-		byID: map[string]*jobEntry{}, advanced: make(chan struct{})}
+		byID: map[string]*jobEntry{}, watermark: newWatermark()}
 }
 
 // Reset empties the index (a reloading cache fills it again) and sets its
@@ -53,43 +50,7 @@ func (x *JobIndex) Reset() {
 	defer x.mu.Unlock()
 	x.jobs.Clear(false)
 	clear(x.byID)
-	x.rev = 0
-}
-
-// advance records that every event up to rev was applied.
-func (x *JobIndex) advance(rev int64) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if rev > x.rev {
-		x.rev = rev
-		close(x.advanced)
-		x.advanced = make(chan struct{})
-	}
-}
-
-// Revision is the etcd revision up to which the index is current.
-func (x *JobIndex) Revision() int64 {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	return x.rev
-}
-
-// WaitFor waits until the index is current up to rev, or ctx ends (its
-// error is returned then).
-func (x *JobIndex) WaitFor(ctx context.Context, rev int64) error {
-	for {
-		x.mu.RLock()
-		done, ch := x.rev >= rev, x.advanced
-		x.mu.RUnlock()
-		if done {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ch:
-		}
-	}
+	x.reset()
 }
 
 // putJob adds or replaces a job's record (its counts stay).
@@ -205,13 +166,16 @@ func (x *JobIndex) Page(before string, limit int, keep func(*IndexedJob) bool) (
 // the revision they are current to (0: the index is not loaded; fn was not
 // called).
 func (x *JobIndex) EachPending(fn func(rec *store.JobRecord, pending int32)) int64 {
+	// Reset zeroes the revision under mu: read under it, a revision
+	// above 0 means the load since the last Reset has finished.
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	if x.rev == 0 {
+	rev := x.Revision()
+	if rev == 0 {
 		return 0
 	}
 	for _, e := range x.byID {
 		fn(e.rec, e.counts.Pending)
 	}
-	return x.rev
+	return rev
 }

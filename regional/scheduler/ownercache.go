@@ -25,10 +25,13 @@ import (
 type ownerCache struct {
 	jobs     map[string]*cJob
 	jobTasks map[string]map[string]bool // job id -> task keys
-	tasks    map[string]*cTask          // task key -> task
-	nodes    map[string]*cNode
-	pending  map[string]bool            // task keys in PENDING
-	byNode   map[string]map[string]bool // node id -> active task keys
+	// jobDone counts each job's tasks and terminal tasks, with the latest
+	// FinishedMs (retention finds finished jobs without reading tasks).
+	jobDone map[string]*jobDone
+	tasks   map[string]*cTask // task key -> task
+	nodes   map[string]*cNode
+	pending map[string]bool            // task keys in PENDING
+	byNode  map[string]map[string]bool // node id -> active task keys
 	// reserved maps a node id to the PENDING tasks holding a reservation
 	// there (taskstate.Reservation; preempt.go).
 	reserved map[string]map[string]bool
@@ -63,12 +66,34 @@ type ownerCache struct {
 	// index receives every job record and task state change, and the
 	// revision applied (ListJobs reads it); nil for none.
 	index *JobIndex
+	// nodeIndex receives every node's view after each change, and the
+	// revision applied (the capacity summary reads it); nil for none.
+	nodeIndex *NodeIndex
 	// leftPending is called with a task key that left PENDING or the cache
 	// (the reason gate forgets it); nil for none.
 	leftPending func(key string)
 	// skipped is called with a record that does not decode (it is left
 	// out of the cache); nil for none.
 	skipped func(what, key string, err error)
+}
+
+// jobDone is a job's task counts for retention: tasks held, how many are
+// terminal, and the latest FinishedMs among them.
+type jobDone struct {
+	tasks, terminal int
+	finishedMs      int64
+}
+
+// count adds (sign 1) or removes (sign -1) a task in state st finished at
+// finishedMs.
+func (d *jobDone) count(st apiaryv1.TaskState, finishedMs int64, sign int) {
+	d.tasks += sign
+	if taskstate.Terminal(st) {
+		d.terminal += sign
+		if sign > 0 {
+			d.finishedMs = max(d.finishedMs, finishedMs)
+		}
+	}
 }
 
 type cJob struct {
@@ -94,7 +119,7 @@ type cNode struct {
 }
 
 func newOwnerCache(specs *store.SpecCache) *ownerCache {
-	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, tasks: map[string]*cTask{},
+	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, jobDone: map[string]*jobDone{}, tasks: map[string]*cTask{},
 		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{}, reserved: map[string]map[string]bool{}, victimPri: map[int32]int{},
 		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, aaJobs: map[string]map[string]bool{},
 		aaRev: map[string]int64{}, specs: specs}
@@ -108,6 +133,9 @@ func (c *ownerCache) load(ctx context.Context, kv clientv3.KV) (int64, error) {
 	if c.index != nil {
 		c.index.Reset()
 	}
+	if c.nodeIndex != nil {
+		c.nodeIndex.Reset()
+	}
 	resp, err := kv.Txn(cctx).Then(clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()),
 		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()), clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix()),
 		clientv3.OpGet(store.PrefAntiAffinity, clientv3.WithPrefix())).Commit()
@@ -120,9 +148,7 @@ func (c *ownerCache) load(ctx context.Context, kv clientv3.KV) (int64, error) {
 		}
 	}
 	c.nodesRev = max(c.nodesRev, resp.Header.Revision)
-	if c.index != nil {
-		c.index.advance(resp.Header.Revision)
-	}
+	c.advance(resp.Header.Revision)
 	return resp.Header.Revision, nil
 }
 
@@ -138,12 +164,21 @@ func (c *ownerCache) applyWatch(wr clientv3.WatchResponse, ok bool) error {
 	for _, ev := range wr.Events {
 		c.apply(ev.Kv, ev.Type == clientv3.EventTypeDelete)
 	}
-	if c.index != nil {
-		// Every event up to the header's revision is applied (a progress
-		// notification carries no events, only the revision).
-		c.index.advance(wr.Header.Revision)
-	}
+	// Every event up to the header's revision is applied (a progress
+	// notification carries no events, only the revision).
+	c.advance(wr.Header.Revision)
 	return nil
+}
+
+// advance tells the concurrent views that every event up to rev is
+// applied.
+func (c *ownerCache) advance(rev int64) {
+	if c.index != nil {
+		c.index.advance(rev)
+	}
+	if c.nodeIndex != nil {
+		c.nodeIndex.advance(rev)
+	}
 }
 
 // apply folds one key's new value (or deletion) into the cache; older
@@ -227,6 +262,9 @@ func (c *ownerCache) apply(kv *mvccpb.KeyValue, deleted bool) {
 		if err := n.Apply(kind, kv, deleted); err != nil {
 			c.skip("node", key, err)
 		}
+		if c.nodeIndex != nil && kind != store.NodeOutputKey {
+			c.nodeIndex.put(id, n.NodeView)
+		}
 		// Node set, labels, capacity or quarantine may change: the
 		// placement engine must rebuild its per-snapshot indexes. Usage
 		// and the outcomes a health record counts do not change them.
@@ -245,6 +283,21 @@ func (c *ownerCache) skip(what, key string, err error) {
 // setTask replaces a cached task (nil removes it) and keeps the indexes in
 // step.
 func (c *ownerCache) setTask(key string, t *cTask) {
+	if old := c.tasks[key]; old != nil {
+		if d := c.jobDone[old.rec.JobID]; d != nil {
+			if d.count(old.rec.State, 0, -1); d.tasks <= 0 {
+				delete(c.jobDone, old.rec.JobID)
+			}
+		}
+	}
+	if t != nil {
+		d := c.jobDone[t.rec.JobID]
+		if d == nil {
+			d = &jobDone{}
+			c.jobDone[t.rec.JobID] = d
+		}
+		d.count(t.rec.State, t.rec.FinishedMs, 1)
+	}
 	if c.index != nil {
 		var jobID string
 		var from, to apiaryv1.TaskState
@@ -357,6 +410,7 @@ func (c *ownerCache) removeJob(id string) {
 	}
 	c.indexAntiAffinity(id, c.jobs[id], false)
 	delete(c.jobTasks, id)
+	delete(c.jobDone, id)
 	delete(c.jobs, id)
 	if c.index != nil {
 		c.index.deleteJob(id)

@@ -9,17 +9,25 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"apiary.dev/apiary/regional/store"
-	"apiary.dev/apiary/regional/taskstate"
 )
 
 // maxRetentionDeletes bounds the jobs deleted per sweep (one Txn, fenced
-// on the shards of the jobs it deletes).
-const maxRetentionDeletes = 200
+// on the shards of the jobs it deletes), and maxRetentionKeys the keys it
+// deletes (a job's record, dedup key, tasks and attempt results; at least
+// one job per sweep, however large: a job is deleted in one Txn).
+const (
+	maxRetentionDeletes = 200
+	maxRetentionKeys    = 10000
+)
 
 // sweepRetention deletes jobs that have been terminal for longer than the
 // retention period: the job record, its tasks, its attempt results and its
-// dedup key go in one fenced Txn per sweep, so a job is never half-deleted.
-// etcd's periodic compaction then reclaims the space.
+// dedup key go in one fenced Txn per sweep, so a job is never half-deleted;
+// a sweep deletes at most maxRetentionDeletes jobs and, beyond its first
+// job, maxRetentionKeys keys, so one sweep is one bounded raft entry and a
+// bounded burst of watch events. Finished jobs are found from the cache's
+// per-job counts (jobDone), without reading tasks. etcd's periodic
+// compaction then reclaims the space.
 func (s *Loop) sweepRetention(ctx context.Context, now time.Time) error {
 	keep := s.d.Retention
 	if keep <= 0 {
@@ -31,32 +39,28 @@ func (s *Loop) sweepRetention(ctx context.Context, now time.Time) error {
 	var victims []string
 	c := s.cache
 	var fences []store.Fence
-	for jobID, j := range c.jobs {
+	keys := 0
+	for jobID, d := range c.jobDone {
 		if len(victims) >= maxRetentionDeletes {
 			break
+		}
+		if d.tasks == 0 || d.terminal < d.tasks || d.finishedMs == 0 || d.finishedMs > cutoff {
+			continue
+		}
+		j := c.jobs[jobID]
+		if j == nil {
+			continue
 		}
 		e, owned := s.owned[j.rec.Shard]
 		if !owned {
 			continue
 		}
-		keys := c.jobTasks[jobID]
-		if len(keys) == 0 {
+		// Estimated: each task has a record and, usually, one attempt
+		// result (retries add more).
+		if n := 2 + 2*d.tasks; len(victims) > 0 && keys+n > maxRetentionKeys {
 			continue
-		}
-		var finished int64
-		terminal := true
-		for k := range keys {
-			t := c.tasks[k].rec
-			if !taskstate.Terminal(t.State) {
-				terminal = false
-				break
-			}
-			if t.FinishedMs > finished {
-				finished = t.FinishedMs
-			}
-		}
-		if !terminal || finished == 0 || finished > cutoff {
-			continue
+		} else {
+			keys += n
 		}
 		jk := store.KeyJob(j.rec.Shard, jobID)
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(jk), "=", j.modRev))

@@ -70,6 +70,10 @@ type Deps struct {
 	// Jobs is the job index the loop's cache keeps for ListJobs (nil:
 	// none). It is reset whenever a new loop loads its cache.
 	Jobs *JobIndex
+	// Nodes is the node index the loop's cache keeps for the capacity
+	// summary (nil: none). It is reset whenever a new loop loads its
+	// cache.
+	Nodes *NodeIndex
 }
 
 // Loop is the scheduling loop of the shards a coordinator owns: a cache of
@@ -113,6 +117,7 @@ func New(d Deps, set *ShardSet) *Loop {
 		preemptTried: map[string]time.Time{}}
 	s.snap = newNodeSnapshot(s.cache, d.Jurisdiction)
 	s.cache.index = d.Jobs
+	s.cache.nodeIndex = d.Nodes
 	s.cache.leftPending = s.reasons.forget
 	s.cache.skipped = s.skip
 	return s
