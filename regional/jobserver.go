@@ -261,8 +261,8 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 		// The index lags (a reloading cache, a stalled loop): read etcd.
 		return s.listFromEtcd(ctx, req.GetPageToken(), limit, state, mayRead)
 	}
-	page, more := s.c.jobs.Page(req.GetPageToken(), limit, func(j *scheduler.IndexedJob) bool {
-		return (state == apiaryv1.JobState_JOB_STATE_UNSPECIFIED || j.State == state) && mayRead(j.Rec.Spec.GetNamespace())
+	page, more := s.c.jobs.Page(req.GetPageToken(), limit, state, func(j *scheduler.IndexedJob) bool {
+		return mayRead(j.Rec.Spec.GetNamespace())
 	})
 	out := &apiaryv1.ListJobsResponse{}
 	for _, ij := range page {

@@ -25,6 +25,9 @@ type JobIndex struct {
 	mu   sync.RWMutex
 	jobs *btree.BTreeG[*jobEntry] // by id
 	byID map[string]*jobEntry
+	// byState holds the jobs of each derived state, by id (a page of one
+	// state walks only its jobs).
+	byState map[apiaryv1.JobState]*btree.BTreeG[*jobEntry]
 }
 
 // jobEntry is one job: its record (shared with the cache, never modified:
@@ -35,12 +38,17 @@ type jobEntry struct {
 	counts *apiaryv1.TaskCounts
 	// finish is the latest FinishedMs of its tasks.
 	finish int64
+	// state is the job's derived state (taskstate.JobState), the
+	// byState tree it is in.
+	state apiaryv1.JobState
 }
+
+func byJobID(a, b *jobEntry) bool { return a.id < b.id }
 
 // NewJobIndex returns an empty index at revision 0.
 func NewJobIndex() *JobIndex {
-	return &JobIndex{jobs: btree.NewG(32, func(a, b *jobEntry) bool { return a.id < b.id }),
-		byID: map[string]*jobEntry{}, watermark: newWatermark()}
+	return &JobIndex{jobs: btree.NewG(32, byJobID), byID: map[string]*jobEntry{},
+		byState: map[apiaryv1.JobState]*btree.BTreeG[*jobEntry]{}, watermark: newWatermark()}
 }
 
 // Reset empties the index (a reloading cache fills it again) and sets its
@@ -50,6 +58,7 @@ func (x *JobIndex) Reset() {
 	defer x.mu.Unlock()
 	x.jobs.Clear(false)
 	clear(x.byID)
+	clear(x.byState)
 	x.reset()
 }
 
@@ -59,11 +68,32 @@ func (x *JobIndex) putJob(rec *store.JobRecord) {
 	defer x.mu.Unlock()
 	if e := x.byID[rec.ID]; e != nil {
 		e.rec = rec
+		x.restate(e) // a cancel request may change it
 		return
 	}
 	e := &jobEntry{id: rec.ID, rec: rec, counts: &apiaryv1.TaskCounts{}}
 	x.byID[rec.ID] = e
 	x.jobs.ReplaceOrInsert(e)
+	x.restate(e)
+}
+
+// restate moves e to the tree of its derived state, if that changed
+// (x.mu held).
+func (x *JobIndex) restate(e *jobEntry) {
+	st := taskstate.JobState(e.rec.CancelRequested, e.counts)
+	if st == e.state {
+		return
+	}
+	if t := x.byState[e.state]; t != nil {
+		t.Delete(e)
+	}
+	e.state = st
+	t := x.byState[st]
+	if t == nil {
+		t = btree.NewG(32, byJobID)
+		x.byState[st] = t
+	}
+	t.ReplaceOrInsert(e)
 }
 
 // deleteJob drops a job.
@@ -73,6 +103,9 @@ func (x *JobIndex) deleteJob(id string) {
 	if e := x.byID[id]; e != nil {
 		delete(x.byID, id)
 		x.jobs.Delete(e)
+		if t := x.byState[e.state]; t != nil {
+			t.Delete(e)
+		}
 	}
 }
 
@@ -96,6 +129,7 @@ func (x *JobIndex) task(id string, old, new apiaryv1.TaskState, finishedMs int64
 		taskstate.Count(e.counts, new)
 	}
 	e.finish = max(e.finish, finishedMs)
+	x.restate(e)
 }
 
 // uncount removes a task state from counts (the inverse of taskstate.Count).
@@ -126,9 +160,10 @@ type IndexedJob struct {
 }
 
 // Page returns up to limit jobs with an id below before ("" : from the
-// highest), in descending id order, that keep passes, and whether more
-// may follow.
-func (x *JobIndex) Page(before string, limit int, keep func(*IndexedJob) bool) (page []IndexedJob, more bool) {
+// highest), in descending id order, in state (UNSPECIFIED: any), that keep
+// passes, and whether more may follow. A page of one state walks only the
+// jobs in it: O(log jobs + what keep refuses + limit).
+func (x *JobIndex) Page(before string, limit int, state apiaryv1.JobState, keep func(*IndexedJob) bool) (page []IndexedJob, more bool) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	visit := func(e *jobEntry) bool {
@@ -138,7 +173,7 @@ func (x *JobIndex) Page(before string, limit int, keep func(*IndexedJob) bool) (
 		c := e.counts
 		counts := &apiaryv1.TaskCounts{Pending: c.Pending, Assigned: c.Assigned, Running: c.Running,
 			Complete: c.Complete, Failed: c.Failed, Cancelled: c.Cancelled}
-		j := IndexedJob{Rec: e.rec, Counts: counts, State: taskstate.JobState(e.rec.CancelRequested, counts)}
+		j := IndexedJob{Rec: e.rec, Counts: counts, State: e.state}
 		if j.State == apiaryv1.JobState_JOB_STATE_COMPLETE || j.State == apiaryv1.JobState_JOB_STATE_FAILED ||
 			j.State == apiaryv1.JobState_JOB_STATE_CANCELLED {
 			j.FinishTimeMs = e.finish
@@ -153,10 +188,16 @@ func (x *JobIndex) Page(before string, limit int, keep func(*IndexedJob) bool) (
 		page = append(page, j)
 		return true
 	}
+	tree := x.jobs
+	if state != apiaryv1.JobState_JOB_STATE_UNSPECIFIED {
+		if tree = x.byState[state]; tree == nil {
+			return nil, false
+		}
+	}
 	if before == "" {
-		x.jobs.Descend(visit)
+		tree.Descend(visit)
 	} else {
-		x.jobs.DescendLessOrEqual(&jobEntry{id: before}, visit)
+		tree.DescendLessOrEqual(&jobEntry{id: before}, visit)
 	}
 	return page, more
 }
