@@ -116,11 +116,8 @@ func resultIndex(key string) int32 {
 // toProto renders a job; tasks and results are included per flags.
 // defaultPolicy is the region's policy for a spec without scheduler.
 func (v *jobView) toProto(withTasks, withTails bool, defaultPolicy placement.Policy) *apiaryv1.Job {
-	// Secret values never leave the region in an answer (secrets.go).
-	j := &apiaryv1.Job{Id: v.rec.ID, Region: v.rec.Region, Spec: jobspec.Redact(v.rec.Spec), SubmitTimeMs: v.rec.SubmitMs,
-		CancelRequested: v.rec.CancelRequested, ClientId: v.rec.ClientID, RequestId: v.rec.RequestID,
-		Shard: int32(v.rec.Shard), Counts: &apiaryv1.TaskCounts{},
-		Scheduler: cmp.Or(v.rec.Spec.GetScheduler(), string(defaultPolicy))}
+	j := jobHeader(&v.rec, defaultPolicy)
+	j.Counts = &apiaryv1.TaskCounts{}
 	var finish int64
 	for i := range v.tasks {
 		t := &v.tasks[i]
@@ -137,6 +134,15 @@ func (v *jobView) toProto(withTasks, withTails bool, defaultPolicy placement.Pol
 		j.FinishTimeMs = finish
 	}
 	return j
+}
+
+// jobHeader is a job's answer without counts, state and tasks: its record's
+// fields, the spec redacted (secret values never leave the region in an
+// answer, secrets.go) and the scheduler policy defaulted.
+func jobHeader(rec *store.JobRecord, defaultPolicy placement.Policy) *apiaryv1.Job {
+	return &apiaryv1.Job{Id: rec.ID, Region: rec.Region, Spec: jobspec.Redact(rec.Spec), SubmitTimeMs: rec.SubmitMs,
+		CancelRequested: rec.CancelRequested, ClientId: rec.ClientID, RequestId: rec.RequestID,
+		Shard: int32(rec.Shard), Scheduler: cmp.Or(rec.Spec.GetScheduler(), string(defaultPolicy))}
 }
 
 func terminalJob(s apiaryv1.JobState) bool {
@@ -266,11 +272,9 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 	})
 	out := &apiaryv1.ListJobsResponse{}
 	for _, ij := range page {
-		rec := ij.Rec
-		out.Jobs = append(out.Jobs, &apiaryv1.Job{Id: rec.ID, Region: rec.Region, Spec: jobspec.Redact(rec.Spec),
-			SubmitTimeMs: rec.SubmitMs, CancelRequested: rec.CancelRequested, ClientId: rec.ClientID,
-			RequestId: rec.RequestID, Shard: int32(rec.Shard), Counts: ij.Counts, State: ij.State,
-			FinishTimeMs: ij.FinishTimeMs, Scheduler: cmp.Or(rec.Spec.GetScheduler(), string(s.c.cfg.SchedulerPolicy))})
+		j := jobHeader(ij.Rec, s.c.cfg.SchedulerPolicy)
+		j.Counts, j.State, j.FinishTimeMs = ij.Counts, ij.State, ij.FinishTimeMs
+		out.Jobs = append(out.Jobs, j)
 	}
 	if more && len(out.Jobs) > 0 {
 		out.NextPageToken = out.Jobs[len(out.Jobs)-1].GetId()

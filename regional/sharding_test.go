@@ -256,10 +256,13 @@ tasks:
 	ds, maxActive := d.snapshot()
 	var takeover time.Duration
 	var lastOther time.Time
-	var maxGap time.Duration
+	var maxGap, gapBefore time.Duration
 	for _, x := range ds {
 		if x.at.Before(killed) {
 			if !victimShards[x.shard] {
+				if !lastOther.IsZero() {
+					gapBefore = max(gapBefore, x.at.Sub(lastOther))
+				}
 				lastOther = x.at
 			}
 			continue
@@ -280,8 +283,12 @@ tasks:
 	if takeover == 0 {
 		t.Fatal("no dispatch in a taken-over shard after the kill")
 	}
-	if maxGap > time.Second {
-		t.Fatalf("the other coordinators' shards paused: a gap of %v between their dispatches after the kill", maxGap)
+	// A pause for the takeover would last about the suspicion and the
+	// claims (a second or more); a machine busy with other work stretches
+	// every gap alike, so the bound follows the gaps before the kill.
+	if bound := max(time.Second, 2*gapBefore); maxGap > bound {
+		t.Fatalf("the other coordinators' shards paused: a gap of %v between their dispatches after the kill (bound %v: 1 s or twice the longest gap before it, %v)",
+			maxGap, bound, gapBefore)
 	}
 	for n, k := range maxActive {
 		if k > 4 {

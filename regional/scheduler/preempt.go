@@ -281,7 +281,7 @@ func (s *Loop) dispatchReserved(ctx context.Context, now time.Time) (time.Durati
 	byKey := map[string]*cTask{}
 	var ws []write
 	var chunks []*placedChunk
-	ends = ends[:0]
+	ends = nil // the first batch is committed: a new slice for this pass
 	for nodeID, ts := range ready {
 		n, pn := c.nodes[nodeID], s.snap.idx[nodeID]
 		if pn == nil {
