@@ -132,8 +132,19 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 	} else {
 		out.EtcdLeader = c.etcdLeaderByClient(cctx)
 	}
-	resp, err := c.cli.Txn(cctx).Then(clientv3.OpGet(store.PrefMembers, clientv3.WithPrefix()),
-		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()), clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	// Pending tasks and node counts come from the job and node indexes
+	// (the scheduling loop's watch cache) once they have applied every
+	// write committed before this call; else from a read of every task
+	// record and node key.
+	current, err := c.jobsCurrent(ctx, "region info")
+	if err != nil {
+		return nil, err
+	}
+	ops := []clientv3.Op{clientv3.OpGet(store.PrefMembers, clientv3.WithPrefix())}
+	if !current {
+		ops = append(ops, clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()), clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+	}
+	resp, err := c.cli.Txn(cctx).Then(ops...).Commit()
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "region info: %v", err)
 	}
@@ -146,6 +157,18 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 		}
 		co := &apiaryv1.Coordinator{Id: m.ID, ApiAddr: m.APIAddr, Scheduler: perCoord[m.ID] > 0, ShardsOwned: int32(perCoord[m.ID])}
 		out.Coordinators = append(out.Coordinators, co)
+	}
+	if current {
+		c.jobs.EachPending(func(_ *store.JobRecord, n int32) { out.PendingTasks += n })
+		c.nodes.Each(func(_ string, v *store.NodeView) {
+			if v.Alive != 0 {
+				out.NodesReady++
+			}
+			if v.Rec != nil {
+				out.NodesRegistered++
+			}
+		})
+		return out, nil
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		var t taskstate.Task

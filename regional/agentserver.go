@@ -242,17 +242,11 @@ func (c *Coordinator) nodeLease(ctx context.Context, nodeID string, epoch int64)
 func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequest) (*apiaryv1.HeartbeatResponse, error) {
 	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	// One read of the alive key and the node record: the lease to renew
-	// and any drain the agent must apply.
-	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(store.KeyNodeAlive(req.GetNodeId())), clientv3.OpGet(store.KeyNode(req.GetNodeId()))).Commit()
+	lease, draining, drainMs, err := s.c.heartbeatLease(cctx, req.GetNodeId(), req.GetNodeEpoch())
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "read node: %v", err)
+		return nil, err
 	}
-	alive := resp.Responses[0].GetResponseRange().Kvs
-	if len(alive) == 0 || alive[0].CreateRevision != req.GetNodeEpoch() {
-		return nil, status.Errorf(codes.FailedPrecondition, "node %s epoch %d is gone; re-register", req.GetNodeId(), req.GetNodeEpoch())
-	}
-	ka, err := s.c.cli.KeepAliveOnce(cctx, clientv3.LeaseID(alive[0].Lease))
+	ka, err := s.c.cli.KeepAliveOnce(cctx, lease)
 	if err != nil {
 		if status.Code(err) == codes.NotFound || err.Error() == "etcdserver: requested lease not found" {
 			return nil, status.Errorf(codes.FailedPrecondition, "node %s epoch %d: lease expired; re-register", req.GetNodeId(), req.GetNodeEpoch())
@@ -271,13 +265,39 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 		}
 	}
 	out := &apiaryv1.HeartbeatResponse{LeaseTtlMs: ka.TTL * 1000}
+	if draining {
+		out.DrainDeadlineMs = max(drainMs, 1)
+	}
+	return out, nil
+}
+
+// heartbeatLease finds the lease of the node's epoch to renew, and any
+// drain the agent must apply: from the node index (the scheduling loop's
+// watch cache; no etcd read) when it holds that epoch, else from one read
+// of the alive key and the node record. The index may lag by the watch's
+// delay, which is safe: an epoch that ended since has its lease revoked,
+// and the renewal of a revoked lease fails (the agent registers again); a
+// drain set since reaches the agent with a later beat. A FailedPrecondition
+// error says the epoch is gone.
+func (c *Coordinator) heartbeatLease(ctx context.Context, id string, epoch int64) (lease clientv3.LeaseID, draining bool, drainMs int64, err error) {
+	if v, ok := c.nodes.Get(id); ok && v.Rec != nil && v.Alive == epoch && v.Rec.Epoch == epoch && v.Rec.LeaseID != 0 {
+		return clientv3.LeaseID(v.Rec.LeaseID), v.Rec.Draining, v.Rec.DrainDeadlineMs, nil
+	}
+	resp, err := c.cli.Txn(ctx).Then(clientv3.OpGet(store.KeyNodeAlive(id)), clientv3.OpGet(store.KeyNode(id))).Commit()
+	if err != nil {
+		return 0, false, 0, status.Errorf(codes.Unavailable, "read node: %v", err)
+	}
+	alive := resp.Responses[0].GetResponseRange().Kvs
+	if len(alive) == 0 || alive[0].CreateRevision != epoch {
+		return 0, false, 0, status.Errorf(codes.FailedPrecondition, "node %s epoch %d is gone; re-register", id, epoch)
+	}
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
 		var rec store.NodeRecord
 		if json.Unmarshal(kvs[0].Value, &rec) == nil && rec.Draining {
-			out.DrainDeadlineMs = max(rec.DrainDeadlineMs, 1)
+			draining, drainMs = true, rec.DrainDeadlineMs
 		}
 	}
-	return out, nil
+	return clientv3.LeaseID(alive[0].Lease), draining, drainMs, nil
 }
 
 // maxNodeDatasets bounds the datasets one node reports; maxDatasetBytes

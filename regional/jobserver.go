@@ -259,7 +259,7 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 		return nil, status.Errorf(codes.InvalidArgument, "page_token: must be a previous answer's next_page_token (a job id), got %d bytes", len(req.GetPageToken()))
 	}
 	state := req.GetState()
-	current, err := s.c.jobsCurrent(ctx)
+	current, err := s.c.jobsCurrent(ctx, "list jobs")
 	if err != nil {
 		return nil, err
 	}
@@ -339,12 +339,12 @@ const jobsIndexWait = 2 * time.Second
 // event. current is false when the index did not catch up within
 // jobsIndexWait (its cache is reloading, or its loop is stalled);
 // UNAVAILABLE when etcd does not answer.
-func (c *Coordinator) jobsCurrent(ctx context.Context) (current bool, err error) {
+func (c *Coordinator) jobsCurrent(ctx context.Context, what string) (current bool, err error) {
 	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
 	resp, err := c.cli.Get(cctx, store.PrefJobs, clientv3.WithLimit(1), clientv3.WithKeysOnly())
 	if err != nil {
-		return false, status.Errorf(codes.Unavailable, "list jobs: %v", err)
+		return false, status.Errorf(codes.Unavailable, "%s: %v", what, err)
 	}
 	rev := resp.Header.Revision
 	wctx, wcancel := context.WithTimeout(ctx, jobsIndexWait)
@@ -362,7 +362,7 @@ func (c *Coordinator) jobsCurrent(ctx context.Context) (current bool, err error)
 			return false, status.FromContextError(ctx.Err()).Err()
 		}
 		if wctx.Err() != nil {
-			c.log.Warn("list jobs: the job index lags etcd; reading etcd", "index_revision", c.jobs.Revision(), "etcd_revision", rev)
+			c.log.Warn(what+": the job index lags etcd; reading etcd", "index_revision", c.jobs.Revision(), "etcd_revision", rev)
 			return false, nil
 		}
 	}

@@ -65,6 +65,19 @@ func (x *NodeIndex) Each(fn func(id string, v *store.NodeView)) int64 {
 	return rev
 }
 
+// Get returns a copy of one node's view (false: the index is not loaded
+// or holds no such node). Its record, usage and health are shared and must
+// not be modified.
+func (x *NodeIndex) Get(id string) (store.NodeView, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if x.Revision() == 0 {
+		return store.NodeView{}, false
+	}
+	v, ok := x.nodes[id]
+	return v, ok
+}
+
 // Len is the number of nodes held.
 func (x *NodeIndex) Len() int {
 	x.mu.RLock()

@@ -28,6 +28,10 @@ type ownerCache struct {
 	// jobDone counts each job's tasks and terminal tasks, with the latest
 	// FinishedMs (retention finds finished jobs without reading tasks).
 	jobDone map[string]*jobDone
+	// shardTasks counts each shard's tasks by state, with the latest
+	// AssignedMs (the per-second gauges and ListShards read them without
+	// a pass over every task).
+	shardTasks map[int]*shardTasks
 	tasks   map[string]*cTask // task key -> task
 	nodes   map[string]*cNode
 	pending map[string]bool            // task keys in PENDING
@@ -96,6 +100,28 @@ func (d *jobDone) count(st apiaryv1.TaskState, finishedMs int64, sign int) {
 	}
 }
 
+// shardTasks is one shard's task counts by state and its latest
+// AssignedMs.
+type shardTasks struct {
+	states       map[apiaryv1.TaskState]int
+	lastAssigned int64
+}
+
+// countShard adds (sign 1) or removes (sign -1) task t of shard sh.
+func (c *ownerCache) countShard(sh int, t *taskstate.Task, sign int) {
+	st := c.shardTasks[sh]
+	if st == nil {
+		st = &shardTasks{states: map[apiaryv1.TaskState]int{}}
+		c.shardTasks[sh] = st
+	}
+	if st.states[t.State] += sign; st.states[t.State] <= 0 {
+		delete(st.states, t.State)
+	}
+	if sign > 0 {
+		st.lastAssigned = max(st.lastAssigned, t.AssignedMs)
+	}
+}
+
 type cJob struct {
 	rec    store.JobRecord
 	modRev int64
@@ -119,7 +145,7 @@ type cNode struct {
 }
 
 func newOwnerCache(specs *store.SpecCache) *ownerCache {
-	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, jobDone: map[string]*jobDone{}, tasks: map[string]*cTask{},
+	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, jobDone: map[string]*jobDone{}, shardTasks: map[int]*shardTasks{}, tasks: map[string]*cTask{},
 		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{}, reserved: map[string]map[string]bool{}, victimPri: map[int32]int{},
 		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, aaJobs: map[string]map[string]bool{},
 		aaRev: map[string]int64{}, specs: specs}
@@ -284,6 +310,7 @@ func (c *ownerCache) skip(what, key string, err error) {
 // step.
 func (c *ownerCache) setTask(key string, t *cTask) {
 	if old := c.tasks[key]; old != nil {
+		c.countShard(old.shard, &old.rec, -1)
 		if d := c.jobDone[old.rec.JobID]; d != nil {
 			if d.count(old.rec.State, 0, -1); d.tasks <= 0 {
 				delete(c.jobDone, old.rec.JobID)
@@ -291,6 +318,7 @@ func (c *ownerCache) setTask(key string, t *cTask) {
 		}
 	}
 	if t != nil {
+		c.countShard(t.shard, &t.rec, 1)
 		d := c.jobDone[t.rec.JobID]
 		if d == nil {
 			d = &jobDone{}

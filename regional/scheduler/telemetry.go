@@ -111,21 +111,27 @@ func (s *Loop) updateGauges(now time.Time) {
 	s.gaugesAt = now
 	m := s.d.Metrics
 	c := s.cache
+	// From the cache's per-shard counts (ownerCache.shardTasks): one pass
+	// over the shards, not over every task.
 	stats := make([]ShardStat, s.d.ShardCount)
 	states := map[apiaryv1.TaskState]int{}
-	for _, ct := range c.tasks {
-		if ct.shard >= 0 && ct.shard < len(stats) {
-			st := &stats[ct.shard]
-			switch {
-			case ct.rec.State == apiaryv1.TaskState_TASK_STATE_PENDING:
-				st.Pending++
-			case taskstate.Active(ct.rec.State):
-				st.Running++
+	for sh, sc := range c.shardTasks {
+		if sh >= 0 && sh < len(stats) {
+			st := &stats[sh]
+			for state, n := range sc.states {
+				switch {
+				case state == apiaryv1.TaskState_TASK_STATE_PENDING:
+					st.Pending += n
+				case taskstate.Active(state):
+					st.Running += n
+				}
 			}
-			st.LastPlanMs = max(st.LastPlanMs, ct.rec.AssignedMs)
+			st.LastPlanMs = sc.lastAssigned
 		}
-		if s.owns(ct.shard) {
-			states[ct.rec.State]++
+		if s.owns(sh) {
+			for state, n := range sc.states {
+				states[state] += n
+			}
 		}
 	}
 	m.PendingTasks.Reset()
