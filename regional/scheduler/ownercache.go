@@ -32,10 +32,10 @@ type ownerCache struct {
 	// AssignedMs (the per-second gauges and ListShards read them without
 	// a pass over every task).
 	shardTasks map[int]*shardTasks
-	tasks   map[string]*cTask // task key -> task
-	nodes   map[string]*cNode
-	pending map[string]bool            // task keys in PENDING
-	byNode  map[string]map[string]bool // node id -> active task keys
+	tasks      map[string]*cTask // task key -> task
+	nodes      map[string]*cNode
+	pending    map[string]bool            // task keys in PENDING
+	byNode     map[string]map[string]bool // node id -> active task keys
 	// reserved maps a node id to the PENDING tasks holding a reservation
 	// there (taskstate.Reservation; preempt.go).
 	reserved map[string]map[string]bool
