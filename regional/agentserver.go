@@ -93,7 +93,10 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 			return nil, err
 		}
 	}
-	ttl := int64(c.cfg.NodeLeaseTTL.Seconds() + 0.5)
+	// The lease and heartbeat interval are sized for the fleet
+	// (heartbeats.go); an agent keeps them for this epoch.
+	hbInterval, leaseTTL := heartbeatTiming(c.cfg.NodeLeaseTTL, c.cfg.MaxHeartbeatsPerSecond, c.nodes.Len()+1)
+	ttl := int64(leaseTTL.Seconds())
 	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
 	alive := store.KeyNodeAlive(req.GetNodeId())
@@ -213,7 +216,7 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	// this node before the agent hears it is registered.
 	c.refreshCapacityAfter(ctx, regRev)
 	return &apiaryv1.RegisterNodeResponse{NodeEpoch: epoch, LeaseTtlMs: ttl * 1000,
-		HeartbeatIntervalMs: c.heartbeatInterval().Milliseconds(), Region: c.meta.Region, LanJoin: c.lanJoin()}, nil
+		HeartbeatIntervalMs: hbInterval.Milliseconds(), Region: c.meta.Region, LanJoin: c.lanJoin()}, nil
 }
 
 // checkJoin is aclstore's CheckJoin of the request's join token, its

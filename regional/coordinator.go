@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -56,6 +57,11 @@ type Config struct {
 	Etcd    EtcdConfig
 	// NodeLeaseTTL is the node lease (whole seconds, at least 1; default 2 s).
 	NodeLeaseTTL time.Duration
+	// MaxHeartbeatsPerSecond is the region-wide heartbeat rate that node
+	// leases are sized for (heartbeats.go; default
+	// DefaultMaxHeartbeatsPerSecond): a fleet larger than 0.5 s × this
+	// rate heartbeats less often, with longer leases.
+	MaxHeartbeatsPerSecond float64
 	// OwnerLeaseTTL is the coordinator's session lease, which holds its
 	// member key and its shard claims (default 2 s: a 1 s lease can lapse
 	// on the client side during an etcd leader election, which churns
@@ -199,6 +205,12 @@ func (c *Config) validate() error {
 	}
 	if c.NodeLeaseTTL < time.Second {
 		return fmt.Errorf("node-lease-ttl: must be at least 1s, got %s", c.NodeLeaseTTL)
+	}
+	if c.MaxHeartbeatsPerSecond == 0 {
+		c.MaxHeartbeatsPerSecond = DefaultMaxHeartbeatsPerSecond
+	}
+	if !(c.MaxHeartbeatsPerSecond >= 1) || math.IsInf(c.MaxHeartbeatsPerSecond, 0) {
+		return fmt.Errorf("max-heartbeats-per-second: must be a number >= 1, got %v", c.MaxHeartbeatsPerSecond)
 	}
 	if c.OwnerLeaseTTL == 0 {
 		c.OwnerLeaseTTL = 2 * time.Second

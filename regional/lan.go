@@ -369,7 +369,7 @@ func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member 
 	for {
 		b, ok := c.beats.last(at.NodeID)
 		switch {
-		case !ok || b.epoch != at.Epoch || time.Since(b.at) > c.cfg.NodeLeaseTTL+veto:
+		case !ok || b.epoch != at.Epoch || time.Since(b.at) > c.nodeLeaseTTL()+veto:
 			met.FastReclaimSkips.WithLabelValues("not_heartbeat_coordinator").Inc()
 			c.log.Debug("LAN: agent member failed; its heartbeats go to another coordinator, which decides",
 				"node", at.NodeID, "epoch", at.Epoch, "member", member)
@@ -430,19 +430,13 @@ func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member 
 // decides. Memberlist's own Lifeguard local health multiplier backs off its
 // probes on the same reasoning.
 func (c *Coordinator) heartbeatVeto(now time.Time) time.Duration {
-	v := max(2*c.heartbeatInterval(), c.cfg.NodeLeaseTTL/2)
+	v := max(2*c.heartbeatInterval(), c.nodeLeaseTTL()/2)
 	if g := c.beats.slowestGap(now); 3*g/2 > v {
 		v = 3 * g / 2
 	}
 	return v
 }
 
-// heartbeatInterval is how often agents heartbeat: a quarter of the node
-// lease, at most 500 ms (so that the fast reclaim's evidence, heartbeats
-// that stopped, is as quick as serf whatever the lease).
-func (c *Coordinator) heartbeatInterval() time.Duration {
-	return min(c.cfg.NodeLeaseTTL.Round(time.Second)/4, 500*time.Millisecond)
-}
 
 // mustBeat is the time of the node's last heartbeat here (zero if none).
 func (c *Coordinator) mustBeat(node string) time.Time {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"apiary.dev/apiary/regional/scheduler"
 )
 
 // TestMassFailureGuard: the fast reclaim stands down when more nodes'
@@ -68,7 +70,7 @@ func TestMassFailureGuard(t *testing.T) {
 // late (a busy machine), and ignores gaps that span two epochs or are longer
 // than the lease (the beats went to another coordinator meanwhile).
 func TestHeartbeatVetoFollowsLateBeats(t *testing.T) {
-	c := &Coordinator{cfg: Config{NodeLeaseTTL: 2 * time.Second}, beats: beatLog{maxGap: 2 * time.Second}}
+	c := &Coordinator{cfg: Config{NodeLeaseTTL: 2 * time.Second}, beats: beatLog{maxGap: 2 * time.Second}, nodes: scheduler.NewNodeIndex()}
 	t0 := time.Now()
 	at := t0
 	beat := func(node string, epoch int64, after time.Duration) {

@@ -230,6 +230,7 @@ with apiary acl bootstrap.`,
 	f.UintVar(&cfg.Etcd.HeartbeatMs, "etcd-heartbeat-ms", 50, "etcd heartbeat interval (ms)")
 	etcdOps.add(cmd)
 	f.DurationVar(&cfg.NodeLeaseTTL, "node-lease-ttl", 2*time.Second, "node lease TTL (whole seconds, >= 1s)")
+	f.Float64Var(&cfg.MaxHeartbeatsPerSecond, "max-heartbeats-per-second", regional.DefaultMaxHeartbeatsPerSecond, "the region-wide heartbeat rate node leases are sized for, as Nomad's max_heartbeats_per_second: once the fleet is larger than this rate x 0.5 s, a node that registers heartbeats every nodes / rate seconds with a lease of 4 such intervals (10,000 nodes at 2,000/s: every 5 s, a 20 s lease)")
 	f.DurationVar(&cfg.OwnerLeaseTTL, "owner-lease-ttl", 2*time.Second, "the coordinator's session lease TTL, which holds its member key and its shard claims (whole seconds, >= 1s)")
 	f.Float64Var(&cfg.LocalityWeight, "locality-weight", 1, "weight of data locality in placement scores, against resource fit's 1: a task with datasets goes to the node holding the most of its input bytes unless that node's fit is worse by more than this weight (the score is in [0, 1] per stage); a negative weight turns locality off")
 	f.IntVar(&cfg.MaxPreemptions, "max-preemptions", scheduler.DefaultMaxPreemptions, "preemptors each shard owner commits per scheduling round: a pending task that fits nowhere stops running tasks of lower priority (by at least 10) to make room (docs/architecture.md, \"Preemption\"); -1 turns preemption off")
