@@ -437,7 +437,6 @@ func (c *Coordinator) heartbeatVeto(now time.Time) time.Duration {
 	return v
 }
 
-
 // mustBeat is the time of the node's last heartbeat here (zero if none).
 func (c *Coordinator) mustBeat(node string) time.Time {
 	b, _ := c.beats.last(node)
