@@ -319,7 +319,7 @@ func (ns *nodeSnapshot) existing(batch []*cTask) []placement.Allocation {
 
 // allocation is an active task as an existing allocation for the engine.
 func allocation(c *ownerCache, key string, ct *cTask) placement.Allocation {
-	a := placement.Allocation{TaskID: key, GroupKey: groupKey(&ct.rec), NodeID: ct.rec.NodeID,
+	a := placement.Allocation{TaskID: key, GroupKey: ct.gkey(), NodeID: ct.rec.NodeID,
 		Priority: int(c.jobs[ct.rec.JobID].priority()), Request: c.request(&ct.rec), QoS: c.qos(&ct.rec),
 		AntiAffinityGroup: c.antiAffinityGroup(&ct.rec), AntiAffinityScope: c.antiAffinityScope(&ct.rec)}
 	for _, g := range ct.rec.GPUDevices {

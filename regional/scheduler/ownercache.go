@@ -34,7 +34,7 @@ type ownerCache struct {
 	shardTasks map[int]*shardTasks
 	tasks      map[string]*cTask // task key -> task
 	nodes      map[string]*cNode
-	pending    map[string]bool            // task keys in PENDING
+	pending    map[string]*cTask          // task key -> task, of the tasks in PENDING
 	byNode     map[string]map[string]bool // node id -> active task keys
 	// reserved maps a node id to the PENDING tasks holding a reservation
 	// there (taskstate.Reservation; preempt.go).
@@ -128,13 +128,24 @@ type cJob struct {
 }
 
 type cTask struct {
-	key    string
+	key string
+	// gk is groupKey(&rec), made once (gkey).
+	gk     string
 	shard  int
 	rec    taskstate.Task
 	modRev int64
 	// victim: counted in ownerCache.victimPri under pri.
 	victim bool
 	pri    int32
+}
+
+// gkey is the task's groupKey, made on first use (a cTask is replaced, not
+// modified, when its record changes).
+func (ct *cTask) gkey() string {
+	if ct.gk == "" {
+		ct.gk = groupKey(&ct.rec)
+	}
+	return ct.gk
 }
 
 // cNode is a node's keys as the owner holds them (the shared decoding,
@@ -146,7 +157,7 @@ type cNode struct {
 
 func newOwnerCache(specs *store.SpecCache) *ownerCache {
 	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, jobDone: map[string]*jobDone{}, shardTasks: map[int]*shardTasks{}, tasks: map[string]*cTask{},
-		nodes: map[string]*cNode{}, pending: map[string]bool{}, byNode: map[string]map[string]bool{}, reserved: map[string]map[string]bool{}, victimPri: map[int32]int{},
+		nodes: map[string]*cNode{}, pending: map[string]*cTask{}, byNode: map[string]map[string]bool{}, reserved: map[string]map[string]bool{}, victimPri: map[int32]int{},
 		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, aaJobs: map[string]map[string]bool{},
 		aaRev: map[string]int64{}, specs: specs}
 }
@@ -394,7 +405,7 @@ func (c *ownerCache) setTask(key string, t *cTask) {
 	}
 	switch {
 	case t.rec.State == apiaryv1.TaskState_TASK_STATE_PENDING:
-		c.pending[key] = true
+		c.pending[key] = t
 		if r := t.rec.Reservation; r != nil {
 			m := c.reserved[r.NodeID]
 			if m == nil {

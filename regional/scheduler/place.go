@@ -38,8 +38,7 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 	}
 	stages := map[string]*jobStages{}
 	var stageWrites []write
-	for key := range c.pending {
-		ct := c.tasks[key]
+	for _, ct := range c.pending {
 		j := c.jobs[ct.rec.JobID]
 		if j == nil || j.rec.CancelRequested {
 			continue
@@ -81,7 +80,7 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 			}
 			continue
 		}
-		gk := groupKey(&ct.rec)
+		gk := ct.gkey()
 		g := groups[gk]
 		if g == nil {
 			g = &candGroup{key: gk, job: j}
@@ -192,14 +191,17 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 		for _, ct := range unplaced {
 			u := reasons[ct.key]
 			reason := u.Reason // "fragmented: …" when u.Fragmented
-			groupReason[groupKey(&ct.rec)] = reason
+			groupReason[ct.gkey()] = reason
 			if w, ok := s.reasonWrite(ct, reason, time.Now()); ok {
 				ws = append(ws, w)
 			}
 		}
 		// Tasks that waited behind their group get its reason once.
 		for _, ct := range waiting {
-			if r, ok := groupReason[groupKey(&ct.rec)]; ok && ct.rec.UnplacedReason == "" {
+			if ct.rec.UnplacedReason != "" {
+				continue
+			}
+			if r, ok := groupReason[ct.gkey()]; ok {
 				if w, ok := s.reasonWrite(ct, r, time.Now()); ok {
 					ws = append(ws, w)
 				}
