@@ -107,14 +107,15 @@ type agentProc struct {
 	done chan struct{}
 }
 
-func startAgent(cfg Config, dir, addr, id string, cpu, mem int64, maxTasks int) (*agentProc, error) {
+// startAgent starts `apiary agent` with extra appended to its arguments.
+func startAgent(cfg Config, dir, addr, id string, cpu, mem int64, maxTasks int, extra ...string) (*agentProc, error) {
 	logf, err := os.Create(filepath.Join(dir, id+".log"))
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(cfg.Binary, "agent", "--insecure-dev", "--addr", addr, "--node-id", id,
+	cmd := exec.Command(cfg.Binary, append([]string{"agent", "--insecure-dev", "--addr", addr, "--node-id", id,
 		"--data-dir", filepath.Join(dir, id), "--cpu-millis", strconv.FormatInt(cpu, 10),
-		"--memory-mb", strconv.FormatInt(mem, 10), "--max-tasks", strconv.Itoa(maxTasks))
+		"--memory-mb", strconv.FormatInt(mem, 10), "--max-tasks", strconv.Itoa(maxTasks)}, extra...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

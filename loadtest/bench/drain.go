@@ -39,6 +39,9 @@ type DrainOptions struct {
 	Metrics bool
 	// ExtraArgs go to every coordinator (none: the region's defaults).
 	ExtraArgs []string
+	// Executor is the agents' --executor ("": the agent's default, exec:
+	// a process per attempt; "noop" times the control plane alone).
+	Executor string
 }
 
 // DefaultDrain is issue 2's configuration.
@@ -288,7 +291,11 @@ func Drain(ctx context.Context, cfg Config, o DrainOptions, trial int) (DrainRes
 		wg.Wait()
 	}()
 	for i := 0; i < o.Agents; i++ {
-		a, err := startAgent(cfg, dir, r.Addr(), fmt.Sprintf("agent-%d", i+1), o.CPUMillis, o.MemoryMiB, o.Slots)
+		var extra []string
+		if o.Executor != "" {
+			extra = []string{"--executor", o.Executor}
+		}
+		a, err := startAgent(cfg, dir, r.Addr(), fmt.Sprintf("agent-%d", i+1), o.CPUMillis, o.MemoryMiB, o.Slots, extra...)
 		if err != nil {
 			return res, err
 		}

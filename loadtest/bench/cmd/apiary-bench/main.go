@@ -316,6 +316,9 @@ func main() {
 	}
 	failed = runFederation(ctx, cfg, run, *out, &sum) || failed // federation.go: route-submit, region-kill (not in the default -only)
 	failed = runLAN(ctx, cfg, run, *out, &sum) || failed        // lan.go: agentfail, serfcpu, ownerdetect
+	failed = runFleetScale(ctx, cfg, run, *out, &sum) || failed // fleetscale.go: fleet10k (not in the default -only)
+	failed = runMillion(ctx, cfg, run, *out, &sum) || failed    // million.go: million, drain-noop (issue 16, not in the default -only)
+	failed = runThroughput(ctx, cfg, run, *out, &sum) || failed // throughput.go: issue 16 (not in the default -only)
 	check(os.WriteFile(filepath.Join(*out, "summary.md"), []byte(sum.String()), 0o644))
 	fmt.Print(sum.String())
 	if failed {
