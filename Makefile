@@ -29,7 +29,7 @@ empty :=
 space := $(empty) $(empty)
 FAULT_RE = ^($(subst $(space),|,$(strip $(FAULT_TESTS))))$$
 
-.PHONY: all deps build test test-fault test-split-check race proto proto-check lint demo demo-tls bench bench-badnode bench-tls bench-shards bench-placement loadtest-liveness clean
+.PHONY: all deps build test test-fault test-split-check race proto proto-check lint demo demo-tls bench bench-badnode bench-tls bench-shards bench-placement bench-scale loadtest-liveness clean
 
 all: build
 
@@ -111,6 +111,16 @@ bench-shards: build
 # PLACEMENT_ARGS="-preempt-coordinators 1 -locality-runs 5".
 bench-placement: build
 	$(GO) run ./loadtest/bench/cmd/apiary-bench -bin $(BIN) -out loadtest/results/placement-$$(date +%F) -only preempt,locality $(PLACEMENT_ARGS)
+
+# Issue 16's control-plane scale measures (loadtest/bench/doc.go): end-to-end
+# tasks/s on 1,000 simulated agents with etcd's batched-write ceiling in the
+# same run, 10,000 simulated agents (heartbeats, restart and re-registration
+# storms), task records to 1M (submit and etcd Txn latency, RSS, DB size,
+# failover at the top) and the 2,000-task drain on exec against noop agents
+# beside the spawn floor. Hours at the 1M default: SCALE_ARGS="-million-top
+# 100000" for a shorter run. Results in loadtest/results/scale-<date>/.
+bench-scale: build
+	$(GO) run ./loadtest/bench/cmd/apiary-bench -bin $(BIN) -out loadtest/results/scale-$$(date +%F) -only throughput,fleet10k,million,drain-noop $(SCALE_ARGS)
 
 # Issue 20's liveness load tests (partition-agent, outage-region) with small
 # trial counts, about 4 minutes; results in loadtest/results/. Not part of

@@ -38,4 +38,9 @@ LIVENESS_PARTITION_TRIALS="${LIVENESS_PARTITION_TRIALS:-10}" LIVENESS_OUTAGE_TRI
 if [ -f scripts/bench-placement.sh ]; then
 	bash scripts/bench-placement.sh || rc=$?
 fi
+# Issue 16's control-plane scale measures (make bench-scale; hours at the
+# default 1M task records: SCALE_ARGS="-million-top 100000" shortens it).
+# shellcheck disable=SC2086
+go run ./loadtest/bench/cmd/apiary-bench -bin "$BIN" -out "loadtest/results/scale-$(date +%Y-%m-%d)" \
+	-only throughput,fleet10k,million,drain-noop ${SCALE_ARGS:-} || rc=$?
 exit $rc
