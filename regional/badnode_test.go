@@ -753,9 +753,12 @@ func TestBadNodeShareGuard(t *testing.T) {
 	// Without one, the first bad node's failures are most of the rest of
 	// the region that the second is compared with, and the relative rule
 	// alone may keep the second from being an outlier (the guard would not
-	// be what kept it in service).
+	// be what kept it in service). Spread, so that every node gets about a
+	// quarter (under binpack the split follows which node frees a slot
+	// first: n4 once ran 16 of 120).
 	warm := submit(t, c, spec(t, `
 name: history
+scheduler: spread
 tasks:
   - name: t
     count: 120
