@@ -46,6 +46,8 @@ type fakeCoord struct {
 	hbDown      bool   // answer heartbeats with UNAVAILABLE
 	refuse      string // answer registrations with UNAUTHENTICATED and this message
 	drainMs     int64  // HeartbeatResponse.drain_deadline_ms
+	hbEveryMs   int64  // HeartbeatResponse.heartbeat_interval_ms
+	beats       int    // heartbeats answered
 	// adopt decides AdoptAttempts (nil: refuse all); adoptions records
 	// the requests; drains and deregisters the epochs of those calls.
 	adopt       func(*apiaryv1.AttemptRef) bool
@@ -130,7 +132,8 @@ func (f *fakeCoord) Heartbeat(_ context.Context, req *apiaryv1.HeartbeatRequest)
 	if !f.valid[req.GetNodeEpoch()] {
 		return nil, status.Error(codes.FailedPrecondition, "node epoch gone")
 	}
-	return &apiaryv1.HeartbeatResponse{LeaseTtlMs: f.leaseTTLms, DrainDeadlineMs: f.drainMs}, nil
+	f.beats++
+	return &apiaryv1.HeartbeatResponse{LeaseTtlMs: f.leaseTTLms, DrainDeadlineMs: f.drainMs, HeartbeatIntervalMs: f.hbEveryMs}, nil
 }
 
 func (f *fakeCoord) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, st grpc.ServerStreamingServer[apiaryv1.StreamAssignmentsResponse]) error {
@@ -1008,4 +1011,48 @@ func TestAgentRefusedRegistrationKillsHeldAttempts(t *testing.T) {
 	if ks := kinds(f.reportsFor(held)); len(ks) != 0 {
 		t.Errorf("dropped attempt reports %v, want none", ks)
 	}
+}
+
+// TestHeartbeatIntervalFollowsTheRegion: the region's heartbeat answer
+// changes the agent's interval (a fleet that grew asks for fewer beats),
+// never past a quarter of the lease.
+func TestHeartbeatIntervalFollowsTheRegion(t *testing.T) {
+	f := startFake(t)
+	f.mu.Lock()
+	f.hbEveryMs = 400 // registration says 30 ms
+	f.mu.Unlock()
+	startAgent(t, []string{f.addr}, nil)
+	beats := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.beats
+	}
+	testutil.Eventually(t, 5*time.Second, "a first heartbeat", func() error {
+		if beats() < 1 {
+			return fmt.Errorf("no heartbeat yet")
+		}
+		return nil
+	})
+	b0, t0 := beats(), time.Now()
+	testutil.Eventually(t, 10*time.Second, "three more heartbeats", func() error {
+		if n := beats(); n < b0+3 {
+			return fmt.Errorf("%d heartbeats since", n-b0)
+		}
+		return nil
+	})
+	if took := time.Since(t0); took < 800*time.Millisecond {
+		t.Fatalf("3 heartbeats in %v: the agent kept its 30 ms interval, not the 400 ms the region answered", took)
+	}
+	// An interval past a quarter of the 5 s lease is capped there: beats
+	// keep coming every 1.25 s, not every minute.
+	f.mu.Lock()
+	f.hbEveryMs = 60000
+	f.mu.Unlock()
+	b1 := beats()
+	testutil.Eventually(t, 8*time.Second, "beats within the lease", func() error {
+		if n := beats(); n < b1+3 {
+			return fmt.Errorf("%d heartbeats since", n-b1)
+		}
+		return nil
+	})
 }

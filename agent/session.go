@@ -248,6 +248,13 @@ func (s *session) heartbeatLoop(ctx context.Context, contact func(*apiaryv1.Hear
 			if ttl := time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond; ttl > 0 {
 				s.leaseTTL = ttl
 			}
+			// The region's interval for its fleet as it is now (a fleet
+			// that grew asks for fewer beats), never past a quarter of
+			// the lease.
+			if iv := time.Duration(resp.GetHeartbeatIntervalMs()) * time.Millisecond; iv > 0 && iv != s.heartbeat {
+				s.heartbeat = min(iv, s.leaseTTL/4)
+				next = s.heartbeat
+			}
 			contact(resp)
 		case ctx.Err() != nil:
 			return ctx.Err()

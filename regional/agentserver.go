@@ -249,7 +249,8 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 	if err != nil {
 		return nil, err
 	}
-	ka, err := s.c.cli.KeepAliveOnce(cctx, lease)
+	c := s.c
+	ka, err := c.cli.KeepAliveOnce(cctx, lease)
 	if err != nil {
 		if status.Code(err) == codes.NotFound || err.Error() == "etcdserver: requested lease not found" {
 			return nil, status.Errorf(codes.FailedPrecondition, "node %s epoch %d: lease expired; re-register", req.GetNodeId(), req.GetNodeEpoch())
@@ -267,7 +268,11 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 			return nil, status.Errorf(codes.Unavailable, "store datasets: %v", err)
 		}
 	}
-	out := &apiaryv1.HeartbeatResponse{LeaseTtlMs: ka.TTL * 1000}
+	// The fleet's interval as it is now, within this epoch's lease: a node
+	// that registered while the fleet was small slows down as it grows
+	// (Nomad returns a new TTL with every heartbeat alike).
+	out := &apiaryv1.HeartbeatResponse{LeaseTtlMs: ka.TTL * 1000,
+		HeartbeatIntervalMs: min(c.heartbeatInterval(), time.Duration(ka.TTL)*time.Second/4).Milliseconds()}
 	if draining {
 		out.DrainDeadlineMs = max(drainMs, 1)
 	}

@@ -3461,8 +3461,13 @@ type HeartbeatResponse struct {
 	// stops the attempts still running and reports them DRAINED (0: not
 	// draining).
 	DrainDeadlineMs int64 `protobuf:"varint,2,opt,name=drain_deadline_ms,json=drainDeadlineMs,proto3" json:"drain_deadline_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How often to heartbeat from now on, in ms (0: keep the current
+	// interval): the region's interval for its fleet as it is now
+	// (--max-heartbeats-per-second), at most a quarter of this epoch's
+	// lease, at least the interval given at registration.
+	HeartbeatIntervalMs int64 `protobuf:"varint,3,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
@@ -3505,6 +3510,13 @@ func (x *HeartbeatResponse) GetLeaseTtlMs() int64 {
 func (x *HeartbeatResponse) GetDrainDeadlineMs() int64 {
 	if x != nil {
 		return x.DrainDeadlineMs
+	}
+	return 0
+}
+
+func (x *HeartbeatResponse) GetHeartbeatIntervalMs() int64 {
+	if x != nil {
+		return x.HeartbeatIntervalMs
 	}
 	return 0
 }
@@ -7813,11 +7825,12 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\n" +
 	"node_epoch\x18\x02 \x01(\x03R\tnodeEpoch\x12)\n" +
 	"\x10datasets_changed\x18\x03 \x01(\bR\x0fdatasetsChanged\x123\n" +
-	"\bdatasets\x18\x04 \x03(\v2\x17.apiary.v1.LocalDatasetR\bdatasets\"a\n" +
+	"\bdatasets\x18\x04 \x03(\v2\x17.apiary.v1.LocalDatasetR\bdatasets\"\x95\x01\n" +
 	"\x11HeartbeatResponse\x12 \n" +
 	"\flease_ttl_ms\x18\x01 \x01(\x03R\n" +
 	"leaseTtlMs\x12*\n" +
-	"\x11drain_deadline_ms\x18\x02 \x01(\x03R\x0fdrainDeadlineMs\"\xa0\x01\n" +
+	"\x11drain_deadline_ms\x18\x02 \x01(\x03R\x0fdrainDeadlineMs\x122\n" +
+	"\x15heartbeat_interval_ms\x18\x03 \x01(\x03R\x13heartbeatIntervalMs\"\xa0\x01\n" +
 	"\n" +
 	"AttemptRef\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1d\n" +
