@@ -166,9 +166,10 @@ func (d *dispatchLog) snapshot() ([]dispatch, map[string]int) {
 
 // TestShardOwnerKilledOthersKeepDispatching: SIGKILL one of three
 // coordinators while 20 jobs run across the shards of all three. Its shards
-// are taken over and their jobs complete; the shards of the other two keep
-// dispatching through the fault (no gap in their dispatches longer than a
-// second); every task has exactly one committed completion.
+// are taken over and their jobs complete; the region keeps dispatching
+// through the fault (no gap between dispatches after the kill longer than
+// a second, or twice the longest before it); every task has exactly one
+// committed completion.
 func TestShardOwnerKilledOthersKeepDispatching(t *testing.T) {
 	agents := twoAgents()
 	for i := range agents {
@@ -254,32 +255,33 @@ tasks:
 		}
 	}
 	ds, maxActive := d.snapshot()
+	// Gaps between consecutive dispatches of any shard: a survivor that
+	// paused for the takeover would dispatch nothing for its length. (Gaps
+	// of the other shards alone also count slots that went to the victim's
+	// backlog once it was taken over: 8 slots, so that is competition, not
+	// a pause.)
 	var takeover time.Duration
-	var lastOther time.Time
+	var last time.Time
 	var maxGap, gapBefore time.Duration
 	for _, x := range ds {
-		if x.at.Before(killed) {
-			if !victimShards[x.shard] {
-				if !lastOther.IsZero() {
-					gapBefore = max(gapBefore, x.at.Sub(lastOther))
+		if !last.IsZero() {
+			if x.at.Before(killed) {
+				gapBefore = max(gapBefore, x.at.Sub(last))
+			} else {
+				from := last
+				if from.Before(killed) {
+					from = killed // the gap that straddles the kill counts from it
 				}
-				lastOther = x.at
+				maxGap = max(maxGap, x.at.Sub(from))
 			}
-			continue
 		}
-		if victimShards[x.shard] {
-			if takeover == 0 {
-				takeover = x.at.Sub(killed)
-			}
-			continue
+		last = x.at
+		if !x.at.Before(killed) && victimShards[x.shard] && takeover == 0 {
+			takeover = x.at.Sub(killed)
 		}
-		if !lastOther.IsZero() {
-			maxGap = max(maxGap, x.at.Sub(lastOther))
-		}
-		lastOther = x.at
 	}
-	t.Logf("SIGKILL of %s (%d of %d shards, %d of %d jobs): first dispatch in a taken-over shard after %v; longest gap between dispatches of the other shards after the kill %v; most tasks active on one node %v",
-		victim, len(victimShards), after.GetShardCount(), len(byOwner[victim]), jobs, takeover.Round(time.Millisecond), maxGap.Round(time.Millisecond), maxActive)
+	t.Logf("SIGKILL of %s (%d of %d shards, %d of %d jobs): first dispatch in a taken-over shard after %v; longest gap between dispatches after the kill %v (before it %v); most tasks active on one node %v",
+		victim, len(victimShards), after.GetShardCount(), len(byOwner[victim]), jobs, takeover.Round(time.Millisecond), maxGap.Round(time.Millisecond), gapBefore.Round(time.Millisecond), maxActive)
 	if takeover == 0 {
 		t.Fatal("no dispatch in a taken-over shard after the kill")
 	}
@@ -287,7 +289,7 @@ tasks:
 	// claims (a second or more); a machine busy with other work stretches
 	// every gap alike, so the bound follows the gaps before the kill.
 	if bound := max(time.Second, 2*gapBefore); maxGap > bound {
-		t.Fatalf("the other coordinators' shards paused: a gap of %v between their dispatches after the kill (bound %v: 1 s or twice the longest gap before it, %v)",
+		t.Fatalf("the region's dispatching paused: a gap of %v between dispatches after the kill (bound %v: 1 s or twice the longest gap before it, %v)",
 			maxGap, bound, gapBefore)
 	}
 	for n, k := range maxActive {
