@@ -49,6 +49,10 @@ func runApiary(t *testing.T, args ...string) cliRun {
 func TestCLIWaitTimeoutOnUnplaceableJob(t *testing.T) {
 	_, r := cluster(t, devcluster.RegionSpec{Agents: twoAgents()})
 	c := dial(t, r)
+	// The unplaced reason is written once the task has waited 2 s in an
+	// owner's rounds; a fresh coordinator claims its shards only after
+	// --shard-settle (2 s), so submit once it owns them.
+	waitShardsSpread(t, c, 1)
 	f := filepath.Join(t.TempDir(), "mars.yaml")
 	if err := os.WriteFile(f, []byte(`
 name: mars
@@ -60,7 +64,7 @@ tasks:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	const wt = 3 * time.Second
+	const wt = 4 * time.Second
 	res := runApiary(t, "job", "run", f, "--wait", "--wait-timeout", wt.String(), "--addr", r.Addr())
 	t.Logf("exit %d after %v\nstdout:\n%s\nstderr:\n%s", res.code, res.took, res.stdout, res.stderr)
 	if res.code != 4 {
