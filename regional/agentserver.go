@@ -95,7 +95,7 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	}
 	// The lease and heartbeat interval are sized for the fleet
 	// (heartbeats.go); an agent keeps them for this epoch.
-	hbInterval, leaseTTL := heartbeatTiming(c.cfg.NodeLeaseTTL, c.cfg.MaxHeartbeatsPerSecond, c.nodes.Len()+1)
+	hbInterval, leaseTTL := c.heartbeatTiming()
 	ttl := int64(leaseTTL.Seconds())
 	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
@@ -249,8 +249,7 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 	if err != nil {
 		return nil, err
 	}
-	c := s.c
-	ka, err := c.cli.KeepAliveOnce(cctx, lease)
+	ka, err := s.c.cli.KeepAliveOnce(cctx, lease)
 	if err != nil {
 		if status.Code(err) == codes.NotFound || err.Error() == "etcdserver: requested lease not found" {
 			return nil, status.Errorf(codes.FailedPrecondition, "node %s epoch %d: lease expired; re-register", req.GetNodeId(), req.GetNodeEpoch())
@@ -271,8 +270,9 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 	// The fleet's interval as it is now, within this epoch's lease: a node
 	// that registered while the fleet was small slows down as it grows
 	// (Nomad returns a new TTL with every heartbeat alike).
+	interval, _ := s.c.heartbeatTiming()
 	out := &apiaryv1.HeartbeatResponse{LeaseTtlMs: ka.TTL * 1000,
-		HeartbeatIntervalMs: min(c.heartbeatInterval(), time.Duration(ka.TTL)*time.Second/4).Milliseconds()}
+		HeartbeatIntervalMs: min(interval, time.Duration(ka.TTL)*time.Second/4).Milliseconds()}
 	if draining {
 		out.DrainDeadlineMs = max(drainMs, 1)
 	}

@@ -25,7 +25,7 @@ func TestHeartbeatTimingScalesWithTheFleet(t *testing.T) {
 		{2 * time.Second, 100, 1000, 10 * time.Second, 40 * time.Second},
 		{2 * time.Second, 0, 10000, 5 * time.Second, 20 * time.Second}, // 0: the default rate
 	} {
-		iv, ttl := heartbeatTiming(tc.lease, tc.rate, tc.n)
+		iv, ttl := fleetHeartbeat(tc.lease, tc.rate, tc.n)
 		if iv != tc.interval || ttl != tc.ttl {
 			t.Errorf("lease %v, rate %v, %d nodes: interval %v, lease %v; want %v, %v", tc.lease, tc.rate, tc.n, iv, ttl, tc.interval, tc.ttl)
 		}

@@ -366,10 +366,11 @@ func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member 
 	met := c.lanMetrics()
 	failedAt := time.Now()
 	veto := c.heartbeatVeto(failedAt)
+	_, lease := c.heartbeatTiming()
 	for {
 		b, ok := c.beats.last(at.NodeID)
 		switch {
-		case !ok || b.epoch != at.Epoch || time.Since(b.at) > c.nodeLeaseTTL()+veto:
+		case !ok || b.epoch != at.Epoch || time.Since(b.at) > lease+veto:
 			met.FastReclaimSkips.WithLabelValues("not_heartbeat_coordinator").Inc()
 			c.log.Debug("LAN: agent member failed; its heartbeats go to another coordinator, which decides",
 				"node", at.NodeID, "epoch", at.Epoch, "member", member)
@@ -430,7 +431,8 @@ func (c *Coordinator) fastReclaim(ctx context.Context, at lan.AgentTags, member 
 // decides. Memberlist's own Lifeguard local health multiplier backs off its
 // probes on the same reasoning.
 func (c *Coordinator) heartbeatVeto(now time.Time) time.Duration {
-	v := max(2*c.heartbeatInterval(), c.nodeLeaseTTL()/2)
+	interval, lease := c.heartbeatTiming()
+	v := max(2*interval, lease/2)
 	if g := c.beats.slowestGap(now); 3*g/2 > v {
 		v = 3 * g / 2
 	}
