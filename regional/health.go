@@ -153,7 +153,7 @@ func (c *Coordinator) guardAllows(h *healthState, id string, live int) bool {
 }
 
 // noteHealth keeps the coordinator's view of the region's health records
-// (capacityState.health, re-read every refresh) current with the records
+// (capacityState.health, recomputed from the node index every refresh) current with the records
 // it just committed, so that the next batch compares with them rather than
 // with a read up to a second old.
 func (c *Coordinator) noteHealth(h *healthState) {
