@@ -389,6 +389,14 @@ func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, 
 		cancel()
 		return err
 	}
+	// Subscribe before the read: every put after it reaches sub, and the
+	// read holds everything before (assignhub.go).
+	sub, err := c.assignHub.subscribe(req.GetNodeId())
+	if err != nil {
+		cancel()
+		return status.Errorf(codes.Unavailable, "%v; reconnect", err)
+	}
+	defer c.assignHub.unsubscribe(sub)
 	resp, err := c.cli.Get(cctx, store.PrefNodeAssign(req.GetNodeId()), clientv3.WithPrefix())
 	cancel()
 	if err != nil {
@@ -424,11 +432,12 @@ func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, 
 			return err
 		}
 	}
+	read := resp.Header.Revision
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer wcancel()
-	// c.watchCli, not the in-process c.cli (see its doc).
-	w := c.watchCli.Watch(wctx, store.PrefNodeAssign(req.GetNodeId()), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	aw := c.watchCli.Watch(wctx, store.KeyNodeAlive(req.GetNodeId()), clientv3.WithRev(resp.Header.Revision+1))
+	// The node's alive key: a single-key watch (c.watchCli, not the
+	// in-process c.cli; see its doc).
+	aw := c.watchCli.Watch(wctx, store.KeyNodeAlive(req.GetNodeId()), clientv3.WithRev(read+1))
 	for {
 		select {
 		case <-ctx.Done():
@@ -442,17 +451,18 @@ func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, 
 					return status.Errorf(codes.FailedPrecondition, "node %s epoch %d ended; re-register", req.GetNodeId(), req.GetNodeEpoch())
 				}
 			}
-		case wr, ok := <-w:
-			if !ok || wr.Err() != nil {
-				return status.Error(codes.Unavailable, "watch interrupted; reconnect")
-			}
-			for _, ev := range wr.Events {
-				if ev.Type != clientv3.EventTypePut {
-					continue
+		case <-sub.ready:
+			evs, dropped := sub.take()
+			for _, ev := range evs {
+				if ev.modRev <= read {
+					continue // in the read already
 				}
-				if err := send(ev.Kv.Value, ev.Kv.CreateRevision); err != nil {
+				if err := send(ev.value, ev.createRev); err != nil {
 					return err
 				}
+			}
+			if dropped != nil {
+				return status.Errorf(codes.Unavailable, "%v; reconnect", dropped)
 			}
 		}
 	}

@@ -322,10 +322,13 @@ type Coordinator struct {
 	// and 20716: hundreds of agents leaving at once froze the scheduling
 	// loop's watch for good), which real gRPC's flow control does not.
 	watchCli *clientv3.Client
-	grpc     *grpc.Server
-	health   *health.Server
-	lis      net.Listener
-	meta     store.MetaRecord
+	// assignHub fans the region's assignment puts out to this
+	// coordinator's assignment streams (assignhub.go; "assignments" part).
+	assignHub *assignHub
+	grpc      *grpc.Server
+	health    *health.Server
+	lis       net.Listener
+	meta      store.MetaRecord
 
 	// etcdTLS: the copies of the accepted TLS material etcd reads (etcd part)
 	etcdTLS etcdTLSCopy
@@ -388,7 +391,8 @@ func New(cfg Config) (*Coordinator, error) {
 		c.aclDenials = aclDenialCounter(cfg.Registry, c.log)
 	}
 	c.submits = newGroupCommit(2, 256, c.flushSubmits)
-	c.reports = newGroupCommit(2, 512, c.flushReports)
+	c.reports = newPartitionedCommit(2, 512, func(it *reportItem) string { return it.req.GetNodeId() }, c.flushReports)
+	c.assignHub = newAssignHub()
 	return c, nil
 }
 
@@ -422,6 +426,9 @@ func (c *Coordinator) Etcd() *embed.Etcd { return c.etcd }
 //     before the API serves, then kept by a watch (acl.go).
 //   - group-commit: the submission and report batch workers; they stop
 //     after the API that feeds them, flushing what is queued.
+//   - assignments: one watch of every assignment, fanned out to this
+//     coordinator's assignment streams (assignhub.go); streams opened
+//     while it re-establishes its watch are refused UNAVAILABLE.
 //   - api: the gRPC listener and server; a Serve error fails the process.
 //   - lan: the serf LAN member (with LANAddr): joins the peers named in
 //     the member records, ends the epochs of failed agents (lan.go); it
@@ -461,6 +468,7 @@ func (c *Coordinator) Parts() []lifecycle.Part {
 	}
 	parts = append(parts,
 		lifecycle.New("group-commit", services.NewBasicService(nil, c.runGroupCommit, nil)),
+		lifecycle.Loop("assignments", c.runAssignHub),
 		lifecycle.New("api", services.NewBasicService(c.listenAPI, c.serveAPI, nil)),
 	)
 	if c.cfg.LANAddr != "" {

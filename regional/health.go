@@ -43,6 +43,10 @@ type healthState struct {
 	setRev int64 // ModRevision of the set (0: none yet)
 	setMod bool
 	events []healthEvent
+	// reporting holds the batch's reporting nodes; region is the region's
+	// sum, taken at the batch's first judgement (regionOf).
+	reporting map[string]bool
+	region    *regionHealth
 }
 
 // nodeHealth is one reporting node's record inside a batch.
@@ -105,35 +109,97 @@ func (h *healthState) node(id string) *nodeHealth {
 	return nh
 }
 
-// restOf sums the rest of the region's outcomes over the window: every
-// node but id that is ready and not quarantined (a dead or quarantined
-// node's failures would raise the bar for the others), from the
-// coordinator's last read of the nodes and the records it committed since
-// (noteHealth) and, for the nodes of this batch, their records as read
-// with it. It also returns the region's ready nodes, and whether another
-// node could take the task (ready and taking placements).
-func (c *Coordinator) restOf(h *healthState, id string, nowMs int64) (rest nodehealth.Stats, live int, other bool) {
+// regionHealth is the region's side of node health as one report batch
+// sees it: the outcomes over the window summed over every node that is
+// ready and not quarantined (a dead or quarantined node's failures would
+// raise the bar for the others), from the coordinator's last read of the
+// nodes and the records it committed since (noteHealth) and, for the nodes
+// of the batch, their records as read with it. It is summed once per batch
+// (regionOf) and kept current as the batch's outcomes change its nodes'
+// records (observe), so a batch of n reports costs one pass over the
+// region's nodes, not n.
+type regionHealth struct {
+	total nodehealth.Stats
+	// part is each of the batch's nodes' share of total.
+	part map[string]nodehealth.Stats
+	// live is the region's live node count; eligible counts the ready
+	// nodes that take placements.
+	live, eligible int
+	// ready, takes and held are the capacity summary's sets as of the sum
+	// (refreshCapacity replaces them, never writes into them).
+	ready, takes, held map[string]bool
+}
+
+// counted reports whether node id's record rec is part of the region's
+// sum: the node is ready, not held by an operator and not quarantined.
+func (g *regionHealth) counted(id string, rec nodehealth.Record) bool {
+	return g.ready[id] && !g.held[id] && rec.Quarantine == nil
+}
+
+// regionOf returns batch h's regionHealth, summing it at the first call.
+func (c *Coordinator) regionOf(h *healthState, nowMs int64) *regionHealth {
+	if h.region != nil {
+		return h.region
+	}
 	cfg := c.cfg.Quarantine
 	st := &c.capState
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	g := &regionHealth{part: map[string]nodehealth.Stats{}, live: st.live, ready: st.ready, takes: st.eligible, held: st.held}
 	for n := range st.ready {
-		if n == id {
-			continue
+		if st.eligible[n] {
+			g.eligible++
 		}
-		other = other || st.eligible[n]
 		r, ok := st.health[n]
 		if nh := h.nodes[n]; nh != nil {
 			r, ok = nh.rec, true
 		}
-		if !ok || r.Quarantine != nil || st.held[n] {
+		if !ok || !g.counted(n, r) {
 			continue
 		}
 		s := r.Totals(cfg, nowMs)
-		rest.Attempts += s.Attempts
-		rest.Failures += s.Failures
+		g.total = addStats(g.total, s, 1)
+		if h.nodes[n] != nil || h.reporting[n] {
+			g.part[n] = s
+		}
 	}
-	return rest, st.live, other
+	h.region = g
+	return g
+}
+
+// renote keeps batch h's region sum current after node id's record changed
+// to rec in the batch.
+func (c *Coordinator) renote(h *healthState, id string, rec nodehealth.Record, nowMs int64) {
+	g := h.region
+	if g == nil {
+		return // not summed yet: regionOf will read rec
+	}
+	var s nodehealth.Stats
+	if g.counted(id, rec) {
+		s = rec.Totals(c.cfg.Quarantine, nowMs)
+	}
+	g.total = addStats(addStats(g.total, g.part[id], -1), s, 1)
+	g.part[id] = s
+}
+
+// addStats is a + sign×b over attempts and failures (all that Judge and
+// Apply read of the rest of the region).
+func addStats(a, b nodehealth.Stats, sign int) nodehealth.Stats {
+	a.Attempts += sign * b.Attempts
+	a.Failures += sign * b.Failures
+	return a
+}
+
+// restOf is the rest of the region's outcomes for node id (regionHealth,
+// without id's share), the region's live node count, and whether another
+// node could take the task (ready and taking placements).
+func (c *Coordinator) restOf(h *healthState, id string, nowMs int64) (rest nodehealth.Stats, live int, other bool) {
+	g := c.regionOf(h, nowMs)
+	self := 0
+	if g.ready[id] && g.takes[id] {
+		self = 1
+	}
+	return addStats(g.total, g.part[id], -1), g.live, g.eligible-self > 0
 }
 
 // guardAllows is the share guard for quarantining node id now: it counts
@@ -228,6 +294,7 @@ func (c *Coordinator) observe(h *healthState, id, job string, failed bool, assig
 	rec, ev, reason := nodehealth.Apply(c.cfg.Quarantine, nh.rec, nodehealth.Outcome{AtMs: nowMs, Job: job, Failed: failed},
 		assignedMs, v.rest, v.guard, nowMs)
 	nh.rec, nh.changed = rec, true
+	c.renote(h, id, rec, nowMs)
 	switch ev {
 	case nodehealth.Quarantined:
 		if h.set.Nodes == nil {

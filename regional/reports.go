@@ -94,9 +94,16 @@ func (c *Coordinator) flushReports(batch []*reportItem) {
 }
 
 func (c *Coordinator) flushReportChunk(batch []*reportItem) {
-	if len(batch) > 1 {
-		if ok, err := c.commitReports(batch, false); ok && err == nil {
+	// A batch whose compares failed is read and decided again as a whole
+	// (what changed is most often one task or node record, committed by
+	// then); only then is each report redone alone.
+	for try := 0; len(batch) > 1 && try < batchTries; try++ {
+		ok, err := c.commitReports(batch, false)
+		if ok && err == nil {
 			return
+		}
+		if err != nil {
+			break
 		}
 	}
 	for _, it := range batch {
@@ -187,6 +194,7 @@ func (c *Coordinator) readReports(ctx context.Context, batch []*reportItem) (*re
 			reads = append(reads, clientv3.OpGet(store.KeyNodeAlive(it.req.GetNodeId())))
 		}
 	}
+	rd.health.reporting = nodes
 	reads = append(reads, healthReads(nodeIDs)...)
 	resp, err := c.txnRetry(ctx, func(actx context.Context) (*clientv3.TxnResponse, error) {
 		return c.cli.Txn(actx).Then(reads...).Commit()
@@ -377,6 +385,10 @@ const maxTailBytes = 64 << 10
 
 // maxReportBatchBytes caps the output carried by one report Txn.
 const maxReportBatchBytes = 4 << 20
+
+// batchTries is how many times a report batch whose write compares failed
+// is retried whole before its reports are committed one by one.
+const batchTries = 3
 
 // capTail keeps the last maxTailBytes of s, starting at a rune boundary.
 func capTail(s string) string {

@@ -295,6 +295,57 @@ func TestOwnerReclaimsLostNodeTask(t *testing.T) {
 	}
 }
 
+// TestOwnerReclaimsOnlyTheLostEpoch: a node that came back under a new
+// epoch holds a task of its old epoch and one of its live epoch; the round
+// reclaims the old one only. The per-node epoch counts that let reclaim
+// pass over a node whose tasks all run under its live epoch follow every
+// change of the tasks.
+func TestOwnerReclaimsOnlyTheLostEpoch(t *testing.T) {
+	h := newOwnerHarness(t)
+	old := h.addNode("n1", 4000, 8192)
+	h.store.del(store.KeyNodeAlive("n1")) // its lease expired, and it registered again:
+	live := h.store.put(store.KeyNodeAlive("n1"), "n1") // a new epoch
+	if live == old {
+		t.Fatal("the re-registration did not make a new epoch")
+	}
+	h.addJob("j1", 1000, false,
+		taskstate.Task{State: apiaryv1.TaskState_TASK_STATE_RUNNING, Attempt: 1, Used: 1, NodeID: "n1", NodeEpoch: old},
+		taskstate.Task{State: apiaryv1.TaskState_TASK_STATE_RUNNING, Attempt: 1, Used: 1, NodeID: "n1", NodeEpoch: live})
+	h.store.put(store.KeyAssign("n1", "j1", 0), "run")
+	h.store.put(store.KeyAssign("n1", "j1", 1), "run")
+	h.load()
+	// The cache holds the live epoch from the alive key's CreateRevision;
+	// the node's record still names the old one.
+	if n := h.s.cache.nodes["n1"]; n == nil || n.Alive == 0 {
+		t.Fatal("node n1 not alive in the cache")
+	}
+	if h.s.cache.onlyLiveEpoch("n1", h.s.cache.nodes["n1"].Alive) {
+		t.Fatal("onlyLiveEpoch: true with a task of an old epoch on the node")
+	}
+	if err := h.round(); err != nil {
+		t.Fatalf("round: %v", err)
+	}
+	if tk := h.task("j1", 0); tk.State != apiaryv1.TaskState_TASK_STATE_PENDING {
+		t.Fatalf("task of the old epoch after the round: %v, want PENDING", tk.State)
+	}
+	alive := h.s.cache.nodes["n1"].Alive
+	if tk := h.task("j1", 1); tk.State != apiaryv1.TaskState_TASK_STATE_RUNNING || tk.NodeEpoch != alive {
+		t.Fatalf("task of the live epoch after the round: %v epoch %d, want RUNNING on %d", tk.State, tk.NodeEpoch, alive)
+	}
+	if !h.s.cache.onlyLiveEpoch("n1", alive) {
+		t.Fatalf("onlyLiveEpoch: false after the old epoch's task was reclaimed (counts %v)", h.s.cache.byNodeEpoch["n1"])
+	}
+	// The live task ends: the node holds nothing, and its counts are gone.
+	key := store.KeyTask(0, "j1", 1)
+	ct := h.s.cache.tasks[key]
+	done := ct.rec
+	done.State = apiaryv1.TaskState_TASK_STATE_COMPLETE
+	h.s.cache.setTask(key, &cTask{key: key, shard: ct.shard, rec: done, modRev: ct.modRev + 1})
+	if _, ok := h.s.cache.byNodeEpoch["n1"]; ok {
+		t.Fatalf("epoch counts of a node without active tasks: %v, want none", h.s.cache.byNodeEpoch["n1"])
+	}
+}
+
 // TestOwnerCancelsJob: a job's cancel flag cancels its pending task at once
 // and turns its running task's assignment into a CANCEL for the agent (the
 // assignment key's CreateRevision, the fencing token, kept).

@@ -36,6 +36,10 @@ type ownerCache struct {
 	nodes      map[string]*cNode
 	pending    map[string]*cTask          // task key -> task, of the tasks in PENDING
 	byNode     map[string]map[string]bool // node id -> active task keys
+	// byNodeEpoch counts the tasks of byNode by node and node epoch, so
+	// that reclaim passes over a node whose only epoch is its live one
+	// without visiting its tasks.
+	byNodeEpoch map[string]map[int64]int
 	// reserved maps a node id to the PENDING tasks holding a reservation
 	// there (taskstate.Reservation; preempt.go).
 	reserved map[string]map[string]bool
@@ -157,7 +161,7 @@ type cNode struct {
 
 func newOwnerCache(specs *store.SpecCache) *ownerCache {
 	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, jobDone: map[string]*jobDone{}, shardTasks: map[int]*shardTasks{}, tasks: map[string]*cTask{},
-		nodes: map[string]*cNode{}, pending: map[string]*cTask{}, byNode: map[string]map[string]bool{}, reserved: map[string]map[string]bool{}, victimPri: map[int32]int{},
+		nodes: map[string]*cNode{}, pending: map[string]*cTask{}, byNode: map[string]map[string]bool{}, byNodeEpoch: map[string]map[int64]int{}, reserved: map[string]map[string]bool{}, victimPri: map[int32]int{},
 		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, aaJobs: map[string]map[string]bool{},
 		aaRev: map[string]int64{}, specs: specs}
 }
@@ -378,8 +382,9 @@ func (c *ownerCache) setTask(key string, t *cTask) {
 			}
 		}
 		delete(c.pending, key)
-		if m := c.byNode[old.rec.NodeID]; m != nil {
+		if m := c.byNode[old.rec.NodeID]; m[key] {
 			delete(m, key)
+			c.countNodeEpoch(old.rec.NodeID, old.rec.NodeEpoch, -1)
 		}
 		if t == nil {
 			c.forget(key)
@@ -421,7 +426,30 @@ func (c *ownerCache) setTask(key string, t *cTask) {
 			c.byNode[t.rec.NodeID] = bn
 		}
 		bn[key] = true
+		c.countNodeEpoch(t.rec.NodeID, t.rec.NodeEpoch, 1)
 	}
+}
+
+// countNodeEpoch adds d to the active tasks of node id's epoch.
+func (c *ownerCache) countNodeEpoch(id string, epoch int64, d int) {
+	m := c.byNodeEpoch[id]
+	if m == nil {
+		m = map[int64]int{}
+		c.byNodeEpoch[id] = m
+	}
+	if m[epoch] += d; m[epoch] <= 0 {
+		delete(m, epoch)
+		if len(m) == 0 {
+			delete(c.byNodeEpoch, id)
+		}
+	}
+}
+
+// onlyLiveEpoch reports whether every active task on node id runs under
+// epoch alive (true too when it has none).
+func (c *ownerCache) onlyLiveEpoch(id string, alive int64) bool {
+	m := c.byNodeEpoch[id]
+	return len(m) == 0 || (len(m) == 1 && m[alive] > 0)
 }
 
 // lowestVictim is the lowest job priority of an active task that could be

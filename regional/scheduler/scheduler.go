@@ -286,17 +286,14 @@ func (s *Loop) reclaim(ctx context.Context, now time.Time) (time.Duration, error
 	seenLost := map[nodeEpoch]bool{}
 	for nodeID, keys := range c.byNode {
 		n := c.nodes[nodeID]
-		var perEpoch map[int64]int // active tasks per epoch, counted once a lost one is found
+		if n != nil && n.Alive != 0 && c.onlyLiveEpoch(nodeID, n.Alive) {
+			continue // every task there runs under the live epoch
+		}
+		perEpoch := c.byNodeEpoch[nodeID] // active tasks per epoch
 		for key := range keys {
 			ct := c.tasks[key]
 			if !s.owns(ct.shard) || (n != nil && n.Alive != 0 && n.Alive == ct.rec.NodeEpoch) {
 				continue
-			}
-			if perEpoch == nil {
-				perEpoch = map[int64]int{}
-				for k := range keys {
-					perEpoch[c.tasks[k].rec.NodeEpoch]++
-				}
 			}
 			ne := nodeEpoch{nodeID, ct.rec.NodeEpoch}
 			seenLost[ne] = true
