@@ -303,7 +303,7 @@ func TestOwnerReclaimsLostNodeTask(t *testing.T) {
 func TestOwnerReclaimsOnlyTheLostEpoch(t *testing.T) {
 	h := newOwnerHarness(t)
 	old := h.addNode("n1", 4000, 8192)
-	h.store.del(store.KeyNodeAlive("n1")) // its lease expired, and it registered again:
+	h.store.del(store.KeyNodeAlive("n1"))               // its lease expired, and it registered again:
 	live := h.store.put(store.KeyNodeAlive("n1"), "n1") // a new epoch
 	if live == old {
 		t.Fatal("the re-registration did not make a new epoch")
