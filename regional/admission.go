@@ -114,6 +114,9 @@ type capacityState struct {
 	ready, eligible map[string]bool
 	held            map[string]bool
 	health          map[string]nodehealth.Record
+	// region is the health sum over the nodes above (health.go), kept
+	// between report batches; nil when the sets were replaced.
+	region          *regionSum
 	pending         map[string]int64 // by class, from the last read (-1 unknown)
 	// extra holds the jobs this coordinator accepted that the last read
 	// did not see yet (job id → class and task count).
@@ -241,6 +244,7 @@ func (c *Coordinator) refreshCapacityLocked(ctx context.Context) {
 	st.mu.Lock()
 	st.readOK, st.readAt, st.cap, st.sizes, st.gpuModels, st.nodesSeen, st.pending = true, time.Now(), ns.sum, ns.sizes, ns.models, ns.nodesSeen, pending
 	st.live, st.health, st.ready, st.eligible, st.held = ns.live, ns.health, ns.ready, ns.eligible, ns.held
+	st.region = nil
 	st.nodesRev = nodesRev
 	st.lastSeen = seenJobs
 	if !bounded {

@@ -114,10 +114,10 @@ func (h *healthState) node(id string) *nodeHealth {
 // ready and not quarantined (a dead or quarantined node's failures would
 // raise the bar for the others), from the coordinator's last read of the
 // nodes and the records it committed since (noteHealth) and, for the nodes
-// of the batch, their records as read with it. It is summed once per batch
-// (regionOf) and kept current as the batch's outcomes change its nodes'
-// records (observe), so a batch of n reports costs one pass over the
-// region's nodes, not n.
+// of the batch, their records as read with it. It starts from the
+// coordinator's regionSum and is kept current as the batch's outcomes
+// change its nodes' records (observe), so a batch costs a pass over its
+// own nodes, not over the region's.
 type regionHealth struct {
 	total nodehealth.Stats
 	// part is each of the batch's nodes' share of total.
@@ -136,35 +136,67 @@ func (g *regionHealth) counted(id string, rec nodehealth.Record) bool {
 	return g.ready[id] && !g.held[id] && rec.Quarantine == nil
 }
 
-// regionOf returns batch h's regionHealth, summing it at the first call.
-func (c *Coordinator) regionOf(h *healthState, nowMs int64) *regionHealth {
-	if h.region != nil {
-		return h.region
-	}
-	cfg := c.cfg.Quarantine
+// regionSum is the coordinator's regionHealth over every node (part holds
+// each counted node's share), summed at most every regionSumMaxAge (the
+// window's decay) or when the capacity refresh replaced the node sets, and
+// kept current between by noteHealth. Guarded by capacityState.mu.
+type regionSum struct {
+	regionHealth
+	atMs int64
+}
+
+// regionSumMaxAge bounds how old a regionSum may be (the capacity summary
+// itself is refreshed once a second).
+const regionSumMaxAge = time.Second
+
+// regionSumLocked returns the coordinator's regionSum at nowMs, summing it
+// anew when it is missing or older than regionSumMaxAge. st.mu is held.
+func (c *Coordinator) regionSumLocked(nowMs int64) *regionSum {
 	st := &c.capState
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	g := &regionHealth{part: map[string]nodehealth.Stats{}, live: st.live, ready: st.ready, takes: st.eligible, held: st.held}
+	if g := st.region; g != nil && nowMs-g.atMs < regionSumMaxAge.Milliseconds() && nowMs >= g.atMs {
+		return g
+	}
+	g := &regionSum{atMs: nowMs, regionHealth: regionHealth{part: map[string]nodehealth.Stats{}, live: st.live,
+		ready: st.ready, takes: st.eligible, held: st.held}}
 	for n := range st.ready {
 		if st.eligible[n] {
 			g.eligible++
 		}
-		r, ok := st.health[n]
-		if nh := h.nodes[n]; nh != nil {
-			r, ok = nh.rec, true
-		}
-		if !ok || !g.counted(n, r) {
-			continue
-		}
-		s := r.Totals(cfg, nowMs)
-		g.total = addStats(g.total, s, 1)
-		if h.nodes[n] != nil || h.reporting[n] {
+		if r, ok := st.health[n]; ok && g.counted(n, r) {
+			s := r.Totals(c.cfg.Quarantine, nowMs)
+			g.total = addStats(g.total, s, 1)
 			g.part[n] = s
 		}
 	}
-	h.region = g
+	st.region = g
 	return g
+}
+
+// regionOf returns batch h's regionHealth: the coordinator's regionSum with
+// the batch's nodes' records as read with it in place of the sum's.
+func (c *Coordinator) regionOf(h *healthState, nowMs int64) *regionHealth {
+	if h.region != nil {
+		return h.region
+	}
+	st := &c.capState
+	st.mu.Lock()
+	base := c.regionSumLocked(nowMs)
+	g := base.regionHealth
+	st.mu.Unlock()
+	g.part = map[string]nodehealth.Stats{}
+	for n := range h.reporting {
+		g.part[n] = base.part[n]
+	}
+	for n, nh := range h.nodes {
+		var s nodehealth.Stats
+		if g.counted(n, nh.rec) {
+			s = nh.rec.Totals(c.cfg.Quarantine, nowMs)
+		}
+		g.total = addStats(addStats(g.total, base.part[n], -1), s, 1)
+		g.part[n] = s
+	}
+	h.region = &g
+	return h.region
 }
 
 // renote keeps batch h's region sum current after node id's record changed
@@ -232,6 +264,14 @@ func (c *Coordinator) noteHealth(h *healthState) {
 	for id, nh := range h.nodes {
 		if nh.changed {
 			st.health[id] = nh.rec
+			if g := st.region; g != nil {
+				var s nodehealth.Stats
+				if g.counted(id, nh.rec) {
+					s = nh.rec.Totals(c.cfg.Quarantine, g.atMs)
+				}
+				g.total = addStats(addStats(g.total, g.part[id], -1), s, 1)
+				g.part[id] = s
+			}
 		}
 	}
 }

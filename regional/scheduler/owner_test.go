@@ -328,6 +328,9 @@ func TestOwnerReclaimsOnlyTheLostEpoch(t *testing.T) {
 	if tk := h.task("j1", 0); tk.State != apiaryv1.TaskState_TASK_STATE_PENDING {
 		t.Fatalf("task of the old epoch after the round: %v, want PENDING", tk.State)
 	}
+	if h.s.cache.pendingByJob["j1"][store.KeyTask(0, "j1", 0)] == nil {
+		t.Fatal("the requeued task is not in its job's pending set")
+	}
 	alive := h.s.cache.nodes["n1"].Alive
 	if tk := h.task("j1", 1); tk.State != apiaryv1.TaskState_TASK_STATE_RUNNING || tk.NodeEpoch != alive {
 		t.Fatalf("task of the live epoch after the round: %v epoch %d, want RUNNING on %d", tk.State, tk.NodeEpoch, alive)

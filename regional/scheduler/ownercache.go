@@ -35,6 +35,9 @@ type ownerCache struct {
 	tasks      map[string]*cTask // task key -> task
 	nodes      map[string]*cNode
 	pending    map[string]*cTask          // task key -> task, of the tasks in PENDING
+	// pendingByJob is pending by job id: a round judges a job's shard,
+	// owner, cancel flag and stages once, not once per task.
+	pendingByJob map[string]map[string]*cTask
 	byNode     map[string]map[string]bool // node id -> active task keys
 	// byNodeEpoch counts the tasks of byNode by node and node epoch, so
 	// that reclaim passes over a node whose only epoch is its live one
@@ -161,7 +164,7 @@ type cNode struct {
 
 func newOwnerCache(specs *store.SpecCache) *ownerCache {
 	return &ownerCache{jobs: map[string]*cJob{}, jobTasks: map[string]map[string]bool{}, jobDone: map[string]*jobDone{}, shardTasks: map[int]*shardTasks{}, tasks: map[string]*cTask{},
-		nodes: map[string]*cNode{}, pending: map[string]*cTask{}, byNode: map[string]map[string]bool{}, byNodeEpoch: map[string]map[int64]int{}, reserved: map[string]map[string]bool{}, victimPri: map[int32]int{},
+		nodes: map[string]*cNode{}, pending: map[string]*cTask{}, pendingByJob: map[string]map[string]*cTask{}, byNode: map[string]map[string]bool{}, byNodeEpoch: map[string]map[int64]int{}, reserved: map[string]map[string]bool{}, victimPri: map[int32]int{},
 		dirtyCancel: map[string]bool{}, useDirty: map[string]bool{}, aaJobs: map[string]map[string]bool{},
 		aaRev: map[string]int64{}, specs: specs}
 }
@@ -381,7 +384,14 @@ func (c *ownerCache) setTask(key string, t *cTask) {
 				}
 			}
 		}
-		delete(c.pending, key)
+		if c.pending[key] != nil {
+			delete(c.pending, key)
+			if m := c.pendingByJob[old.rec.JobID]; m != nil {
+				if delete(m, key); len(m) == 0 {
+					delete(c.pendingByJob, old.rec.JobID)
+				}
+			}
+		}
 		if m := c.byNode[old.rec.NodeID]; m[key] {
 			delete(m, key)
 			c.countNodeEpoch(old.rec.NodeID, old.rec.NodeEpoch, -1)
@@ -411,6 +421,12 @@ func (c *ownerCache) setTask(key string, t *cTask) {
 	switch {
 	case t.rec.State == apiaryv1.TaskState_TASK_STATE_PENDING:
 		c.pending[key] = t
+		pj := c.pendingByJob[t.rec.JobID]
+		if pj == nil {
+			pj = map[string]*cTask{}
+			c.pendingByJob[t.rec.JobID] = pj
+		}
+		pj[key] = t
 		if r := t.rec.Reservation; r != nil {
 			m := c.reserved[r.NodeID]
 			if m == nil {

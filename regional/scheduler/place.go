@@ -38,55 +38,69 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 	}
 	stages := map[string]*jobStages{}
 	var stageWrites []write
-	for _, ct := range c.pending {
-		j := c.jobs[ct.rec.JobID]
+	for jobID, tasks := range c.pendingByJob {
+		j := c.jobs[jobID]
 		if j == nil || j.rec.CancelRequested {
 			continue
 		}
-		mine := s.owns(ct.shard)
-		if ct.rec.Reservation != nil {
-			continue // waits for its victims (dispatchReserved)
+		shard := -1 // the job's shard, as its task keys say
+		for _, ct := range tasks {
+			shard = ct.shard
+			break
 		}
-		if ct.rec.NotBeforeMs > nowMs {
-			if d := time.Duration(ct.rec.NotBeforeMs-nowMs) * time.Millisecond; mine && d < next {
-				next = d
-			}
-			continue
-		}
+		mine := s.owns(shard)
 		if !mine && s.home == nil {
 			continue // another coordinator's shard
 		}
-		st, ok := stages[ct.rec.JobID]
+		st, ok := stages[jobID]
 		if !ok {
-			st = c.stagesOf(ct.rec.JobID, j)
-			stages[ct.rec.JobID] = st
+			st = c.stagesOf(jobID, j)
+			stages[jobID] = st
 		}
-		waits := st != nil && !st.ready[ct.rec.Group]
 		if !mine {
 			// Another coordinator's shard: a task it can place (not one
-			// waiting for its stage) makes it an owner with work.
-			if o := s.home.ownerOf(ct.shard); !waits && o != "" && o != s.d.CoordID {
-				others.note(o, urgency{j.priority(), j.rec.SubmitMs})
+			// waiting for its victims, its backoff or its stage) makes it
+			// an owner with work; one such task says so.
+			o := s.home.ownerOf(shard)
+			if o == "" || o == s.d.CoordID {
+				continue
+			}
+			for _, ct := range tasks {
+				if ct.rec.Reservation == nil && ct.rec.NotBeforeMs <= nowMs && (st == nil || st.ready[ct.rec.Group]) {
+					others.note(o, urgency{j.priority(), j.rec.SubmitMs})
+					break
+				}
 			}
 			continue
 		}
-		if waits {
-			if by := st.doomedBy[ct.rec.Group]; by != "" {
-				if w, ok := s.dependencyWrite(ct, by, nowMs); ok {
+		for _, ct := range tasks {
+			if ct.rec.Reservation != nil {
+				continue // waits for its victims (dispatchReserved)
+			}
+			if ct.rec.NotBeforeMs > nowMs {
+				if d := time.Duration(ct.rec.NotBeforeMs-nowMs) * time.Millisecond; d < next {
+					next = d
+				}
+				continue
+			}
+			if st != nil && !st.ready[ct.rec.Group] {
+				if by := st.doomedBy[ct.rec.Group]; by != "" {
+					if w, ok := s.dependencyWrite(ct, by, nowMs); ok {
+						stageWrites = append(stageWrites, w)
+					}
+				} else if w, ok := s.reasonWrite(ct, waitingReason(st.waitFor[ct.rec.Group]), now); ok {
 					stageWrites = append(stageWrites, w)
 				}
-			} else if w, ok := s.reasonWrite(ct, waitingReason(st.waitFor[ct.rec.Group]), now); ok {
-				stageWrites = append(stageWrites, w)
+				continue
 			}
-			continue
+			gk := ct.gkey()
+			g := groups[gk]
+			if g == nil {
+				g = &candGroup{key: gk, job: j}
+				groups[gk] = g
+			}
+			g.tasks = append(g.tasks, ct)
 		}
-		gk := ct.gkey()
-		g := groups[gk]
-		if g == nil {
-			g = &candGroup{key: gk, job: j}
-			groups[gk] = g
-		}
-		g.tasks = append(g.tasks, ct)
 	}
 	if err := s.commit(ctx, stageWrites); err != nil {
 		return 0, err
