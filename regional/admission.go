@@ -116,8 +116,8 @@ type capacityState struct {
 	health          map[string]nodehealth.Record
 	// region is the health sum over the nodes above (health.go), kept
 	// between report batches; nil when the sets were replaced.
-	region          *regionSum
-	pending         map[string]int64 // by class, from the last read (-1 unknown)
+	region  *regionSum
+	pending map[string]int64 // by class, from the last read (-1 unknown)
 	// extra holds the jobs this coordinator accepted that the last read
 	// did not see yet (job id → class and task count).
 	extra map[string]localJob

@@ -34,11 +34,11 @@ type ownerCache struct {
 	shardTasks map[int]*shardTasks
 	tasks      map[string]*cTask // task key -> task
 	nodes      map[string]*cNode
-	pending    map[string]*cTask          // task key -> task, of the tasks in PENDING
+	pending    map[string]*cTask // task key -> task, of the tasks in PENDING
 	// pendingByJob is pending by job id: a round judges a job's shard,
 	// owner, cancel flag and stages once, not once per task.
 	pendingByJob map[string]map[string]*cTask
-	byNode     map[string]map[string]bool // node id -> active task keys
+	byNode       map[string]map[string]bool // node id -> active task keys
 	// byNodeEpoch counts the tasks of byNode by node and node epoch, so
 	// that reclaim passes over a node whose only epoch is its live one
 	// without visiting its tasks.
