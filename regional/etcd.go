@@ -60,6 +60,17 @@ type EtcdConfig struct {
 	// MEASURED.md; leader crash to next write is about 0.7 s).
 	ElectionMs  uint
 	HeartbeatMs uint
+	// SnapshotCount is how many applied raft entries trigger a snapshot
+	// (default 10,000, etcd's --snapshot-count), and SnapshotCatchUpEntries
+	// how many entries the member keeps after a snapshot for a slow
+	// follower (default 5,000, etcd's --snapshot-catchup-entries; a
+	// follower further behind is sent the whole database). A member keeps
+	// its raft log in memory between the two, and Apiary's entries are
+	// whole plan and report batches: at several thousand tasks a second
+	// that log was 36-39% of a 1-member coordinator's heap (issue 16's
+	// profiles). Fewer entries trade memory for more frequent snapshots
+	// and sooner full-database catch-ups.
+	SnapshotCount, SnapshotCatchUpEntries uint64
 	// QuotaBytes is the backend quota in bytes (default DefaultQuotaBytes,
 	// 4 GiB; etcd's --quota-backend-bytes): past it the member raises a
 	// NOSPACE alarm and refuses every write ("etcdserver: mvcc: database
@@ -314,6 +325,12 @@ func startEtcd(ctx context.Context, c EtcdConfig, log *slog.Logger) (*embed.Etcd
 		cfg.ClusterState = embed.ClusterStateFlagExisting
 	}
 	cfg.ElectionMs, cfg.TickMs = orDefault(c.ElectionMs, 500), orDefault(c.HeartbeatMs, 50)
+	if c.SnapshotCount > 0 {
+		cfg.SnapshotCount = c.SnapshotCount
+	}
+	if c.SnapshotCatchUpEntries > 0 {
+		cfg.SnapshotCatchUpEntries = c.SnapshotCatchUpEntries
+	}
 	// MEASURED.md trap 1: the zero value logs every request as slow.
 	cfg.WarningUnaryRequestDuration = embed.DefaultWarningUnaryRequestDuration
 	cfg.QuotaBackendBytes = c.QuotaBytes

@@ -84,8 +84,10 @@ a share again when etcd answers. With TLS it dials the members with its own
 region certificate (the members accept only certificates of their region).
 --etcd-endpoints cannot be combined with --etcd-client-url, --etcd-peer-url,
 --initial-cluster, --initial-cluster-state, --etcd-election-ms,
---etcd-heartbeat-ms or the --etcd-quota-mib, --etcd-compaction-retention and
---etcd-defrag-* flags, which configure a member.
+--etcd-heartbeat-ms, --etcd-snapshot-count, --etcd-snapshot-catchup-entries
+or the --etcd-quota-mib,
+--etcd-compaction-retention and --etcd-defrag-* flags, which configure a
+member.
 
 The state's size: etcd's backend quota (--etcd-quota-mib, default 4096),
 periodic compaction (--etcd-compaction-retention, default 1h) and the
@@ -228,6 +230,8 @@ with apiary acl bootstrap.`,
 	f.StringVar(&cfg.Etcd.ClusterState, "initial-cluster-state", "new", "new or existing")
 	f.UintVar(&cfg.Etcd.ElectionMs, "etcd-election-ms", 500, "etcd election timeout (ms)")
 	f.UintVar(&cfg.Etcd.HeartbeatMs, "etcd-heartbeat-ms", 50, "etcd heartbeat interval (ms)")
+	f.Uint64Var(&cfg.Etcd.SnapshotCount, "etcd-snapshot-count", 10000, "applied raft entries between two snapshots of the member (etcd's --snapshot-count); the member keeps its raft log in memory since the last snapshot plus --etcd-snapshot-catchup-entries, so under a high task rate fewer entries mean a smaller heap and more frequent snapshots")
+	f.Uint64Var(&cfg.Etcd.SnapshotCatchUpEntries, "etcd-snapshot-catchup-entries", 5000, "raft entries the member keeps after a snapshot for a follower that lags (etcd's --snapshot-catchup-entries); a follower further behind is sent the whole database")
 	etcdOps.add(cmd)
 	f.DurationVar(&cfg.NodeLeaseTTL, "node-lease-ttl", 2*time.Second, "node lease TTL (whole seconds, >= 1s)")
 	f.Float64Var(&cfg.MaxHeartbeatsPerSecond, "max-heartbeats-per-second", regional.DefaultMaxHeartbeatsPerSecond, "the region-wide heartbeat rate node leases are sized for, as Nomad's max_heartbeats_per_second: once the fleet is larger than this rate x 0.5 s, a node that registers heartbeats every nodes / rate seconds with a lease of 4 such intervals (10,000 nodes at 2,000/s: every 5 s, a 20 s lease)")
@@ -263,7 +267,7 @@ with apiary acl bootstrap.`,
 // memberFlags are the flags that configure an embedded etcd member, which
 // --etcd-endpoints (no member) refuses.
 var memberFlags = []string{"etcd-client-url", "etcd-peer-url", "initial-cluster", "initial-cluster-state", "etcd-election-ms", "etcd-heartbeat-ms",
-	"etcd-quota-mib", "etcd-compaction-retention", "etcd-defrag-interval", "etcd-defrag-min-free-percent", "etcd-defrag-min-free-mib"}
+	"etcd-snapshot-count", "etcd-snapshot-catchup-entries", "etcd-quota-mib", "etcd-compaction-retention", "etcd-defrag-interval", "etcd-defrag-min-free-percent", "etcd-defrag-min-free-mib"}
 
 // etcdOpsFlags are the embedded member's state-size settings: quota,
 // compaction and defragmentation (regional.EtcdConfig; README.md, "Region
