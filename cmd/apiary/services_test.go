@@ -123,7 +123,7 @@ func TestRegionStartsPartsInOrderStopsInReverse(t *testing.T) {
 		t.Fatalf("exit %d after SIGTERM, want 0; output:\n%s", code, p.out.String())
 	}
 	running, stopped := partEvents(p.out.String())
-	want := []string{"etcd", "metrics", "group-commit", "api", "lan", "members", "capacity", "suspicion", "owner", "wan", "ready"}
+	want := []string{"etcd", "metrics", "group-commit", "assignments", "api", "lan", "members", "capacity", "suspicion", "owner", "wan", "ready"}
 	if !slices.Equal(running, want) {
 		t.Fatalf("parts ran in order %v, want %v", running, want)
 	}
@@ -157,7 +157,7 @@ func TestRegionFailedStartExitsNamingThePart(t *testing.T) {
 		t.Fatalf("no clear line naming the wan part and its port:\n%s", out)
 	}
 	_, stopped := partEvents(out)
-	want := []string{"owner", "suspicion", "capacity", "members", "api", "group-commit", "metrics", "etcd"}
+	want := []string{"owner", "suspicion", "capacity", "members", "api", "assignments", "group-commit", "metrics", "etcd"}
 	if !slices.Equal(stopped, want) {
 		t.Fatalf("after the failed start, parts stopped in order %v, want %v", stopped, want)
 	}
