@@ -227,6 +227,15 @@ func addStats(a, b nodehealth.Stats, sign int) nodehealth.Stats {
 // node could take the task (ready and taking placements).
 func (c *Coordinator) restOf(h *healthState, id string, nowMs int64) (rest nodehealth.Stats, live int, other bool) {
 	g := c.regionOf(h, nowMs)
+	if _, ok := g.part[id]; !ok {
+		// Not one of the batch's reporting nodes (regionOf copied theirs).
+		st := &c.capState
+		st.mu.Lock()
+		if st.region != nil {
+			g.part[id] = st.region.part[id]
+		}
+		st.mu.Unlock()
+	}
 	self := 0
 	if g.ready[id] && g.takes[id] {
 		self = 1
