@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,9 +46,14 @@ type fakeCoord struct {
 	leaseTTLms  int64  // default 5000
 	hbDown      bool   // answer heartbeats with UNAVAILABLE
 	refuse      string // answer registrations with UNAUTHENTICATED and this message
-	drainMs     int64  // HeartbeatResponse.drain_deadline_ms
-	hbEveryMs   int64  // HeartbeatResponse.heartbeat_interval_ms
-	beats       int    // heartbeats answered
+	// loseRegisters: answer this many registrations with UNAVAILABLE (an
+	// answer lost after the region committed); registerCalls records every
+	// RegisterNode call, answered or not.
+	loseRegisters int
+	registerCalls []*apiaryv1.RegisterNodeRequest
+	drainMs       int64 // HeartbeatResponse.drain_deadline_ms
+	hbEveryMs     int64 // HeartbeatResponse.heartbeat_interval_ms
+	beats         int   // heartbeats answered
 	// adopt decides AdoptAttempts (nil: refuse all); adoptions records
 	// the requests; drains and deregisters the epochs of those calls.
 	adopt       func(*apiaryv1.AttemptRef) bool
@@ -110,8 +116,13 @@ func (f *fakeCoord) RegisterNode(_ context.Context, req *apiaryv1.RegisterNodeRe
 	if strings.Contains(req.GetNodeId(), "/") {
 		return nil, status.Error(codes.InvalidArgument, "node_id: bad")
 	}
+	f.registerCalls = append(f.registerCalls, req)
 	if f.refuse != "" {
 		return nil, status.Error(codes.Unauthenticated, f.refuse)
+	}
+	if f.loseRegisters > 0 {
+		f.loseRegisters--
+		return nil, status.Error(codes.Unavailable, "answer lost")
 	}
 	f.nextEpoch++
 	f.valid[f.nextEpoch] = true
@@ -504,6 +515,39 @@ func TestAgentEpochLostKillsAttemptsAndReregisters(t *testing.T) {
 	f.waitReport(t, k2, apiaryv1.ReportKind_REPORT_KIND_EXITED)
 	if ks := kinds(f.reportsFor(key)); len(ks) != 1 {
 		t.Fatalf("reports for the abandoned attempt %v, want only STARTED", ks)
+	}
+}
+
+// TestAgentRetriesRegistrationWithOneID: the retries of one registration
+// (answers lost) carry the id of the first call, so the region can answer a
+// retry of a call that committed with that call's epoch; the registration
+// after the epoch ends is a new one, with a new id.
+func TestAgentRetriesRegistrationWithOneID(t *testing.T) {
+	f := startFake(t)
+	f.mu.Lock()
+	f.loseRegisters = 2
+	f.mu.Unlock()
+	ta := startAgent(t, []string{f.addr}, nil)
+	e1 := ta.waitEpoch(t, 1)
+	f.expire(e1)
+	ta.waitEpoch(t, e1+1)
+	f.mu.Lock()
+	calls := slices.Clone(f.registerCalls)
+	f.mu.Unlock()
+	if len(calls) != 4 {
+		t.Fatalf("%d RegisterNode calls, want 4 (two lost answers, the epoch, the next epoch)", len(calls))
+	}
+	first := calls[0].GetRegistrationId()
+	if first == "" {
+		t.Fatal("registration sent without a registration_id")
+	}
+	for i, c := range calls[1:3] {
+		if c.GetRegistrationId() != first {
+			t.Fatalf("retry %d sent registration_id %q, want the first call's %q", i+1, c.GetRegistrationId(), first)
+		}
+	}
+	if next := calls[3].GetRegistrationId(); next == "" || next == first {
+		t.Fatalf("the registration after the epoch ended sent registration_id %q; want a new one (not %q)", next, first)
 	}
 }
 

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/grafana/dskit/backoff"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -68,7 +70,9 @@ func refusedForGood(err error) bool {
 }
 
 // register creates a new node epoch, retrying with backoff (and moving to
-// the next coordinator) until it succeeds or ctx ends. It returns ctx's
+// the next coordinator) until it succeeds or ctx ends. Every retry carries
+// the same random registration_id, so a retry of a call that committed
+// (its answer lost or too slow) gets that epoch back rather than ending it. It returns ctx's
 // error, or an error wrapping the coordinator's INVALID_ARGUMENT answer (the
 // node's own description is refused: bad node id, zero capacity), which no
 // retry can fix. A refusal of the node itself (refusedForGood: its join
@@ -82,6 +86,11 @@ func refusedForGood(err error) bool {
 // coordinator).
 func register(ctx context.Context, coords *coordinators, req *apiaryv1.RegisterNodeRequest,
 	rpcTimeout time.Duration, bo backoff.Config, log *slog.Logger, refused func(answer string)) (*session, error) {
+	// One registration id for this call's retries: a retry of an attempt
+	// that committed but answered too late gets that epoch back instead of
+	// ending it (RegisterNodeRequest.registration_id).
+	req = proto.CloneOf(req)
+	req.RegistrationId = rand.Text()
 	b := backoff.New(ctx, bo)
 	explained := map[string]bool{}    // addresses whose TLS mismatch was logged
 	var refusal repeatLog             // the region's refusals of this node

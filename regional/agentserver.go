@@ -1,6 +1,7 @@
 package regional
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -34,7 +36,10 @@ type agentServer struct {
 
 var (
 	nodeIDRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-	labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$`)
+	// registrationIDRE: an agent's random id for one registration and its
+	// retries (RegisterNodeRequest.registration_id).
+	registrationIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	labelKeyRE       = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,126}[A-Za-z0-9])?$`)
 )
 
 // checkNodeID is INVALID_ARGUMENT naming node_id unless id is a valid node
@@ -55,6 +60,9 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 		return nil, err
 	}
 	cp := req.GetCapacity()
+	if id := req.GetRegistrationId(); id != "" && !registrationIDRE.MatchString(id) {
+		return nil, status.Errorf(codes.InvalidArgument, "registration_id: must match %s", registrationIDRE)
+	}
 	if cp.GetCpuMillis() <= 0 || cp.GetMemoryMb() <= 0 || cp.GetGpus() < 0 {
 		return nil, status.Error(codes.InvalidArgument, "capacity: cpu_millis and memory_mb must be > 0, gpus >= 0")
 	}
@@ -100,51 +108,38 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
 	alive := store.KeyNodeAlive(req.GetNodeId())
-	// End any earlier epoch: revoking its lease deletes its alive key, which
-	// the shard owner sees as node loss (its tasks are reclaimed) and which
-	// fails every later compare of that epoch.
+	// The alive key's value is the registration id that created the epoch
+	// (the node id when the agent sent none).
+	regID := req.GetRegistrationId()
+	aliveValue := cmp.Or(regID, req.GetNodeId())
 	old, err := c.cli.Get(cctx, alive)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "register: %v", err)
 	}
-	if len(old.Kvs) == 1 && old.Kvs[0].Lease != 0 {
-		if _, err := c.cli.Revoke(cctx, clientv3.LeaseID(old.Kvs[0].Lease)); err != nil && status.Code(err) != codes.NotFound {
-			c.log.Warn("revoke previous node lease", "node", req.GetNodeId(), "err", err)
-		}
-	}
-	lease, err := c.cli.Grant(cctx, ttl)
-	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "register: grant lease: %v", err)
-	}
 	var epoch int64
-	for i := 0; ; i++ {
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(alive), "=", 0)}
-		ops := []clientv3.Op{clientv3.OpPut(alive, req.GetNodeId(), clientv3.WithLease(lease.ID))}
-		if join != nil {
-			// The join token still as checked (and bound here): a
-			// revocation commits either before (this fails) or after
-			// (it sees the binding and ends this epoch).
-			cmps, ops = append(cmps, join.Cmps...), append(ops, join.Ops...)
+	var lease clientv3.LeaseID
+	if regID != "" && len(old.Kvs) == 1 && old.Kvs[0].Lease != 0 && string(old.Kvs[0].Value) == regID {
+		// A retry of a registration that committed: keep its epoch (ending
+		// it would make the node's loss and a new epoch out of one slow
+		// answer, which feeds a registration storm). The lease is renewed
+		// now (the agent's first heartbeat comes an interval after this
+		// answer, however long the first call took), and the renewal's TTL
+		// is the one the epoch was granted. A lease gone meanwhile: a new
+		// epoch, as for any other registration.
+		ka, err := c.cli.KeepAliveOnce(cctx, clientv3.LeaseID(old.Kvs[0].Lease))
+		switch {
+		case err == nil && ka.TTL > 0:
+			epoch, lease, ttl = old.Kvs[0].CreateRevision, clientv3.LeaseID(old.Kvs[0].Lease), ka.TTL
+			hbInterval = min(hbInterval, time.Duration(ttl)*time.Second/4)
+		case err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) && status.Code(err) != codes.NotFound:
+			return nil, status.Errorf(codes.Unavailable, "register: renew the kept epoch's lease: %v", err)
 		}
-		resp, err := c.cli.Txn(cctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(alive)).Commit()
-		if err != nil {
-			return nil, status.Errorf(codes.Unavailable, "register: %v", err)
-		}
-		if resp.Succeeded {
-			epoch = resp.Header.Revision
-			break
-		}
-		if i >= 3 {
-			return nil, status.Errorf(codes.Aborted, "register: node %s is registering concurrently", req.GetNodeId())
-		}
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-			_, _ = c.cli.Revoke(cctx, clientv3.LeaseID(kvs[0].Lease))
-		} else if join != nil {
-			// No epoch in the way: the join token changed. Check it again.
-			if join, err = c.checkJoin(ctx, req); err != nil {
-				_, _ = c.cli.Revoke(cctx, lease.ID)
-				return nil, err
-			}
+	}
+	outcome := "kept"
+	if epoch == 0 {
+		outcome = "new_epoch"
+		if epoch, lease, join, err = c.newNodeEpoch(ctx, cctx, req, aliveValue, old, ttl, join); err != nil {
+			return nil, err
 		}
 	}
 	if join != nil && join.Binds {
@@ -157,7 +152,7 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 		labels[placement.JurisdictionLabel] = strings.ToLower(j)
 	}
 	rec := store.NodeRecord{ID: req.GetNodeId(), Labels: labels, Capacity: cp, GPUModel: req.GetGpuModel(),
-		MaxTasks: req.GetMaxTasks(), Epoch: epoch, LeaseID: int64(lease.ID), RegisteredMs: time.Now().UnixMilli(),
+		MaxTasks: req.GetMaxTasks(), Epoch: epoch, LeaseID: int64(lease), RegisteredMs: time.Now().UnixMilli(),
 		Datasets: datasetMap(req.GetDatasets())}
 	usage := store.KeyNodeUsage(req.GetNodeId())
 	// An operator's quarantine, drain and eligibility outlive the node's
@@ -174,7 +169,14 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 		if len(prev.Kvs) == 1 {
 			prevRev = prev.Kvs[0].ModRevision
 			var old store.NodeRecord
-			if json.Unmarshal(prev.Kvs[0].Value, &old) == nil {
+			decoded := json.Unmarshal(prev.Kvs[0].Value, &old) == nil
+			if decoded && old.Epoch == epoch {
+				// A kept epoch whose record the first call wrote: it
+				// stands (rewriting it would drop outputs recorded since).
+				regRev = prevRev
+				break
+			}
+			if decoded {
 				rec.Quarantined, rec.QuarantineReason = old.Quarantined, old.QuarantineReason
 				rec.QuarantinedBy, rec.QuarantinedMs = old.QuarantinedBy, old.QuarantinedMs
 				rec.Ineligible = old.Ineligible
@@ -210,13 +212,73 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 			return nil, status.Errorf(codes.Aborted, "register: node %s changed concurrently", req.GetNodeId())
 		}
 	}
-	c.log.Info("node registered", "node", rec.ID, "epoch", epoch, "labels", rec.Labels)
+	c.metrics.NodeRegistrations.WithLabelValues(outcome).Inc()
+	c.log.Info("node registered", "node", rec.ID, "epoch", epoch, "outcome", outcome, "labels", rec.Labels)
 	c.beats.note(rec.ID, epoch, time.Now()) // a registration is the epoch's first sign of life
 	// Admission judges "fits no node" from the capacity summary: include
 	// this node before the agent hears it is registered.
 	c.refreshCapacityAfter(ctx, regRev)
 	return &apiaryv1.RegisterNodeResponse{NodeEpoch: epoch, LeaseTtlMs: ttl * 1000,
 		HeartbeatIntervalMs: hbInterval.Milliseconds(), Region: c.meta.Region, LanJoin: c.lanJoin()}, nil
+}
+
+// newNodeEpoch ends the node's earlier epoch (old: its alive key as read)
+// and starts a new one: a lease of ttl seconds and the alive key, valued
+// aliveValue, created under it in one Txn (with join's compares and binding,
+// re-checked if the token changed meanwhile). The epoch is that Txn's
+// revision. It returns the join as last checked. Errors: UNAVAILABLE (etcd),
+// ABORTED (the node registered concurrently 4 times), or checkJoin's.
+func (c *Coordinator) newNodeEpoch(ctx, cctx context.Context, req *apiaryv1.RegisterNodeRequest, aliveValue string,
+	old *clientv3.GetResponse, ttl int64, join *aclstore.Join) (int64, clientv3.LeaseID, *aclstore.Join, error) {
+	alive := store.KeyNodeAlive(req.GetNodeId())
+	// End any earlier epoch: revoking its lease deletes its alive key, which
+	// the shard owner sees as node loss (its tasks are reclaimed) and which
+	// fails every later compare of that epoch.
+	if len(old.Kvs) == 1 && old.Kvs[0].Lease != 0 {
+		if _, err := c.cli.Revoke(cctx, clientv3.LeaseID(old.Kvs[0].Lease)); err != nil && status.Code(err) != codes.NotFound {
+			c.log.Warn("revoke previous node lease", "node", req.GetNodeId(), "err", err)
+		}
+	}
+	lease, err := c.cli.Grant(cctx, ttl)
+	if err != nil {
+		return 0, 0, join, status.Errorf(codes.Unavailable, "register: grant lease: %v", err)
+	}
+	for i := 0; ; i++ {
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(alive), "=", 0)}
+		ops := []clientv3.Op{clientv3.OpPut(alive, aliveValue, clientv3.WithLease(lease.ID))}
+		if join != nil {
+			// The join token still as checked (and bound here): a
+			// revocation commits either before (this fails) or after
+			// (it sees the binding and ends this epoch).
+			cmps, ops = append(cmps, join.Cmps...), append(ops, join.Ops...)
+		}
+		resp, err := c.cli.Txn(cctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(alive)).Commit()
+		if err != nil {
+			return 0, 0, join, status.Errorf(codes.Unavailable, "register: %v", err)
+		}
+		if resp.Succeeded {
+			return resp.Header.Revision, lease.ID, join, nil
+		}
+		if i >= 3 {
+			_, _ = c.cli.Revoke(cctx, lease.ID)
+			return 0, 0, join, status.Errorf(codes.Aborted, "register: node %s is registering concurrently", req.GetNodeId())
+		}
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && kvs[0].Lease != 0 &&
+			req.GetRegistrationId() != "" && string(kvs[0].Value) == aliveValue {
+			// The same registration, sent again while this call ran, made
+			// the epoch first: it is this call's answer too.
+			_, _ = c.cli.Revoke(cctx, lease.ID)
+			return kvs[0].CreateRevision, clientv3.LeaseID(kvs[0].Lease), join, nil
+		} else if len(kvs) == 1 {
+			_, _ = c.cli.Revoke(cctx, clientv3.LeaseID(kvs[0].Lease))
+		} else if join != nil {
+			// No epoch in the way: the join token changed. Check it again.
+			if join, err = c.checkJoin(ctx, req); err != nil {
+				_, _ = c.cli.Revoke(cctx, lease.ID)
+				return 0, 0, join, err
+			}
+		}
+	}
 }
 
 // checkJoin is aclstore's CheckJoin of the request's join token, its

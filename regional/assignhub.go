@@ -196,24 +196,31 @@ func (c *Coordinator) runAssignHub(ctx context.Context) {
 	h := c.assignHub
 	b := backoff.New(ctx, backoff.Config{MinBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second})
 	for b.Ongoing() {
-		err := c.watchAssignments(ctx)
+		ran, err := c.watchAssignments(ctx)
 		h.setWatching(false, errAssignHubDown)
 		if ctx.Err() != nil {
 			return
 		}
 		c.log.Warn("assignment watch ended; streams reconnect", "err", err)
+		if ran {
+			// A watch that was up ends a separate outage: the wait
+			// before the next starts from the minimum again, so streams
+			// are not refused for seconds after a later, brief failure.
+			b.Reset()
+		}
 		b.Wait()
 	}
 }
 
 // watchAssignments runs one watch of the assignment prefix from the current
-// revision until it fails or ctx ends.
-func (c *Coordinator) watchAssignments(ctx context.Context) error {
+// revision until it fails or ctx ends. ran reports whether the watch was
+// established (the hub served streams) before it ended.
+func (c *Coordinator) watchAssignments(ctx context.Context) (ran bool, err error) {
 	cctx, cancel := store.EtcdCtx(ctx)
 	resp, err := c.cli.Get(cctx, store.PrefAssign, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	cancel()
 	if err != nil {
-		return err
+		return false, err
 	}
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer wcancel()
@@ -222,12 +229,12 @@ func (c *Coordinator) watchAssignments(ctx context.Context) error {
 	c.assignHub.setWatching(true, nil)
 	for wr := range w {
 		if err := wr.Err(); err != nil {
-			return err
+			return true, err
 		}
 		c.assignHub.deliver(wr)
 	}
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return true, ctx.Err()
 	}
-	return errors.New("watch closed")
+	return true, errors.New("watch closed")
 }

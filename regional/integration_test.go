@@ -234,6 +234,98 @@ func TestOneMemberRegion(t *testing.T) {
 		}
 	})
 
+	t.Run("RetriedRegistrationKeepsItsEpoch", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		reg := func(node, regID string) (*apiaryv1.RegisterNodeResponse, error) {
+			return c.agent.RegisterNode(ctx, &apiaryv1.RegisterNodeRequest{NodeId: node, RegistrationId: regID,
+				Capacity: &apiaryv1.Resources{CpuMillis: 1000, MemoryMb: 1024}})
+		}
+		// Deregistered at the end: the later subtests' tasks must not be
+		// placed on nodes no agent runs.
+		last := map[string]int64{}
+		defer func() {
+			for n, e := range last {
+				if _, err := c.agent.Deregister(context.Background(), &apiaryv1.DeregisterRequest{NodeId: n, NodeEpoch: e}); err != nil {
+					t.Errorf("deregister %s epoch %d: %v", n, e, err)
+				}
+			}
+		}()
+		mustReg := func(node, regID string) int64 {
+			t.Helper()
+			resp, err := reg(node, regID)
+			if err != nil {
+				t.Fatalf("RegisterNode(%s, %q): %v", node, regID, err)
+			}
+			if resp.GetLeaseTtlMs() <= 0 || resp.GetHeartbeatIntervalMs() <= 0 {
+				t.Fatalf("RegisterNode(%s, %q): lease %d ms, interval %d ms", node, regID, resp.GetLeaseTtlMs(), resp.GetHeartbeatIntervalMs())
+			}
+			last[node] = resp.GetNodeEpoch()
+			return resp.GetNodeEpoch()
+		}
+		beat := func(node string, epoch int64) error {
+			_, err := c.agent.Heartbeat(ctx, &apiaryv1.HeartbeatRequest{NodeId: node, NodeEpoch: epoch})
+			return err
+		}
+		e1 := mustReg("regid-a", "R1")
+		if e := mustReg("regid-a", "R1"); e != e1 {
+			t.Fatalf("a retry with the same registration_id made epoch %d; want the first call's %d", e, e1)
+		}
+		if err := beat("regid-a", e1); err != nil {
+			t.Fatalf("heartbeat of the kept epoch: %v", err)
+		}
+		e2 := mustReg("regid-a", "R2")
+		if e2 <= e1 {
+			t.Fatalf("a new registration_id made epoch %d; want a new one above %d", e2, e1)
+		}
+		if err := beat("regid-a", e1); status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("heartbeat of the replaced epoch %d: %v; want FAILED_PRECONDITION", e1, err)
+		}
+		// An id that made an ended epoch does not bring it back.
+		if e := mustReg("regid-a", "R1"); e <= e2 {
+			t.Fatalf("registration_id of an ended epoch: epoch %d; want a new one above %d", e, e2)
+		}
+		// Without an id every call starts a new epoch, as before.
+		n1 := mustReg("regid-b", "")
+		if n2 := mustReg("regid-b", ""); n2 <= n1 {
+			t.Fatalf("two registrations without an id: epochs %d then %d; want a new one", n1, n2)
+		}
+		// The same registration sent four times at once: one epoch, alive.
+		epochs := make(chan int64, 4)
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := reg("regid-c", "SAME")
+				if err != nil {
+					t.Errorf("concurrent RegisterNode: %v", err)
+					epochs <- 0
+					return
+				}
+				epochs <- resp.GetNodeEpoch()
+			}()
+		}
+		wg.Wait()
+		close(epochs)
+		var first int64
+		for e := range epochs {
+			if first == 0 {
+				first = e
+			}
+			if e != first || e == 0 {
+				t.Fatalf("concurrent registrations with one id answered epochs %d and %d; want one", first, e)
+			}
+		}
+		last["regid-c"] = first
+		if err := beat("regid-c", first); err != nil {
+			t.Fatalf("heartbeat of the concurrently registered epoch: %v", err)
+		}
+		if _, err := reg("regid-d", "not valid!"); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "registration_id") {
+			t.Fatalf("RegisterNode with registration_id %q: %v; want INVALID_ARGUMENT naming the field", "not valid!", err)
+		}
+	})
+
 	t.Run("TwentyTasksCompleteWithLogs", func(t *testing.T) {
 		id := submit(t, c, spec(t, `
 name: fanout

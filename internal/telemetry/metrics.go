@@ -73,6 +73,10 @@ type RegionMetrics struct {
 	SerfMembers  *prometheus.GaugeVec   // pool, state
 	Adoptions    *prometheus.CounterVec // result: adopted, refused
 	Drains       *prometheus.CounterVec // by: operator, agent; and deregister
+	// NodeRegistrations counts RegisterNode answers, by outcome: new_epoch,
+	// kept (a retry of a committed registration, its registration_id
+	// matching the live epoch: the epoch is kept).
+	NodeRegistrations *prometheus.CounterVec
 	// Preemptions counts preemption events, by event: reserved (a
 	// preemptor's Txn marked its victims and reserved their node), victim
 	// (one attempt marked preempted), placed (a preemptor placed in its
@@ -126,6 +130,8 @@ func NewRegionMetrics(reg prometheus.Registerer) *RegionMetrics {
 		SerfMembers: f.gaugeVec("apiary_serf_members", "serf pool members by pool (lan, wan) and state (alive, suspect, failed, left).", "pool", "state"),
 		Adoptions: f.counterVec("apiary_attempt_adoptions_total",
 			"Attempts an agent asked to carry over from an ended node epoch after a disconnect, by result (adopted, refused).", "result"),
+		NodeRegistrations: f.counterVec("apiary_node_registrations_total",
+			"Node registrations answered, by outcome (new_epoch; kept: a retried registration whose registration_id matched the live epoch, which is kept).", "outcome"),
 		Drains: f.counterVec("apiary_node_drains_total",
 			"Node drain decisions, by kind (operator: DrainNode; agent: an agent's shutdown drain; deregister: a clean leave ending the epoch; cancel).", "kind"),
 	}

@@ -3007,9 +3007,16 @@ type RegisterNodeRequest struct {
 	// The datasets the node holds locally (the agent's --dataset-dir: each
 	// subdirectory one dataset, its size the bytes of its regular files).
 	// They live as long as the node epoch this registration starts.
-	Datasets      []*LocalDataset `protobuf:"bytes,7,rep,name=datasets,proto3" json:"datasets,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Datasets []*LocalDataset `protobuf:"bytes,7,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	// Makes a retried registration idempotent: the agent draws a random id
+	// (at most 64 bytes of [A-Za-z0-9_-]) each time it needs a new epoch and
+	// sends the same id on every retry of that registration. A call whose id
+	// matches the node's live epoch (the retry of a call that committed but
+	// whose answer was lost or too slow) returns that epoch instead of ending
+	// it and starting another. Empty: every call starts a new epoch.
+	RegistrationId string `protobuf:"bytes,8,opt,name=registration_id,json=registrationId,proto3" json:"registration_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RegisterNodeRequest) Reset() {
@@ -3089,6 +3096,13 @@ func (x *RegisterNodeRequest) GetDatasets() []*LocalDataset {
 		return x.Datasets
 	}
 	return nil
+}
+
+func (x *RegisterNodeRequest) GetRegistrationId() string {
+	if x != nil {
+		return x.RegistrationId
+	}
+	return ""
 }
 
 // LocalDataset is a dataset a node holds: its name and size in bytes.
@@ -7785,7 +7799,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\vspans_jsonl\x18\x01 \x01(\fR\n" +
 	"spansJsonl\x12 \n" +
 	"\vunavailable\x18\x02 \x03(\tR\vunavailable\x12#\n" +
-	"\rnot_recording\x18\x03 \x03(\tR\fnotRecording\"\xed\x02\n" +
+	"\rnot_recording\x18\x03 \x03(\tR\fnotRecording\"\x96\x03\n" +
 	"\x13RegisterNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12B\n" +
 	"\x06labels\x18\x02 \x03(\v2*.apiary.v1.RegisterNodeRequest.LabelsEntryR\x06labels\x120\n" +
@@ -7794,7 +7808,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tmax_tasks\x18\x05 \x01(\x05R\bmaxTasks\x12\x1d\n" +
 	"\n" +
 	"join_token\x18\x06 \x01(\tR\tjoinToken\x123\n" +
-	"\bdatasets\x18\a \x03(\v2\x17.apiary.v1.LocalDatasetR\bdatasets\x1a9\n" +
+	"\bdatasets\x18\a \x03(\v2\x17.apiary.v1.LocalDatasetR\bdatasets\x12'\n" +
+	"\x0fregistration_id\x18\b \x01(\tR\x0eregistrationId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"A\n" +
