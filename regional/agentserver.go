@@ -35,7 +35,7 @@ type agentServer struct {
 }
 
 var (
-	nodeIDRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	nodeIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 	// registrationIDRE: an agent's random id for one registration and its
 	// retries (RegisterNodeRequest.registration_id).
 	registrationIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
