@@ -244,10 +244,13 @@ func (a *Agent) Parts() []lifecycle.Part {
 			func(context.Context) error { a.datasets.rescan(); return nil }, nil)),
 		lifecycle.New("sessions", services.NewBasicService(func(context.Context) (err error) {
 			if len(a.cfg.Conns) > 0 {
-				coords = sharedCoordinators(a.cfg.CoordinatorAddrs, a.cfg.Conns)
+				coords = sharedCoordinators(a.cfg.CoordinatorAddrs, a.cfg.Conns).startAt(a.cfg.NodeID)
 				return nil
 			}
 			coords, err = newCoordinators(a.cfg.CoordinatorAddrs, a.cfg.MinBackoff, a.cfg.MaxBackoff, a.cfg.DialOptions)
+			if err == nil {
+				coords.startAt(a.cfg.NodeID)
+			}
 			return err
 		}, func(ctx context.Context) error {
 			return a.sessions(ctx, coords)

@@ -342,6 +342,15 @@ type testAgent struct {
 }
 
 // startAgent runs an agent against addrs until the test ends.
+// startingAt orders two addresses so that the agent of nodeID starts at
+// first (its start is the address its node id hashes to).
+func startingAt(nodeID, first, second string) []string {
+	if startIndex(nodeID, 2) == 0 {
+		return []string{first, second}
+	}
+	return []string{second, first}
+}
+
 func startAgent(t *testing.T, addrs []string, mod func(*Config)) *testAgent {
 	t.Helper()
 	cfg := Config{
@@ -758,7 +767,7 @@ func TestAgentRetriesReportsAndFailsOver(t *testing.T) {
 	dead := testutil.FreeAddr(t) // reserved, and nobody binds it
 	f := startFake(t)
 	f.failReports = 3
-	ta := startAgent(t, []string{dead, f.addr}, nil)
+	ta := startAgent(t, startingAt("n1", dead, f.addr), nil)
 	epoch := ta.waitEpoch(t, 1)
 	f.waitStream(t, epoch)
 
@@ -975,7 +984,7 @@ func TestAgentLeavesHungCoordinator(t *testing.T) {
 	f := startFake(t)
 	h := &hangable{fakeCoord: f}
 	h.serve(t)
-	ta := startAgent(t, []string{h.addr, f.addr}, func(c *Config) { c.RPCTimeout = 200 * time.Millisecond })
+	ta := startAgent(t, startingAt("n1", h.addr, f.addr), func(c *Config) { c.RPCTimeout = 200 * time.Millisecond })
 	epoch := ta.waitEpoch(t, 1)
 	f.waitStreamThat(t, func(s *fakeStream) bool { return s.via == h }, "stream on the first coordinator")
 	h.hung.Store(true)

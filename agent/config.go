@@ -97,8 +97,10 @@ type Config struct {
 	// Default 24 h; negative keeps every directory.
 	WorkRetention time.Duration
 	// CoordinatorAddrs are gRPC addresses (host:port) of the region's
-	// coordinators, tried in order; the agent moves to the next one when one
-	// is unavailable. Required.
+	// coordinators. The agent begins at the address its NodeID hashes to
+	// (so a fleet sharing one list spreads over every coordinator, as Nomad
+	// clients shuffle their servers) and moves to the next one, round the
+	// list, when one is unavailable. Required.
 	CoordinatorAddrs []string
 	// TailBytes is how many trailing bytes of stdout and of stderr each are
 	// kept in memory and sent with the final report. Default 16384; negative

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -66,6 +67,25 @@ func newCoordinators(addrs []string, minBackoff, maxBackoff time.Duration, extra
 	return c, nil
 }
 
+// startAt makes the agent begin at the address its node id hashes to
+// (xxhash of nodeID modulo the number of addresses) instead of the first,
+// so that a fleet given one address list spreads its registrations,
+// heartbeats and assignment streams over every coordinator; failover then
+// goes round the list from there. Nomad's clients shuffle their server list
+// for the same reason. A node keeps its start across restarts.
+func (c *coordinators) startAt(nodeID string) *coordinators {
+	c.cur = startIndex(nodeID, len(c.addrs))
+	return c
+}
+
+// startIndex is the index in a list of n addresses that nodeID begins at.
+func startIndex(nodeID string, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	return int(xxhash.Sum64String(nodeID) % uint64(n))
+}
+
 // sharedCoordinators uses conns (Config.Conns, one per address, the
 // caller's) instead of dialing; close leaves them open.
 func sharedCoordinators(addrs []string, conns []*grpc.ClientConn) *coordinators {
@@ -87,8 +107,8 @@ func (c *coordinators) addr(i int) string { return c.addrs[i] }
 func (c *coordinators) failover(idx int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cur == idx && len(c.conns) > 1 {
-		c.cur = (c.cur + 1) % len(c.conns)
+	if c.cur == idx && len(c.addrs) > 1 {
+		c.cur = (c.cur + 1) % len(c.addrs)
 		close(c.changed)
 		c.changed = make(chan struct{})
 	}

@@ -12,8 +12,8 @@ import (
 )
 
 // An agent in-process (as `apiary dev` and the tests run one): New checks the
-// configuration, Run registers the node with the first coordinator that
-// answers and runs its assignments until ctx ends. This example is compiled
+// configuration, Run registers the node with a coordinator (the one its node id hashes
+// to, or the next that answers) and runs its assignments until ctx ends. This example is compiled
 // but not run (it needs a coordinator at the address).
 func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

@@ -273,7 +273,7 @@ so.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&addr, "addr", defaultAddr, "comma-separated coordinator gRPC addresses (env APIARY_ADDR)")
+	f.StringVar(&addr, "addr", defaultAddr, "comma-separated coordinator gRPC addresses (env APIARY_ADDR); the agent starts at the one its node id hashes to, so a fleet given one list spreads over all of them, and moves round the list when one fails")
 	f.StringVar(&nodeID, "node-id", "", "node id (default: the TLS certificate's id with --tls-cert, else the host name)")
 	f.StringArrayVar(&labels, "label", nil, "node label k=v (repeatable)")
 	f.Int64Var(&cpuMillis, "cpu-millis", 0, "CPU capacity in millicores (default: number of CPUs x 1000, the whole host; give agents that share a host a share each)")

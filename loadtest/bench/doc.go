@@ -58,8 +58,8 @@
 // And one of end-to-end control-plane throughput (issue 16, throughput.go,
 // not in the default set, -only throughput): Throughput, a fresh 3-member
 // region (--node-lease-ttl 10s) with 1,000 simulated agents x 32 slots in
-// the harness process (loadtest.RunFleet, noop executor, one fleet per
-// coordinator with rotated address lists), closed-loop clients submitting
+// the harness process (loadtest.RunFleet, noop executor; each agent starts
+// at the coordinator its node id hashes to), closed-loop clients submitting
 // 100-task jobs while the tasks submitted and not yet finished stay under a
 // bound (a backlog the scheduler never runs out of, checked: pending tasks
 // after every revision), 10 s warm-up, then 60 s measured in 5 s

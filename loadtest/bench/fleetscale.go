@@ -141,9 +141,8 @@ type FleetScaleResult struct {
 	// per-coordinator slice.
 	Coordinators []string
 	// EtcdLeader is the etcd leader's member (= coordinator id) after the
-	// steady-state window (GetRegionInfo): every agent heartbeats through
-	// the first coordinator until the first storm, and a heartbeat through
-	// a follower's member forwards its lease renewal to the leader.
+	// steady-state window (GetRegionInfo): a heartbeat through a
+	// follower's member forwards its lease renewal to the leader.
 	EtcdLeader string
 	// Err is the error that ended the run early ("" if none).
 	Err string
@@ -2069,9 +2068,9 @@ func fleetScaleMarkdown(res FleetScaleResult) string {
 		fmt.Fprintf(&b, "### Steady state (%.0f s window, %s after the last registration)\n\n", st.WindowS, o.Settle)
 		fmt.Fprintf(&b, "Heartbeats answered: **%.0f/s** (one per agent every %.0f ms; asked for: %s/s), %s the best heartbeat floor of the run (%.0f/s); coordinators' CPU per answered heartbeat %.0f µs (all coordinators, etcd members included). "+
 			"Epochs begun in the window: %d (0 = no lease lapsed). Agents failed: %d. Foreign CPU share: %.2f. "+
-			"Every agent heartbeats through %s (the first address of its list) until the first storm; the etcd leader was %s (a heartbeat through a follower's member forwards its lease renewal to the leader over HTTP).\n\n",
+			"Each agent starts at the coordinator its node id hashes to, so about 1/%d of them heartbeat through each; the etcd leader was %s (a heartbeat through a follower's member forwards its lease renewal to the leader over HTTP).\n\n",
 			st.HeartbeatsPerS, st.PerAgentMs, thousands(float64(o.Agents)*2), fsRatioX(st.HeartbeatsPerS, fsBestHeartbeats(res.Floors)), fsBestHeartbeats(res.Floors), st.CoordCPUPerHeartbeatUs,
-			st.Registrations, st.FleetFailed, st.ForeignCPU, fsFirst(res.Coordinators), res.EtcdLeader)
+			st.Registrations, st.FleetFailed, st.ForeignCPU, len(res.Coordinators), res.EtcdLeader)
 		b.WriteString("| process | CPU % of one core (mean) | per-second p95 | RSS MiB at end | RSS MiB max |\n|---|---|---|---|---|\n")
 		for _, p := range st.Procs {
 			name := p.Name
@@ -2176,7 +2175,7 @@ func fleetScaleMarkdown(res FleetScaleResult) string {
 		}
 		sb := Summarize(back)
 		fmt.Fprintf(&b, "\nHeartbeats back to half the steady rate: p50 %.1f s, max %.1f s (1 s resolution: the fleet's samples); steady state before the storms: %.0f/s. "+
-			"Each agent keeps to the first coordinator of its address list that answers, so before the first storm every agent heartbeats through the first coordinator, and after it they are spread over all of them.\n\n",
+			"Each agent starts at the coordinator its node id hashes to and moves round its list only when one fails.\n\n",
 			sb.P50/1000, sb.Max/1000, res.Steady.HeartbeatsPerS)
 		for _, s := range restart {
 			if s.Err != "" || len(s.MissingIDs) > 0 {
@@ -2193,12 +2192,6 @@ func fleetScaleMarkdown(res FleetScaleResult) string {
 	return b.String()
 }
 
-func fsFirst(xs []string) string {
-	if len(xs) == 0 {
-		return ""
-	}
-	return xs[0]
-}
 
 // fsBestHeartbeats is the highest heartbeat rate of the floors (the
 // machine's load varies during a run; the best is the strictest floor).

@@ -67,11 +67,6 @@ type ThroughputOptions struct {
 	// CeilingBatch puts of CeilingValueBytes bytes for CeilingDuration.
 	CeilingWorkers, CeilingBatch, CeilingValueBytes int
 	CeilingDuration                                 time.Duration
-	// Spread splits the agents into one fleet per coordinator, each with
-	// the coordinators' addresses rotated so that its agents use a
-	// different one first (an agent keeps to the first that answers);
-	// false: one fleet, every agent on the first coordinator.
-	Spread bool
 	// LAN keeps devcluster's serf LAN pool of the coordinators (the
 	// simulated agents never join it); false starts the region with NoLAN.
 	LAN bool
@@ -87,7 +82,7 @@ type ThroughputOptions struct {
 // (default 2 s) keeps 1,000 agents sharing 2 cores with the region from
 // losing their leases under load; lost leases are reported (AliveDeleted).
 var DefaultThroughput = ThroughputOptions{Coordinators: 3, Agents: 1000, Slots: 32, AgentStartRate: loadtest.DefaultFleetStartRate,
-	TaskDuration: 0, Spread: true, LAN: true, TasksPerJob: 100, Submitters: 16, Conns: 4, MaxBacklog: 20000,
+	TaskDuration: 0, LAN: true, TasksPerJob: 100, Submitters: 16, Conns: 4, MaxBacklog: 20000,
 	Warmup: 10 * time.Second, Duration: 60 * time.Second, Interval: 5 * time.Second,
 	CeilingWorkers: 16, CeilingBatch: 100, CeilingValueBytes: 300, CeilingDuration: 10 * time.Second,
 	RegisterTimeout: 180 * time.Second, ExtraArgs: []string{"--node-lease-ttl", "10s"}, Runs: 3}
@@ -471,32 +466,26 @@ func throughputRun(ctx context.Context, cfg Config, o ThroughputOptions, run int
 		return res, err
 	}
 
-	// The fleet (one RunFleet per first coordinator with Spread), until
-	// fleetStop.
+	// The fleet, until fleetStop. Each agent starts at the coordinator its
+	// node id hashes to (agent.Config.CoordinatorAddrs), so every
+	// coordinator holds the streams of about 1/Coordinators of them.
 	fleetCtx, fleetStop := context.WithCancel(ctx)
 	defer fleetStop()
-	k := 1
-	if o.Spread {
-		k = len(r.APIAddrs)
-	}
-	finals := make([]loadtest.FleetSample, k)
-	ferrs := make([]error, k)
-	var fleets sync.WaitGroup
-	var exitOnce sync.Once
+	var final loadtest.FleetSample
+	var ferr error
+	fleetDone := make(chan struct{})
 	fleetExited := make(chan struct{})
-	for f := range k {
-		addrs := append(slices.Clone(r.APIAddrs[f:]), r.APIAddrs[:f]...)
-		fo := loadtest.FleetOptions{Agents: o.Agents/k + tpB2i(f < o.Agents%k), Addrs: addrs, NodePrefix: fmt.Sprintf("tp%d", f),
-			CPUMillis: int64(o.Slots) * 100, MemoryMB: int64(o.Slots) * 16, MaxTasks: o.Slots, Executor: agent.NoopExecutor(o.TaskDuration),
-			StartRate: o.AgentStartRate / float64(k), DataDir: filepath.Join(dir, fmt.Sprintf("fleet%d", f)),
-			Progress: func(s loadtest.FleetSample) {
-				cfg.logf("throughput run %d fleet %d (first %s): %s", run, f, addrs[0], s)
-			}}
-		fleets.Go(func() {
-			finals[f], ferrs[f] = loadtest.RunFleet(fleetCtx, fo)
-			exitOnce.Do(func() { close(fleetExited) })
-		})
-	}
+	fo := loadtest.FleetOptions{Agents: o.Agents, Addrs: r.APIAddrs, NodePrefix: "tp",
+		CPUMillis: int64(o.Slots) * 100, MemoryMB: int64(o.Slots) * 16, MaxTasks: o.Slots, Executor: agent.NoopExecutor(o.TaskDuration),
+		StartRate: o.AgentStartRate, DataDir: filepath.Join(dir, "fleet"),
+		Progress: func(s loadtest.FleetSample) {
+			cfg.logf("throughput run %d fleet: %s", run, s)
+		}}
+	go func() {
+		defer close(fleetDone)
+		final, ferr = loadtest.RunFleet(fleetCtx, fo)
+		close(fleetExited)
+	}()
 	fleetStopped := false
 	stopFleet := func() (regs int64, err error) {
 		if fleetStopped {
@@ -504,11 +493,8 @@ func throughputRun(ctx context.Context, cfg Config, o ThroughputOptions, run int
 		}
 		fleetStopped = true
 		fleetStop()
-		fleets.Wait()
-		for f := range k {
-			regs += finals[f].Registrations
-		}
-		return regs, errors.Join(ferrs...)
+		<-fleetDone
+		return final.Registrations, ferr
 	}
 	defer func() { _, _ = stopFleet() }()
 	t0 := time.Now()
@@ -945,10 +931,7 @@ func WriteThroughput(out string, res ThroughputResult) (string, error) {
 // throughputMarkdown is the summary section.
 func throughputMarkdown(res ThroughputResult, good []ThroughputRun) string {
 	o := res.Options
-	spread := "every agent's stream on the first coordinator (an agent keeps to the first address that answers)"
-	if o.Spread {
-		spread = fmt.Sprintf("split into %d fleets whose address lists are rotated, so that each coordinator holds the streams of 1/%d of the agents", o.Coordinators, o.Coordinators)
-	}
+	spread := fmt.Sprintf("given every coordinator's address; each agent starts at the one its node id hashes to, so each coordinator holds the streams of about 1/%d of the agents", o.Coordinators)
 	lan := "the coordinators in devcluster's serf LAN pool"
 	if !o.LAN {
 		lan = "no serf LAN pool (devcluster NoLAN)"

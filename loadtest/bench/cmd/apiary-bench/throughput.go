@@ -32,7 +32,6 @@ var (
 	tpInterval     = flag.Duration("throughput-interval", bench.DefaultThroughput.Interval, "throughput: interval of the time series")
 	tpCeiling      = flag.Duration("throughput-ceiling-duration", bench.DefaultThroughput.CeilingDuration, "throughput: length of the etcd write-ceiling measurement after the load")
 	tpNodeLease    = flag.Duration("throughput-node-lease", 0, "throughput: the region's --node-lease-ttl (0: the benchmark's default, "+strings.Join(bench.DefaultThroughput.ExtraArgs, " ")+")")
-	tpSpread       = flag.Bool("throughput-spread", bench.DefaultThroughput.Spread, "throughput: one fleet per coordinator with rotated address lists (false: every agent on the first coordinator)")
 	tpLAN          = flag.Bool("throughput-lan", bench.DefaultThroughput.LAN, "throughput: the coordinators in devcluster's serf LAN pool (false: NoLAN; the simulated agents never join it)")
 	tpRuns         = flag.Int("throughput-runs", bench.DefaultThroughput.Runs, "throughput: runs, a fresh region each")
 )
@@ -48,7 +47,7 @@ func runThroughput(ctx context.Context, cfg bench.Config, run map[string]bool, o
 	o.Agents, o.Slots, o.TaskDuration, o.TasksPerJob = *tpAgents, *tpSlots, *tpTaskDuration, int32(*tpTasksPerJob)
 	o.Submitters, o.Conns, o.MaxBacklog = *tpSubmitters, *tpConns, *tpBacklog
 	o.Warmup, o.Duration, o.Interval, o.CeilingDuration = *tpWarmup, *tpDuration, *tpInterval, *tpCeiling
-	o.Spread, o.LAN, o.Runs = *tpSpread, *tpLAN, *tpRuns
+	o.LAN, o.Runs = *tpLAN, *tpRuns
 	if *tpNodeLease > 0 {
 		o.ExtraArgs = []string{"--node-lease-ttl", tpNodeLease.String()}
 	}
