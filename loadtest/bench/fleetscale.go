@@ -2192,7 +2192,6 @@ func fleetScaleMarkdown(res FleetScaleResult) string {
 	return b.String()
 }
 
-
 // fsBestHeartbeats is the highest heartbeat rate of the floors (the
 // machine's load varies during a run; the best is the strictest floor).
 func fsBestHeartbeats(fs []FleetFloor) float64 {
