@@ -41,6 +41,7 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/loadtest"
+	"apiary.dev/apiary/regional"
 	"apiary.dev/apiary/regional/store"
 )
 
@@ -2040,9 +2041,9 @@ func fleetScaleMarkdown(res FleetScaleResult) string {
 		fleetCmd = strings.Join(res.FleetArgs[:2], " ")
 	}
 	fmt.Fprintf(&b, "## fleet10k\n\n%s simulated agents (`apiary %s`: one subprocess of real agent.Agent values on the noop executor, sharing %d gRPC connections per coordinator, no serf LAN members) on a %d-member region (devcluster, no LAN pool, coordinator flags `%s`). "+
-		"All on this machine: the fleet, the coordinators and the harness share its CPUs. Coordinators ask agents to heartbeat every min(lease/4, 500 ms) = 500 ms, so %s agents ask for %s heartbeats/s whatever the lease.\n\n",
+		"All on this machine: the fleet, the coordinators and the harness share its CPUs. Coordinators ask each agent to heartbeat every 500 ms, or every agents ÷ --max-heartbeats-per-second seconds once the fleet passes that rate (default %s/s, Nomad's max_heartbeats_per_second; at most lease/4), so %s agents are asked for %s heartbeats/s.\n\n",
 		thousands(float64(o.Agents)), fleetCmd, max(1, min((o.Agents+249)/250, 64)), o.Coordinators, strings.Join(res.CoordArgs, " "),
-		thousands(float64(o.Agents)), thousands(float64(o.Agents)*2))
+		thousands(float64(regional.DefaultMaxHeartbeatsPerSecond)), thousands(float64(o.Agents)), thousands(fsAskedHeartbeats(o.Agents)))
 	if res.Err != "" {
 		fmt.Fprintf(&b, "**The run ended early:** %s\n\n", res.Err)
 	}
@@ -2069,7 +2070,7 @@ func fleetScaleMarkdown(res FleetScaleResult) string {
 		fmt.Fprintf(&b, "Heartbeats answered: **%.0f/s** (one per agent every %.0f ms; asked for: %s/s), %s the best heartbeat floor of the run (%.0f/s); coordinators' CPU per answered heartbeat %.0f µs (all coordinators, etcd members included). "+
 			"Epochs begun in the window: %d (0 = no lease lapsed). Agents failed: %d. Foreign CPU share: %.2f. "+
 			"Each agent starts at the coordinator its node id hashes to, so about 1/%d of them heartbeat through each; the etcd leader was %s (a heartbeat through a follower's member forwards its lease renewal to the leader over HTTP).\n\n",
-			st.HeartbeatsPerS, st.PerAgentMs, thousands(float64(o.Agents)*2), fsRatioX(st.HeartbeatsPerS, fsBestHeartbeats(res.Floors)), fsBestHeartbeats(res.Floors), st.CoordCPUPerHeartbeatUs,
+			st.HeartbeatsPerS, st.PerAgentMs, thousands(fsAskedHeartbeats(o.Agents)), fsRatioX(st.HeartbeatsPerS, fsBestHeartbeats(res.Floors)), fsBestHeartbeats(res.Floors), st.CoordCPUPerHeartbeatUs,
 			st.Registrations, st.FleetFailed, st.ForeignCPU, len(res.Coordinators), res.EtcdLeader)
 		b.WriteString("| process | CPU % of one core (mean) | per-second p95 | RSS MiB at end | RSS MiB max |\n|---|---|---|---|---|\n")
 		for _, p := range st.Procs {
@@ -2208,4 +2209,11 @@ func fsRatioX(a, b float64) string {
 		return "-"
 	}
 	return strconv.FormatFloat(a/b, 'f', 2, 64) + "x"
+}
+
+// fsAskedHeartbeats is the heartbeat rate a region with the default
+// --max-heartbeats-per-second asks of agents agents (2 per second each, up
+// to the cap).
+func fsAskedHeartbeats(agents int) float64 {
+	return min(float64(agents)*2, regional.DefaultMaxHeartbeatsPerSecond)
 }

@@ -1,15 +1,15 @@
 package scheduler
 
 import (
-	"container/heap"
-	"sort"
+	"cmp"
+	"slices"
 	"time"
 
 	"apiary.dev/apiary/placement"
 )
 
 // Candidate selection: which pending tasks a round hands the engine
-// (admit), and when a task's unplaced reason is worth writing
+// (admitter), and when a task's unplaced reason is worth writing
 // (reasonGate). Both are pure: they read the cache and snapshot, never etcd.
 
 // Unplaced-reason write gating (reasonGate).
@@ -57,6 +57,7 @@ func (g *reasonGate) forget(key string) {
 type candGroup struct {
 	key   string
 	job   *cJob
+	index int32 // the group's index in its job's spec
 	tasks []*cTask
 }
 
@@ -64,70 +65,60 @@ type candGroup struct {
 // not fit (one per group that has no room).
 const maxExplain = 64
 
-// admit picks the candidates worth a placement pass, highest priority and
-// oldest job first. It reserves room for them in a copy of the nodes' free
-// capacity (resources and task caps, ignoring constraints: an upper bound),
-// so the round considers at most about as many tasks as the region can take;
-// a group with no room left gets one candidate, which the engine uses to say
-// why the group waits (at most maxExplain per round). The rest wait for the
-// next round instead of being filtered against every node again: a round's
-// cost follows free capacity, not the backlog (Nomad gets the same effect by
-// blocking evaluations until capacity frees).
-func admit(c *ownerCache, groups map[string]*candGroup, snap *placement.Snapshot) (admitted, waiting []*cTask) {
-	// A heap, not a sort: once the region is full only the first groups
-	// (and maxExplain more) are popped, so a large backlog costs O(groups).
-	order := &groupHeap{}
-	for _, g := range groups {
-		order.gs = append(order.gs, g)
+// moreUrgent orders jobs for admission: higher priority, then older, then
+// job id (a total order, so rounds are repeatable).
+func moreUrgent(a, b *cJob) int {
+	if pa, pb := a.priority(), b.priority(); pa != pb {
+		return cmp.Compare(pb, pa)
 	}
-	heap.Init(order)
-	free := newFreeRoom(snap.Nodes)
-	explain := maxExplain
-	for order.Len() > 0 {
-		if len(free.nodes) == 0 && explain == 0 {
-			for _, g := range order.gs {
-				waiting = append(waiting, g.tasks...)
-			}
-			break
-		}
-		g := heap.Pop(order).(*candGroup)
-		k := 0
-		if len(admitted) < maxPlaceBatch {
-			k = free.take(c.request(&g.tasks[0].rec), min(len(g.tasks), maxPlaceBatch-len(admitted)))
-		}
-		if k < len(g.tasks) {
-			sort.Slice(g.tasks, func(a, b int) bool { return g.tasks[a].rec.Index < g.tasks[b].rec.Index })
-			if k == 0 && explain > 0 {
-				k, explain = 1, explain-1
-			}
-		}
-		admitted = append(admitted, g.tasks[:k]...)
-		waiting = append(waiting, g.tasks[k:]...)
+	if a.rec.SubmitMs != b.rec.SubmitMs {
+		return cmp.Compare(a.rec.SubmitMs, b.rec.SubmitMs)
 	}
-	return admitted, waiting
+	return cmp.Compare(a.rec.ID, b.rec.ID)
 }
 
-// groupHeap orders candidate groups: higher priority, then older job, then
-// key.
-type groupHeap struct{ gs []*candGroup }
-
-func (h *groupHeap) Len() int { return len(h.gs) }
-func (h *groupHeap) Less(a, b int) bool {
-	ga, gb := h.gs[a], h.gs[b]
-	if pa, pb := ga.job.priority(), gb.job.priority(); pa != pb {
-		return pa > pb
-	}
-	if ga.job.rec.SubmitMs != gb.job.rec.SubmitMs {
-		return ga.job.rec.SubmitMs < gb.job.rec.SubmitMs
-	}
-	return ga.key < gb.key
+// admitter picks the candidates worth a placement pass from groups added
+// most urgent first (Loop.place adds them in moreUrgent order). It reserves
+// room for them in a copy of the nodes' free capacity (resources and task
+// caps, ignoring constraints: an upper bound), so the round considers at
+// most about as many tasks as the region can take, and at most
+// maxPlaceBatch; a group with no room left gets one candidate, which the
+// engine uses to say why the group waits (at most maxExplain per round).
+// The rest of a group wait for the next round instead of being filtered
+// against every node again.
+type admitter struct {
+	c       *ownerCache
+	free    *freeRoom
+	explain int
+	// admitted go to the engine; waiting are the rest of the added
+	// groups' tasks (they get their group's unplaced reason).
+	admitted, waiting []*cTask
 }
-func (h *groupHeap) Swap(a, b int) { h.gs[a], h.gs[b] = h.gs[b], h.gs[a] }
-func (h *groupHeap) Push(x any)    { h.gs = append(h.gs, x.(*candGroup)) }
-func (h *groupHeap) Pop() any {
-	g := h.gs[len(h.gs)-1]
-	h.gs = h.gs[:len(h.gs)-1]
-	return g
+
+func newAdmitter(c *ownerCache, snap *placement.Snapshot) *admitter {
+	return &admitter{c: c, free: newFreeRoom(snap.Nodes), explain: maxExplain}
+}
+
+// add admits what fits of g.
+func (a *admitter) add(g *candGroup) {
+	k := 0
+	if len(a.admitted) < maxPlaceBatch {
+		k = a.free.take(a.c.request(&g.tasks[0].rec), min(len(g.tasks), maxPlaceBatch-len(a.admitted)))
+	}
+	if k < len(g.tasks) {
+		slices.SortFunc(g.tasks, func(x, y *cTask) int { return cmp.Compare(x.rec.Index, y.rec.Index) })
+		if k == 0 && a.explain > 0 {
+			k, a.explain = 1, a.explain-1
+		}
+	}
+	a.admitted = append(a.admitted, g.tasks[:k]...)
+	a.waiting = append(a.waiting, g.tasks[k:]...)
+}
+
+// full reports whether a further group could add nothing but waiting
+// tasks: no free room or a full batch, and no explanation left.
+func (a *admitter) full() bool {
+	return (len(a.free.nodes) == 0 || len(a.admitted) >= maxPlaceBatch) && a.explain == 0
 }
 
 // freeRoom is a scratch copy of the nodes' free capacity; nodes that are full

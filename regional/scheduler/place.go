@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -22,6 +23,15 @@ import (
 // ModRevision and every touched node's epoch and usage ModRevision. A failed
 // compare re-reads those keys; the tasks stay PENDING and are placed again in
 // the next round (reject and requeue).
+//
+// A round takes this owner's jobs most urgent first and stops once the
+// admitter is full (admitter.full: no free room or a full batch, and every
+// explanation used), so its cost follows the region's free room and the
+// number of jobs with pending tasks, not the backlog's tasks: a job past the
+// cut costs one comparison in the sort. Tasks of jobs past the cut are not
+// looked at that round (no stage or backoff bookkeeping for them); they
+// come first once the jobs ahead of them are placed. Nomad gets the same
+// effect by blocking evaluations until capacity frees.
 func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) {
 	nowMs := now.UnixMilli()
 	next := time.Second
@@ -29,15 +39,13 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 	if len(c.pending) == 0 {
 		return next, nil
 	}
-	// Bucket placeable tasks by group: a group's tasks are identical in size.
-	// Other owners' placeable tasks give their heads (homenodes.go).
-	groups := map[string]*candGroup{}
-	others := heads{}
 	if s.home != nil {
 		s.home.refresh()
 	}
-	stages := map[string]*jobStages{}
-	var stageWrites []write
+	// This owner's jobs with pending tasks, to be sorted; other owners'
+	// placeable tasks give their heads (homenodes.go).
+	others := heads{}
+	var mine []*cJob
 	for jobID, tasks := range c.pendingByJob {
 		j := c.jobs[jobID]
 		if j == nil || j.rec.CancelRequested {
@@ -48,100 +56,91 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 			shard = ct.shard
 			break
 		}
-		mine := s.owns(shard)
-		if !mine && s.home == nil {
-			continue // another coordinator's shard
-		}
-		st, ok := stages[jobID]
-		if !ok {
-			st = c.stagesOf(jobID, j)
-			stages[jobID] = st
-		}
-		if !mine {
-			// Another coordinator's shard: a task it can place (not one
-			// waiting for its victims, its backoff or its stage) makes it
-			// an owner with work; one such task says so.
-			o := s.home.ownerOf(shard)
-			if o == "" || o == s.d.CoordID {
-				continue
-			}
-			for _, ct := range tasks {
-				if ct.rec.Reservation == nil && ct.rec.NotBeforeMs <= nowMs && (st == nil || st.ready[ct.rec.Group]) {
-					others.note(o, urgency{j.priority(), j.rec.SubmitMs})
-					break
-				}
-			}
+		if s.owns(shard) {
+			mine = append(mine, j)
 			continue
 		}
+		if s.home == nil {
+			continue // another coordinator's shard
+		}
+		// Another coordinator's shard: a task it can place (not one
+		// waiting for its victims, its backoff or its stage) makes it an
+		// owner with work; one such task says so.
+		o := s.home.ownerOf(shard)
+		if o == "" || o == s.d.CoordID {
+			continue
+		}
+		st := c.stagesOf(jobID, j)
 		for _, ct := range tasks {
-			if ct.rec.Reservation != nil {
-				continue // waits for its victims (dispatchReserved)
+			if ct.rec.Reservation == nil && ct.rec.NotBeforeMs <= nowMs && (st == nil || st.ready[ct.rec.Group]) {
+				others.note(o, urgency{j.priority(), j.rec.SubmitMs})
+				break
 			}
-			if ct.rec.NotBeforeMs > nowMs {
-				if d := time.Duration(ct.rec.NotBeforeMs-nowMs) * time.Millisecond; d < next {
-					next = d
-				}
+		}
+	}
+	slices.SortFunc(mine, moreUrgent)
+
+	var (
+		stageWrites []write
+		snap        *placement.Snapshot
+		due         []*placement.Node
+		ad          *admitter
+		noNodes     bool
+	)
+	for _, j := range mine {
+		groups := s.placeable(j, now, &next, &stageWrites)
+		if len(groups) == 0 || noNodes {
+			continue
+		}
+		if ad == nil {
+			snap = s.snap.build()
+			var d time.Duration
+			due, d = s.snap.canaries(nowMs)
+			if d > 0 && d < next {
+				next = d
+			}
+			if len(snap.Nodes) == 0 {
+				// Nothing can be placed; GetJob reports "no ready nodes"
+				// itself, so the backlog is not rewritten (stage reasons
+				// still are).
+				noNodes = true
 				continue
 			}
-			if st != nil && !st.ready[ct.rec.Group] {
-				if by := st.doomedBy[ct.rec.Group]; by != "" {
-					if w, ok := s.dependencyWrite(ct, by, nowMs); ok {
-						stageWrites = append(stageWrites, w)
+			if s.home != nil {
+				// j is this owner's most urgent job with a placeable task.
+				reserved, wake := s.home.reserve(snap.Nodes, due, s.d.CoordID, urgency{j.priority(), j.rec.SubmitMs}, others, s.homeShard, s.d.ShardCount, now)
+				defer func() {
+					for _, pn := range reserved {
+						pn.Reserved = false
 					}
-				} else if w, ok := s.reasonWrite(ct, waitingReason(st.waitFor[ct.rec.Group]), now); ok {
-					stageWrites = append(stageWrites, w)
+				}()
+				if wake > 0 && wake < next {
+					next = wake
 				}
-				continue
+				s.d.Metrics.ReservedNodes.Observe(float64(len(reserved)))
 			}
-			gk := ct.gkey()
-			g := groups[gk]
-			if g == nil {
-				g = &candGroup{key: gk, job: j}
-				groups[gk] = g
-			}
-			g.tasks = append(g.tasks, ct)
+			ad = newAdmitter(c, snap)
+		}
+		for _, g := range groups {
+			ad.add(g)
+		}
+		if ad.full() {
+			break // the cut: the rest wait for room (see above)
 		}
 	}
 	if err := s.commit(ctx, stageWrites); err != nil {
 		return 0, err
 	}
-	if len(groups) == 0 {
-		return next, nil // (a coordinator owning none of the pending tasks' shards stops here)
-	}
-	snap := s.snap.build()
-	due, d := s.snap.canaries(nowMs)
-	if d > 0 && d < next {
-		next = d
+	if ad == nil {
+		// No placeable task of this owner's (a coordinator owning none of
+		// the pending tasks' shards stops here), or no ready node.
+		return next, nil
 	}
 	// used accumulates the usage of the nodes this round's plan writes;
 	// scopes the anti-affinity scope keys it writes.
 	used := map[string]store.UsageRecord{}
 	scopes := map[string]bool{}
-	if len(snap.Nodes) == 0 {
-		// Nothing can be placed; GetJob reports "no ready nodes" itself,
-		// so the backlog is not rewritten.
-		return next, nil
-	}
-	if s.home != nil {
-		var head urgency
-		first := true
-		for _, g := range groups {
-			if u := (urgency{g.job.priority(), g.job.rec.SubmitMs}); first || u.exceeds(head, 0) {
-				head, first = u, false
-			}
-		}
-		reserved, wake := s.home.reserve(snap.Nodes, due, s.d.CoordID, head, others, s.homeShard, s.d.ShardCount, now)
-		defer func() {
-			for _, pn := range reserved {
-				pn.Reserved = false
-			}
-		}()
-		if wake > 0 && wake < next {
-			next = wake
-		}
-		s.d.Metrics.ReservedNodes.Observe(float64(len(reserved)))
-	}
-	cands, waiting := admit(c, groups, snap)
+	cands, waiting := ad.admitted, ad.waiting
 	ptasks := make([]placement.Task, len(cands))
 	byKey := make(map[string]*cTask, len(cands))
 	for i, ct := range cands {
@@ -229,6 +228,49 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 		return 0, nil // more may fit right away
 	}
 	return next, nil
+}
+
+// placeable returns job j's pending tasks that a round may place now, as
+// one candGroup per task group in group order: not those waiting for their
+// victims (dispatchReserved), their backoff (next is lowered to the first
+// backoff's end) or an earlier stage (whose reason, or the failure of the
+// stage they depend on, is appended to stageWrites).
+func (s *Loop) placeable(j *cJob, now time.Time, next *time.Duration, stageWrites *[]write) []*candGroup {
+	c := s.cache
+	nowMs := now.UnixMilli()
+	st := c.stagesOf(j.rec.ID, j)
+	var groups []*candGroup
+	byGroup := map[int32]*candGroup{}
+	for _, ct := range c.pendingByJob[j.rec.ID] {
+		if ct.rec.Reservation != nil {
+			continue // waits for its victims (dispatchReserved)
+		}
+		if ct.rec.NotBeforeMs > nowMs {
+			if d := time.Duration(ct.rec.NotBeforeMs-nowMs) * time.Millisecond; d < *next {
+				*next = d
+			}
+			continue
+		}
+		if st != nil && !st.ready[ct.rec.Group] {
+			if by := st.doomedBy[ct.rec.Group]; by != "" {
+				if w, ok := s.dependencyWrite(ct, by, nowMs); ok {
+					*stageWrites = append(*stageWrites, w)
+				}
+			} else if w, ok := s.reasonWrite(ct, waitingReason(st.waitFor[ct.rec.Group]), now); ok {
+				*stageWrites = append(*stageWrites, w)
+			}
+			continue
+		}
+		g := byGroup[ct.rec.Group]
+		if g == nil {
+			g = &candGroup{key: ct.gkey(), job: j, index: ct.rec.Group}
+			byGroup[ct.rec.Group] = g
+			groups = append(groups, g)
+		}
+		g.tasks = append(g.tasks, ct)
+	}
+	slices.SortFunc(groups, func(a, b *candGroup) int { return cmp.Compare(a.index, b.index) })
+	return groups
 }
 
 // placeCanaries gives each node whose canary is due (nodeSnapshot.canaries)
