@@ -214,7 +214,7 @@ func (s *agentServer) RegisterNode(ctx context.Context, req *apiaryv1.RegisterNo
 	}
 	c.metrics.NodeRegistrations.WithLabelValues(outcome).Inc()
 	c.log.Info("node registered", "node", rec.ID, "epoch", epoch, "outcome", outcome, "labels", rec.Labels)
-	c.beats.note(rec.ID, epoch, time.Now()) // a registration is the epoch's first sign of life
+	c.beats.note(rec.ID, epoch, time.Now(), leaseTTL) // a registration is the epoch's first sign of life
 	// Admission judges "fits no node" from the capacity summary: include
 	// this node before the agent hears it is registered.
 	c.refreshCapacityAfter(ctx, regRev)
@@ -318,7 +318,11 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 		}
 		return nil, status.Errorf(codes.Unavailable, "heartbeat: %v", err)
 	}
-	s.c.beats.note(req.GetNodeId(), req.GetNodeEpoch(), time.Now())
+	// The fleet's interval as it is now, within this epoch's lease: a node
+	// that registered while the fleet was small slows down as it grows
+	// (Nomad returns a new TTL with every heartbeat alike).
+	interval, _ := s.c.heartbeatTiming()
+	s.c.beats.note(req.GetNodeId(), req.GetNodeEpoch(), time.Now(), time.Duration(ka.TTL)*time.Second)
 	if req.GetDatasetsChanged() {
 		if err := checkDatasets(req.GetDatasets()); err != nil {
 			// The lease is renewed all the same: a bad list must not cost
@@ -329,10 +333,6 @@ func (s *agentServer) Heartbeat(ctx context.Context, req *apiaryv1.HeartbeatRequ
 			return nil, status.Errorf(codes.Unavailable, "store datasets: %v", err)
 		}
 	}
-	// The fleet's interval as it is now, within this epoch's lease: a node
-	// that registered while the fleet was small slows down as it grows
-	// (Nomad returns a new TTL with every heartbeat alike).
-	interval, _ := s.c.heartbeatTiming()
 	out := &apiaryv1.HeartbeatResponse{LeaseTtlMs: ka.TTL * 1000,
 		HeartbeatIntervalMs: min(interval, time.Duration(ka.TTL)*time.Second/4).Milliseconds()}
 	if draining {

@@ -386,7 +386,7 @@ func New(cfg Config) (*Coordinator, error) {
 		metrics:  telemetry.NewRegionMetrics(cfg.Registry),
 		capState: capacityState{extra: map[string]localJob{}},
 		sessions: newSessionBox(), members: newMemberFeed(), shardSet: scheduler.NewShardSet(),
-		beats: beatLog{maxGap: cfg.NodeLeaseTTL}, done: make(chan struct{})}
+		done: make(chan struct{})}
 	if cfg.ACL {
 		c.aclDenials = aclDenialCounter(cfg.Registry, c.log)
 	}

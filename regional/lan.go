@@ -459,9 +459,6 @@ type beatLog struct {
 	mu    sync.Mutex
 	beats map[string]beat
 	swept time.Time
-	// maxGap bounds the gaps counted (the node lease TTL: a longer one
-	// means the beats went to another coordinator meanwhile); 0 counts none.
-	maxGap time.Duration
 	// slowest is the longest counted gap seen within gapWindow, at
 	// slowestAt.
 	slowest   time.Duration
@@ -471,14 +468,19 @@ type beatLog struct {
 // gapWindow is how long a slow heartbeat keeps the fast reclaim's veto up.
 const gapWindow = 30 * time.Second
 
-func (l *beatLog) note(node string, epoch int64, now time.Time) {
+// note records a heartbeat (or registration) of node's epoch at now. A gap
+// since the epoch's previous one counts toward slowestGap only up to
+// maxGap, the epoch's lease TTL (scaled with the fleet, heartbeatTiming):
+// a longer gap means the beats went to another coordinator
+// meanwhile. 0 counts none.
+func (l *beatLog) note(node string, epoch int64, now time.Time, maxGap time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.beats == nil {
 		l.beats = map[string]beat{}
 	}
 	if prev, ok := l.beats[node]; ok && prev.epoch == epoch {
-		if gap := now.Sub(prev.at); gap <= l.maxGap && (gap >= l.slowest || now.Sub(l.slowestAt) > gapWindow) {
+		if gap := now.Sub(prev.at); gap <= maxGap && (gap >= l.slowest || now.Sub(l.slowestAt) > gapWindow) {
 			l.slowest, l.slowestAt = gap, now
 		}
 	}

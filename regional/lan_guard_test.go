@@ -70,12 +70,12 @@ func TestMassFailureGuard(t *testing.T) {
 // late (a busy machine), and ignores gaps that span two epochs or are longer
 // than the lease (the beats went to another coordinator meanwhile).
 func TestHeartbeatVetoFollowsLateBeats(t *testing.T) {
-	c := &Coordinator{cfg: Config{NodeLeaseTTL: 2 * time.Second}, beats: beatLog{maxGap: 2 * time.Second}, nodes: scheduler.NewNodeIndex()}
+	c := &Coordinator{cfg: Config{NodeLeaseTTL: 2 * time.Second}, nodes: scheduler.NewNodeIndex()}
 	t0 := time.Now()
 	at := t0
 	beat := func(node string, epoch int64, after time.Duration) {
 		at = at.Add(after)
-		c.beats.note(node, epoch, at)
+		c.beats.note(node, epoch, at, 2*time.Second)
 	}
 	for i := 0; i < 10; i++ {
 		beat("n1", 7, 500*time.Millisecond)
@@ -104,5 +104,15 @@ func TestHeartbeatVetoFollowsLateBeats(t *testing.T) {
 	c.cfg.NodeLeaseTTL = 10 * time.Second
 	if v := c.heartbeatVeto(at.Add(31 * time.Second)); v != 5*time.Second {
 		t.Fatalf("a 10 s lease: veto %v, want 5s (half the lease)", v)
+	}
+	// A fleet past --max-heartbeats-per-second beats every few seconds
+	// on a lease of four intervals: a gap up to that epoch's lease counts,
+	// though it passes --node-lease-ttl.
+	at = at.Add(time.Minute)
+	c.beats.note("n3", 4, at, 20*time.Second)
+	at = at.Add(9 * time.Second)
+	c.beats.note("n3", 4, at, 20*time.Second)
+	if v := c.heartbeatVeto(at); v != 13500*time.Millisecond {
+		t.Fatalf("a 9 s gap under a 20 s epoch lease: veto %v, want 13.5s", v)
 	}
 }
