@@ -118,4 +118,3 @@ func BenchmarkPlaceRoundBacklog(b *testing.B) {
 		})
 	}
 }
-
