@@ -16,7 +16,6 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/regional/store"
-	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
 
@@ -134,15 +133,19 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 	}
 	// Pending tasks and node counts come from the job and node indexes
 	// (the scheduling loop's watch cache) once they have applied every
-	// write committed before this call; else from a read of every task
-	// record and node key.
+	// write committed before this call. When the job index lags by more
+	// than jobsIndexWait, pending_tasks is its count at its own revision
+	// (pending_revision says which; reading every task record instead
+	// costs the region's size per call, and timed out at a million
+	// records), and the node counts come from a keys-only read of the node
+	// keys (O(nodes)).
 	current, err := c.jobsCurrent(ctx, "region info")
 	if err != nil {
 		return nil, err
 	}
 	ops := []clientv3.Op{clientv3.OpGet(store.PrefMembers, clientv3.WithPrefix())}
 	if !current {
-		ops = append(ops, clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix()), clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+		ops = append(ops, clientv3.OpGet(store.PrefNodes, clientv3.WithPrefix(), clientv3.WithKeysOnly()))
 	}
 	resp, err := c.cli.Txn(cctx).Then(ops...).Commit()
 	if err != nil {
@@ -158,8 +161,10 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 		co := &apiaryv1.Coordinator{Id: m.ID, ApiAddr: m.APIAddr, Scheduler: perCoord[m.ID] > 0, ShardsOwned: int32(perCoord[m.ID])}
 		out.Coordinators = append(out.Coordinators, co)
 	}
+	out.PendingRevision = c.jobs.EachPending(func(_ *store.JobRecord, n int32) { out.PendingTasks += n })
 	if current {
-		c.jobs.EachPending(func(_ *store.JobRecord, n int32) { out.PendingTasks += n })
+		// The index had reached etcd's revision read before the Txn.
+		out.PendingRevision = max(out.PendingRevision, out.Revision)
 		c.nodes.Each(func(_ string, v *store.NodeView) {
 			if v.Alive != 0 {
 				out.NodesReady++
@@ -171,12 +176,6 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 		return out, nil
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		var t taskstate.Task
-		if json.Unmarshal(kv.Value, &t) == nil && t.State == apiaryv1.TaskState_TASK_STATE_PENDING {
-			out.PendingTasks++
-		}
-	}
-	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 		switch _, kind, ok := store.NodeKeyKind(string(kv.Key)); {
 		case ok && kind == "alive":
 			out.NodesReady++

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"sort"
 	"strings"
 	"time"
 
@@ -265,7 +264,8 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 	}
 	if !current {
 		// The index lags (a reloading cache, a stalled loop): read etcd.
-		return s.listFromEtcd(ctx, req.GetPageToken(), limit, state, mayRead)
+		return listJobsFromEtcd(ctx, s.c.cli, s.c.meta.ShardCount, etcdJobList{before: req.GetPageToken(), limit: limit,
+			state: state, mayRead: mayRead, policy: s.c.cfg.SchedulerPolicy, scanTasks: listScanTasks})
 	}
 	page, more := s.c.jobs.Page(req.GetPageToken(), limit, state, func(j *scheduler.IndexedJob) bool {
 		return mayRead(j.Rec.Spec.GetNamespace())
@@ -278,50 +278,6 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 	}
 	if more && len(out.Jobs) > 0 {
 		out.NextPageToken = out.Jobs[len(out.Jobs)-1].GetId()
-	}
-	return out, nil
-}
-
-// listFromEtcd answers ListJobs from every job and task record read at one
-// revision, for when the job index lags: the same page (descending id
-// below before, state and namespace filters) at the cost of the region's
-// size.
-func (s *jobServer) listFromEtcd(ctx context.Context, before string, limit int, state apiaryv1.JobState,
-	mayRead func(string) bool) (*apiaryv1.ListJobsResponse, error) {
-	cctx, cancel := store.EtcdCtx(ctx)
-	defer cancel()
-	resp, err := s.c.cli.Txn(cctx).Then(clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()),
-		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix())).Commit()
-	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list jobs: %v", err)
-	}
-	views := map[string]*jobView{}
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		v := &jobView{}
-		if json.Unmarshal(kv.Value, &v.rec) == nil && (before == "" || v.rec.ID < before) && mayRead(v.rec.Spec.GetNamespace()) {
-			views[v.rec.ID] = v
-		}
-	}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		_, jobID, _, ok := store.ParseTaskKey(string(kv.Key))
-		if !ok || views[jobID] == nil {
-			continue
-		}
-		var t taskstate.Task
-		if json.Unmarshal(kv.Value, &t) == nil {
-			views[jobID].tasks = append(views[jobID].tasks, t)
-		}
-	}
-	out := &apiaryv1.ListJobsResponse{}
-	for _, v := range views {
-		if j := v.toProto(false, false, s.c.cfg.SchedulerPolicy); state == apiaryv1.JobState_JOB_STATE_UNSPECIFIED || j.State == state {
-			out.Jobs = append(out.Jobs, j)
-		}
-	}
-	sort.Slice(out.Jobs, func(a, b int) bool { return out.Jobs[a].Id > out.Jobs[b].Id })
-	if len(out.Jobs) > limit {
-		out.Jobs = out.Jobs[:limit]
-		out.NextPageToken = out.Jobs[limit-1].GetId()
 	}
 	return out, nil
 }

@@ -634,7 +634,7 @@ those its token's policies grant read on; all of them without ACLs).`,
 						fmtTime(j.GetSubmitTimeMs()))
 				}
 				t.Flush()
-				if len(resp.GetJobs()) == 0 {
+				if len(resp.GetJobs()) == 0 && resp.GetNextPageToken() == "" {
 					fmt.Fprintln(cmd.ErrOrStderr(), "no jobs")
 				}
 				if next := resp.GetNextPageToken(); next != "" {

@@ -301,7 +301,7 @@ func printRegionStatus(w io.Writer, r *apiaryv1.GetRegionInfoResponse, api map[s
 	fmt.Fprintf(h, "Shards:\t%s\n", shardOwnership(r))
 	fmt.Fprintf(h, "etcd leader:\t%s\n", cell(r.GetEtcdLeader(), 0))
 	fmt.Fprintf(h, "Nodes:\t%d ready, %d registered\n", r.GetNodesReady(), r.GetNodesRegistered())
-	fmt.Fprintf(h, "Pending tasks:\t%d\n", r.GetPendingTasks())
+	fmt.Fprintf(h, "Pending tasks:\t%s\n", fmtPending(r))
 	fmt.Fprintf(h, "State:\t%s\n", fmtState(r.GetStateSizeBytes(), r.GetStateInUseBytes(), r.GetStateQuotaBytes()))
 	h.Flush()
 	fmt.Fprintln(w)
@@ -355,4 +355,17 @@ func shardOwnership(r *apiaryv1.GetRegionInfoResponse) string {
 		s += fmt.Sprintf("; %s owns shards but its member record has lapsed: it is probably dead, and the others claim its shards when its owner lease ends", id)
 	}
 	return s
+}
+
+// fmtPending is the pending task count, with how old it is when the
+// answering coordinator's job index lagged etcd (pending_revision below
+// revision).
+func fmtPending(r *apiaryv1.GetRegionInfoResponse) string {
+	switch pr := r.GetPendingRevision(); {
+	case pr == 0 && r.GetRevision() != 0:
+		return "unknown (the coordinator's job index is loading)"
+	case pr != 0 && pr < r.GetRevision():
+		return fmt.Sprintf("%d (as of revision %d of %d: the coordinator's job index lags etcd)", r.GetPendingTasks(), pr, r.GetRevision())
+	}
+	return fmt.Sprint(r.GetPendingTasks())
 }

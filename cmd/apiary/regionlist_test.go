@@ -43,3 +43,24 @@ func TestPrintRegionsShardsPerCoordinator(t *testing.T) {
 		t.Fatalf("eight coordinators are not truncated:\n%s", out.String())
 	}
 }
+
+// region status's pending line: the count as is when it is current, with
+// its revision when the coordinator's job index lagged, and "unknown"
+// while the index loads.
+func TestPrintRegionStatusPendingAge(t *testing.T) {
+	for _, c := range []struct {
+		pending      int32
+		rev, pendRev int64
+		want         string
+	}{
+		{12, 500, 500, "Pending tasks:  12\n"},
+		{12, 500, 430, "Pending tasks:  12 (as of revision 430 of 500: the coordinator's job index lags etcd)\n"},
+		{0, 500, 0, "Pending tasks:  unknown (the coordinator's job index is loading)\n"},
+	} {
+		var out bytes.Buffer
+		printRegionStatus(&out, &apiaryv1.GetRegionInfoResponse{Region: "r", PendingTasks: c.pending, Revision: c.rev, PendingRevision: c.pendRev}, nil)
+		if !strings.Contains(out.String(), c.want) {
+			t.Fatalf("pending %d at %d of %d: no line %q in\n%s", c.pending, c.pendRev, c.rev, c.want, out.String())
+		}
+	}
+}

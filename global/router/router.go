@@ -600,32 +600,46 @@ func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*
 	if limit == 0 {
 		limit = 100
 	}
-	out := &apiaryv1.ListJobsResponse{}
-	more := false
+	var pages []*apiaryv1.ListJobsResponse
 	res := r.fanOutEach(ctx, r.cfg.View.Regions(), "list jobs", func(ctx context.Context, _ federation.Region, cc *grpc.ClientConn) (func(), error) {
 		resp, err := apiaryv1.NewJobServiceClient(cc).ListJobs(ctx, req, grpc.MaxCallRecvMsgSize(64<<20))
-		return func() {
-			out.Jobs = append(out.Jobs, resp.GetJobs()...)
-			more = more || resp.GetNextPageToken() != ""
-		}, err
+		return func() { pages = append(pages, resp) }, err
 	})
 	if err := res.refused(); err != nil {
 		// A region refused the caller (no token, or none that may read
 		// the namespace asked for) or the request.
 		return nil, err
 	}
+	out := mergeJobPages(pages, limit)
 	out.UnavailableRegions = res.failed()
-	// Descending job id, as each region pages (the page token is the last
-	// id: every region lists the ids below it, so the merge of their
-	// first `limit` is the federation's page).
-	sort.Slice(out.Jobs, func(a, b int) bool { return out.Jobs[a].GetId() > out.Jobs[b].GetId() })
-	if len(out.Jobs) > limit {
-		out.Jobs, more = out.Jobs[:limit], true
-	}
-	if more && len(out.Jobs) > 0 {
-		out.NextPageToken = out.Jobs[len(out.Jobs)-1].GetId()
-	}
 	return out, nil
+}
+
+// mergeJobPages merges the regions' pages of one ListJobs call into the
+// federation's page of at most limit jobs, in descending job id order, as
+// each region pages. A region's next_page_token is the last id it looked
+// at (a region's page may end early, with fewer than limit jobs or none:
+// ListJobsResponse), so the region has said nothing yet of the ids below
+// it: the federation's page stops at the highest token, and its token is
+// that one (every region lists the ids below it again on the next call),
+// or the page's last id when limit cut it first.
+func mergeJobPages(pages []*apiaryv1.ListJobsResponse, limit int) *apiaryv1.ListJobsResponse {
+	out := &apiaryv1.ListJobsResponse{}
+	cut := ""
+	for _, p := range pages {
+		out.Jobs = append(out.Jobs, p.GetJobs()...)
+		cut = max(cut, p.GetNextPageToken())
+	}
+	sort.Slice(out.Jobs, func(a, b int) bool { return out.Jobs[a].GetId() > out.Jobs[b].GetId() })
+	if cut != "" {
+		n := sort.Search(len(out.Jobs), func(i int) bool { return out.Jobs[i].GetId() < cut })
+		out.Jobs, out.NextPageToken = out.Jobs[:n], cut
+	}
+	if len(out.Jobs) > limit {
+		out.Jobs = out.Jobs[:limit]
+		out.NextPageToken = out.Jobs[limit-1].GetId()
+	}
+	return out
 }
 
 // adminServer serves ListRegions from the registry view, and ListNodes

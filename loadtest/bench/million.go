@@ -36,6 +36,8 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/devcluster"
@@ -655,10 +657,19 @@ func (m *millionRegion) quiesce(ctx context.Context) error {
 			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			resp, err := js.ListJobs(lctx, &apiaryv1.ListJobsRequest{State: st, Limit: 1})
 			cancel()
+			if status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+				m.cfg.logf("million quiesce: list %s jobs: %v; again", st, err)
+				busy++
+				continue
+			}
 			if err != nil {
 				return fmt.Errorf("list %s jobs: %w", st, err)
 			}
-			busy += len(resp.GetJobs())
+			// A page may end early with no job and a token (a lagging
+			// index's etcd read): more jobs are to be looked at.
+			if len(resp.GetJobs()) > 0 || resp.GetNextPageToken() != "" {
+				busy++
+			}
 		}
 		if busy == 0 {
 			return nil

@@ -65,7 +65,11 @@ const (
 func shardStr(s int) string { return fmt.Sprintf("%0*d", shardPadding, s) }
 
 // KeyJob is the job record's key.
-func KeyJob(shard int, jobID string) string { return PrefJobs + shardStr(shard) + "/" + jobID }
+func KeyJob(shard int, jobID string) string { return PrefShardJobs(shard) + jobID }
+
+// PrefShardJobs is the prefix of a shard's job records (KeyJob's keys of
+// that shard, in job id order).
+func PrefShardJobs(shard int) string { return PrefJobs + shardStr(shard) + "/" }
 
 // PrefJobTasks is the prefix of a job's task records.
 func PrefJobTasks(shard int, jobID string) string {

@@ -2470,10 +2470,10 @@ type ListJobsRequest struct {
 	// Optional namespace filter; empty lists every namespace the caller may
 	// read (all of them without ACLs).
 	Namespace string `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`
-	// The previous page's next_page_token (empty: the first page). It is the
-	// last job id of that page: the page holds jobs with a smaller id, so a
-	// token stays valid while jobs come and go (a job submitted meanwhile
-	// with a smaller id appears on a later page).
+	// The previous page's next_page_token (empty: the first page). It is a
+	// job id (the last one that page looked at): the page holds jobs with a
+	// smaller id, so a token stays valid while jobs come and go (a job
+	// submitted meanwhile with a smaller id appears on a later page).
 	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2543,6 +2543,10 @@ type ListJobsResponse struct {
 	// Regions that did not answer a fan-out list.
 	UnavailableRegions []string `protobuf:"bytes,2,rep,name=unavailable_regions,json=unavailableRegions,proto3" json:"unavailable_regions,omitempty"`
 	// Set when more jobs may follow: pass it as page_token for the next page.
+	// A page may hold fewer than limit jobs, or none, and still carry a
+	// token (as AIP-158 allows): a coordinator whose job index lags etcd
+	// reads etcd instead, and ends a page once it has read 20,000 task
+	// records; list until the token is empty.
 	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -5701,6 +5705,12 @@ type GetRegionInfoResponse struct {
 	StateSizeBytes  int64 `protobuf:"varint,13,opt,name=state_size_bytes,json=stateSizeBytes,proto3" json:"state_size_bytes,omitempty"`
 	StateInUseBytes int64 `protobuf:"varint,14,opt,name=state_in_use_bytes,json=stateInUseBytes,proto3" json:"state_in_use_bytes,omitempty"`
 	StateQuotaBytes int64 `protobuf:"varint,15,opt,name=state_quota_bytes,json=stateQuotaBytes,proto3" json:"state_quota_bytes,omitempty"`
+	// The etcd revision pending_tasks was counted at: revision itself, unless
+	// the answering coordinator's job index (its watch cache) lagged etcd by
+	// more than 2 s, when the count is as old as this lower revision (the
+	// answer does not read every task record instead; 0: the index has not
+	// loaded, and pending_tasks is unknown).
+	PendingRevision int64 `protobuf:"varint,16,opt,name=pending_revision,json=pendingRevision,proto3" json:"pending_revision,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -5836,6 +5846,13 @@ func (x *GetRegionInfoResponse) GetStateInUseBytes() int64 {
 func (x *GetRegionInfoResponse) GetStateQuotaBytes() int64 {
 	if x != nil {
 		return x.StateQuotaBytes
+	}
+	return 0
+}
+
+func (x *GetRegionInfoResponse) GetPendingRevision() int64 {
+	if x != nil {
+		return x.PendingRevision
 	}
 	return 0
 }
@@ -8038,7 +8055,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12\x1c\n" +
 	"\tscheduler\x18\x03 \x01(\bR\tscheduler\x12!\n" +
-	"\fshards_owned\x18\x04 \x01(\x05R\vshardsOwned\"\xa9\x05\n" +
+	"\fshards_owned\x18\x04 \x01(\x05R\vshardsOwned\"\xd4\x05\n" +
 	"\x15GetRegionInfoResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\"\n" +
 	"\fjurisdiction\x18\x02 \x01(\tR\fjurisdiction\x12D\n" +
@@ -8058,7 +8075,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\tscheduler\x18\f \x01(\tR\tscheduler\x12(\n" +
 	"\x10state_size_bytes\x18\r \x01(\x03R\x0estateSizeBytes\x12+\n" +
 	"\x12state_in_use_bytes\x18\x0e \x01(\x03R\x0fstateInUseBytes\x12*\n" +
-	"\x11state_quota_bytes\x18\x0f \x01(\x03R\x0fstateQuotaBytes\x1a9\n" +
+	"\x11state_quota_bytes\x18\x0f \x01(\x03R\x0fstateQuotaBytes\x12)\n" +
+	"\x10pending_revision\x18\x10 \x01(\x03R\x0fpendingRevision\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x15\n" +

@@ -1,0 +1,161 @@
+package regional
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/testutil/etcdtest"
+	"apiary.dev/apiary/placement"
+	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/regional/taskstate"
+	"apiary.dev/apiary/shards"
+)
+
+// TestListJobsFromEtcdPagesLikeTheIndex: the ListJobs fallback for a
+// lagging job index (listJobsFromEtcd), walked page by page to the end,
+// lists exactly the jobs a read of every record gives, newest id first,
+// with the same counts and states, for every state filter, a namespace
+// filter, page sizes from 1 up and scan budgets from one task record up
+// (a spent budget ends a page early with a token, and the walk still
+// misses nothing and repeats nothing). Real etcd, records written as the
+// coordinator writes them.
+func TestListJobsFromEtcdPagesLikeTheIndex(t *testing.T) {
+	cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const shardCount = 8
+	rng := rand.New(rand.NewPCG(7, 16))
+	states := []apiaryv1.TaskState{apiaryv1.TaskState_TASK_STATE_PENDING, apiaryv1.TaskState_TASK_STATE_RUNNING,
+		apiaryv1.TaskState_TASK_STATE_COMPLETE, apiaryv1.TaskState_TASK_STATE_FAILED}
+	for i := range 70 {
+		id := fmt.Sprintf("eu-west-%06x", rng.Uint32()&0xffffff)
+		sh := shards.Of(id, shardCount)
+		ns := ""
+		if i%3 == 0 {
+			ns = "team-a"
+		}
+		n := 1 + rng.IntN(6)
+		rec := store.JobRecord{ID: id, Region: "eu-west", Shard: sh, TaskCount: int32(n), CancelRequested: i%11 == 0,
+			Spec: &apiaryv1.JobSpec{Name: "j", Namespace: ns, Tasks: []*apiaryv1.TaskGroup{{Name: "g", Command: "true", Count: int32(n)}}}}
+		ops := []clientv3.Op{clientv3.OpPut(store.KeyJob(sh, id), store.MustJSON(rec))}
+		// Most jobs' tasks share a state, so that every job state occurs.
+		common := states[rng.IntN(len(states))]
+		for x := range n {
+			st := common
+			if rng.IntN(4) == 0 {
+				st = states[rng.IntN(len(states))]
+			}
+			ops = append(ops, clientv3.OpPut(store.KeyTask(sh, id, int32(x)), store.MustJSON(taskstate.Task{JobID: id, Index: int32(x), State: st, FinishedMs: int64(1000 + x)})))
+		}
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A record of another prefix between jobs/ and tasks/ is not a job.
+	if _, err := cli.Put(ctx, store.PrefAntiAffinity+"x", "{}"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The oracle: every job and task record read at once.
+	all, err := cli.Txn(ctx).Then(clientv3.OpGet(store.PrefJobs, clientv3.WithPrefix()),
+		clientv3.OpGet(store.PrefTasks, clientv3.WithPrefix())).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	views := map[string]*jobView{}
+	for _, kv := range all.Responses[0].GetResponseRange().Kvs {
+		v := &jobView{}
+		if err := json.Unmarshal(kv.Value, &v.rec); err != nil {
+			t.Fatal(err)
+		}
+		views[v.rec.ID] = v
+	}
+	for _, kv := range all.Responses[1].GetResponseRange().Kvs {
+		_, jobID, _, _ := store.ParseTaskKey(string(kv.Key))
+		var tk taskstate.Task
+		if err := json.Unmarshal(kv.Value, &tk); err != nil {
+			t.Fatal(err)
+		}
+		views[jobID].tasks = append(views[jobID].tasks, tk)
+	}
+	want := func(state apiaryv1.JobState, ns string) []*apiaryv1.Job {
+		var out []*apiaryv1.Job
+		for _, v := range views {
+			j := v.toProto(false, false, placement.Policy(""))
+			if (state == apiaryv1.JobState_JOB_STATE_UNSPECIFIED || j.State == state) && (ns == "" || v.rec.Spec.GetNamespace() == ns) {
+				out = append(out, j)
+			}
+		}
+		sort.Slice(out, func(a, b int) bool { return out[a].Id > out[b].Id })
+		return out
+	}
+	seenStates := map[apiaryv1.JobState]bool{}
+	for _, j := range want(apiaryv1.JobState_JOB_STATE_UNSPECIFIED, "") {
+		seenStates[j.State] = true
+	}
+	if len(seenStates) < 4 {
+		t.Fatalf("the jobs cover only %d job states: %v", len(seenStates), seenStates)
+	}
+
+	for _, ns := range []string{"", "team-a"} {
+		for st := range apiaryv1.JobState_name {
+			state := apiaryv1.JobState(st)
+			exp := want(state, ns)
+			for _, limit := range []int{1, 3, 7, 100} {
+				for _, budget := range []int{1, 5, 20000} {
+					name := fmt.Sprintf("ns=%q state=%s limit=%d budget=%d", ns, state, limit, budget)
+					var got []*apiaryv1.Job
+					token, pages := "", 0
+					for {
+						q := etcdJobList{before: token, limit: limit, state: state, policy: placement.Policy(""), scanTasks: budget,
+							mayRead: func(jobNS string) bool { return ns == "" || jobNS == ns }}
+						resp, err := listJobsFromEtcd(ctx, cli, shardCount, q)
+						if err != nil {
+							t.Fatalf("%s: page %d: %v", name, pages, err)
+						}
+						pages++
+						if len(resp.GetJobs()) > limit {
+							t.Fatalf("%s: page of %d jobs", name, len(resp.GetJobs()))
+						}
+						if budget == 20000 && resp.GetNextPageToken() != "" && len(resp.GetJobs()) != limit {
+							t.Fatalf("%s: a page of %d jobs with a token and the budget unspent", name, len(resp.GetJobs()))
+						}
+						got = append(got, resp.GetJobs()...)
+						if token = resp.GetNextPageToken(); token == "" {
+							break
+						}
+						if pages > 200 {
+							t.Fatalf("%s: over 200 pages", name)
+						}
+					}
+					if len(got) != len(exp) {
+						t.Fatalf("%s: %d jobs listed in %d pages, want %d", name, len(got), pages, len(exp))
+					}
+					for i := range exp {
+						if got[i].GetId() != exp[i].GetId() || got[i].GetState() != exp[i].GetState() ||
+							got[i].GetCounts().String() != exp[i].GetCounts().String() || got[i].GetFinishTimeMs() != exp[i].GetFinishTimeMs() {
+							t.Fatalf("%s: job %d is %s %s %v, want %s %s %v", name, i, got[i].GetId(), got[i].GetState(), got[i].GetCounts(),
+								exp[i].GetId(), exp[i].GetState(), exp[i].GetCounts())
+						}
+					}
+					// Unfiltered, a token means another job follows; filtered,
+					// it means another job is to be looked at, so the last
+					// page may be empty.
+					full := max(1, (len(exp)+limit-1)/limit)
+					if budget == 20000 && (pages < full || pages > full+1 ||
+						(pages == full+1 && (state == apiaryv1.JobState_JOB_STATE_UNSPECIFIED && ns == "" || len(exp)%limit != 0))) {
+						t.Fatalf("%s: %d pages for %d jobs", name, pages, len(exp))
+					}
+				}
+			}
+		}
+	}
+}
