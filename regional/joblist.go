@@ -18,8 +18,9 @@ import (
 	"apiary.dev/apiary/regional/taskstate"
 )
 
-// listScanTasks bounds the task records one ListJobs page reads from etcd
-// when the job index lags (listJobsFromEtcd): past it the page ends early,
+// listScanTasks bounds the records (task records, and job records looked
+// at) one ListJobs page reads from etcd when the job index lags
+// (listJobsFromEtcd): past it the page ends early,
 // with a next_page_token, so a filtered list over a large region is many
 // bounded calls rather than one read of every record.
 const listScanTasks = 20000
@@ -59,7 +60,7 @@ type shardCursor struct {
 // order a batch at a time and merged by id (job keys are sharded, so no
 // single range is in id order), and the tasks of a job are read only when
 // the job is next in the merge. A page ends early, with a next_page_token
-// (the last job id looked at), once q.scanTasks task records were read,
+// (the last job id looked at), once q.scanTasks records were read,
 // as AIP-158 allows (a page may hold fewer than limit jobs while more
 // follow). Errors: UNAVAILABLE when etcd does not answer or the listing's
 // revision was compacted meanwhile (retry).
@@ -172,6 +173,7 @@ func listJobsFromEtcd(ctx context.Context, cli *clientv3.Client, shardCount int,
 		}
 		kv, id := best.buf[0], idOf(best)
 		best.buf, last = best.buf[1:], id
+		scanned++ // a job record looked at counts as a record read
 		v := &jobView{}
 		if json.Unmarshal(kv.Value, &v.rec) != nil || !q.mayRead(v.rec.Spec.GetNamespace()) {
 			continue

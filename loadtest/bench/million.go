@@ -193,7 +193,7 @@ type MillionCheckpoint struct {
 	// the members (maintenance Status).
 	DBSize, DBInUse float64
 	// Info: GetRegionInfo's state_size_bytes / state_in_use_bytes, the
-	// call's latency (it range-reads every task record) and its error.
+	// call's latency (it answers from the coordinator's job index, waiting for it to reach etcd's revision) and its error.
 	InfoSize, InfoInUse, InfoMs float64
 	InfoErr                     string
 	// IdleCPU is the coordinators' CPU over the idle window, in % of one
@@ -501,7 +501,7 @@ func (m *millionRegion) checkpoint(ctx context.Context, size, shardCount int, to
 	cp.IdleCPU = 100 * (cpuSeconds(m.pids...) - cpu0) / time.Since(idle0).Seconds()
 	cp.ForeignCPU = foreignShare(host0, readHostCPU())
 
-	// GetRegionInfo last: it range-reads every task record.
+	// GetRegionInfo last: it waits for the job index to reach etcd's revision.
 	ictx, cancel := context.WithTimeout(ctx, time.Minute)
 	it := time.Now()
 	info, err := apiaryv1.NewAdminServiceClient(m.conns[0]).GetRegionInfo(ictx, &apiaryv1.GetRegionInfoRequest{})
@@ -1198,7 +1198,7 @@ func WriteMillion(out string, run MillionRun, runErr error) (string, error) {
 	b.WriteString(".\n\n")
 	b.WriteString("Caveats: the coordinators export no plan-only commit histogram: apiary_etcd_txn_duration_seconds times every attempt of the coordinator's txnRetry, so in the probe window it mixes the probes' submission group commits, the scheduler's fenced plan Txns and the agents' report Txns (all on the same etcd path); its buckets double (0.5 ms x 2^k), so an interpolated p99 can be off by up to the bucket's width. " +
 		"2 shared vCPUs run the harness (with the 200 simulated agents and the load), 3 coordinators and their etcd members. Task records are /apiary/tasks/ keys; each finished task also has an attempt result (result_records). " +
-		"Memory is the coordinator process with its embedded etcd member: RssFile is mostly etcd's mmap'd backend pages. GetRegionInfo range-reads every task record to count the PENDING ones (O(records) per call), so its latency is reported, and the backend size is read from etcd's Status directly. " +
+		"Memory is the coordinator process with its embedded etcd member: RssFile is mostly etcd's mmap'd backend pages. GetRegionInfo counts PENDING tasks from the answering coordinator's job index (its watch cache), not from the task records; its latency is reported, and the backend size is read from etcd's Status directly. " +
 		"The floor goes through a client on every member (a put sent to a follower is forwarded to the leader), as the coordinators' own Txns do.\n\n")
 	return b.String(), nil
 }
