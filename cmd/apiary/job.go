@@ -592,7 +592,10 @@ func newJobListCmd(o *clientOpts) *cobra.Command {
 		Long: `List jobs, a page of --limit at a time, in descending job id order: a job id
 starts with its region and then sorts by submission time, so each region's
 jobs come together, newest first. When more follow, the page token of the
-next page is printed on stderr; pass it as --page-token. Without
+next page is printed on stderr; pass it as --page-token. A page can hold
+fewer jobs than --limit, or none, and still be followed by more (a
+coordinator whose job index lags reads etcd instead, a bounded amount per
+page): list until no token is printed. Without
 --namespace, the jobs of every namespace the caller may read (with ACLs on,
 those its token's policies grant read on; all of them without ACLs).`,
 		Args: cobra.NoArgs,
