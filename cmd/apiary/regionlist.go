@@ -88,8 +88,9 @@ owns (each schedules its own), 'apiary region shards' lists them.
 STATE is the size of each region's etcd backend file and its quota
 ("12MiB/4.0GiB"), asked of one of the region's alive coordinators (within
 2 s; "-" when none answered, or the region is down); 'apiary region
-status' shows the part in use too. -o json prints the router's answer,
-which has no state size.`,
+status' shows the part in use too. -o json prints the router's answer
+with the same sizes filled in (state_size_bytes, state_in_use_bytes,
+state_quota_bytes; 0 where "-").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			resp, err := unaryCall(cmd, o, nil, apiaryv1.NewAdminServiceClient, "",
@@ -99,10 +100,11 @@ which has no state size.`,
 			if err != nil {
 				return err
 			}
+			ctx, stop := signalContext(cmd)
+			fillRegionStates(ctx, o, resp.GetRegions())
+			stop()
 			return o.print(cmd.OutOrStdout(), resp, func(w io.Writer) {
-				ctx, stop := signalContext(cmd)
-				defer stop()
-				printRegionsState(w, cmd.ErrOrStderr(), resp.GetRegions(), regionStates(ctx, o, resp.GetRegions()))
+				printRegions(w, cmd.ErrOrStderr(), resp.GetRegions())
 			})
 		},
 	}
@@ -110,14 +112,10 @@ which has no state size.`,
 	return cmd
 }
 
-// printRegions writes a table of regions to w; a note to errw when there are none.
+// printRegions writes a table of regions to w (the STATE cell from each
+// summary's state sizes, fillRegionStates; "-" when 0); a note to errw
+// when there are none.
 func printRegions(w, errw io.Writer, regions []*apiaryv1.RegionSummary) {
-	printRegionsState(w, errw, regions, nil)
-}
-
-// printRegionsState is printRegions with each region's STATE cell
-// (regionStates; "-" for a region missing from state).
-func printRegionsState(w, errw io.Writer, regions []*apiaryv1.RegionSummary, state map[string]string) {
 	t := newTable(w)
 	fmt.Fprintln(t, "REGION\tJURISDICTION\tSTATUS\tCOORDINATORS\tNODES\tSTATE\tFREE CPU (m)\tFREE MEM (MiB)\tLARGEST NODE\tBACKLOG/BOUND (batch,standard,urgent)\tLABELS")
 	for _, r := range regions {
@@ -156,10 +154,7 @@ func printRegionsState(w, errw io.Writer, regions []*apiaryv1.RegionSummary, sta
 		}
 		l := r.GetLargestNode()
 		// COORDINATORS up to 240 bytes: five with their state and shards.
-		stateCell := state[r.GetName()]
-		if stateCell == "" {
-			stateCell = "-"
-		}
+		stateCell := fmtStateShort(r.GetStateSizeBytes(), r.GetStateQuotaBytes())
 		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%dm/%dMiB/%dgpu\t%s\t%s\n", r.GetName(), cell(r.GetJurisdiction(), 0),
 			cell(st, 100), cell(strings.Join(coords, " "), 240), r.GetNodesReady(), stateCell,
 			r.GetFree().GetCpuMillis(), r.GetFree().GetMemoryMb(), l.GetCpuMillis(), l.GetMemoryMb(), l.GetGpus(),

@@ -295,13 +295,12 @@ func fmtStateShort(size, quota int64) string {
 // regionStateTimeout bounds region list's GetRegionInfo of each region.
 const regionStateTimeout = 2 * time.Second
 
-// regionStates asks each region that is up for its state size
+// fillRegionStates asks each region that is up for its state size
 // (GetRegionInfo on its alive coordinators, verifying
-// region.<region>.apiary, within regionStateTimeout): the STATE cell by
-// region name ("-" when none answered).
-func regionStates(ctx context.Context, o *clientOpts, regions []*apiaryv1.RegionSummary) map[string]string {
-	out := make(map[string]string, len(regions))
-	var mu sync.Mutex
+// region.<region>.apiary, within regionStateTimeout) and sets the
+// summary's state_size_bytes, state_in_use_bytes and state_quota_bytes
+// (left 0 when none answered).
+func fillRegionStates(ctx context.Context, o *clientOpts, regions []*apiaryv1.RegionSummary) {
 	var wg sync.WaitGroup
 	for _, r := range regions {
 		var addrs []string
@@ -325,11 +324,9 @@ func regionStates(ctx context.Context, o *clientOpts, regions []*apiaryv1.Region
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			out[r.GetName()] = fmtStateShort(info.GetStateSizeBytes(), info.GetStateQuotaBytes())
-			mu.Unlock()
+			// Each goroutine writes its own summary only.
+			r.StateSizeBytes, r.StateInUseBytes, r.StateQuotaBytes = info.GetStateSizeBytes(), info.GetStateInUseBytes(), info.GetStateQuotaBytes()
 		})
 	}
 	wg.Wait()
-	return out
 }

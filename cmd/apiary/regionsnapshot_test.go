@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/jobspec"
@@ -75,6 +77,14 @@ func TestRegionSnapshotSaveRestoreOneMember(t *testing.T) {
 	if list.code != 0 || !regexp.MustCompile(`(?m)^REGION\s+JURISDICTION\s+STATUS\s+COORDINATORS\s+NODES\s+STATE\s`).MatchString(list.stdout) ||
 		!regexp.MustCompile(`(?m)^eu-west\s.*\s0\s+[\d.]+[KM]iB/4\.0GiB\s`).MatchString(list.stdout) {
 		t.Fatalf("region list: exit %d, no STATE column with the region's size and quota", list.code)
+	}
+	// -o json carries the same sizes.
+	js := runCLI(t, nil, "region", "list", "--addr", api, "-o", "json")
+	var listed apiaryv1.ListRegionsResponse
+	if js.code != 0 || protojson.Unmarshal([]byte(js.stdout), &listed) != nil || len(listed.GetRegions()) != 1 ||
+		listed.GetRegions()[0].GetStateSizeBytes() <= 0 || listed.GetRegions()[0].GetStateInUseBytes() <= 0 ||
+		listed.GetRegions()[0].GetStateQuotaBytes() != 4<<30 {
+		t.Fatalf("region list -o json: exit %d, no state sizes with the 4 GiB quota:\n%s%s", js.code, js.stdout, js.stderr)
 	}
 
 	file := filepath.Join(dir, "eu-west.db")

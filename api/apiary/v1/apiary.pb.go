@@ -6347,8 +6347,16 @@ type RegionSummary struct {
 	Backlog     []*PriorityBacklog `protobuf:"bytes,10,rep,name=backlog,proto3" json:"backlog,omitempty"`
 	// Unix ms of the capacity summary (the coordinator's last refresh).
 	UpdatedTimeMs int64 `protobuf:"varint,11,opt,name=updated_time_ms,json=updatedTimeMs,proto3" json:"updated_time_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The region's state in etcd, in bytes, as GetRegionInfo of one of its
+	// alive coordinators reports it (state_size_bytes, state_in_use_bytes,
+	// state_quota_bytes there). ListRegions leaves them 0 (the router does
+	// not ask every region on each call); `apiary region list` fills them,
+	// asking each region that is up within 2 s (0: it did not answer).
+	StateSizeBytes  int64 `protobuf:"varint,12,opt,name=state_size_bytes,json=stateSizeBytes,proto3" json:"state_size_bytes,omitempty"`
+	StateInUseBytes int64 `protobuf:"varint,13,opt,name=state_in_use_bytes,json=stateInUseBytes,proto3" json:"state_in_use_bytes,omitempty"`
+	StateQuotaBytes int64 `protobuf:"varint,14,opt,name=state_quota_bytes,json=stateQuotaBytes,proto3" json:"state_quota_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RegionSummary) Reset() {
@@ -6454,6 +6462,27 @@ func (x *RegionSummary) GetBacklog() []*PriorityBacklog {
 func (x *RegionSummary) GetUpdatedTimeMs() int64 {
 	if x != nil {
 		return x.UpdatedTimeMs
+	}
+	return 0
+}
+
+func (x *RegionSummary) GetStateSizeBytes() int64 {
+	if x != nil {
+		return x.StateSizeBytes
+	}
+	return 0
+}
+
+func (x *RegionSummary) GetStateInUseBytes() int64 {
+	if x != nil {
+		return x.StateInUseBytes
+	}
+	return 0
+}
+
+func (x *RegionSummary) GetStateQuotaBytes() int64 {
+	if x != nil {
+		return x.StateQuotaBytes
 	}
 	return 0
 }
@@ -8109,7 +8138,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x0fPriorityBacklog\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x18\n" +
 	"\apending\x18\x02 \x01(\x03R\apending\x12\x14\n" +
-	"\x05bound\x18\x03 \x01(\x03R\x05bound\"\x95\x04\n" +
+	"\x05bound\x18\x03 \x01(\x03R\x05bound\"\x98\x05\n" +
 	"\rRegionSummary\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\"\n" +
 	"\fjurisdiction\x18\x02 \x01(\tR\fjurisdiction\x12<\n" +
@@ -8124,7 +8153,10 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"nodesReady\x124\n" +
 	"\abacklog\x18\n" +
 	" \x03(\v2\x1a.apiary.v1.PriorityBacklogR\abacklog\x12&\n" +
-	"\x0fupdated_time_ms\x18\v \x01(\x03R\rupdatedTimeMs\x1a9\n" +
+	"\x0fupdated_time_ms\x18\v \x01(\x03R\rupdatedTimeMs\x12(\n" +
+	"\x10state_size_bytes\x18\f \x01(\x03R\x0estateSizeBytes\x12+\n" +
+	"\x12state_in_use_bytes\x18\r \x01(\x03R\x0fstateInUseBytes\x12*\n" +
+	"\x11state_quota_bytes\x18\x0e \x01(\x03R\x0fstateQuotaBytes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
