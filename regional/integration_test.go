@@ -577,9 +577,11 @@ tasks:
 				t.Fatalf("list after an unrelated write took %v: the index waited for an event", d)
 			}
 		}
-		if _, err := c.jobs.ListJobs(ctx, &apiaryv1.ListJobsRequest{PageToken: strings.Repeat("x", 300)}); status.Code(err) != codes.InvalidArgument ||
-			!strings.Contains(err.Error(), "page_token") {
-			t.Fatalf("a 300-byte page token: %v, want INVALID_ARGUMENT naming page_token", err)
+		for _, tok := range []string{strings.Repeat("x", 300), "garbage", "eu-west-0000"} {
+			if _, err := c.jobs.ListJobs(ctx, &apiaryv1.ListJobsRequest{PageToken: tok}); status.Code(err) != codes.InvalidArgument ||
+				!strings.Contains(err.Error(), "page_token") {
+				t.Fatalf("page token %.20q: %v, want INVALID_ARGUMENT naming page_token", tok, err)
+			}
 		}
 	})
 

@@ -254,8 +254,8 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 		}
 		return ok
 	}
-	if len(req.GetPageToken()) > 256 {
-		return nil, status.Errorf(codes.InvalidArgument, "page_token: must be a previous answer's next_page_token (a job id), got %d bytes", len(req.GetPageToken()))
+	if tok := req.GetPageToken(); tok != "" && !ids.IsJobID(tok) {
+		return nil, status.Errorf(codes.InvalidArgument, "page_token: must be a previous answer's next_page_token (a job id, <region>-<20 chars>), got %q", trimForError(tok))
 	}
 	state := req.GetState()
 	current, err := s.c.jobsCurrent(ctx, "list jobs")
@@ -465,4 +465,12 @@ func (s *jobServer) watchACL(ctx context.Context, first bool) (context.Context, 
 		return nil, err
 	}
 	return acl.NewContext(ctx, a), nil
+}
+
+// trimForError cuts s to 64 bytes for an error message.
+func trimForError(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
 }

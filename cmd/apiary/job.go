@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
@@ -606,11 +605,11 @@ those its token's policies grant read on; all of them without ACLs).`,
 				if st, err = parseJobState(state); err != nil {
 					return withCode(exitInvalid, err)
 				}
-				if limit < 0 || limit > 10000 {
+				if limit < 1 || limit > 10000 {
 					return withCode(exitInvalid, fmt.Errorf("--limit must be between 1 and 10000 (got %d)", limit))
 				}
-				if !utf8.ValidString(pageToken) || len(pageToken) > 256 {
-					return withCode(exitInvalid, fmt.Errorf("--page-token must be the token a previous page printed (a job id), got %q", pageToken))
+				if pageToken != "" && !ids.IsJobID(pageToken) {
+					return withCode(exitInvalid, fmt.Errorf("--page-token must be the token a previous page printed (a job id, <region>-<20 chars>), got %q", pageToken))
 				}
 				if cmd.Flags().Changed("namespace") {
 					return checkNamespace(namespace)

@@ -64,3 +64,28 @@ func TestPrintRegionStatusPendingAge(t *testing.T) {
 		}
 	}
 }
+
+// job list refuses a page token that is no job id and a --limit outside
+// 1..10000 before it dials (exit 2, the flag named).
+func TestJobListRefusesBadPagingFlags(t *testing.T) {
+	closed := closedAddr(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--page-token", "garbage"}, "--page-token must be the token a previous page printed"},
+		{[]string{"--page-token", strings.Repeat("x", 300)}, "--page-token must be"},
+		{[]string{"--limit", "0"}, "--limit must be between 1 and 10000 (got 0)"},
+		{[]string{"--limit", "10001"}, "--limit must be between 1 and 10000"},
+	} {
+		r := runCLI(t, nil, append([]string{"job", "list", "--addr", closed}, c.args...)...)
+		if r.code != exitInvalid || !strings.Contains(r.stderr, c.want) {
+			t.Fatalf("job list %v: exit %d, stderr:\n%s\nwant exit %d and %q", c.args, r.code, r.stderr, exitInvalid, c.want)
+		}
+	}
+	// A token of a job id's shape passes the check (and then fails to dial).
+	r := runCLI(t, nil, "job", "list", "--addr", closed, "--page-token", "eu-west-06h3z3msn7jhge3tc3ej", "--timeout", "2s")
+	if r.code == exitInvalid {
+		t.Fatalf("a job id as page token refused: %s", r.stderr)
+	}
+}

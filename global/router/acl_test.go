@@ -115,6 +115,9 @@ func TestRouterACLAnswers(t *testing.T) {
 		}
 	}
 
+	_, err = mgmtJobs.ListJobs(call(), &apiaryv1.ListJobsRequest{PageToken: "garbage"})
+	want("ListJobs with a page token that is no job id, through the router", err, codes.InvalidArgument, "page_token: must be a previous answer's next_page_token")
+
 	onlyEU := "region us-east: ACL token not found in region us-east"
 	euClientConn := dial(cl.GlobalAddr, euClient.GetToken().GetSecretId())
 	_, err = apiaryv1.NewJobServiceClient(euClientConn).ListJobs(call(), &apiaryv1.ListJobsRequest{Namespace: "a"})

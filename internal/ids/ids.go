@@ -39,6 +39,22 @@ func RegionOf(jobID string) string {
 	return jobID[:i]
 }
 
+// IsJobID reports whether s has the shape NewJobID makes: a region name
+// (Region), '-', and 20 characters of its base32 alphabet. It says nothing
+// of whether such a job exists.
+func IsJobID(s string) bool {
+	r := RegionOf(s)
+	if r == "" || !Region.MatchString(r) {
+		return false
+	}
+	for _, ch := range s[len(r)+1:] {
+		if !strings.ContainsRune("0123456789abcdefghjkmnpqrstvwxyz", ch) {
+			return false
+		}
+	}
+	return true
+}
+
 // Region is the rule for a region name: 1 to 63 lower-case letters, digits
 // and '-', starting and ending with a letter or digit.
 var Region = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
