@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -16,7 +17,8 @@ import (
 // what the other cannot (measured in loadtest/results/lan-*/summary.md):
 //
 //   - TCP probe (SuspectAfter >= 0): the peer's API port refuses
-//     connections for SuspectAfter. A crashed process is seen in about
+//     connections (ECONNREFUSED; a dial that times out does not count)
+//     for SuspectAfter. A crashed process is seen in about
 //     SuspectAfter + 100 ms, faster than serf; a paused one still accepts
 //     connections (the kernel completes the handshake) and is never seen.
 //   - LAN pool (with LANAddr): the peer's LAN member was declared failed
@@ -83,6 +85,14 @@ func (c *Coordinator) suspicionLoop(ctx context.Context) {
 				delete(refusedSince, p.lease)
 				continue
 			}
+			if !refusedDial(derr) {
+				// A timeout is no refusal: the prober or the peer's host is
+				// starved (the 1M run's coordinators deposed each other so
+				// on a saturated host, and each move reloaded a cache of a
+				// million records), or the host is gone, which the LAN
+				// detector sees. The clock neither starts nor resets.
+				continue
+			}
 			since, ok := refusedSince[p.lease]
 			if !ok {
 				refusedSince[p.lease] = time.Now()
@@ -109,6 +119,14 @@ func (c *Coordinator) suspicionLoop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// refusedDial reports whether a dial failed because nothing listens at the
+// address (ECONNREFUSED: the host answered with a reset), the TCP
+// detector's one sign of a dead process; a timeout, an unreachable
+// network or any other error is not.
+func refusedDial(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED)
 }
 
 func peersByLease(peers map[string]memberPeer) map[clientv3.LeaseID]bool {
