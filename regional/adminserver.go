@@ -162,9 +162,14 @@ func (s *adminServer) GetRegionInfo(ctx context.Context, _ *apiaryv1.GetRegionIn
 		out.Coordinators = append(out.Coordinators, co)
 	}
 	out.PendingRevision = c.jobs.EachPending(func(_ *store.JobRecord, n int32) { out.PendingTasks += n })
-	if current {
+	switch {
+	case out.PendingRevision == 0:
+		out.PendingRevision = -1 // not loaded (or reset since jobsCurrent): unknown
+	case current:
 		// The index had reached etcd's revision read before the Txn.
 		out.PendingRevision = max(out.PendingRevision, out.Revision)
+	}
+	if current {
 		c.nodes.Each(func(_ string, v *store.NodeView) {
 			if v.Alive != 0 {
 				out.NodesReady++

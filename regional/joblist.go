@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
+	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -13,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
@@ -20,20 +24,22 @@ import (
 
 // listScanTasks bounds the records (task records, and job records looked
 // at) one ListJobs page reads from etcd when the job index lags
-// (listJobsFromEtcd): past it the page ends early,
-// with a next_page_token, so a filtered list over a large region is many
-// bounded calls rather than one read of every record.
+// (listJobsFromEtcd): past it the page ends early, with a next_page_token,
+// so a filtered list over a large region is many bounded calls rather than
+// one read of every record.
 const listScanTasks = 20000
 
-// listShardOps is how many shards' first reads go in one Txn (etcd's
+// listShardOps is how many shards' ranges go in one Txn (etcd's
 // --max-txn-ops defaults to 128).
 const listShardOps = 64
 
 // etcdJobList is one ListJobs page to read from etcd: jobs with an id
 // below before (all when ""), newest id first, whose namespace mayRead
 // allows and whose state is state (any when UNSPECIFIED); at most limit
-// of them, and at most scanTasks task records read for the page.
+// of them, and at most scanTasks records read for the page. region is the
+// region's name (its job ids start with it).
 type etcdJobList struct {
+	region    string
 	before    string
 	limit     int
 	state     apiaryv1.JobState
@@ -42,157 +48,224 @@ type etcdJobList struct {
 	scanTasks int
 }
 
-// shardCursor walks one shard's job records in descending id order, a
-// batch at a time: hi is the exclusive upper key of its next read.
-type shardCursor struct {
+// jobKV is a job record read in a window, with its id and shard.
+type jobKV struct {
+	id    string
 	shard int
-	hi    string
-	batch int64
-	buf   []*mvccpb.KeyValue
-	done  bool
+	kv    *mvccpb.KeyValue
 }
 
 // listJobsFromEtcd answers ListJobs from etcd when the job index lags (a
 // reloading cache, a stalled loop): the same page the index gives (newest
 // id first, below q.before, state and namespace filters, counts from the
-// job's task records), read at one revision. Its cost follows the page,
-// not the region: each shard's job records are read in descending key
-// order a batch at a time and merged by id (job keys are sharded, so no
-// single range is in id order), and the tasks of a job are read only when
-// the job is next in the merge. A page ends early, with a next_page_token
-// (the last job id looked at), once q.scanTasks records were read,
-// as AIP-158 allows (a page may hold fewer than limit jobs while more
-// follow). Errors: UNAVAILABLE when etcd does not answer or the listing's
-// revision was compacted meanwhile (retry).
+// job's task records), read at one revision.
+//
+// Its cost follows the page, not the region. Job keys are sharded, so no
+// range is in id order, and etcd ignores a range's limit when it sorts in
+// descending order (it reads the whole range, then sorts and truncates).
+// Job ids begin with their submission time (ids.NewJobID), so the page is
+// read a time window at a time, newest first: the window [Floor(t - d),
+// before) across every shard, with d the smallest span (searched by
+// doubling, then halving, with index-only counts) that holds the records
+// the page wants; each window is read in ascending order without a limit
+// and merged by id. A job's tasks are read only when it is next.
+//
+// A page ends early, with a next_page_token, once q.scanTasks records
+// were read, as AIP-158 allows (a page may hold fewer than limit jobs, or
+// none, while more follow). That token is ids.Floor of the last job
+// looked at's millisecond, after every job of that millisecond was looked
+// at: not the id of a job the caller may not read. Errors: UNAVAILABLE
+// when etcd does not answer or the listing's revision was compacted
+// meanwhile (retry); the context's own error (CANCELED, DEADLINE_EXCEEDED)
+// when it ends.
 func listJobsFromEtcd(ctx context.Context, cli *clientv3.Client, shardCount int, q etcdJobList) (*apiaryv1.ListJobsResponse, error) {
 	fail := func(err error) error {
+		if ctx.Err() != nil {
+			return status.FromContextError(ctx.Err()).Err()
+		}
 		if errors.Is(err, rpctypes.ErrCompacted) {
 			return status.Error(codes.Unavailable, "list jobs: the listing's revision was compacted while it read; retry")
 		}
-		if s, ok := status.FromError(err); ok && s.Code() == codes.Canceled {
-			return err
-		}
 		return status.Errorf(codes.Unavailable, "list jobs: %v", err)
 	}
-	first := int64(min(64, max(2, 2*q.limit/max(shardCount, 1)+1)))
-	curs := make([]*shardCursor, shardCount)
-	for sh := range curs {
-		lo := store.PrefShardJobs(sh)
-		hi := clientv3.GetPrefixRangeEnd(lo)
-		if q.before != "" {
-			hi = lo + q.before
-		}
-		curs[sh] = &shardCursor{shard: sh, hi: hi, batch: first}
-	}
 	var rev int64
-	rangeOp := func(c *shardCursor) clientv3.Op {
-		opts := []clientv3.OpOption{clientv3.WithRange(c.hi), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend),
-			clientv3.WithLimit(c.batch)}
+	// each runs one range op per shard, listShardOps per Txn, at rev (the
+	// first Txn fixes it).
+	each := func(op func(sh int) clientv3.Op) ([]*etcdserverpb.ResponseOp, error) {
+		var out []*etcdserverpb.ResponseOp
+		for lo := 0; lo < shardCount; lo += listShardOps {
+			var ops []clientv3.Op
+			for sh := lo; sh < min(lo+listShardOps, shardCount); sh++ {
+				ops = append(ops, op(sh))
+			}
+			cctx, cancel := store.EtcdCtx(ctx)
+			resp, err := cli.Txn(cctx).Then(ops...).Commit()
+			cancel()
+			if err != nil {
+				return nil, fail(err)
+			}
+			if rev == 0 {
+				rev = resp.Header.Revision
+			}
+			out = append(out, resp.Responses...)
+		}
+		return out, nil
+	}
+	// rangeOp is shard sh's job keys with an id in [lo, hi) ("" lo: from
+	// the first; "" hi: to the last).
+	rangeOp := func(sh int, lo, hi string, opts ...clientv3.OpOption) clientv3.Op {
+		p := store.PrefShardJobs(sh)
+		end := clientv3.GetPrefixRangeEnd(p)
+		if hi != "" {
+			end = p + hi
+		}
 		if rev != 0 {
 			opts = append(opts, clientv3.WithRev(rev))
 		}
-		return clientv3.OpGet(store.PrefShardJobs(c.shard), opts...)
+		return clientv3.OpGet(p+lo, append(opts, clientv3.WithRange(end))...)
 	}
-	took := func(c *shardCursor, r *clientv3.GetResponse) {
-		c.buf = r.Kvs
-		if len(r.Kvs) > 0 {
-			c.hi = string(r.Kvs[len(r.Kvs)-1].Key)
+	count := func(lo, hi string) (int64, error) {
+		rs, err := each(func(sh int) clientv3.Op { return rangeOp(sh, lo, hi, clientv3.WithCountOnly()) })
+		var n int64
+		for _, r := range rs {
+			n += r.GetResponseRange().GetCount()
 		}
-		c.done = !r.More || len(r.Kvs) == 0
-		c.batch = min(c.batch*2, 512)
+		return n, err
 	}
-	// The first batch of every shard, listShardOps shards per Txn; the
-	// first Txn fixes the revision the rest read at.
-	for lo := 0; lo < len(curs); lo += listShardOps {
-		part := curs[lo:min(lo+listShardOps, len(curs))]
-		ops := make([]clientv3.Op, len(part))
-		for i, c := range part {
-			ops[i] = rangeOp(c)
-		}
-		cctx, cancel := store.EtcdCtx(ctx)
-		resp, err := cli.Txn(cctx).Then(ops...).Commit()
-		cancel()
-		if err != nil {
-			return nil, fail(err)
-		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		for i, c := range part {
-			took(c, (*clientv3.GetResponse)(resp.Responses[i].GetResponseRange()))
+	// window returns the lower bound of the next window below hi (whose
+	// time is top): Floor(top - d) for the smallest d in milliseconds
+	// whose window holds at least want records, or "" (every record below
+	// hi) when even the whole range holds fewer.
+	window := func(hi string, top, want int64) (string, error) {
+		var prev int64
+		for d := int64(1000); ; d *= 8 {
+			if top-d <= 0 {
+				return "", nil
+			}
+			n, err := count(ids.Floor(q.region, top-d), hi)
+			if err != nil {
+				return "", err
+			}
+			if n < want {
+				prev = d
+				continue
+			}
+			// Halve between prev (too few) and d (enough) while the window
+			// holds more than 4x want.
+			for n > 4*want && d-prev > 1 {
+				mid := prev + (d-prev)/2
+				m, err := count(ids.Floor(q.region, top-mid), hi)
+				if err != nil {
+					return "", err
+				}
+				if m >= want {
+					d, n = mid, m
+				} else {
+					prev = mid
+				}
+			}
+			return ids.Floor(q.region, top-d), nil
 		}
 	}
-	// next refills c when its batch is used up; it reports whether c has a
-	// job left.
-	next := func(c *shardCursor) (bool, error) {
-		if len(c.buf) > 0 {
-			return true, nil
-		}
-		if c.done {
-			return false, nil
-		}
-		cctx, cancel := store.EtcdCtx(ctx)
-		r, err := cli.Get(cctx, store.PrefShardJobs(c.shard), clientv3.WithRange(c.hi),
-			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(c.batch), clientv3.WithRev(rev))
-		cancel()
-		if err != nil {
-			return false, fail(err)
-		}
-		took(c, r)
-		return len(c.buf) > 0, nil
-	}
-	idOf := func(c *shardCursor) string {
-		return strings.TrimPrefix(string(c.buf[0].Key), store.PrefShardJobs(c.shard))
-	}
+
 	out := &apiaryv1.ListJobsResponse{}
-	scanned, last := 0, ""
+	scanned := 0
+	hi := q.before
+	// top is hi's time; without a time (no token, or a token of another
+	// shape) the window's lower bound is searched from a day ahead of now
+	// (clock skew) or, for a foreign token, not at all (one window).
+	top, timed := time.Now().Add(24*time.Hour).UnixMilli(), true
+	if hi != "" {
+		top, timed = ids.TimeOf(hi)
+	}
+	idAt := len(store.PrefShardJobs(0)) // every shard prefix has this length
 	for {
-		// The shard whose next job has the highest id.
-		var best *shardCursor
-		for _, c := range curs {
-			ok, err := next(c)
+		want := int64(min(max(64, 2*(q.limit-len(out.Jobs)+1)), 4096))
+		lo := ""
+		if timed {
+			var err error
+			if lo, err = window(hi, top, want); err != nil {
+				return nil, err
+			}
+		}
+		rs, err := each(func(sh int) clientv3.Op { return rangeOp(sh, lo, hi) })
+		if err != nil {
+			return nil, err
+		}
+		var kvs []jobKV
+		for sh, r := range rs {
+			for _, kv := range r.GetResponseRange().GetKvs() {
+				kvs = append(kvs, jobKV{id: string(kv.Key[idAt:]), shard: sh, kv: kv})
+			}
+		}
+		slices.SortFunc(kvs, func(a, b jobKV) int { return strings.Compare(b.id, a.id) })
+		for i := 0; i < len(kvs); i++ {
+			if len(out.Jobs) == q.limit {
+				out.NextPageToken = out.Jobs[q.limit-1].GetId()
+				return out, nil
+			}
+			if scanned >= q.scanTasks && i > 0 {
+				// The budget is spent: finish the last job's millisecond,
+				// then hand on its floor (no job's id). An id of another
+				// shape has no time: go on to the next that has one.
+				if ms, ok := ids.TimeOf(kvs[i-1].id); ok {
+					if floor := ids.Floor(ids.RegionOf(kvs[i-1].id), ms); kvs[i].id < floor {
+						out.NextPageToken = floor
+						return out, nil
+					}
+				}
+			}
+			j, err := readListedJob(ctx, cli, rev, kvs[i], q, &scanned, fail)
 			if err != nil {
 				return nil, err
 			}
-			if ok && (best == nil || idOf(c) > idOf(best)) {
-				best = c
+			if j != nil {
+				out.Jobs = append(out.Jobs, j)
 			}
 		}
-		if best == nil {
-			return out, nil // every shard is read to its end
+		if lo == "" {
+			return out, nil // every shard is read to its first job
 		}
 		if len(out.Jobs) == q.limit {
 			out.NextPageToken = out.Jobs[q.limit-1].GetId()
 			return out, nil
 		}
-		if scanned >= q.scanTasks && last != "" {
-			// The budget is spent: the next page starts below the last job
-			// looked at (every job between it and best's was looked at).
-			out.NextPageToken = last
+		if scanned >= q.scanTasks {
+			out.NextPageToken = lo // a floor: every job above it was looked at
 			return out, nil
 		}
-		kv, id := best.buf[0], idOf(best)
-		best.buf, last = best.buf[1:], id
-		scanned++ // a job record looked at counts as a record read
-		v := &jobView{}
-		if json.Unmarshal(kv.Value, &v.rec) != nil || !q.mayRead(v.rec.Spec.GetNamespace()) {
-			continue
-		}
-		cctx, cancel := store.EtcdCtx(ctx)
-		tr, err := cli.Get(cctx, store.PrefJobTasks(best.shard, v.rec.ID), clientv3.WithPrefix(), clientv3.WithRev(rev))
-		cancel()
-		if err != nil {
-			return nil, fail(err)
-		}
-		scanned += len(tr.Kvs)
-		for _, tkv := range tr.Kvs {
-			var t taskstate.Task
-			if json.Unmarshal(tkv.Value, &t) == nil {
-				v.tasks = append(v.tasks, t)
-			}
-		}
-		if j := v.toProto(false, false, q.policy); q.state == apiaryv1.JobState_JOB_STATE_UNSPECIFIED || j.State == q.state {
-			out.Jobs = append(out.Jobs, j)
+		hi = lo
+		top, _ = ids.TimeOf(lo)
+	}
+}
+
+// readListedJob reads the tasks of one job record of a window (at rev) and
+// renders it, or returns nil for a record the caller may not read, one
+// that does not decode or whose id is not its key's, or one of another
+// state than asked. Every record looked at and task read counts in
+// scanned.
+func readListedJob(ctx context.Context, cli *clientv3.Client, rev int64, jk jobKV, q etcdJobList, scanned *int,
+	fail func(error) error) (*apiaryv1.Job, error) {
+	*scanned++
+	v := &jobView{}
+	if json.Unmarshal(jk.kv.Value, &v.rec) != nil || v.rec.ID != jk.id || !q.mayRead(v.rec.Spec.GetNamespace()) {
+		return nil, nil
+	}
+	cctx, cancel := store.EtcdCtx(ctx)
+	tr, err := cli.Get(cctx, store.PrefJobTasks(jk.shard, jk.id), clientv3.WithPrefix(), clientv3.WithRev(rev))
+	cancel()
+	if err != nil {
+		return nil, fail(err)
+	}
+	*scanned += len(tr.Kvs)
+	for _, tkv := range tr.Kvs {
+		var t taskstate.Task
+		if json.Unmarshal(tkv.Value, &t) == nil {
+			v.tasks = append(v.tasks, t)
 		}
 	}
+	if j := v.toProto(false, false, q.policy); q.state == apiaryv1.JobState_JOB_STATE_UNSPECIFIED || j.State == q.state {
+		return j, nil
+	}
+	return nil, nil
 }

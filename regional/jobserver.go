@@ -264,7 +264,7 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 	}
 	if !current {
 		// The index lags (a reloading cache, a stalled loop): read etcd.
-		return listJobsFromEtcd(ctx, s.c.cli, s.c.meta.ShardCount, etcdJobList{before: req.GetPageToken(), limit: limit,
+		return listJobsFromEtcd(ctx, s.c.cli, s.c.meta.ShardCount, etcdJobList{region: s.c.meta.Region, before: req.GetPageToken(), limit: limit,
 			state: state, mayRead: mayRead, policy: s.c.cfg.SchedulerPolicy, scanTasks: listScanTasks})
 	}
 	page, more := s.c.jobs.Page(req.GetPageToken(), limit, state, func(j *scheduler.IndexedJob) bool {

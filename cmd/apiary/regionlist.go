@@ -357,9 +357,9 @@ func shardOwnership(r *apiaryv1.GetRegionInfoResponse) string {
 // revision).
 func fmtPending(r *apiaryv1.GetRegionInfoResponse) string {
 	switch pr := r.GetPendingRevision(); {
-	case pr == 0 && r.GetRevision() != 0:
+	case pr < 0:
 		return "unknown (the coordinator's job index is loading)"
-	case pr != 0 && pr < r.GetRevision():
+	case pr > 0 && pr < r.GetRevision():
 		return fmt.Sprintf("%d (as of revision %d of %d: the coordinator's job index lags etcd)", r.GetPendingTasks(), pr, r.GetRevision())
 	}
 	return fmt.Sprint(r.GetPendingTasks())

@@ -55,7 +55,8 @@ func TestPrintRegionStatusPendingAge(t *testing.T) {
 	}{
 		{12, 500, 500, "Pending tasks:  12\n"},
 		{12, 500, 430, "Pending tasks:  12 (as of revision 430 of 500: the coordinator's job index lags etcd)\n"},
-		{0, 500, 0, "Pending tasks:  unknown (the coordinator's job index is loading)\n"},
+		{0, 500, -1, "Pending tasks:  unknown (the coordinator's job index is loading)\n"},
+		{12, 500, 0, "Pending tasks:  12\n"}, // a coordinator from before pending_revision
 	} {
 		var out bytes.Buffer
 		printRegionStatus(&out, &apiaryv1.GetRegionInfoResponse{Region: "r", PendingTasks: c.pending, Revision: c.rev, PendingRevision: c.pendRev}, nil)

@@ -39,6 +39,34 @@ func RegionOf(jobID string) string {
 	return jobID[:i]
 }
 
+// alphabet is enc's: Crockford base32, lower case.
+const alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
+
+// TimeOf returns the Unix milliseconds a job id made by NewJobID carries
+// (its first 48 bits); ok is false for an id of another shape.
+func TimeOf(jobID string) (ms int64, ok bool) {
+	if !IsJobID(jobID) {
+		return 0, false
+	}
+	b, err := enc.DecodeString(jobID[len(RegionOf(jobID))+1:][:16]) // 80 bits
+	if err != nil {
+		return 0, false
+	}
+	return int64(binary.BigEndian.Uint64(append(make([]byte, 2), b[:6]...))), true
+}
+
+// Floor returns the id-shaped string "<region>-<20 chars>" that sorts at
+// or below every id NewJobID makes for region at or after ms (Unix
+// milliseconds, clamped to 0..2^48-1) and above every id it makes before
+// ms: the time with the random bits all zero. It is a valid page token
+// (IsJobID) that names no job (but with a chance of 2^-52).
+func Floor(region string, ms int64) string {
+	ms = min(max(ms, 0), 1<<48-1)
+	var b [15]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(ms)<<16)
+	return region + "-" + enc.EncodeToString(b[:])[:20]
+}
+
 // IsJobID reports whether s has the shape NewJobID makes: a region name
 // (Region), '-', and 20 characters of its base32 alphabet. It says nothing
 // of whether such a job exists.
@@ -48,7 +76,7 @@ func IsJobID(s string) bool {
 		return false
 	}
 	for _, ch := range s[len(r)+1:] {
-		if !strings.ContainsRune("0123456789abcdefghjkmnpqrstvwxyz", ch) {
+		if !strings.ContainsRune(alphabet, ch) {
 			return false
 		}
 	}

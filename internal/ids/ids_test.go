@@ -37,3 +37,30 @@ func TestIsJobID(t *testing.T) {
 		}
 	}
 }
+
+// TimeOf reads back NewJobID's time; Floor sorts between the ids of the
+// millisecond before and those of its own.
+func TestTimeOfAndFloor(t *testing.T) {
+	for _, ms := range []int64{0, 1, 1_800_000_000_000, 1_800_000_000_001, 1<<48 - 1} {
+		at := time.UnixMilli(ms)
+		id := NewJobID("eu-west", at)
+		if got, ok := TimeOf(id); !ok || got != ms {
+			t.Fatalf("TimeOf(%s) = %d, %v; want %d", id, got, ok, ms)
+		}
+		f := Floor("eu-west", ms)
+		if !IsJobID(f) || f > id {
+			t.Fatalf("Floor(%d) = %q: not an id shape or above %s", ms, f, id)
+		}
+		if ms > 0 {
+			if before := NewJobID("eu-west", at.Add(-time.Millisecond)); before >= f {
+				t.Fatalf("an id of the millisecond before, %s, is not below Floor(%d) = %s", before, ms, f)
+			}
+		}
+	}
+	if _, ok := TimeOf("garbage"); ok {
+		t.Fatal("TimeOf(garbage) ok")
+	}
+	if Floor("r", -5) != Floor("r", 0) || Floor("r", 1<<50) != Floor("r", 1<<48-1) {
+		t.Fatal("Floor does not clamp")
+	}
+}

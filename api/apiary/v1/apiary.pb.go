@@ -5708,8 +5708,9 @@ type GetRegionInfoResponse struct {
 	// The etcd revision pending_tasks was counted at: revision itself, unless
 	// the answering coordinator's job index (its watch cache) lagged etcd by
 	// more than 2 s, when the count is as old as this lower revision (the
-	// answer does not read every task record instead; 0: the index has not
-	// loaded, and pending_tasks is unknown).
+	// answer does not read every task record instead). -1: the index has not
+	// loaded, and pending_tasks is unknown; 0: a coordinator from before this
+	// field.
 	PendingRevision int64 `protobuf:"varint,16,opt,name=pending_revision,json=pendingRevision,proto3" json:"pending_revision,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
