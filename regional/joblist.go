@@ -64,11 +64,11 @@ type jobKV struct {
 // range is in id order, and etcd ignores a range's limit when it sorts in
 // descending order (it reads the whole range, then sorts and truncates).
 // Job ids begin with their submission time (ids.NewJobID), so the page is
-// read a time window at a time, newest first: the window [Floor(t - d),
-// before) across every shard, with d the smallest span (searched by
-// doubling, then halving, with index-only counts) that holds the records
-// the page wants; each window is read in ascending order without a limit
-// and merged by id. A job's tasks are read only when it is next.
+// read a window of ids at a time, newest first: [lo, before) across every
+// shard, with lo found by index-only counts (doubling a span of time, then
+// halving, below a millisecond too) so that the window holds about the
+// records the page wants; each window is read in ascending order without
+// a limit and merged by id. A job's tasks are read only when it is next.
 //
 // A page ends early, with a next_page_token, once q.scanTasks records
 // were read, as AIP-158 allows (a page may hold fewer than limit jobs, or
@@ -133,56 +133,72 @@ func listJobsFromEtcd(ctx context.Context, cli *clientv3.Client, shardCount int,
 		return n, err
 	}
 	// window returns the lower bound of the next window below hi (whose
-	// time is top): Floor(top - d) for the smallest d in milliseconds
-	// whose window holds at least want records, or "" (every record below
-	// hi) when even the whole range holds fewer.
+	// ids' times are below top, Unix ms): a string lo with want to 4x want
+	// records in [lo, hi) where the ids allow, searched by growing a span
+	// of time back from top 4-fold from 1 s, then by halving between the
+	// last bound with too few and the first with enough, in milliseconds
+	// and below one (ids.Between splits a millisecond by the ids' random
+	// bits). "" when every record below hi is fewer than want.
 	window := func(hi string, top, want int64) (string, error) {
-		var prev int64
-		for d := int64(1000); ; d *= 8 {
+		tooFew := hi // a bound whose window holds fewer than want
+		for d := int64(1000); ; d *= 4 {
+			lo := ids.Floor(q.region, top-d)
 			if top-d <= 0 {
-				return "", nil
+				lo = ids.Floor(q.region, 0)
 			}
-			n, err := count(ids.Floor(q.region, top-d), hi)
+			n, err := count(lo, hi)
 			if err != nil {
 				return "", err
 			}
 			if n < want {
-				prev = d
+				if top-d <= 0 {
+					return "", nil // the region's first id is reached
+				}
+				tooFew = lo
 				continue
 			}
-			// Halve between prev (too few) and d (enough) while the window
-			// holds more than 4x want.
-			for n > 4*want && d-prev > 1 {
-				mid := prev + (d-prev)/2
-				m, err := count(ids.Floor(q.region, top-mid), hi)
+			for n > 4*want {
+				mid, ok := ids.Between(lo, tooFew)
+				if !ok {
+					break
+				}
+				m, err := count(mid, hi)
 				if err != nil {
 					return "", err
 				}
 				if m >= want {
-					d, n = mid, m
+					lo, n = mid, m
 				} else {
-					prev = mid
+					tooFew = mid
 				}
 			}
-			return ids.Floor(q.region, top-d), nil
+			return lo, nil
 		}
 	}
 
 	out := &apiaryv1.ListJobsResponse{}
 	scanned := 0
+	// The windows start at the token's time when it is an id of this
+	// region, else (no token, or one above every id of the region, as the
+	// router passes on another region's) a minute ahead of now: a window
+	// reaches up to hi whatever its span, so ids from the future are not
+	// missed, only read in the first window. A token below every id of
+	// the region leaves none of its jobs to list.
 	hi := q.before
-	// top is hi's time; without a time (no token, or a token of another
-	// shape) the window's lower bound is searched from a day ahead of now
-	// (clock skew) or, for a foreign token, not at all (one window).
-	top, timed := time.Now().Add(24*time.Hour).UnixMilli(), true
-	if hi != "" {
-		top, timed = ids.TimeOf(hi)
+	soon := time.Now().Add(time.Minute).UnixMilli()
+	top := soon
+	switch ms, ok := ids.TimeOf(hi); {
+	case hi == "":
+	case hi <= q.region+"-":
+		return out, nil
+	case ok && ids.RegionOf(hi) == q.region:
+		top = min(ms+1, soon)
 	}
 	idAt := len(store.PrefShardJobs(0)) // every shard prefix has this length
 	for {
 		want := int64(min(max(64, 2*(q.limit-len(out.Jobs)+1)), 4096))
 		lo := ""
-		if timed {
+		if top > 0 {
 			var err error
 			if lo, err = window(hi, top, want); err != nil {
 				return nil, err
@@ -234,8 +250,14 @@ func listJobsFromEtcd(ctx context.Context, cli *clientv3.Client, shardCount int,
 			out.NextPageToken = lo // a floor: every job above it was looked at
 			return out, nil
 		}
+		// lo is an id of this region's shape (a floor, or a point inside a
+		// millisecond): the next window ends there.
 		hi = lo
-		top, _ = ids.TimeOf(lo)
+		ms, _ := ids.TimeOf(lo)
+		top = ms + 1
+		if lo == ids.Floor(q.region, 0) {
+			top = 0 // only keys below every id of the region are left
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -129,6 +130,9 @@ func TestListJobsFromEtcdPagesLikeTheIndex(t *testing.T) {
 			exp := want(state, ns)
 			for _, limit := range []int{1, 3, 7, 100} {
 				for _, budget := range []int{1, 5, 20000} {
+					if budget == 1 && (ns != "" || state != apiaryv1.JobState_JOB_STATE_UNSPECIFIED) {
+						continue // a page per record: once is enough (the walks cost a window search per page)
+					}
 					name := fmt.Sprintf("ns=%q state=%s limit=%d budget=%d", ns, state, limit, budget)
 					var got []*apiaryv1.Job
 					token, pages := "", 0
@@ -226,5 +230,83 @@ func BenchmarkListJobsFromEtcdPage(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestListJobsFromEtcdOtherRegionsTokensAndDenseMilliseconds: a token of
+// another region that sorts above every id of this one (the router passes
+// one region's token to all) lists this region's newest jobs, as no token
+// does; one that sorts below every id lists nothing; 600 jobs submitted in
+// one millisecond page exactly, a page at a time, with small pages and
+// budgets (the windows split the millisecond by the ids' random bits).
+func TestListJobsFromEtcdOtherRegionsTokensAndDenseMilliseconds(t *testing.T) {
+	cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const shardCount = 4
+	now := time.Now()
+	var all []string
+	var ops []clientv3.Op
+	put := func(id string) {
+		sh := shards.Of(id, shardCount)
+		rec := store.JobRecord{ID: id, Region: "eu-west", Shard: sh, TaskCount: 1,
+			Spec: &apiaryv1.JobSpec{Name: "j", Tasks: []*apiaryv1.TaskGroup{{Name: "g", Command: "true", Count: 1}}}}
+		ops = append(ops, clientv3.OpPut(store.KeyJob(sh, id), store.MustJSON(rec)),
+			clientv3.OpPut(store.KeyTask(sh, id, 0), store.MustJSON(taskstate.Task{JobID: id, State: apiaryv1.TaskState_TASK_STATE_COMPLETE})))
+		if len(ops) >= 100 {
+			if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			ops = ops[:0]
+		}
+		all = append(all, id)
+	}
+	dense := now.Add(-time.Hour)
+	for range 600 {
+		put(ids.NewJobID("eu-west", dense))
+	}
+	for i := range 40 {
+		put(ids.NewJobID("eu-west", now.Add(-time.Duration(i)*time.Minute)))
+	}
+	if len(ops) > 0 {
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(all)
+	slices.Reverse(all)
+	walk := func(first string, limit, budget int) []string {
+		var got []string
+		token := first
+		for pages := 0; ; pages++ {
+			if pages > 2000 {
+				t.Fatalf("token %q limit %d budget %d: no end after 2000 pages", first, limit, budget)
+			}
+			resp, err := listJobsFromEtcd(ctx, cli, shardCount, etcdJobList{region: "eu-west", before: token, limit: limit,
+				mayRead: func(string) bool { return true }, scanTasks: budget})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, j := range resp.GetJobs() {
+				got = append(got, j.GetId())
+			}
+			if token = resp.GetNextPageToken(); token == "" {
+				return got
+			}
+		}
+	}
+	for _, c := range []struct{ limit, budget int }{{100, 20000}, {10, 20000}, {7, 5}, {1000, 50}} {
+		if got := walk("", c.limit, c.budget); !slices.Equal(got, all) {
+			t.Fatalf("limit %d budget %d: %d jobs listed, want %d in order", c.limit, c.budget, len(got), len(all))
+		}
+	}
+	above := ids.NewJobID("us-east", now) // "us-east-..." sorts above every "eu-west-..."
+	if got := walk(above, 100, 20000); !slices.Equal(got, all) {
+		t.Fatalf("a token of us-east: %d jobs listed, want all %d", len(got), len(all))
+	}
+	for _, below := range []string{ids.NewJobID("eu", now), ids.NewJobID("ap-south", now)} {
+		if got := walk(below, 100, 20000); len(got) != 0 {
+			t.Fatalf("a token below every eu-west id (%s): %d jobs listed", below, len(got))
+		}
 	}
 }

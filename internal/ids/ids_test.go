@@ -64,3 +64,34 @@ func TestTimeOfAndFloor(t *testing.T) {
 		t.Fatal("Floor does not clamp")
 	}
 }
+
+// Between splits a range of ids of one region, below a millisecond too,
+// until the two ends are adjacent.
+func TestBetween(t *testing.T) {
+	at := time.UnixMilli(1_800_000_000_000)
+	a, b := Floor("eu-west", at.UnixMilli()), Floor("eu-west", at.UnixMilli()+1)
+	steps := 0
+	for {
+		m, ok := Between(a, b)
+		if !ok {
+			break
+		}
+		if !(a < m && m < b) || !IsJobID(m) || RegionOf(m) != "eu-west" {
+			t.Fatalf("Between(%s, %s) = %s", a, b, m)
+		}
+		if ms, _ := TimeOf(m); ms != at.UnixMilli() {
+			t.Fatalf("Between two floors a millisecond apart left it: %s at %d", m, ms)
+		}
+		a = m
+		steps++
+	}
+	if steps != 52 {
+		t.Fatalf("%d halvings from one millisecond's floor to the next; want 52 (its random bits)", steps)
+	}
+	for _, c := range [][2]string{{"garbage", "eu-west-06h3z3msn7jhge3tc3ej"}, {b, a}, {a, a},
+		{"eu-06h3z3msn7jhge3tc3ej", "eu-west-06h3z3msn7jhge3tc3ej"}} {
+		if m, ok := Between(c[0], c[1]); ok {
+			t.Fatalf("Between(%q, %q) = %q", c[0], c[1], m)
+		}
+	}
+}
