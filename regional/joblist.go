@@ -180,17 +180,18 @@ func listJobsFromEtcd(ctx context.Context, cli *clientv3.Client, shardCount int,
 	scanned := 0
 	// The windows start at the token's time when it is an id of this
 	// region, else (no token, or one above every id of the region, as the
-	// router passes on another region's) a minute ahead of now: a window
-	// reaches up to hi whatever its span, so ids from the future are not
-	// missed, only read in the first window. A token below every id of
-	// the region leaves none of its jobs to list.
+	// router passes on another region's) a minute ahead of now. A window
+	// reaches up to hi whatever its span, so ids from the future, and ids
+	// that sort above every id of the region (jobs under another region's
+	// name), are read in the first window; those below every id of the
+	// region, in the last (top 0: one window, no search).
 	hi := q.before
 	soon := time.Now().Add(time.Minute).UnixMilli()
 	top := soon
 	switch ms, ok := ids.TimeOf(hi); {
 	case hi == "":
-	case hi <= q.region+"-":
-		return out, nil
+	case hi <= ids.Floor(q.region, 0):
+		top = 0
 	case ok && ids.RegionOf(hi) == q.region:
 		top = min(ms+1, soon)
 	}

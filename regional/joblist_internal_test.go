@@ -309,4 +309,20 @@ func TestListJobsFromEtcdOtherRegionsTokensAndDenseMilliseconds(t *testing.T) {
 			t.Fatalf("a token below every eu-west id (%s): %d jobs listed", below, len(got))
 		}
 	}
+	// Jobs under other regions' names (a region may come to hold them)
+	// are listed too, above and below this region's ids.
+	for _, id := range []string{ids.NewJobID("us-east", now), ids.NewJobID("eu", now.Add(-time.Minute)), ids.NewJobID("ap", now)} {
+		put(id)
+	}
+	if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	ops = ops[:0]
+	slices.Sort(all)
+	slices.Reverse(all)
+	for _, c := range []struct{ limit, budget int }{{100, 20000}, {3, 2}} {
+		if got := walk("", c.limit, c.budget); !slices.Equal(got, all) {
+			t.Fatalf("with other regions' ids, limit %d budget %d: %d jobs listed, want %d in order", c.limit, c.budget, len(got), len(all))
+		}
+	}
 }
