@@ -254,8 +254,8 @@ func (s *jobServer) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest)
 		}
 		return ok
 	}
-	if tok := req.GetPageToken(); tok != "" && !ids.IsJobID(tok) {
-		return nil, status.Errorf(codes.InvalidArgument, "page_token: must be a previous answer's next_page_token (a job id, <region>-<20 chars>), got %q", trimForError(tok))
+	if err := ids.CheckPageToken(req.GetPageToken()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	state := req.GetState()
 	current, err := s.c.jobsCurrent(ctx, "list jobs")
@@ -465,12 +465,4 @@ func (s *jobServer) watchACL(ctx context.Context, first bool) (context.Context, 
 		return nil, err
 	}
 	return acl.NewContext(ctx, a), nil
-}
-
-// trimForError cuts s to 64 bytes for an error message.
-func trimForError(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
 }

@@ -597,11 +597,8 @@ func (r *Router) ListJobs(ctx context.Context, req *apiaryv1.ListJobsRequest) (*
 			return nil, status.Errorf(codes.InvalidArgument, "%v; leave it empty to list every namespace the token may read", err)
 		}
 	}
-	if tok := req.GetPageToken(); tok != "" && !ids.IsJobID(tok) {
-		if len(tok) > 64 {
-			tok = tok[:64] + "..."
-		}
-		return nil, status.Errorf(codes.InvalidArgument, "page_token: must be a previous answer's next_page_token (a job id, <region>-<20 chars>), got %q", tok)
+	if err := ids.CheckPageToken(req.GetPageToken()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	if limit == 0 {
 		limit = 100

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"encoding/binary"
+	"fmt"
 	"math/big"
 	"regexp"
 	"strings"
@@ -92,9 +93,9 @@ func Between(a, b string) (m string, ok bool) {
 		return "", false
 	}
 	out := make([]byte, 20)
-	five := big.NewInt(31)
+	mask := big.NewInt(31) // one base32 digit
 	for i := 19; i >= 0; i-- {
-		out[i] = alphabet[new(big.Int).And(mid, five).Int64()]
+		out[i] = alphabet[new(big.Int).And(mid, mask).Int64()]
 		mid.Rsh(mid, 5)
 	}
 	return r + "-" + string(out), true
@@ -114,6 +115,20 @@ func IsJobID(s string) bool {
 		}
 	}
 	return true
+}
+
+// CheckPageToken is the rule for a ListJobs page token, which the region
+// and the router both apply: empty (the first page) or a job id's shape
+// (IsJobID); the error names the field and quotes at most 64 bytes of the
+// token.
+func CheckPageToken(tok string) error {
+	if tok == "" || IsJobID(tok) {
+		return nil
+	}
+	if len(tok) > 64 {
+		tok = tok[:64] + "..."
+	}
+	return fmt.Errorf("page_token: must be a previous answer's next_page_token (a job id, <region>-<20 chars>), got %q", tok)
 }
 
 // Region is the rule for a region name: 1 to 63 lower-case letters, digits

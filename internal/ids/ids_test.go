@@ -1,6 +1,7 @@
 package ids
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -93,5 +94,17 @@ func TestBetween(t *testing.T) {
 		if m, ok := Between(c[0], c[1]); ok {
 			t.Fatalf("Between(%q, %q) = %q", c[0], c[1], m)
 		}
+	}
+}
+
+// CheckPageToken takes "" and job ids, and names the field for anything
+// else, quoting at most 64 bytes of it.
+func TestCheckPageToken(t *testing.T) {
+	if CheckPageToken("") != nil || CheckPageToken(NewJobID("eu-west", time.Now())) != nil {
+		t.Fatal("a job id or no token refused")
+	}
+	err := CheckPageToken(strings.Repeat("x", 300))
+	if err == nil || !strings.HasPrefix(err.Error(), "page_token: ") || !strings.Contains(err.Error(), `"`+strings.Repeat("x", 64)+`..."`) {
+		t.Fatalf("a 300-byte token: %v", err)
 	}
 }
