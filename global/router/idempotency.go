@@ -75,10 +75,10 @@ func rendezvousScore(clientID, requestID, region string) uint64 {
 // homeCandidates are the regions a keyed request's home is chosen from:
 // those the selector and the policy allow, whether up, down or too small
 // right now, so that the home does not move while a region is down.
-func homeCandidates(eligible []federation.Region, excluded []Exclusion, regions []federation.Region) []federation.Region {
+func homeCandidates(eligible []federation.Region, excluded []federation.Exclusion, regions []federation.Region) []federation.Region {
 	out := append([]federation.Region(nil), eligible...)
 	for _, e := range excluded {
-		if e.Kind != KindDown && e.Kind != KindCapacity {
+		if e.Kind != federation.KindDown && e.Kind != federation.KindCapacity {
 			continue
 		}
 		for _, reg := range regions {
@@ -114,7 +114,7 @@ func unknownOutcome(region, requestID, why string) error {
 // (see the comment at the top of this file).
 func (r *Router) submitKeyed(ctx context.Context, req *apiaryv1.SubmitJobRequest, spec *apiaryv1.JobSpec, regions []federation.Region, key string) (*apiaryv1.SubmitJobResponse, error) {
 	regions = r.withPeerView(ctx, regions)
-	eligible, excluded := Eligible(regions, r.cfg.Policy, spec)
+	eligible, excluded := federation.Eligible(regions, r.cfg.Policy, spec)
 	cands := homeCandidates(eligible, excluded, regions)
 	if len(cands) == 0 {
 		return nil, refusal(spec, regions, excluded, false)
@@ -148,7 +148,7 @@ func (r *Router) submitKeyed(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	}
 	// Home refused to run the job itself: forward the request, once, to the
 	// best other eligible region.
-	excluded = append(excluded, Exclusion{home.Name, KindRefused, status.Convert(err).Message()})
+	excluded = append(excluded, federation.Exclusion{Region: home.Name, Kind: federation.KindRefused, Detail: status.Convert(err).Message()})
 	var next *federation.Region
 	for i := range eligible {
 		if eligible[i].Name != home.Name {

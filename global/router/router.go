@@ -325,7 +325,7 @@ func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) 
 	if keyed {
 		return r.submitKeyed(ctx, req, spec, regions, key)
 	}
-	eligible, excluded := Eligible(regions, r.cfg.Policy, spec)
+	eligible, excluded := federation.Eligible(regions, r.cfg.Policy, spec)
 	exhausted := false
 	for _, reg := range eligible {
 		resp, err := r.submitTo(ctx, reg, req)
@@ -336,10 +336,10 @@ func (r *Router) SubmitJob(ctx context.Context, req *apiaryv1.SubmitJobRequest) 
 		case outFinal:
 			return nil, err
 		case outNotSent:
-			excluded = append(excluded, Exclusion{reg.Name, KindDown, "no coordinator took the call: " + status.Convert(err).Message()})
+			excluded = append(excluded, federation.Exclusion{Region: reg.Name, Kind: federation.KindDown, Detail: "no coordinator took the call: " + status.Convert(err).Message()})
 		case outRefused:
 			exhausted = exhausted || status.Code(err) == codes.ResourceExhausted
-			excluded = append(excluded, Exclusion{reg.Name, KindRefused, status.Convert(err).Message()})
+			excluded = append(excluded, federation.Exclusion{Region: reg.Name, Kind: federation.KindRefused, Detail: status.Convert(err).Message()})
 		case outUnknown:
 			r.setSticky(key, reg.Name)
 			r.log.Warn("submission outcome unknown; retrying the same region", "region", reg.Name, "request_id", req.GetRequestId(), "err", err)
@@ -420,7 +420,7 @@ func (r *Router) regionByName(name string) (federation.Region, bool) {
 }
 
 // refusal builds the structured error for a job no region took.
-func refusal(spec *apiaryv1.JobSpec, regions []federation.Region, ex []Exclusion, exhausted bool) error {
+func refusal(spec *apiaryv1.JobSpec, regions []federation.Region, ex []federation.Exclusion, exhausted bool) error {
 	sort.SliceStable(ex, func(a, b int) bool { return ex[a].Region < ex[b].Region })
 	if len(regions) == 0 {
 		return status.Error(codes.Unavailable, "no region is known to the router yet (is it joined to the WAN pool?)")
@@ -430,9 +430,9 @@ func refusal(spec *apiaryv1.JobSpec, regions []federation.Region, ex []Exclusion
 	allowedDown, allowedOther := 0, 0
 	for _, e := range ex {
 		switch e.Kind {
-		case KindDown:
+		case federation.KindDown:
 			allowedDown++
-		case KindSelector, KindPolicy:
+		case federation.KindSelector, federation.KindPolicy:
 		default:
 			allowedOther++
 		}

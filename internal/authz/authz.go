@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/telemetry"
@@ -127,8 +128,8 @@ func (p Policy) Validate() error {
 func (p Policy) Authorize(ctx context.Context, fullMethod string, req any) error {
 	id, idErr := pki.PeerIdentity(ctx)
 	r, d := p.decide(p.Validate(), id, idErr, fullMethod)
-	if d == nil && r.access == accessAgent {
-		d = checkNode(id, req)
+	if d == nil {
+		d = checkRequest(r, id, req)
 	}
 	if d != nil {
 		return d.err()
@@ -143,8 +144,8 @@ func (p Policy) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		id, idErr := pki.PeerIdentity(ctx)
 		r, d := e.p.decide(e.invalid, id, idErr, info.FullMethod)
-		if d == nil && r.access == accessAgent {
-			d = checkNode(id, req)
+		if d == nil {
+			d = checkRequest(r, id, req)
 		}
 		if d != nil {
 			return nil, e.deny(ctx, info.FullMethod, id, idErr == nil, d)
@@ -226,10 +227,10 @@ func (p Policy) decide(invalid error, id pki.Identity, idErr error, fullMethod s
 		return rule{}, &denial{code: codes.Unauthenticated, reason: ReasonBadIdentity,
 			msg: "client certificate carries no valid Apiary identity: " + idErr.Error()}
 	}
-	if p.Role == pki.RoleRegion && id.Role == pki.RoleRegion && id.Region != p.Region {
+	r, ok := methods[fullMethod]
+	if p.Role == pki.RoleRegion && id.Role == pki.RoleRegion && id.Region != p.Region && (!ok || r.access != accessPeerRegion) {
 		return rule{}, refuse(ReasonOtherRegion, "a region certificate of region %s cannot act in region %s", id.Region, p.Region)
 	}
-	r, ok := methods[fullMethod]
 	if !ok {
 		return rule{}, refuse(ReasonUnknownMethod, "method %s has no authorization rule on this server: denied by default", fullMethod)
 	}
@@ -266,6 +267,11 @@ func (p Policy) decide(invalid error, id pki.Identity, idErr error, fullMethod s
 			return r, refuse(ReasonWrongRole, "%s cannot call %s: only routers call it", article(id.Role), what)
 		}
 		return r, nil
+	case accessPeerRegion:
+		if id.Role != pki.RoleRegion || id.Region == p.Region {
+			return r, refuse(ReasonWrongRole, "%s cannot call %s: only the coordinators of other regions call it", article(id.Role), what)
+		}
+		return r, nil
 	}
 	return r, refuse(ReasonUnknownMethod, "method %s has no authorization rule on this server: denied by default", fullMethod)
 }
@@ -276,7 +282,7 @@ func (p Policy) decideRouter(r rule, id pki.Identity, what string) *denial {
 	switch r.access {
 	case accessAgent:
 		return refuse(ReasonWrongRole, "the router serves no %s: agents call their region's coordinators", r.short)
-	case accessRouterOnly:
+	case accessRouterOnly, accessPeerRegion:
 		return refuse(ReasonWrongRole, "%s is served by coordinators only, not by the router", what)
 	case accessAPI:
 		switch id.Role {
@@ -297,6 +303,51 @@ func (p Policy) decideRouter(r rule, id pki.Identity, what string) *denial {
 		}
 	}
 	return refuse(ReasonUnknownMethod, "%s has no authorization rule on the router: denied by default", what)
+}
+
+// checkRequest applies the per-message part of a rule: an agent acts for
+// its own node, a peer region for its own region.
+func checkRequest(r rule, id pki.Identity, req any) *denial {
+	switch r.access {
+	case accessAgent:
+		return checkNode(id, req)
+	case accessPeerRegion:
+		return checkPeerRegion(id, req)
+	}
+	return nil
+}
+
+// actingRegion is the region a FailoverService request acts for: its
+// home_region, or standby_region for ClaimJob ("", false for any other
+// message).
+func actingRegion(req any) (string, bool) {
+	switch m := req.(type) {
+	case *apiaryv1.PutStandbyRequest:
+		return m.GetJob().GetHomeRegion(), true
+	case *apiaryv1.PushProgressRequest:
+		return m.GetHomeRegion(), true
+	case *apiaryv1.MovedJobsRequest:
+		return m.GetHomeRegion(), true
+	case *apiaryv1.ClaimJobRequest:
+		return m.GetStandbyRegion(), true
+	}
+	return "", false
+}
+
+// checkPeerRegion refuses a FailoverService request whose acting region
+// is not the region certificate's.
+func checkPeerRegion(id pki.Identity, req any) *denial {
+	got, ok := actingRegion(req)
+	if !ok {
+		return refuse(ReasonOtherRegion, "region certificate of region %s: the request names no region to check", id.Region)
+	}
+	if got == id.Region {
+		return nil
+	}
+	if !plainID.MatchString(got) {
+		got = fmt.Sprintf("%q", got)
+	}
+	return refuse(ReasonOtherRegion, "a region certificate of region %s cannot act for region %s", id.Region, got)
 }
 
 // nodeIDer is every AgentService request message (node_id field).

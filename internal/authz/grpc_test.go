@@ -58,8 +58,9 @@ func servedMethods(t *testing.T) []method {
 }
 
 // newMsg is an empty message of d's generated type, its node_id (if it has
-// one) set to nodeID.
-func newMsg(t *testing.T, d protoreflect.MessageDescriptor, nodeID string) proto.Message {
+// one) set to nodeID, and the region a FailoverService request acts for
+// (home_region, job.home_region, standby_region) set to actFor.
+func newMsg(t *testing.T, d protoreflect.MessageDescriptor, nodeID string, actFor ...string) proto.Message {
 	t.Helper()
 	mt, err := protoregistry.GlobalTypes.FindMessageByName(d.FullName())
 	if err != nil {
@@ -69,17 +70,27 @@ func newMsg(t *testing.T, d protoreflect.MessageDescriptor, nodeID string) proto
 	if f := d.Fields().ByName("node_id"); f != nil && nodeID != "" {
 		m.Set(f, protoreflect.ValueOfString(nodeID))
 	}
+	if len(actFor) > 0 {
+		for _, name := range []protoreflect.Name{"home_region", "standby_region"} {
+			if f := d.Fields().ByName(name); f != nil {
+				m.Set(f, protoreflect.ValueOfString(actFor[0]))
+			}
+		}
+		if f := d.Fields().ByName("job"); f != nil && f.Message() != nil {
+			m.Set(f, protoreflect.ValueOfMessage(newMsg(t, f.Message(), "", actFor...).ProtoReflect()))
+		}
+	}
 	return m.Interface()
 }
 
 // call makes one call of m on cc with an empty request (node_id = nodeID),
 // unary or server-streaming as m is, and returns its outcome: for a
 // stream, the outcome of receiving its first message.
-func call(t *testing.T, cc *grpc.ClientConn, m method, nodeID string) error {
+func call(t *testing.T, cc *grpc.ClientConn, m method, nodeID string, actFor ...string) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	in, out := newMsg(t, m.md.Input(), nodeID), newMsg(t, m.md.Output(), "")
+	in, out := newMsg(t, m.md.Input(), nodeID, actFor...), newMsg(t, m.md.Output(), "")
 	if !m.md.IsStreamingServer() && !m.md.IsStreamingClient() {
 		return cc.Invoke(ctx, m.full, in, out)
 	}
@@ -115,6 +126,8 @@ func dial(t *testing.T, c *ca, id pki.Identity, addr, serverName string) *grpc.C
 // outcome is what a caller should get from one kind of method.
 type outcome struct {
 	api, routerOnly, agent, health codes.Code
+	// peerOK: FailoverService is allowed (denied otherwise).
+	peerOK bool
 }
 
 const (
@@ -131,6 +144,8 @@ func kindOf(m method) string {
 		return "agent"
 	case m.name == "ForwardRequest" || m.name == "LookupRequest":
 		return "routerOnly"
+	case m.service == "FailoverService":
+		return "peer"
 	}
 	return "api"
 }
@@ -143,6 +158,11 @@ func (o outcome) of(m method) codes.Code {
 		return o.agent
 	case "routerOnly":
 		return o.routerOnly
+	case "peer":
+		if o.peerOK {
+			return ok
+		}
+		return deny
 	}
 	return o.api
 }
@@ -160,7 +180,7 @@ func checkMatrix(t *testing.T, c *ca, ts *testServer, serverName string, want ma
 		cc := dial(t, c, caller, ts.addr, serverName)
 		for _, m := range methods {
 			before := len(ts.rec.calls())
-			err := call(t, cc, m, caller.ID)
+			err := call(t, cc, m, caller.ID, caller.Region)
 			wantCode := o.of(m)
 			if status.Code(err) != wantCode {
 				t.Errorf("%s calling %s: %v; want %s", callerNames[caller], m.full, err, wantCode)
@@ -185,7 +205,8 @@ func TestRegionServerOverMTLS(t *testing.T) {
 	ts := startServer(t, regionPol, pki.ServerCredentials(c.reloader(t, regionEU)))
 	checkMatrix(t, c, ts, pki.RegionServerName("eu-west"), map[pki.Identity]outcome{
 		regionEU2: {api: ok, routerOnly: deny, agent: deny, health: ok},
-		regionUS:  {api: deny, routerOnly: deny, agent: deny, health: deny},
+		// Another region's coordinators call FailoverService only.
+		regionUS:  {api: deny, routerOnly: deny, agent: deny, health: deny, peerOK: true},
 		routerID:  {api: ok, routerOnly: ok, agent: deny, health: ok},
 		agentEU:   {api: deny, routerOnly: deny, agent: ok, health: ok},
 		agentUS:   {api: deny, routerOnly: deny, agent: deny, health: ok},

@@ -347,10 +347,33 @@ func startServer(t *testing.T, p authz.Policy, opts ...grpc.ServerOption) *testS
 	apiaryv1.RegisterAgentServiceServer(srv, agentSrv{r: ts.rec})
 	apiaryv1.RegisterAdminServiceServer(srv, adminSrv{r: ts.rec})
 	apiaryv1.RegisterACLServiceServer(srv, aclSrv{r: ts.rec})
+	apiaryv1.RegisterFailoverServiceServer(srv, failSrv{r: ts.rec})
 	healthpb.RegisterHealthServer(srv, recordingHealth{Server: health.NewServer(), r: ts.rec})
 	lis := testutil.Listen(t)
 	ts.addr = lis.Addr().String()
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
 	return ts
+}
+
+type failSrv struct {
+	apiaryv1.UnimplementedFailoverServiceServer
+	r *recorder
+}
+
+func (s failSrv) PutStandby(ctx context.Context, _ *apiaryv1.PutStandbyRequest) (*apiaryv1.PutStandbyResponse, error) {
+	s.r.hit(ctx, "PutStandby")
+	return &apiaryv1.PutStandbyResponse{}, nil
+}
+func (s failSrv) PushProgress(ctx context.Context, _ *apiaryv1.PushProgressRequest) (*apiaryv1.PushProgressResponse, error) {
+	s.r.hit(ctx, "PushProgress")
+	return &apiaryv1.PushProgressResponse{}, nil
+}
+func (s failSrv) MovedJobs(ctx context.Context, _ *apiaryv1.MovedJobsRequest) (*apiaryv1.MovedJobsResponse, error) {
+	s.r.hit(ctx, "MovedJobs")
+	return &apiaryv1.MovedJobsResponse{}, nil
+}
+func (s failSrv) ClaimJob(ctx context.Context, _ *apiaryv1.ClaimJobRequest) (*apiaryv1.ClaimJobResponse, error) {
+	s.r.hit(ctx, "ClaimJob")
+	return &apiaryv1.ClaimJobResponse{}, nil
 }

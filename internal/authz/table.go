@@ -26,6 +26,12 @@ const (
 	accessRouterOnly
 	// accessAnyone: grpc health; any verified identity.
 	accessAnyone
+	// accessPeerRegion: FailoverService, which one region's coordinators
+	// call on another's. On a region server: region certificates of
+	// another region only, acting for their own region (the request's
+	// home_region or standby_region must be the certificate's region,
+	// checkPeerRegion). Refused on the router, which does not serve it.
+	accessPeerRegion
 )
 
 // rule is one method's entry.
@@ -42,6 +48,7 @@ const (
 	adminService  = "apiary.v1.AdminService"
 	healthService = "grpc.health.v1.Health"
 	aclService    = "apiary.v1.ACLService"
+	failService   = "apiary.v1.FailoverService"
 )
 
 func job(a access) rule   { return rule{service: jobService, short: "JobService", access: a} }
@@ -49,6 +56,9 @@ func admin(a access) rule { return rule{service: adminService, short: "AdminServ
 func agent() rule         { return rule{service: agentService, short: "AgentService", access: accessAgent} }
 func acl() rule           { return rule{service: aclService, short: "ACLService", access: accessAPI} }
 func health() rule        { return rule{service: healthService, short: "Health", access: accessAnyone} }
+func failover() rule {
+	return rule{service: failService, short: "FailoverService", access: accessPeerRegion}
+}
 
 // methods is the table: every method a server of ours may serve, by full
 // method name ("/apiary.v1.JobService/SubmitJob"). Adding an RPC to the
@@ -103,6 +113,13 @@ var methods = map[string]rule{
 	apiaryv1.ACLService_ApplyACLPolicy_FullMethodName:  acl(),
 	apiaryv1.ACLService_ListACLPolicies_FullMethodName: acl(),
 	apiaryv1.ACLService_DeleteACLPolicy_FullMethodName: acl(),
+
+	// Failover of accepted jobs: coordinators of one region call those of
+	// another (regional/failover), each for its own region.
+	apiaryv1.FailoverService_PutStandby_FullMethodName:   failover(),
+	apiaryv1.FailoverService_PushProgress_FullMethodName: failover(),
+	apiaryv1.FailoverService_MovedJobs_FullMethodName:    failover(),
+	apiaryv1.FailoverService_ClaimJob_FullMethodName:     failover(),
 
 	healthpb.Health_Check_FullMethodName: health(),
 	healthpb.Health_Watch_FullMethodName: health(),

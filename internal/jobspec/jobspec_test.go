@@ -560,3 +560,50 @@ func TestDecodingErrorDoesNotHideRuleErrors(t *testing.T) {
 		t.Errorf("the APIARY_ env key is not reported: %v", ve.Errors)
 	}
 }
+
+func TestFailoverBlock(t *testing.T) {
+	base := "name: f\ntasks: [{name: t, command: /bin/true}]\n"
+	for _, tc := range []struct {
+		yaml string
+		want *apiaryv1.Failover
+		err  string
+	}{
+		{yaml: "failover: {after: 5s, regions: [eu-central, eu-north]}", want: &apiaryv1.Failover{AfterMs: 5000, Regions: []string{"eu-central", "eu-north"}}},
+		{yaml: "failover: {after: 1m, regions: auto}", want: &apiaryv1.Failover{AfterMs: 60000}},
+		{yaml: "failover: {}", want: &apiaryv1.Failover{}},
+		{yaml: "failover: off", want: &apiaryv1.Failover{Disabled: true}},
+		{yaml: "failover: on", want: &apiaryv1.Failover{}},
+		{yaml: "failover: {after: 500ms}", err: "failover.after: must be between 1s and 24h"},
+		{yaml: "failover: {after: 25h}", err: "failover.after: must be between 1s and 24h"},
+		{yaml: "failover: {after: 60}", err: "failover.after: must be a duration"},
+		{yaml: "failover: {regions: all}", err: `failover.regions: must be a list of region names or "auto" (got "all")`},
+		{yaml: "failover: {regions: [a, a]}", err: `failover.regions[1]: duplicate region "a"`},
+		{yaml: "failover: {disabled: true, after: 5s}", err: "failover.disabled: is true: after and regions must be unset"},
+		{yaml: "failover: {afer: 5s}", err: "afer"},
+	} {
+		s, err := Parse([]byte(base + tc.yaml))
+		if err == nil {
+			err = Validate(s)
+		}
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: err %v; want one containing %q", tc.yaml, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.yaml, err)
+			continue
+		}
+		if !proto.Equal(s.GetFailover(), tc.want) {
+			t.Errorf("%s: failover %v; want %v", tc.yaml, s.GetFailover(), tc.want)
+		}
+	}
+	s, err := Parse([]byte("name: f\nfailover: {after: 5s}\ntasks: [{name: t, command: /bin/true, secret_env: {K: v}}]\n"))
+	if err == nil {
+		err = Validate(s)
+	}
+	if err == nil || !strings.Contains(err.Error(), "failover: a job with secret_env cannot fail over") {
+		t.Errorf("secret_env with failover: %v", err)
+	}
+}

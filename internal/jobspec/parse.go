@@ -388,11 +388,41 @@ func (d *decoder) jobSpec(v any) *apiaryv1.JobSpec {
 			})
 			s.Disconnect = dc
 		},
+		"failover": func(p string, v any) { s.Failover = d.failover(p, v) },
 		"tasks": func(p string, v any) {
 			d.list(p, v, func(p string, v any) { s.Tasks = append(s.Tasks, d.task(p, v)) })
 		},
 	})
 	return s
+}
+
+// failover reads `failover: {after: 60s, regions: [a, b] | auto, disabled:
+// true}`; `failover: off` (or false) is `disabled: true`, `failover: on`
+// (or true) is `{}`: the home region's defaults.
+func (d *decoder) failover(path string, v any) *apiaryv1.Failover {
+	f := &apiaryv1.Failover{}
+	if b, ok := v.(bool); ok {
+		f.Disabled = !b
+		return f
+	}
+	if s, ok := v.(string); ok && strings.EqualFold(strings.TrimSpace(s), "off") {
+		f.Disabled = true
+		return f
+	}
+	d.object(path, v, map[string]handler{
+		"after": func(p string, v any) { d.duration(p, v, &f.AfterMs, "the home region's --failover-after") },
+		"regions": func(p string, v any) {
+			if s, ok := v.(string); ok {
+				if !strings.EqualFold(strings.TrimSpace(s), "auto") {
+					d.errs.add(p, "must be a list of region names or \"auto\" (got %q)", s)
+				}
+				return
+			}
+			d.strList(p, v, &f.Regions)
+		},
+		"disabled": func(p string, v any) { d.boolean(p, v, &f.Disabled) },
+	})
+	return f
 }
 
 func (d *decoder) region(path string, v any) *apiaryv1.RegionSpec {

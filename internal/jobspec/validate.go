@@ -45,6 +45,10 @@ const (
 	// kernel's smallest quota is 1 ms (cpu.cfs_quota_us, cpu.max).
 	MinCPULimitMillis = 10
 	MaxTimeout        = 7 * 24 * time.Hour
+	// MinFailoverAfter and MaxFailoverAfter bound failover.after: below a
+	// second a serf WAN pool cannot tell a dead region from a slow one.
+	MinFailoverAfter = time.Second
+	MaxFailoverAfter = 24 * time.Hour
 	// MaxLostAfter bounds disconnect.lost_after.
 	MaxLostAfter = 24 * time.Hour
 
@@ -210,6 +214,9 @@ func Validate(spec *apiaryv1.JobSpec) error {
 		if la := d.GetLostAfterMs(); la < 0 || la > MaxLostAfter.Milliseconds() {
 			c.add("disconnect.lost_after", "must be between 1ms and 24h, or 0 for the agent's --disconnect-grace (got %dms)", la)
 		}
+	}
+	if f := spec.GetFailover(); f != nil {
+		checkFailover(&c, spec, f)
 	}
 	if ns := spec.GetNamespace(); ns != "" {
 		var fe *acl.FieldError
@@ -754,5 +761,32 @@ func ApplyDefaults(spec *apiaryv1.JobSpec) {
 		if g.AntiAffinity != nil && g.AntiAffinity.Scope == "" {
 			g.AntiAffinity.Scope = AntiAffinityScopeNode
 		}
+	}
+}
+
+// checkFailover checks the failover block: after in [1s, 24h] (or 0 for the
+// region's default), region names valid and distinct, and no secret_env
+// (sealed under the home region's keyring, which no standby holds).
+func checkFailover(c *errs, spec *apiaryv1.JobSpec, f *apiaryv1.Failover) {
+	if f.GetDisabled() {
+		if f.GetAfterMs() != 0 || len(f.GetRegions()) > 0 {
+			c.add("failover.disabled", "is true: after and regions must be unset")
+		}
+		return
+	}
+	if a := f.GetAfterMs(); a != 0 && (a < MinFailoverAfter.Milliseconds() || a > MaxFailoverAfter.Milliseconds()) {
+		c.add("failover.after", "must be between 1s and 24h, or 0 for the home region's --failover-after (got %dms)", a)
+	}
+	seen := map[string]bool{}
+	for i, r := range f.GetRegions() {
+		p := fmt.Sprintf("failover.regions[%d]", i)
+		checkName(c, p, r, 64, true)
+		if seen[r] {
+			c.add(p, "duplicate region %q", r)
+		}
+		seen[r] = true
+	}
+	if HasSecrets(spec) {
+		c.add("failover", "a job with secret_env cannot fail over: its values are sealed under the home region's keyring, which no standby region holds (use failover: off, or move the secrets out of the spec)")
 	}
 }

@@ -37,6 +37,9 @@ const (
 	JobState_JOB_STATE_COMPLETE    JobState = 3
 	JobState_JOB_STATE_FAILED      JobState = 4
 	JobState_JOB_STATE_CANCELLED   JobState = 5
+	// The job failed over to another region (Job.failover.active_region), which
+	// runs it now under the same id; this region runs nothing of it.
+	JobState_JOB_STATE_MOVED JobState = 6
 )
 
 // Enum value maps for JobState.
@@ -48,6 +51,7 @@ var (
 		3: "JOB_STATE_COMPLETE",
 		4: "JOB_STATE_FAILED",
 		5: "JOB_STATE_CANCELLED",
+		6: "JOB_STATE_MOVED",
 	}
 	JobState_value = map[string]int32{
 		"JOB_STATE_UNSPECIFIED": 0,
@@ -56,6 +60,7 @@ var (
 		"JOB_STATE_COMPLETE":    3,
 		"JOB_STATE_FAILED":      4,
 		"JOB_STATE_CANCELLED":   5,
+		"JOB_STATE_MOVED":       6,
 	}
 )
 
@@ -449,7 +454,7 @@ func (x Assignment_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Assignment_Kind.Descriptor instead.
 func (Assignment_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52, 0}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65, 0}
 }
 
 // JobSpec is what a user submits. It mirrors the YAML job file
@@ -477,7 +482,11 @@ type JobSpec struct {
 	// Namespace the job belongs to: 1-63 chars of [a-z0-9-], starting with a
 	// letter; empty means "default". With ACLs on, a token needs the submit,
 	// read or cancel capability on the namespace (docs/security.md).
-	Namespace     string `protobuf:"bytes,10,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Namespace string `protobuf:"bytes,10,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Cross-region failover of the accepted job (docs/architecture.md,
+	// "Failover of accepted jobs"). Unset: the home region's default (its
+	// --failover-after; off unless set).
+	Failover      *Failover `protobuf:"bytes,11,opt,name=failover,proto3" json:"failover,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -582,6 +591,84 @@ func (x *JobSpec) GetNamespace() string {
 	return ""
 }
 
+func (x *JobSpec) GetFailover() *Failover {
+	if x != nil {
+		return x.Failover
+	}
+	return nil
+}
+
+// Failover lets a standby region take the job over when its home region has
+// been down for after_ms. The job's spec is written to the standby before
+// the submission is acknowledged; completed tasks are not rerun there.
+type Failover struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long the home region must be down before a standby activates the
+	// job, in ms; 0: the home region's --failover-after (30 s if it sets none).
+	// At least 1 s, at most 24 h.
+	AfterMs int64 `protobuf:"varint,1,opt,name=after_ms,json=afterMs,proto3" json:"after_ms,omitempty"`
+	// Regions that may take the job over, in order of preference. Empty (or
+	// auto): every region the sovereignty policy and the region selector
+	// allow, as routing decides (the home region's --failover-peers narrows
+	// it).
+	Regions []string `protobuf:"bytes,2,rep,name=regions,proto3" json:"regions,omitempty"`
+	// The job never fails over, whatever the region's default.
+	Disabled      bool `protobuf:"varint,3,opt,name=disabled,proto3" json:"disabled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Failover) Reset() {
+	*x = Failover{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Failover) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Failover) ProtoMessage() {}
+
+func (x *Failover) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Failover.ProtoReflect.Descriptor instead.
+func (*Failover) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Failover) GetAfterMs() int64 {
+	if x != nil {
+		return x.AfterMs
+	}
+	return 0
+}
+
+func (x *Failover) GetRegions() []string {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *Failover) GetDisabled() bool {
+	if x != nil {
+		return x.Disabled
+	}
+	return false
+}
+
 // Disconnect is a job's tolerance of a node that cannot be reached (Nomad's
 // disconnect block). An agent that reaches no coordinator keeps the job's
 // attempts running for lost_after, buffering their reports, then kills them.
@@ -603,7 +690,7 @@ type Disconnect struct {
 
 func (x *Disconnect) Reset() {
 	*x = Disconnect{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[1]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +702,7 @@ func (x *Disconnect) String() string {
 func (*Disconnect) ProtoMessage() {}
 
 func (x *Disconnect) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[1]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +715,7 @@ func (x *Disconnect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Disconnect.ProtoReflect.Descriptor instead.
 func (*Disconnect) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{1}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Disconnect) GetLostAfterMs() int64 {
@@ -658,7 +745,7 @@ type RegionSpec struct {
 
 func (x *RegionSpec) Reset() {
 	*x = RegionSpec{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[2]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +757,7 @@ func (x *RegionSpec) String() string {
 func (*RegionSpec) ProtoMessage() {}
 
 func (x *RegionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[2]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +770,7 @@ func (x *RegionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSpec.ProtoReflect.Descriptor instead.
 func (*RegionSpec) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{2}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RegionSpec) GetSelector() map[string]string {
@@ -753,7 +840,7 @@ type TaskGroup struct {
 
 func (x *TaskGroup) Reset() {
 	*x = TaskGroup{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[3]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +852,7 @@ func (x *TaskGroup) String() string {
 func (*TaskGroup) ProtoMessage() {}
 
 func (x *TaskGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[3]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +865,7 @@ func (x *TaskGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskGroup.ProtoReflect.Descriptor instead.
 func (*TaskGroup) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{3}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TaskGroup) GetName() string {
@@ -926,7 +1013,7 @@ type AntiAffinity struct {
 
 func (x *AntiAffinity) Reset() {
 	*x = AntiAffinity{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[4]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1025,7 @@ func (x *AntiAffinity) String() string {
 func (*AntiAffinity) ProtoMessage() {}
 
 func (x *AntiAffinity) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[4]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1038,7 @@ func (x *AntiAffinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AntiAffinity.ProtoReflect.Descriptor instead.
 func (*AntiAffinity) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{4}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AntiAffinity) GetGroup() string {
@@ -1001,7 +1088,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[5]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1100,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[5]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1113,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{5}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Resources) GetCpuMillis() int64 {
@@ -1093,7 +1180,7 @@ type ResourceLimits struct {
 
 func (x *ResourceLimits) Reset() {
 	*x = ResourceLimits{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1192,7 @@ func (x *ResourceLimits) String() string {
 func (*ResourceLimits) ProtoMessage() {}
 
 func (x *ResourceLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[6]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1205,7 @@ func (x *ResourceLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResourceLimits.ProtoReflect.Descriptor instead.
 func (*ResourceLimits) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{6}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ResourceLimits) GetCpuMillis() int64 {
@@ -1148,7 +1235,7 @@ type Constraint struct {
 
 func (x *Constraint) Reset() {
 	*x = Constraint{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1247,7 @@ func (x *Constraint) String() string {
 func (*Constraint) ProtoMessage() {}
 
 func (x *Constraint) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[7]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1260,7 @@ func (x *Constraint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Constraint.ProtoReflect.Descriptor instead.
 func (*Constraint) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{7}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Constraint) GetLabel() string {
@@ -1210,7 +1297,7 @@ type Affinity struct {
 
 func (x *Affinity) Reset() {
 	*x = Affinity{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1309,7 @@ func (x *Affinity) String() string {
 func (*Affinity) ProtoMessage() {}
 
 func (x *Affinity) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[8]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1322,7 @@ func (x *Affinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Affinity.ProtoReflect.Descriptor instead.
 func (*Affinity) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{8}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Affinity) GetLabel() string {
@@ -1279,7 +1366,7 @@ type Spread struct {
 
 func (x *Spread) Reset() {
 	*x = Spread{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1378,7 @@ func (x *Spread) String() string {
 func (*Spread) ProtoMessage() {}
 
 func (x *Spread) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[9]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1391,7 @@ func (x *Spread) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Spread.ProtoReflect.Descriptor instead.
 func (*Spread) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{9}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Spread) GetLabel() string {
@@ -1339,7 +1426,7 @@ type DistinctProperty struct {
 
 func (x *DistinctProperty) Reset() {
 	*x = DistinctProperty{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1438,7 @@ func (x *DistinctProperty) String() string {
 func (*DistinctProperty) ProtoMessage() {}
 
 func (x *DistinctProperty) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[10]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1451,7 @@ func (x *DistinctProperty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DistinctProperty.ProtoReflect.Descriptor instead.
 func (*DistinctProperty) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{10}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DistinctProperty) GetLabel() string {
@@ -1392,7 +1479,7 @@ type Dataset struct {
 
 func (x *Dataset) Reset() {
 	*x = Dataset{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1491,7 @@ func (x *Dataset) String() string {
 func (*Dataset) ProtoMessage() {}
 
 func (x *Dataset) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[11]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1504,7 @@ func (x *Dataset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dataset.ProtoReflect.Descriptor instead.
 func (*Dataset) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{11}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Dataset) GetName() string {
@@ -1455,14 +1542,16 @@ type Job struct {
 	Shard int32 `protobuf:"varint,12,opt,name=shard,proto3" json:"shard,omitempty"`
 	// The placement policy the region applies to the job: spec.scheduler, or
 	// the region's default (its --scheduler) when the spec leaves it empty.
-	Scheduler     string `protobuf:"bytes,13,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	Scheduler string `protobuf:"bytes,13,opt,name=scheduler,proto3" json:"scheduler,omitempty"`
+	// Failover status; absent for a job without failover.
+	Failover      *FailoverStatus `protobuf:"bytes,14,opt,name=failover,proto3" json:"failover,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1563,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[12]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1576,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{12}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Job) GetId() string {
@@ -1581,6 +1670,114 @@ func (x *Job) GetScheduler() string {
 	return ""
 }
 
+func (x *Job) GetFailover() *FailoverStatus {
+	if x != nil {
+		return x.Failover
+	}
+	return nil
+}
+
+// FailoverStatus is where a failover job lives and may move.
+type FailoverStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The region that accepted the job (the region of its id).
+	HomeRegion string `protobuf:"bytes,1,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	// The region running the job now.
+	ActiveRegion string `protobuf:"bytes,2,opt,name=active_region,json=activeRegion,proto3" json:"active_region,omitempty"`
+	// 0 in the home region; each move adds one. Fencing tokens of attempts
+	// dispatched under epoch e are at least e << 48 (docs/agent.md).
+	Epoch int64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Standby regions holding the job's spec, in activation order.
+	Standbys []string `protobuf:"bytes,4,rep,name=standbys,proto3" json:"standbys,omitempty"`
+	// Why the job cannot fail over (no eligible standby), empty otherwise.
+	NotEligible string `protobuf:"bytes,5,opt,name=not_eligible,json=notEligible,proto3" json:"not_eligible,omitempty"`
+	// After how long a down home region the job moves, in ms.
+	AfterMs int64 `protobuf:"varint,6,opt,name=after_ms,json=afterMs,proto3" json:"after_ms,omitempty"`
+	// When the job was activated in active_region (Unix ms), 0 if never.
+	MovedTimeMs   int64 `protobuf:"varint,7,opt,name=moved_time_ms,json=movedTimeMs,proto3" json:"moved_time_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FailoverStatus) Reset() {
+	*x = FailoverStatus{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FailoverStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FailoverStatus) ProtoMessage() {}
+
+func (x *FailoverStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FailoverStatus.ProtoReflect.Descriptor instead.
+func (*FailoverStatus) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *FailoverStatus) GetHomeRegion() string {
+	if x != nil {
+		return x.HomeRegion
+	}
+	return ""
+}
+
+func (x *FailoverStatus) GetActiveRegion() string {
+	if x != nil {
+		return x.ActiveRegion
+	}
+	return ""
+}
+
+func (x *FailoverStatus) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *FailoverStatus) GetStandbys() []string {
+	if x != nil {
+		return x.Standbys
+	}
+	return nil
+}
+
+func (x *FailoverStatus) GetNotEligible() string {
+	if x != nil {
+		return x.NotEligible
+	}
+	return ""
+}
+
+func (x *FailoverStatus) GetAfterMs() int64 {
+	if x != nil {
+		return x.AfterMs
+	}
+	return 0
+}
+
+func (x *FailoverStatus) GetMovedTimeMs() int64 {
+	if x != nil {
+		return x.MovedTimeMs
+	}
+	return 0
+}
+
 type TaskCounts struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pending       int32                  `protobuf:"varint,1,opt,name=pending,proto3" json:"pending,omitempty"`
@@ -1595,7 +1792,7 @@ type TaskCounts struct {
 
 func (x *TaskCounts) Reset() {
 	*x = TaskCounts{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1804,7 @@ func (x *TaskCounts) String() string {
 func (*TaskCounts) ProtoMessage() {}
 
 func (x *TaskCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[13]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1817,7 @@ func (x *TaskCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskCounts.ProtoReflect.Descriptor instead.
 func (*TaskCounts) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{13}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TaskCounts) GetPending() int32 {
@@ -1699,7 +1896,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +1908,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[14]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +1921,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{14}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Task) GetJobId() string {
@@ -1854,7 +2051,7 @@ type AttemptResult struct {
 
 func (x *AttemptResult) Reset() {
 	*x = AttemptResult{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +2063,7 @@ func (x *AttemptResult) String() string {
 func (*AttemptResult) ProtoMessage() {}
 
 func (x *AttemptResult) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[15]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +2076,7 @@ func (x *AttemptResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptResult.ProtoReflect.Descriptor instead.
 func (*AttemptResult) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{15}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AttemptResult) GetAttempt() int32 {
@@ -1966,6 +2163,686 @@ func (x *AttemptResult) GetFault() FailureFault {
 	return FailureFault_FAILURE_FAULT_UNSPECIFIED
 }
 
+type StandbyJob struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	JobId      string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	HomeRegion string                 `protobuf:"bytes,2,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	// The spec as the home region stored it (no secret_env: such jobs cannot
+	// fail over).
+	Spec         *JobSpec `protobuf:"bytes,3,opt,name=spec,proto3" json:"spec,omitempty"`
+	SubmitTimeMs int64    `protobuf:"varint,4,opt,name=submit_time_ms,json=submitTimeMs,proto3" json:"submit_time_ms,omitempty"`
+	ClientId     string   `protobuf:"bytes,5,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	RequestId    string   `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Traceparent  string   `protobuf:"bytes,7,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	AfterMs      int64    `protobuf:"varint,8,opt,name=after_ms,json=afterMs,proto3" json:"after_ms,omitempty"`
+	// Standby regions in activation order; this region is one of them.
+	Standbys []string `protobuf:"bytes,9,rep,name=standbys,proto3" json:"standbys,omitempty"`
+	// The job's failover epoch in the home region (0 unless it moved before).
+	HomeEpoch int64 `protobuf:"varint,10,opt,name=home_epoch,json=homeEpoch,proto3" json:"home_epoch,omitempty"`
+	// Jurisdictions the job may run in (the home region's sovereignty
+	// decision); empty with any_jurisdiction false: nowhere.
+	Jurisdictions   []string `protobuf:"bytes,11,rep,name=jurisdictions,proto3" json:"jurisdictions,omitempty"`
+	AnyJurisdiction bool     `protobuf:"varint,12,opt,name=any_jurisdiction,json=anyJurisdiction,proto3" json:"any_jurisdiction,omitempty"`
+	Rule            string   `protobuf:"bytes,13,opt,name=rule,proto3" json:"rule,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *StandbyJob) Reset() {
+	*x = StandbyJob{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StandbyJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StandbyJob) ProtoMessage() {}
+
+func (x *StandbyJob) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StandbyJob.ProtoReflect.Descriptor instead.
+func (*StandbyJob) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *StandbyJob) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *StandbyJob) GetHomeRegion() string {
+	if x != nil {
+		return x.HomeRegion
+	}
+	return ""
+}
+
+func (x *StandbyJob) GetSpec() *JobSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *StandbyJob) GetSubmitTimeMs() int64 {
+	if x != nil {
+		return x.SubmitTimeMs
+	}
+	return 0
+}
+
+func (x *StandbyJob) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *StandbyJob) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *StandbyJob) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *StandbyJob) GetAfterMs() int64 {
+	if x != nil {
+		return x.AfterMs
+	}
+	return 0
+}
+
+func (x *StandbyJob) GetStandbys() []string {
+	if x != nil {
+		return x.Standbys
+	}
+	return nil
+}
+
+func (x *StandbyJob) GetHomeEpoch() int64 {
+	if x != nil {
+		return x.HomeEpoch
+	}
+	return 0
+}
+
+func (x *StandbyJob) GetJurisdictions() []string {
+	if x != nil {
+		return x.Jurisdictions
+	}
+	return nil
+}
+
+func (x *StandbyJob) GetAnyJurisdiction() bool {
+	if x != nil {
+		return x.AnyJurisdiction
+	}
+	return false
+}
+
+func (x *StandbyJob) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+type PutStandbyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *StandbyJob            `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutStandbyRequest) Reset() {
+	*x = PutStandbyRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutStandbyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutStandbyRequest) ProtoMessage() {}
+
+func (x *PutStandbyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutStandbyRequest.ProtoReflect.Descriptor instead.
+func (*PutStandbyRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PutStandbyRequest) GetJob() *StandbyJob {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type PutStandbyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutStandbyResponse) Reset() {
+	*x = PutStandbyResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutStandbyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutStandbyResponse) ProtoMessage() {}
+
+func (x *PutStandbyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutStandbyResponse.ProtoReflect.Descriptor instead.
+func (*PutStandbyResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PutStandbyResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+type TaskDone struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	JobId        string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	TaskIndex    int32                  `protobuf:"varint,2,opt,name=task_index,json=taskIndex,proto3" json:"task_index,omitempty"`
+	Attempt      int32                  `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	FencingToken int64                  `protobuf:"varint,4,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	// When the home region committed the completion (Unix ms): the lag.
+	DoneTimeMs    int64 `protobuf:"varint,5,opt,name=done_time_ms,json=doneTimeMs,proto3" json:"done_time_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskDone) Reset() {
+	*x = TaskDone{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskDone) ProtoMessage() {}
+
+func (x *TaskDone) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskDone.ProtoReflect.Descriptor instead.
+func (*TaskDone) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *TaskDone) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *TaskDone) GetTaskIndex() int32 {
+	if x != nil {
+		return x.TaskIndex
+	}
+	return 0
+}
+
+func (x *TaskDone) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *TaskDone) GetFencingToken() int64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *TaskDone) GetDoneTimeMs() int64 {
+	if x != nil {
+		return x.DoneTimeMs
+	}
+	return 0
+}
+
+type PushProgressRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	HomeRegion string                 `protobuf:"bytes,1,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	Done       []*TaskDone            `protobuf:"bytes,2,rep,name=done,proto3" json:"done,omitempty"`
+	// Jobs that ended in the home region (complete, failed or cancelled).
+	Ended         []string `protobuf:"bytes,3,rep,name=ended,proto3" json:"ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushProgressRequest) Reset() {
+	*x = PushProgressRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushProgressRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushProgressRequest) ProtoMessage() {}
+
+func (x *PushProgressRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushProgressRequest.ProtoReflect.Descriptor instead.
+func (*PushProgressRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *PushProgressRequest) GetHomeRegion() string {
+	if x != nil {
+		return x.HomeRegion
+	}
+	return ""
+}
+
+func (x *PushProgressRequest) GetDone() []*TaskDone {
+	if x != nil {
+		return x.Done
+	}
+	return nil
+}
+
+func (x *PushProgressRequest) GetEnded() []string {
+	if x != nil {
+		return x.Ended
+	}
+	return nil
+}
+
+type PushProgressResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Job ids of done entries for which this region holds no standby record.
+	Unknown       []string `protobuf:"bytes,1,rep,name=unknown,proto3" json:"unknown,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushProgressResponse) Reset() {
+	*x = PushProgressResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushProgressResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushProgressResponse) ProtoMessage() {}
+
+func (x *PushProgressResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushProgressResponse.ProtoReflect.Descriptor instead.
+func (*PushProgressResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *PushProgressResponse) GetUnknown() []string {
+	if x != nil {
+		return x.Unknown
+	}
+	return nil
+}
+
+type MovedJobsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	HomeRegion    string                 `protobuf:"bytes,1,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MovedJobsRequest) Reset() {
+	*x = MovedJobsRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MovedJobsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MovedJobsRequest) ProtoMessage() {}
+
+func (x *MovedJobsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MovedJobsRequest.ProtoReflect.Descriptor instead.
+func (*MovedJobsRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *MovedJobsRequest) GetHomeRegion() string {
+	if x != nil {
+		return x.HomeRegion
+	}
+	return ""
+}
+
+type MovedJob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	ActiveRegion  string                 `protobuf:"bytes,2,opt,name=active_region,json=activeRegion,proto3" json:"active_region,omitempty"`
+	Epoch         int64                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	MovedTimeMs   int64                  `protobuf:"varint,4,opt,name=moved_time_ms,json=movedTimeMs,proto3" json:"moved_time_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MovedJob) Reset() {
+	*x = MovedJob{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MovedJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MovedJob) ProtoMessage() {}
+
+func (x *MovedJob) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MovedJob.ProtoReflect.Descriptor instead.
+func (*MovedJob) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *MovedJob) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *MovedJob) GetActiveRegion() string {
+	if x != nil {
+		return x.ActiveRegion
+	}
+	return ""
+}
+
+func (x *MovedJob) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *MovedJob) GetMovedTimeMs() int64 {
+	if x != nil {
+		return x.MovedTimeMs
+	}
+	return 0
+}
+
+type MovedJobsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Moved         []*MovedJob            `protobuf:"bytes,1,rep,name=moved,proto3" json:"moved,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MovedJobsResponse) Reset() {
+	*x = MovedJobsResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MovedJobsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MovedJobsResponse) ProtoMessage() {}
+
+func (x *MovedJobsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MovedJobsResponse.ProtoReflect.Descriptor instead.
+func (*MovedJobsResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *MovedJobsResponse) GetMoved() []*MovedJob {
+	if x != nil {
+		return x.Moved
+	}
+	return nil
+}
+
+type ClaimJobRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	JobId string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// The standby that wants to activate the job.
+	StandbyRegion string `protobuf:"bytes,2,opt,name=standby_region,json=standbyRegion,proto3" json:"standby_region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimJobRequest) Reset() {
+	*x = ClaimJobRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimJobRequest) ProtoMessage() {}
+
+func (x *ClaimJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimJobRequest.ProtoReflect.Descriptor instead.
+func (*ClaimJobRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ClaimJobRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *ClaimJobRequest) GetStandbyRegion() string {
+	if x != nil {
+		return x.StandbyRegion
+	}
+	return ""
+}
+
+type ClaimJobResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True: this region will never activate the job. False: it has already
+	// activated it (active_region says so).
+	Granted       bool   `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	ActiveRegion  string `protobuf:"bytes,2,opt,name=active_region,json=activeRegion,proto3" json:"active_region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimJobResponse) Reset() {
+	*x = ClaimJobResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimJobResponse) ProtoMessage() {}
+
+func (x *ClaimJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimJobResponse.ProtoReflect.Descriptor instead.
+func (*ClaimJobResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ClaimJobResponse) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
+func (x *ClaimJobResponse) GetActiveRegion() string {
+	if x != nil {
+		return x.ActiveRegion
+	}
+	return ""
+}
+
 type LookupRequestRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -1976,7 +2853,7 @@ type LookupRequestRequest struct {
 
 func (x *LookupRequestRequest) Reset() {
 	*x = LookupRequestRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1988,7 +2865,7 @@ func (x *LookupRequestRequest) String() string {
 func (*LookupRequestRequest) ProtoMessage() {}
 
 func (x *LookupRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[16]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2001,7 +2878,7 @@ func (x *LookupRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequestRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequestRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{16}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *LookupRequestRequest) GetClientId() string {
@@ -2034,7 +2911,7 @@ type LookupRequestResponse struct {
 
 func (x *LookupRequestResponse) Reset() {
 	*x = LookupRequestResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2923,7 @@ func (x *LookupRequestResponse) String() string {
 func (*LookupRequestResponse) ProtoMessage() {}
 
 func (x *LookupRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[17]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2936,7 @@ func (x *LookupRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequestResponse.ProtoReflect.Descriptor instead.
 func (*LookupRequestResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{17}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *LookupRequestResponse) GetFound() bool {
@@ -2105,7 +2982,7 @@ type ForwardRequestRequest struct {
 
 func (x *ForwardRequestRequest) Reset() {
 	*x = ForwardRequestRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2994,7 @@ func (x *ForwardRequestRequest) String() string {
 func (*ForwardRequestRequest) ProtoMessage() {}
 
 func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[18]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +3007,7 @@ func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequestRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequestRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{18}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForwardRequestRequest) GetClientId() string {
@@ -2174,7 +3051,7 @@ type ForwardRequestResponse struct {
 
 func (x *ForwardRequestResponse) Reset() {
 	*x = ForwardRequestResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2186,7 +3063,7 @@ func (x *ForwardRequestResponse) String() string {
 func (*ForwardRequestResponse) ProtoMessage() {}
 
 func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[19]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2199,7 +3076,7 @@ func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequestResponse.ProtoReflect.Descriptor instead.
 func (*ForwardRequestResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{19}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ForwardRequestResponse) GetJobId() string {
@@ -2237,7 +3114,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +3126,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[20]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +3139,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{20}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SubmitJobRequest) GetSpec() *JobSpec {
@@ -2315,7 +3192,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2327,7 +3204,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[21]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2340,7 +3217,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{21}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -2380,7 +3257,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2392,7 +3269,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[22]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2405,7 +3282,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{22}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -2424,7 +3301,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2436,7 +3313,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[23]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2449,7 +3326,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{23}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -2481,7 +3358,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2493,7 +3370,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[24]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2506,7 +3383,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{24}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListJobsRequest) GetState() JobState {
@@ -2554,7 +3431,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2566,7 +3443,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[25]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2579,7 +3456,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{25}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -2612,7 +3489,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2624,7 +3501,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2637,7 +3514,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{26}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -2656,7 +3533,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2668,7 +3545,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2681,7 +3558,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{27}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -2700,7 +3577,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +3589,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +3602,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{28}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -2744,7 +3621,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2756,7 +3633,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2769,7 +3646,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{29}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WatchJobResponse) GetJob() *Job {
@@ -2790,7 +3667,7 @@ type GetJobLogsRequest struct {
 
 func (x *GetJobLogsRequest) Reset() {
 	*x = GetJobLogsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2802,7 +3679,7 @@ func (x *GetJobLogsRequest) String() string {
 func (*GetJobLogsRequest) ProtoMessage() {}
 
 func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2815,7 +3692,7 @@ func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetJobLogsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetJobLogsRequest) GetJobId() string {
@@ -2841,7 +3718,7 @@ type GetJobLogsResponse struct {
 
 func (x *GetJobLogsResponse) Reset() {
 	*x = GetJobLogsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2853,7 +3730,7 @@ func (x *GetJobLogsResponse) String() string {
 func (*GetJobLogsResponse) ProtoMessage() {}
 
 func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2866,7 +3743,7 @@ func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetJobLogsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetJobLogsResponse) GetTasks() []*Task {
@@ -2887,7 +3764,7 @@ type GetJobTraceRequest struct {
 
 func (x *GetJobTraceRequest) Reset() {
 	*x = GetJobTraceRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +3776,7 @@ func (x *GetJobTraceRequest) String() string {
 func (*GetJobTraceRequest) ProtoMessage() {}
 
 func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +3789,7 @@ func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobTraceRequest.ProtoReflect.Descriptor instead.
 func (*GetJobTraceRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetJobTraceRequest) GetJobId() string {
@@ -2944,7 +3821,7 @@ type GetJobTraceResponse struct {
 
 func (x *GetJobTraceResponse) Reset() {
 	*x = GetJobTraceResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2956,7 +3833,7 @@ func (x *GetJobTraceResponse) String() string {
 func (*GetJobTraceResponse) ProtoMessage() {}
 
 func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2969,7 +3846,7 @@ func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobTraceResponse.ProtoReflect.Descriptor instead.
 func (*GetJobTraceResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetJobTraceResponse) GetSpansJsonl() []byte {
@@ -3025,7 +3902,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3037,7 +3914,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3050,7 +3927,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RegisterNodeRequest) GetNodeId() string {
@@ -3120,7 +3997,7 @@ type LocalDataset struct {
 
 func (x *LocalDataset) Reset() {
 	*x = LocalDataset{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +4009,7 @@ func (x *LocalDataset) String() string {
 func (*LocalDataset) ProtoMessage() {}
 
 func (x *LocalDataset) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +4022,7 @@ func (x *LocalDataset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalDataset.ProtoReflect.Descriptor instead.
 func (*LocalDataset) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *LocalDataset) GetName() string {
@@ -3173,7 +4050,7 @@ type DatasetList struct {
 
 func (x *DatasetList) Reset() {
 	*x = DatasetList{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3185,7 +4062,7 @@ func (x *DatasetList) String() string {
 func (*DatasetList) ProtoMessage() {}
 
 func (x *DatasetList) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3198,7 +4075,7 @@ func (x *DatasetList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetList.ProtoReflect.Descriptor instead.
 func (*DatasetList) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DatasetList) GetDatasets() []*DatasetHolders {
@@ -3220,7 +4097,7 @@ type DatasetHolders struct {
 
 func (x *DatasetHolders) Reset() {
 	*x = DatasetHolders{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3232,7 +4109,7 @@ func (x *DatasetHolders) String() string {
 func (*DatasetHolders) ProtoMessage() {}
 
 func (x *DatasetHolders) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3245,7 +4122,7 @@ func (x *DatasetHolders) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetHolders.ProtoReflect.Descriptor instead.
 func (*DatasetHolders) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DatasetHolders) GetName() string {
@@ -3274,7 +4151,7 @@ type DatasetCopy struct {
 
 func (x *DatasetCopy) Reset() {
 	*x = DatasetCopy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3286,7 +4163,7 @@ func (x *DatasetCopy) String() string {
 func (*DatasetCopy) ProtoMessage() {}
 
 func (x *DatasetCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3299,7 +4176,7 @@ func (x *DatasetCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetCopy.ProtoReflect.Descriptor instead.
 func (*DatasetCopy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DatasetCopy) GetRegion() string {
@@ -3338,7 +4215,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3350,7 +4227,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3363,7 +4240,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RegisterNodeResponse) GetNodeEpoch() int64 {
@@ -3416,7 +4293,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3428,7 +4305,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3441,7 +4318,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *HeartbeatRequest) GetNodeId() string {
@@ -3490,7 +4367,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3502,7 +4379,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3515,7 +4392,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *HeartbeatResponse) GetLeaseTtlMs() int64 {
@@ -3554,7 +4431,7 @@ type AttemptRef struct {
 
 func (x *AttemptRef) Reset() {
 	*x = AttemptRef{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3566,7 +4443,7 @@ func (x *AttemptRef) String() string {
 func (*AttemptRef) ProtoMessage() {}
 
 func (x *AttemptRef) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3579,7 +4456,7 @@ func (x *AttemptRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptRef.ProtoReflect.Descriptor instead.
 func (*AttemptRef) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AttemptRef) GetJobId() string {
@@ -3629,7 +4506,7 @@ type AdoptAttemptsRequest struct {
 
 func (x *AdoptAttemptsRequest) Reset() {
 	*x = AdoptAttemptsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3641,7 +4518,7 @@ func (x *AdoptAttemptsRequest) String() string {
 func (*AdoptAttemptsRequest) ProtoMessage() {}
 
 func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3654,7 +4531,7 @@ func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptAttemptsRequest.ProtoReflect.Descriptor instead.
 func (*AdoptAttemptsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *AdoptAttemptsRequest) GetNodeId() string {
@@ -3688,7 +4565,7 @@ type AdoptAttemptsResponse struct {
 
 func (x *AdoptAttemptsResponse) Reset() {
 	*x = AdoptAttemptsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +4577,7 @@ func (x *AdoptAttemptsResponse) String() string {
 func (*AdoptAttemptsResponse) ProtoMessage() {}
 
 func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +4590,7 @@ func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptAttemptsResponse.ProtoReflect.Descriptor instead.
 func (*AdoptAttemptsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AdoptAttemptsResponse) GetDecisions() []*AdoptDecision {
@@ -3737,7 +4614,7 @@ type AdoptDecision struct {
 
 func (x *AdoptDecision) Reset() {
 	*x = AdoptDecision{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3749,7 +4626,7 @@ func (x *AdoptDecision) String() string {
 func (*AdoptDecision) ProtoMessage() {}
 
 func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3762,7 +4639,7 @@ func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptDecision.ProtoReflect.Descriptor instead.
 func (*AdoptDecision) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AdoptDecision) GetAttempt() *AttemptRef {
@@ -3798,7 +4675,7 @@ type DrainSelfRequest struct {
 
 func (x *DrainSelfRequest) Reset() {
 	*x = DrainSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3810,7 +4687,7 @@ func (x *DrainSelfRequest) String() string {
 func (*DrainSelfRequest) ProtoMessage() {}
 
 func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3823,7 +4700,7 @@ func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSelfRequest.ProtoReflect.Descriptor instead.
 func (*DrainSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DrainSelfRequest) GetNodeId() string {
@@ -3855,7 +4732,7 @@ type DrainSelfResponse struct {
 
 func (x *DrainSelfResponse) Reset() {
 	*x = DrainSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3867,7 +4744,7 @@ func (x *DrainSelfResponse) String() string {
 func (*DrainSelfResponse) ProtoMessage() {}
 
 func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3880,7 +4757,7 @@ func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSelfResponse.ProtoReflect.Descriptor instead.
 func (*DrainSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
 }
 
 type DeregisterRequest struct {
@@ -3893,7 +4770,7 @@ type DeregisterRequest struct {
 
 func (x *DeregisterRequest) Reset() {
 	*x = DeregisterRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3905,7 +4782,7 @@ func (x *DeregisterRequest) String() string {
 func (*DeregisterRequest) ProtoMessage() {}
 
 func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3918,7 +4795,7 @@ func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DeregisterRequest) GetNodeId() string {
@@ -3943,7 +4820,7 @@ type DeregisterResponse struct {
 
 func (x *DeregisterResponse) Reset() {
 	*x = DeregisterResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3955,7 +4832,7 @@ func (x *DeregisterResponse) String() string {
 func (*DeregisterResponse) ProtoMessage() {}
 
 func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3968,7 +4845,7 @@ func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
 }
 
 type StreamAssignmentsRequest struct {
@@ -3981,7 +4858,7 @@ type StreamAssignmentsRequest struct {
 
 func (x *StreamAssignmentsRequest) Reset() {
 	*x = StreamAssignmentsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3993,7 +4870,7 @@ func (x *StreamAssignmentsRequest) String() string {
 func (*StreamAssignmentsRequest) ProtoMessage() {}
 
 func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4006,7 +4883,7 @@ func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsRequest.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *StreamAssignmentsRequest) GetNodeId() string {
@@ -4032,7 +4909,7 @@ type StreamAssignmentsResponse struct {
 
 func (x *StreamAssignmentsResponse) Reset() {
 	*x = StreamAssignmentsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4044,7 +4921,7 @@ func (x *StreamAssignmentsResponse) String() string {
 func (*StreamAssignmentsResponse) ProtoMessage() {}
 
 func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4057,7 +4934,7 @@ func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *StreamAssignmentsResponse) GetAssignment() *Assignment {
@@ -4098,14 +4975,17 @@ type Assignment struct {
 	// Names of the task group's outputs (TaskGroup.outputs): the agent gives
 	// the attempt APIARY_OUTPUT_DIR and, when it exits 0, keeps what it wrote
 	// there under these names as the node's datasets.
-	Outputs       []string `protobuf:"bytes,17,rep,name=outputs,proto3" json:"outputs,omitempty"`
+	Outputs []string `protobuf:"bytes,17,rep,name=outputs,proto3" json:"outputs,omitempty"`
+	// Failover epoch of the job in the dispatching region (0 in its home
+	// region): the fencing token is epoch << 48 + the assignment's revision.
+	FailoverEpoch int64 `protobuf:"varint,18,opt,name=failover_epoch,json=failoverEpoch,proto3" json:"failover_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4117,7 +4997,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4130,7 +5010,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Assignment) GetKind() Assignment_Kind {
@@ -4252,6 +5132,13 @@ func (x *Assignment) GetOutputs() []string {
 	return nil
 }
 
+func (x *Assignment) GetFailoverEpoch() int64 {
+	if x != nil {
+		return x.FailoverEpoch
+	}
+	return 0
+}
+
 type ReportTaskStatusRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	NodeId      string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -4279,7 +5166,7 @@ type ReportTaskStatusRequest struct {
 
 func (x *ReportTaskStatusRequest) Reset() {
 	*x = ReportTaskStatusRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4291,7 +5178,7 @@ func (x *ReportTaskStatusRequest) String() string {
 func (*ReportTaskStatusRequest) ProtoMessage() {}
 
 func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4304,7 +5191,7 @@ func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ReportTaskStatusRequest) GetNodeId() string {
@@ -4416,7 +5303,7 @@ type ExportSpansRequest struct {
 
 func (x *ExportSpansRequest) Reset() {
 	*x = ExportSpansRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4428,7 +5315,7 @@ func (x *ExportSpansRequest) String() string {
 func (*ExportSpansRequest) ProtoMessage() {}
 
 func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4441,7 +5328,7 @@ func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansRequest.ProtoReflect.Descriptor instead.
 func (*ExportSpansRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ExportSpansRequest) GetNodeId() string {
@@ -4468,7 +5355,7 @@ type ExportSpansResponse struct {
 
 func (x *ExportSpansResponse) Reset() {
 	*x = ExportSpansResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4480,7 +5367,7 @@ func (x *ExportSpansResponse) String() string {
 func (*ExportSpansResponse) ProtoMessage() {}
 
 func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4493,7 +5380,7 @@ func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansResponse.ProtoReflect.Descriptor instead.
 func (*ExportSpansResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ExportSpansResponse) GetKept() int32 {
@@ -4519,7 +5406,7 @@ type ReportTaskStatusResponse struct {
 
 func (x *ReportTaskStatusResponse) Reset() {
 	*x = ReportTaskStatusResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4531,7 +5418,7 @@ func (x *ReportTaskStatusResponse) String() string {
 func (*ReportTaskStatusResponse) ProtoMessage() {}
 
 func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4544,7 +5431,7 @@ func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ReportTaskStatusResponse) GetAccepted() bool {
@@ -4581,7 +5468,7 @@ type GossipKeyringRequest struct {
 
 func (x *GossipKeyringRequest) Reset() {
 	*x = GossipKeyringRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4593,7 +5480,7 @@ func (x *GossipKeyringRequest) String() string {
 func (*GossipKeyringRequest) ProtoMessage() {}
 
 func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4606,7 +5493,7 @@ func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeyringRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *GossipKeyringRequest) GetOp() GossipKeyringOp {
@@ -4654,7 +5541,7 @@ type GossipKeyringPool struct {
 
 func (x *GossipKeyringPool) Reset() {
 	*x = GossipKeyringPool{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4666,7 +5553,7 @@ func (x *GossipKeyringPool) String() string {
 func (*GossipKeyringPool) ProtoMessage() {}
 
 func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4679,7 +5566,7 @@ func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringPool.ProtoReflect.Descriptor instead.
 func (*GossipKeyringPool) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *GossipKeyringPool) GetPool() string {
@@ -4747,7 +5634,7 @@ type GossipKeyringResponse struct {
 
 func (x *GossipKeyringResponse) Reset() {
 	*x = GossipKeyringResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4759,7 +5646,7 @@ func (x *GossipKeyringResponse) String() string {
 func (*GossipKeyringResponse) ProtoMessage() {}
 
 func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4772,7 +5659,7 @@ func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeyringResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *GossipKeyringResponse) GetPools() []*GossipKeyringPool {
@@ -4796,7 +5683,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4808,7 +5695,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4821,7 +5708,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *DrainNodeRequest) GetNodeId() string {
@@ -4861,7 +5748,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4873,7 +5760,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4886,7 +5773,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -4907,7 +5794,7 @@ type SetNodeEligibilityRequest struct {
 
 func (x *SetNodeEligibilityRequest) Reset() {
 	*x = SetNodeEligibilityRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4919,7 +5806,7 @@ func (x *SetNodeEligibilityRequest) String() string {
 func (*SetNodeEligibilityRequest) ProtoMessage() {}
 
 func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4932,7 +5819,7 @@ func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *SetNodeEligibilityRequest) GetNodeId() string {
@@ -4965,7 +5852,7 @@ type SetNodeEligibilityResponse struct {
 
 func (x *SetNodeEligibilityResponse) Reset() {
 	*x = SetNodeEligibilityResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4977,7 +5864,7 @@ func (x *SetNodeEligibilityResponse) String() string {
 func (*SetNodeEligibilityResponse) ProtoMessage() {}
 
 func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4990,7 +5877,7 @@ func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *SetNodeEligibilityResponse) GetNode() *Node {
@@ -5013,7 +5900,7 @@ type QuarantineNodeRequest struct {
 
 func (x *QuarantineNodeRequest) Reset() {
 	*x = QuarantineNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5025,7 +5912,7 @@ func (x *QuarantineNodeRequest) String() string {
 func (*QuarantineNodeRequest) ProtoMessage() {}
 
 func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5038,7 +5925,7 @@ func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeRequest.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *QuarantineNodeRequest) GetNodeId() string {
@@ -5072,7 +5959,7 @@ type QuarantineNodeResponse struct {
 
 func (x *QuarantineNodeResponse) Reset() {
 	*x = QuarantineNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5084,7 +5971,7 @@ func (x *QuarantineNodeResponse) String() string {
 func (*QuarantineNodeResponse) ProtoMessage() {}
 
 func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5097,7 +5984,7 @@ func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeResponse.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *QuarantineNodeResponse) GetNode() *Node {
@@ -5118,7 +6005,7 @@ type ReleaseNodeRequest struct {
 
 func (x *ReleaseNodeRequest) Reset() {
 	*x = ReleaseNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5130,7 +6017,7 @@ func (x *ReleaseNodeRequest) String() string {
 func (*ReleaseNodeRequest) ProtoMessage() {}
 
 func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5143,7 +6030,7 @@ func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ReleaseNodeRequest) GetNodeId() string {
@@ -5171,7 +6058,7 @@ type ReleaseNodeResponse struct {
 
 func (x *ReleaseNodeResponse) Reset() {
 	*x = ReleaseNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5183,7 +6070,7 @@ func (x *ReleaseNodeResponse) String() string {
 func (*ReleaseNodeResponse) ProtoMessage() {}
 
 func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5196,7 +6083,7 @@ func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ReleaseNodeResponse) GetNode() *Node {
@@ -5221,7 +6108,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5233,7 +6120,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5246,7 +6133,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
 }
 
 type Node struct {
@@ -5307,7 +6194,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5319,7 +6206,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5332,7 +6219,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *Node) GetId() string {
@@ -5522,7 +6409,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5534,7 +6421,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5547,7 +6434,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -5572,7 +6459,7 @@ type GetRegionInfoRequest struct {
 
 func (x *GetRegionInfoRequest) Reset() {
 	*x = GetRegionInfoRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5584,7 +6471,7 @@ func (x *GetRegionInfoRequest) String() string {
 func (*GetRegionInfoRequest) ProtoMessage() {}
 
 func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5597,7 +6484,7 @@ func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
 }
 
 type Coordinator struct {
@@ -5615,7 +6502,7 @@ type Coordinator struct {
 
 func (x *Coordinator) Reset() {
 	*x = Coordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5627,7 +6514,7 @@ func (x *Coordinator) String() string {
 func (*Coordinator) ProtoMessage() {}
 
 func (x *Coordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5640,7 +6527,7 @@ func (x *Coordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coordinator.ProtoReflect.Descriptor instead.
 func (*Coordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *Coordinator) GetId() string {
@@ -5718,7 +6605,7 @@ type GetRegionInfoResponse struct {
 
 func (x *GetRegionInfoResponse) Reset() {
 	*x = GetRegionInfoResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5730,7 +6617,7 @@ func (x *GetRegionInfoResponse) String() string {
 func (*GetRegionInfoResponse) ProtoMessage() {}
 
 func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5743,7 +6630,7 @@ func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *GetRegionInfoResponse) GetRegion() string {
@@ -5866,7 +6753,7 @@ type SaveSnapshotRequest struct {
 
 func (x *SaveSnapshotRequest) Reset() {
 	*x = SaveSnapshotRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5878,7 +6765,7 @@ func (x *SaveSnapshotRequest) String() string {
 func (*SaveSnapshotRequest) ProtoMessage() {}
 
 func (x *SaveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5891,7 +6778,7 @@ func (x *SaveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SaveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
 }
 
 // SaveSnapshotResponse is a piece of an etcd snapshot (etcd's Maintenance.Snapshot:
@@ -5907,7 +6794,7 @@ type SaveSnapshotResponse struct {
 
 func (x *SaveSnapshotResponse) Reset() {
 	*x = SaveSnapshotResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5919,7 +6806,7 @@ func (x *SaveSnapshotResponse) String() string {
 func (*SaveSnapshotResponse) ProtoMessage() {}
 
 func (x *SaveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5932,7 +6819,7 @@ func (x *SaveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SaveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *SaveSnapshotResponse) GetData() []byte {
@@ -5950,7 +6837,7 @@ type ListShardsRequest struct {
 
 func (x *ListShardsRequest) Reset() {
 	*x = ListShardsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5962,7 +6849,7 @@ func (x *ListShardsRequest) String() string {
 func (*ListShardsRequest) ProtoMessage() {}
 
 func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5975,7 +6862,7 @@ func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsRequest.ProtoReflect.Descriptor instead.
 func (*ListShardsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
 }
 
 // Shard is one virtual shard of a region (package shards).
@@ -6000,7 +6887,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6012,7 +6899,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6025,7 +6912,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *Shard) GetShard() int32 {
@@ -6084,7 +6971,7 @@ type ListShardsResponse struct {
 
 func (x *ListShardsResponse) Reset() {
 	*x = ListShardsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6096,7 +6983,7 @@ func (x *ListShardsResponse) String() string {
 func (*ListShardsResponse) ProtoMessage() {}
 
 func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6109,7 +6996,7 @@ func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsResponse.ProtoReflect.Descriptor instead.
 func (*ListShardsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ListShardsResponse) GetShards() []*Shard {
@@ -6148,7 +7035,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6160,7 +7047,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6173,7 +7060,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -6196,7 +7083,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6208,7 +7095,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6221,7 +7108,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -6280,7 +7167,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6292,7 +7179,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6305,7 +7192,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -6362,7 +7249,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6374,7 +7261,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6387,7 +7274,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -6497,7 +7384,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6509,7 +7396,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6522,7 +7409,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -6560,7 +7447,7 @@ type ACLToken struct {
 
 func (x *ACLToken) Reset() {
 	*x = ACLToken{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6572,7 +7459,7 @@ func (x *ACLToken) String() string {
 func (*ACLToken) ProtoMessage() {}
 
 func (x *ACLToken) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6585,7 +7472,7 @@ func (x *ACLToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
 func (*ACLToken) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ACLToken) GetAccessorId() string {
@@ -6670,7 +7557,7 @@ type ACLPolicy struct {
 
 func (x *ACLPolicy) Reset() {
 	*x = ACLPolicy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6682,7 +7569,7 @@ func (x *ACLPolicy) String() string {
 func (*ACLPolicy) ProtoMessage() {}
 
 func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6695,7 +7582,7 @@ func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLPolicy.ProtoReflect.Descriptor instead.
 func (*ACLPolicy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ACLPolicy) GetName() string {
@@ -6746,7 +7633,7 @@ type ACLNamespaceRule struct {
 
 func (x *ACLNamespaceRule) Reset() {
 	*x = ACLNamespaceRule{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6758,7 +7645,7 @@ func (x *ACLNamespaceRule) String() string {
 func (*ACLNamespaceRule) ProtoMessage() {}
 
 func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6771,7 +7658,7 @@ func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLNamespaceRule.ProtoReflect.Descriptor instead.
 func (*ACLNamespaceRule) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ACLNamespaceRule) GetName() string {
@@ -6800,7 +7687,7 @@ type BootstrapACLRequest struct {
 
 func (x *BootstrapACLRequest) Reset() {
 	*x = BootstrapACLRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6812,7 +7699,7 @@ func (x *BootstrapACLRequest) String() string {
 func (*BootstrapACLRequest) ProtoMessage() {}
 
 func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6825,7 +7712,7 @@ func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLRequest.ProtoReflect.Descriptor instead.
 func (*BootstrapACLRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *BootstrapACLRequest) GetAccessorId() string {
@@ -6855,7 +7742,7 @@ type BootstrapACLResponse struct {
 
 func (x *BootstrapACLResponse) Reset() {
 	*x = BootstrapACLResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6867,7 +7754,7 @@ func (x *BootstrapACLResponse) String() string {
 func (*BootstrapACLResponse) ProtoMessage() {}
 
 func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6880,7 +7767,7 @@ func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLResponse.ProtoReflect.Descriptor instead.
 func (*BootstrapACLResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *BootstrapACLResponse) GetToken() *ACLToken {
@@ -6926,7 +7813,7 @@ type CreateACLTokenRequest struct {
 
 func (x *CreateACLTokenRequest) Reset() {
 	*x = CreateACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6938,7 +7825,7 @@ func (x *CreateACLTokenRequest) String() string {
 func (*CreateACLTokenRequest) ProtoMessage() {}
 
 func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6951,7 +7838,7 @@ func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *CreateACLTokenRequest) GetName() string {
@@ -7020,7 +7907,7 @@ type CreateACLTokenResponse struct {
 
 func (x *CreateACLTokenResponse) Reset() {
 	*x = CreateACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7032,7 +7919,7 @@ func (x *CreateACLTokenResponse) String() string {
 func (*CreateACLTokenResponse) ProtoMessage() {}
 
 func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7045,7 +7932,7 @@ func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *CreateACLTokenResponse) GetToken() *ACLToken {
@@ -7070,7 +7957,7 @@ type ListACLTokensRequest struct {
 
 func (x *ListACLTokensRequest) Reset() {
 	*x = ListACLTokensRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7082,7 +7969,7 @@ func (x *ListACLTokensRequest) String() string {
 func (*ListACLTokensRequest) ProtoMessage() {}
 
 func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7095,7 +7982,7 @@ func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListACLTokensRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{104}
 }
 
 type ListACLTokensResponse struct {
@@ -7109,7 +7996,7 @@ type ListACLTokensResponse struct {
 
 func (x *ListACLTokensResponse) Reset() {
 	*x = ListACLTokensResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7121,7 +8008,7 @@ func (x *ListACLTokensResponse) String() string {
 func (*ListACLTokensResponse) ProtoMessage() {}
 
 func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7134,7 +8021,7 @@ func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListACLTokensResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ListACLTokensResponse) GetTokens() []*ACLToken {
@@ -7160,7 +8047,7 @@ type RevokeACLTokenRequest struct {
 
 func (x *RevokeACLTokenRequest) Reset() {
 	*x = RevokeACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7172,7 +8059,7 @@ func (x *RevokeACLTokenRequest) String() string {
 func (*RevokeACLTokenRequest) ProtoMessage() {}
 
 func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7185,7 +8072,7 @@ func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *RevokeACLTokenRequest) GetAccessorId() string {
@@ -7207,7 +8094,7 @@ type RevokeACLTokenResponse struct {
 
 func (x *RevokeACLTokenResponse) Reset() {
 	*x = RevokeACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7219,7 +8106,7 @@ func (x *RevokeACLTokenResponse) String() string {
 func (*RevokeACLTokenResponse) ProtoMessage() {}
 
 func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7232,7 +8119,7 @@ func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *RevokeACLTokenResponse) GetEndedNodeId() string {
@@ -7264,7 +8151,7 @@ type GetACLSelfRequest struct {
 
 func (x *GetACLSelfRequest) Reset() {
 	*x = GetACLSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7276,7 +8163,7 @@ func (x *GetACLSelfRequest) String() string {
 func (*GetACLSelfRequest) ProtoMessage() {}
 
 func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7289,7 +8176,7 @@ func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfRequest.ProtoReflect.Descriptor instead.
 func (*GetACLSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{108}
 }
 
 type GetACLSelfResponse struct {
@@ -7301,7 +8188,7 @@ type GetACLSelfResponse struct {
 
 func (x *GetACLSelfResponse) Reset() {
 	*x = GetACLSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7313,7 +8200,7 @@ func (x *GetACLSelfResponse) String() string {
 func (*GetACLSelfResponse) ProtoMessage() {}
 
 func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7326,7 +8213,7 @@ func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfResponse.ProtoReflect.Descriptor instead.
 func (*GetACLSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *GetACLSelfResponse) GetToken() *ACLToken {
@@ -7345,7 +8232,7 @@ type ApplyACLPolicyRequest struct {
 
 func (x *ApplyACLPolicyRequest) Reset() {
 	*x = ApplyACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7357,7 +8244,7 @@ func (x *ApplyACLPolicyRequest) String() string {
 func (*ApplyACLPolicyRequest) ProtoMessage() {}
 
 func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7370,7 +8257,7 @@ func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ApplyACLPolicyRequest) GetPolicy() *ACLPolicy {
@@ -7390,7 +8277,7 @@ type ApplyACLPolicyResponse struct {
 
 func (x *ApplyACLPolicyResponse) Reset() {
 	*x = ApplyACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7402,7 +8289,7 @@ func (x *ApplyACLPolicyResponse) String() string {
 func (*ApplyACLPolicyResponse) ProtoMessage() {}
 
 func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7415,7 +8302,7 @@ func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ApplyACLPolicyResponse) GetRegions() []string {
@@ -7440,7 +8327,7 @@ type ListACLPoliciesRequest struct {
 
 func (x *ListACLPoliciesRequest) Reset() {
 	*x = ListACLPoliciesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7452,7 +8339,7 @@ func (x *ListACLPoliciesRequest) String() string {
 func (*ListACLPoliciesRequest) ProtoMessage() {}
 
 func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7465,7 +8352,7 @@ func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{112}
 }
 
 type ListACLPoliciesResponse struct {
@@ -7478,7 +8365,7 @@ type ListACLPoliciesResponse struct {
 
 func (x *ListACLPoliciesResponse) Reset() {
 	*x = ListACLPoliciesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7490,7 +8377,7 @@ func (x *ListACLPoliciesResponse) String() string {
 func (*ListACLPoliciesResponse) ProtoMessage() {}
 
 func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7503,7 +8390,7 @@ func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{100}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *ListACLPoliciesResponse) GetPolicies() []*ACLPolicy {
@@ -7529,7 +8416,7 @@ type DeleteACLPolicyRequest struct {
 
 func (x *DeleteACLPolicyRequest) Reset() {
 	*x = DeleteACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7541,7 +8428,7 @@ func (x *DeleteACLPolicyRequest) String() string {
 func (*DeleteACLPolicyRequest) ProtoMessage() {}
 
 func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7554,7 +8441,7 @@ func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{101}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *DeleteACLPolicyRequest) GetName() string {
@@ -7574,7 +8461,7 @@ type DeleteACLPolicyResponse struct {
 
 func (x *DeleteACLPolicyResponse) Reset() {
 	*x = DeleteACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7586,7 +8473,7 @@ func (x *DeleteACLPolicyResponse) String() string {
 func (*DeleteACLPolicyResponse) ProtoMessage() {}
 
 func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7599,7 +8486,7 @@ func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{102}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *DeleteACLPolicyResponse) GetRegions() []string {
@@ -7620,7 +8507,7 @@ var File_apiary_v1_apiary_proto protoreflect.FileDescriptor
 
 const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\n" +
-	"\x16apiary/v1/apiary.proto\x12\tapiary.v1\"\xed\x02\n" +
+	"\x16apiary/v1/apiary.proto\x12\tapiary.v1\"\x9e\x03\n" +
 	"\aJobSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x05R\bpriority\x12-\n" +
@@ -7635,7 +8522,12 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"disconnect\x18\t \x01(\v2\x15.apiary.v1.DisconnectR\n" +
 	"disconnect\x12\x1c\n" +
 	"\tnamespace\x18\n" +
-	" \x01(\tR\tnamespace\"[\n" +
+	" \x01(\tR\tnamespace\x12/\n" +
+	"\bfailover\x18\v \x01(\v2\x13.apiary.v1.FailoverR\bfailover\"[\n" +
+	"\bFailover\x12\x19\n" +
+	"\bafter_ms\x18\x01 \x01(\x03R\aafterMs\x12\x18\n" +
+	"\aregions\x18\x02 \x03(\tR\aregions\x12\x1a\n" +
+	"\bdisabled\x18\x03 \x01(\bR\bdisabled\"[\n" +
 	"\n" +
 	"Disconnect\x12\"\n" +
 	"\rlost_after_ms\x18\x01 \x01(\x03R\vlostAfterMs\x12\x1d\n" +
@@ -7720,7 +8612,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\aDataset\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\"\xbd\x03\n" +
+	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\"\xf4\x03\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12&\n" +
@@ -7736,7 +8628,17 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\v \x01(\tR\trequestId\x12\x14\n" +
 	"\x05shard\x18\f \x01(\x05R\x05shard\x12\x1c\n" +
-	"\tscheduler\x18\r \x01(\tR\tscheduler\"\xae\x01\n" +
+	"\tscheduler\x18\r \x01(\tR\tscheduler\x125\n" +
+	"\bfailover\x18\x0e \x01(\v2\x19.apiary.v1.FailoverStatusR\bfailover\"\xea\x01\n" +
+	"\x0eFailoverStatus\x12\x1f\n" +
+	"\vhome_region\x18\x01 \x01(\tR\n" +
+	"homeRegion\x12#\n" +
+	"\ractive_region\x18\x02 \x01(\tR\factiveRegion\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x1a\n" +
+	"\bstandbys\x18\x04 \x03(\tR\bstandbys\x12!\n" +
+	"\fnot_eligible\x18\x05 \x01(\tR\vnotEligible\x12\x19\n" +
+	"\bafter_ms\x18\x06 \x01(\x03R\aafterMs\x12\"\n" +
+	"\rmoved_time_ms\x18\a \x01(\x03R\vmovedTimeMs\"\xae\x01\n" +
 	"\n" +
 	"TaskCounts\x12\x18\n" +
 	"\apending\x18\x01 \x01(\x05R\apending\x12\x1a\n" +
@@ -7779,7 +8681,61 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\rstart_time_ms\x18\n" +
 	" \x01(\x03R\vstartTimeMs\x12\x1e\n" +
 	"\vend_time_ms\x18\v \x01(\x03R\tendTimeMs\x12-\n" +
-	"\x05fault\x18\f \x01(\x0e2\x17.apiary.v1.FailureFaultR\x05fault\"R\n" +
+	"\x05fault\x18\f \x01(\x0e2\x17.apiary.v1.FailureFaultR\x05fault\"\xab\x03\n" +
+	"\n" +
+	"StandbyJob\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1f\n" +
+	"\vhome_region\x18\x02 \x01(\tR\n" +
+	"homeRegion\x12&\n" +
+	"\x04spec\x18\x03 \x01(\v2\x12.apiary.v1.JobSpecR\x04spec\x12$\n" +
+	"\x0esubmit_time_ms\x18\x04 \x01(\x03R\fsubmitTimeMs\x12\x1b\n" +
+	"\tclient_id\x18\x05 \x01(\tR\bclientId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\x12 \n" +
+	"\vtraceparent\x18\a \x01(\tR\vtraceparent\x12\x19\n" +
+	"\bafter_ms\x18\b \x01(\x03R\aafterMs\x12\x1a\n" +
+	"\bstandbys\x18\t \x03(\tR\bstandbys\x12\x1d\n" +
+	"\n" +
+	"home_epoch\x18\n" +
+	" \x01(\x03R\thomeEpoch\x12$\n" +
+	"\rjurisdictions\x18\v \x03(\tR\rjurisdictions\x12)\n" +
+	"\x10any_jurisdiction\x18\f \x01(\bR\x0fanyJurisdiction\x12\x12\n" +
+	"\x04rule\x18\r \x01(\tR\x04rule\"<\n" +
+	"\x11PutStandbyRequest\x12'\n" +
+	"\x03job\x18\x01 \x01(\v2\x15.apiary.v1.StandbyJobR\x03job\",\n" +
+	"\x12PutStandbyResponse\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\"\xa1\x01\n" +
+	"\bTaskDone\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1d\n" +
+	"\n" +
+	"task_index\x18\x02 \x01(\x05R\ttaskIndex\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12#\n" +
+	"\rfencing_token\x18\x04 \x01(\x03R\ffencingToken\x12 \n" +
+	"\fdone_time_ms\x18\x05 \x01(\x03R\n" +
+	"doneTimeMs\"u\n" +
+	"\x13PushProgressRequest\x12\x1f\n" +
+	"\vhome_region\x18\x01 \x01(\tR\n" +
+	"homeRegion\x12'\n" +
+	"\x04done\x18\x02 \x03(\v2\x13.apiary.v1.TaskDoneR\x04done\x12\x14\n" +
+	"\x05ended\x18\x03 \x03(\tR\x05ended\"0\n" +
+	"\x14PushProgressResponse\x12\x18\n" +
+	"\aunknown\x18\x01 \x03(\tR\aunknown\"3\n" +
+	"\x10MovedJobsRequest\x12\x1f\n" +
+	"\vhome_region\x18\x01 \x01(\tR\n" +
+	"homeRegion\"\x80\x01\n" +
+	"\bMovedJob\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12#\n" +
+	"\ractive_region\x18\x02 \x01(\tR\factiveRegion\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\"\n" +
+	"\rmoved_time_ms\x18\x04 \x01(\x03R\vmovedTimeMs\">\n" +
+	"\x11MovedJobsResponse\x12)\n" +
+	"\x05moved\x18\x01 \x03(\v2\x13.apiary.v1.MovedJobR\x05moved\"O\n" +
+	"\x0fClaimJobRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12%\n" +
+	"\x0estandby_region\x18\x02 \x01(\tR\rstandbyRegion\"Q\n" +
+	"\x10ClaimJobResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\x12#\n" +
+	"\ractive_region\x18\x02 \x01(\tR\factiveRegion\"R\n" +
 	"\x14LookupRequestRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1d\n" +
 	"\n" +
@@ -7932,7 +8888,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x19StreamAssignmentsResponse\x125\n" +
 	"\n" +
 	"assignment\x18\x01 \x01(\v2\x15.apiary.v1.AssignmentR\n" +
-	"assignment\"\xad\x05\n" +
+	"assignment\"\xd4\x05\n" +
 	"\n" +
 	"Assignment\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.apiary.v1.Assignment.KindR\x04kind\x12\x15\n" +
@@ -7956,7 +8912,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"gpuIndices\x12\"\n" +
 	"\rlost_after_ms\x18\x0f \x01(\x03R\vlostAfterMs\x12\x1a\n" +
 	"\bdatasets\x18\x10 \x03(\tR\bdatasets\x12\x18\n" +
-	"\aoutputs\x18\x11 \x03(\tR\aoutputs\x1a6\n" +
+	"\aoutputs\x18\x11 \x03(\tR\aoutputs\x12%\n" +
+	"\x0efailover_epoch\x18\x12 \x01(\x03R\rfailoverEpoch\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\";\n" +
@@ -8233,14 +9190,15 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"Z\n" +
 	"\x17DeleteACLPolicyResponse\x12\x18\n" +
 	"\aregions\x18\x01 \x03(\tR\aregions\x12%\n" +
-	"\x0efailed_regions\x18\x02 \x03(\tR\rfailedRegions*\x9a\x01\n" +
+	"\x0efailed_regions\x18\x02 \x03(\tR\rfailedRegions*\xaf\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11JOB_STATE_PENDING\x10\x01\x12\x15\n" +
 	"\x11JOB_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12JOB_STATE_COMPLETE\x10\x03\x12\x14\n" +
 	"\x10JOB_STATE_FAILED\x10\x04\x12\x17\n" +
-	"\x13JOB_STATE_CANCELLED\x10\x05*\xba\x01\n" +
+	"\x13JOB_STATE_CANCELLED\x10\x05\x12\x13\n" +
+	"\x0fJOB_STATE_MOVED\x10\x06*\xba\x01\n" +
 	"\tTaskState\x12\x1a\n" +
 	"\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12TASK_STATE_PENDING\x10\x01\x12\x17\n" +
@@ -8287,7 +9245,13 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"GetJobLogs\x12\x1c.apiary.v1.GetJobLogsRequest\x1a\x1d.apiary.v1.GetJobLogsResponse\x12L\n" +
 	"\vGetJobTrace\x12\x1d.apiary.v1.GetJobTraceRequest\x1a\x1e.apiary.v1.GetJobTraceResponse\x12U\n" +
 	"\x0eForwardRequest\x12 .apiary.v1.ForwardRequestRequest\x1a!.apiary.v1.ForwardRequestResponse\x12R\n" +
-	"\rLookupRequest\x12\x1f.apiary.v1.LookupRequestRequest\x1a .apiary.v1.LookupRequestResponse2\x9b\x05\n" +
+	"\rLookupRequest\x12\x1f.apiary.v1.LookupRequestRequest\x1a .apiary.v1.LookupRequestResponse2\xba\x02\n" +
+	"\x0fFailoverService\x12I\n" +
+	"\n" +
+	"PutStandby\x12\x1c.apiary.v1.PutStandbyRequest\x1a\x1d.apiary.v1.PutStandbyResponse\x12O\n" +
+	"\fPushProgress\x12\x1e.apiary.v1.PushProgressRequest\x1a\x1f.apiary.v1.PushProgressResponse\x12F\n" +
+	"\tMovedJobs\x12\x1b.apiary.v1.MovedJobsRequest\x1a\x1c.apiary.v1.MovedJobsResponse\x12C\n" +
+	"\bClaimJob\x12\x1a.apiary.v1.ClaimJobRequest\x1a\x1b.apiary.v1.ClaimJobResponse2\x9b\x05\n" +
 	"\fAgentService\x12O\n" +
 	"\fRegisterNode\x12\x1e.apiary.v1.RegisterNodeRequest\x1a\x1f.apiary.v1.RegisterNodeResponse\x12F\n" +
 	"\tHeartbeat\x12\x1b.apiary.v1.HeartbeatRequest\x1a\x1c.apiary.v1.HeartbeatResponse\x12`\n" +
@@ -8335,7 +9299,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 115)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 128)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                      // 0: apiary.v1.JobState
 	(TaskState)(0),                     // 1: apiary.v1.TaskState
@@ -8345,274 +9309,301 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(NodeStatus)(0),                    // 5: apiary.v1.NodeStatus
 	(Assignment_Kind)(0),               // 6: apiary.v1.Assignment.Kind
 	(*JobSpec)(nil),                    // 7: apiary.v1.JobSpec
-	(*Disconnect)(nil),                 // 8: apiary.v1.Disconnect
-	(*RegionSpec)(nil),                 // 9: apiary.v1.RegionSpec
-	(*TaskGroup)(nil),                  // 10: apiary.v1.TaskGroup
-	(*AntiAffinity)(nil),               // 11: apiary.v1.AntiAffinity
-	(*Resources)(nil),                  // 12: apiary.v1.Resources
-	(*ResourceLimits)(nil),             // 13: apiary.v1.ResourceLimits
-	(*Constraint)(nil),                 // 14: apiary.v1.Constraint
-	(*Affinity)(nil),                   // 15: apiary.v1.Affinity
-	(*Spread)(nil),                     // 16: apiary.v1.Spread
-	(*DistinctProperty)(nil),           // 17: apiary.v1.DistinctProperty
-	(*Dataset)(nil),                    // 18: apiary.v1.Dataset
-	(*Job)(nil),                        // 19: apiary.v1.Job
-	(*TaskCounts)(nil),                 // 20: apiary.v1.TaskCounts
-	(*Task)(nil),                       // 21: apiary.v1.Task
-	(*AttemptResult)(nil),              // 22: apiary.v1.AttemptResult
-	(*LookupRequestRequest)(nil),       // 23: apiary.v1.LookupRequestRequest
-	(*LookupRequestResponse)(nil),      // 24: apiary.v1.LookupRequestResponse
-	(*ForwardRequestRequest)(nil),      // 25: apiary.v1.ForwardRequestRequest
-	(*ForwardRequestResponse)(nil),     // 26: apiary.v1.ForwardRequestResponse
-	(*SubmitJobRequest)(nil),           // 27: apiary.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),          // 28: apiary.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),              // 29: apiary.v1.GetJobRequest
-	(*GetJobResponse)(nil),             // 30: apiary.v1.GetJobResponse
-	(*ListJobsRequest)(nil),            // 31: apiary.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),           // 32: apiary.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),           // 33: apiary.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),          // 34: apiary.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),            // 35: apiary.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),           // 36: apiary.v1.WatchJobResponse
-	(*GetJobLogsRequest)(nil),          // 37: apiary.v1.GetJobLogsRequest
-	(*GetJobLogsResponse)(nil),         // 38: apiary.v1.GetJobLogsResponse
-	(*GetJobTraceRequest)(nil),         // 39: apiary.v1.GetJobTraceRequest
-	(*GetJobTraceResponse)(nil),        // 40: apiary.v1.GetJobTraceResponse
-	(*RegisterNodeRequest)(nil),        // 41: apiary.v1.RegisterNodeRequest
-	(*LocalDataset)(nil),               // 42: apiary.v1.LocalDataset
-	(*DatasetList)(nil),                // 43: apiary.v1.DatasetList
-	(*DatasetHolders)(nil),             // 44: apiary.v1.DatasetHolders
-	(*DatasetCopy)(nil),                // 45: apiary.v1.DatasetCopy
-	(*RegisterNodeResponse)(nil),       // 46: apiary.v1.RegisterNodeResponse
-	(*HeartbeatRequest)(nil),           // 47: apiary.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 48: apiary.v1.HeartbeatResponse
-	(*AttemptRef)(nil),                 // 49: apiary.v1.AttemptRef
-	(*AdoptAttemptsRequest)(nil),       // 50: apiary.v1.AdoptAttemptsRequest
-	(*AdoptAttemptsResponse)(nil),      // 51: apiary.v1.AdoptAttemptsResponse
-	(*AdoptDecision)(nil),              // 52: apiary.v1.AdoptDecision
-	(*DrainSelfRequest)(nil),           // 53: apiary.v1.DrainSelfRequest
-	(*DrainSelfResponse)(nil),          // 54: apiary.v1.DrainSelfResponse
-	(*DeregisterRequest)(nil),          // 55: apiary.v1.DeregisterRequest
-	(*DeregisterResponse)(nil),         // 56: apiary.v1.DeregisterResponse
-	(*StreamAssignmentsRequest)(nil),   // 57: apiary.v1.StreamAssignmentsRequest
-	(*StreamAssignmentsResponse)(nil),  // 58: apiary.v1.StreamAssignmentsResponse
-	(*Assignment)(nil),                 // 59: apiary.v1.Assignment
-	(*ReportTaskStatusRequest)(nil),    // 60: apiary.v1.ReportTaskStatusRequest
-	(*ExportSpansRequest)(nil),         // 61: apiary.v1.ExportSpansRequest
-	(*ExportSpansResponse)(nil),        // 62: apiary.v1.ExportSpansResponse
-	(*ReportTaskStatusResponse)(nil),   // 63: apiary.v1.ReportTaskStatusResponse
-	(*GossipKeyringRequest)(nil),       // 64: apiary.v1.GossipKeyringRequest
-	(*GossipKeyringPool)(nil),          // 65: apiary.v1.GossipKeyringPool
-	(*GossipKeyringResponse)(nil),      // 66: apiary.v1.GossipKeyringResponse
-	(*DrainNodeRequest)(nil),           // 67: apiary.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 68: apiary.v1.DrainNodeResponse
-	(*SetNodeEligibilityRequest)(nil),  // 69: apiary.v1.SetNodeEligibilityRequest
-	(*SetNodeEligibilityResponse)(nil), // 70: apiary.v1.SetNodeEligibilityResponse
-	(*QuarantineNodeRequest)(nil),      // 71: apiary.v1.QuarantineNodeRequest
-	(*QuarantineNodeResponse)(nil),     // 72: apiary.v1.QuarantineNodeResponse
-	(*ReleaseNodeRequest)(nil),         // 73: apiary.v1.ReleaseNodeRequest
-	(*ReleaseNodeResponse)(nil),        // 74: apiary.v1.ReleaseNodeResponse
-	(*ListNodesRequest)(nil),           // 75: apiary.v1.ListNodesRequest
-	(*Node)(nil),                       // 76: apiary.v1.Node
-	(*ListNodesResponse)(nil),          // 77: apiary.v1.ListNodesResponse
-	(*GetRegionInfoRequest)(nil),       // 78: apiary.v1.GetRegionInfoRequest
-	(*Coordinator)(nil),                // 79: apiary.v1.Coordinator
-	(*GetRegionInfoResponse)(nil),      // 80: apiary.v1.GetRegionInfoResponse
-	(*SaveSnapshotRequest)(nil),        // 81: apiary.v1.SaveSnapshotRequest
-	(*SaveSnapshotResponse)(nil),       // 82: apiary.v1.SaveSnapshotResponse
-	(*ListShardsRequest)(nil),          // 83: apiary.v1.ListShardsRequest
-	(*Shard)(nil),                      // 84: apiary.v1.Shard
-	(*ListShardsResponse)(nil),         // 85: apiary.v1.ListShardsResponse
-	(*ListRegionsRequest)(nil),         // 86: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),          // 87: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),            // 88: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),              // 89: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),        // 90: apiary.v1.ListRegionsResponse
-	(*ACLToken)(nil),                   // 91: apiary.v1.ACLToken
-	(*ACLPolicy)(nil),                  // 92: apiary.v1.ACLPolicy
-	(*ACLNamespaceRule)(nil),           // 93: apiary.v1.ACLNamespaceRule
-	(*BootstrapACLRequest)(nil),        // 94: apiary.v1.BootstrapACLRequest
-	(*BootstrapACLResponse)(nil),       // 95: apiary.v1.BootstrapACLResponse
-	(*CreateACLTokenRequest)(nil),      // 96: apiary.v1.CreateACLTokenRequest
-	(*CreateACLTokenResponse)(nil),     // 97: apiary.v1.CreateACLTokenResponse
-	(*ListACLTokensRequest)(nil),       // 98: apiary.v1.ListACLTokensRequest
-	(*ListACLTokensResponse)(nil),      // 99: apiary.v1.ListACLTokensResponse
-	(*RevokeACLTokenRequest)(nil),      // 100: apiary.v1.RevokeACLTokenRequest
-	(*RevokeACLTokenResponse)(nil),     // 101: apiary.v1.RevokeACLTokenResponse
-	(*GetACLSelfRequest)(nil),          // 102: apiary.v1.GetACLSelfRequest
-	(*GetACLSelfResponse)(nil),         // 103: apiary.v1.GetACLSelfResponse
-	(*ApplyACLPolicyRequest)(nil),      // 104: apiary.v1.ApplyACLPolicyRequest
-	(*ApplyACLPolicyResponse)(nil),     // 105: apiary.v1.ApplyACLPolicyResponse
-	(*ListACLPoliciesRequest)(nil),     // 106: apiary.v1.ListACLPoliciesRequest
-	(*ListACLPoliciesResponse)(nil),    // 107: apiary.v1.ListACLPoliciesResponse
-	(*DeleteACLPolicyRequest)(nil),     // 108: apiary.v1.DeleteACLPolicyRequest
-	(*DeleteACLPolicyResponse)(nil),    // 109: apiary.v1.DeleteACLPolicyResponse
-	nil,                                // 110: apiary.v1.RegionSpec.SelectorEntry
-	nil,                                // 111: apiary.v1.TaskGroup.EnvEntry
-	nil,                                // 112: apiary.v1.TaskGroup.SecretEnvEntry
-	nil,                                // 113: apiary.v1.Spread.TargetsEntry
-	nil,                                // 114: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                // 115: apiary.v1.Assignment.EnvEntry
-	nil,                                // 116: apiary.v1.GossipKeyringPool.MessagesEntry
-	nil,                                // 117: apiary.v1.GossipKeyringPool.KeysEntry
-	nil,                                // 118: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	nil,                                // 119: apiary.v1.Node.LabelsEntry
-	nil,                                // 120: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                                // 121: apiary.v1.RegionSummary.LabelsEntry
+	(*Failover)(nil),                   // 8: apiary.v1.Failover
+	(*Disconnect)(nil),                 // 9: apiary.v1.Disconnect
+	(*RegionSpec)(nil),                 // 10: apiary.v1.RegionSpec
+	(*TaskGroup)(nil),                  // 11: apiary.v1.TaskGroup
+	(*AntiAffinity)(nil),               // 12: apiary.v1.AntiAffinity
+	(*Resources)(nil),                  // 13: apiary.v1.Resources
+	(*ResourceLimits)(nil),             // 14: apiary.v1.ResourceLimits
+	(*Constraint)(nil),                 // 15: apiary.v1.Constraint
+	(*Affinity)(nil),                   // 16: apiary.v1.Affinity
+	(*Spread)(nil),                     // 17: apiary.v1.Spread
+	(*DistinctProperty)(nil),           // 18: apiary.v1.DistinctProperty
+	(*Dataset)(nil),                    // 19: apiary.v1.Dataset
+	(*Job)(nil),                        // 20: apiary.v1.Job
+	(*FailoverStatus)(nil),             // 21: apiary.v1.FailoverStatus
+	(*TaskCounts)(nil),                 // 22: apiary.v1.TaskCounts
+	(*Task)(nil),                       // 23: apiary.v1.Task
+	(*AttemptResult)(nil),              // 24: apiary.v1.AttemptResult
+	(*StandbyJob)(nil),                 // 25: apiary.v1.StandbyJob
+	(*PutStandbyRequest)(nil),          // 26: apiary.v1.PutStandbyRequest
+	(*PutStandbyResponse)(nil),         // 27: apiary.v1.PutStandbyResponse
+	(*TaskDone)(nil),                   // 28: apiary.v1.TaskDone
+	(*PushProgressRequest)(nil),        // 29: apiary.v1.PushProgressRequest
+	(*PushProgressResponse)(nil),       // 30: apiary.v1.PushProgressResponse
+	(*MovedJobsRequest)(nil),           // 31: apiary.v1.MovedJobsRequest
+	(*MovedJob)(nil),                   // 32: apiary.v1.MovedJob
+	(*MovedJobsResponse)(nil),          // 33: apiary.v1.MovedJobsResponse
+	(*ClaimJobRequest)(nil),            // 34: apiary.v1.ClaimJobRequest
+	(*ClaimJobResponse)(nil),           // 35: apiary.v1.ClaimJobResponse
+	(*LookupRequestRequest)(nil),       // 36: apiary.v1.LookupRequestRequest
+	(*LookupRequestResponse)(nil),      // 37: apiary.v1.LookupRequestResponse
+	(*ForwardRequestRequest)(nil),      // 38: apiary.v1.ForwardRequestRequest
+	(*ForwardRequestResponse)(nil),     // 39: apiary.v1.ForwardRequestResponse
+	(*SubmitJobRequest)(nil),           // 40: apiary.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),          // 41: apiary.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),              // 42: apiary.v1.GetJobRequest
+	(*GetJobResponse)(nil),             // 43: apiary.v1.GetJobResponse
+	(*ListJobsRequest)(nil),            // 44: apiary.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),           // 45: apiary.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),           // 46: apiary.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),          // 47: apiary.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),            // 48: apiary.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),           // 49: apiary.v1.WatchJobResponse
+	(*GetJobLogsRequest)(nil),          // 50: apiary.v1.GetJobLogsRequest
+	(*GetJobLogsResponse)(nil),         // 51: apiary.v1.GetJobLogsResponse
+	(*GetJobTraceRequest)(nil),         // 52: apiary.v1.GetJobTraceRequest
+	(*GetJobTraceResponse)(nil),        // 53: apiary.v1.GetJobTraceResponse
+	(*RegisterNodeRequest)(nil),        // 54: apiary.v1.RegisterNodeRequest
+	(*LocalDataset)(nil),               // 55: apiary.v1.LocalDataset
+	(*DatasetList)(nil),                // 56: apiary.v1.DatasetList
+	(*DatasetHolders)(nil),             // 57: apiary.v1.DatasetHolders
+	(*DatasetCopy)(nil),                // 58: apiary.v1.DatasetCopy
+	(*RegisterNodeResponse)(nil),       // 59: apiary.v1.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),           // 60: apiary.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 61: apiary.v1.HeartbeatResponse
+	(*AttemptRef)(nil),                 // 62: apiary.v1.AttemptRef
+	(*AdoptAttemptsRequest)(nil),       // 63: apiary.v1.AdoptAttemptsRequest
+	(*AdoptAttemptsResponse)(nil),      // 64: apiary.v1.AdoptAttemptsResponse
+	(*AdoptDecision)(nil),              // 65: apiary.v1.AdoptDecision
+	(*DrainSelfRequest)(nil),           // 66: apiary.v1.DrainSelfRequest
+	(*DrainSelfResponse)(nil),          // 67: apiary.v1.DrainSelfResponse
+	(*DeregisterRequest)(nil),          // 68: apiary.v1.DeregisterRequest
+	(*DeregisterResponse)(nil),         // 69: apiary.v1.DeregisterResponse
+	(*StreamAssignmentsRequest)(nil),   // 70: apiary.v1.StreamAssignmentsRequest
+	(*StreamAssignmentsResponse)(nil),  // 71: apiary.v1.StreamAssignmentsResponse
+	(*Assignment)(nil),                 // 72: apiary.v1.Assignment
+	(*ReportTaskStatusRequest)(nil),    // 73: apiary.v1.ReportTaskStatusRequest
+	(*ExportSpansRequest)(nil),         // 74: apiary.v1.ExportSpansRequest
+	(*ExportSpansResponse)(nil),        // 75: apiary.v1.ExportSpansResponse
+	(*ReportTaskStatusResponse)(nil),   // 76: apiary.v1.ReportTaskStatusResponse
+	(*GossipKeyringRequest)(nil),       // 77: apiary.v1.GossipKeyringRequest
+	(*GossipKeyringPool)(nil),          // 78: apiary.v1.GossipKeyringPool
+	(*GossipKeyringResponse)(nil),      // 79: apiary.v1.GossipKeyringResponse
+	(*DrainNodeRequest)(nil),           // 80: apiary.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 81: apiary.v1.DrainNodeResponse
+	(*SetNodeEligibilityRequest)(nil),  // 82: apiary.v1.SetNodeEligibilityRequest
+	(*SetNodeEligibilityResponse)(nil), // 83: apiary.v1.SetNodeEligibilityResponse
+	(*QuarantineNodeRequest)(nil),      // 84: apiary.v1.QuarantineNodeRequest
+	(*QuarantineNodeResponse)(nil),     // 85: apiary.v1.QuarantineNodeResponse
+	(*ReleaseNodeRequest)(nil),         // 86: apiary.v1.ReleaseNodeRequest
+	(*ReleaseNodeResponse)(nil),        // 87: apiary.v1.ReleaseNodeResponse
+	(*ListNodesRequest)(nil),           // 88: apiary.v1.ListNodesRequest
+	(*Node)(nil),                       // 89: apiary.v1.Node
+	(*ListNodesResponse)(nil),          // 90: apiary.v1.ListNodesResponse
+	(*GetRegionInfoRequest)(nil),       // 91: apiary.v1.GetRegionInfoRequest
+	(*Coordinator)(nil),                // 92: apiary.v1.Coordinator
+	(*GetRegionInfoResponse)(nil),      // 93: apiary.v1.GetRegionInfoResponse
+	(*SaveSnapshotRequest)(nil),        // 94: apiary.v1.SaveSnapshotRequest
+	(*SaveSnapshotResponse)(nil),       // 95: apiary.v1.SaveSnapshotResponse
+	(*ListShardsRequest)(nil),          // 96: apiary.v1.ListShardsRequest
+	(*Shard)(nil),                      // 97: apiary.v1.Shard
+	(*ListShardsResponse)(nil),         // 98: apiary.v1.ListShardsResponse
+	(*ListRegionsRequest)(nil),         // 99: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),          // 100: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),            // 101: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),              // 102: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),        // 103: apiary.v1.ListRegionsResponse
+	(*ACLToken)(nil),                   // 104: apiary.v1.ACLToken
+	(*ACLPolicy)(nil),                  // 105: apiary.v1.ACLPolicy
+	(*ACLNamespaceRule)(nil),           // 106: apiary.v1.ACLNamespaceRule
+	(*BootstrapACLRequest)(nil),        // 107: apiary.v1.BootstrapACLRequest
+	(*BootstrapACLResponse)(nil),       // 108: apiary.v1.BootstrapACLResponse
+	(*CreateACLTokenRequest)(nil),      // 109: apiary.v1.CreateACLTokenRequest
+	(*CreateACLTokenResponse)(nil),     // 110: apiary.v1.CreateACLTokenResponse
+	(*ListACLTokensRequest)(nil),       // 111: apiary.v1.ListACLTokensRequest
+	(*ListACLTokensResponse)(nil),      // 112: apiary.v1.ListACLTokensResponse
+	(*RevokeACLTokenRequest)(nil),      // 113: apiary.v1.RevokeACLTokenRequest
+	(*RevokeACLTokenResponse)(nil),     // 114: apiary.v1.RevokeACLTokenResponse
+	(*GetACLSelfRequest)(nil),          // 115: apiary.v1.GetACLSelfRequest
+	(*GetACLSelfResponse)(nil),         // 116: apiary.v1.GetACLSelfResponse
+	(*ApplyACLPolicyRequest)(nil),      // 117: apiary.v1.ApplyACLPolicyRequest
+	(*ApplyACLPolicyResponse)(nil),     // 118: apiary.v1.ApplyACLPolicyResponse
+	(*ListACLPoliciesRequest)(nil),     // 119: apiary.v1.ListACLPoliciesRequest
+	(*ListACLPoliciesResponse)(nil),    // 120: apiary.v1.ListACLPoliciesResponse
+	(*DeleteACLPolicyRequest)(nil),     // 121: apiary.v1.DeleteACLPolicyRequest
+	(*DeleteACLPolicyResponse)(nil),    // 122: apiary.v1.DeleteACLPolicyResponse
+	nil,                                // 123: apiary.v1.RegionSpec.SelectorEntry
+	nil,                                // 124: apiary.v1.TaskGroup.EnvEntry
+	nil,                                // 125: apiary.v1.TaskGroup.SecretEnvEntry
+	nil,                                // 126: apiary.v1.Spread.TargetsEntry
+	nil,                                // 127: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                // 128: apiary.v1.Assignment.EnvEntry
+	nil,                                // 129: apiary.v1.GossipKeyringPool.MessagesEntry
+	nil,                                // 130: apiary.v1.GossipKeyringPool.KeysEntry
+	nil,                                // 131: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	nil,                                // 132: apiary.v1.Node.LabelsEntry
+	nil,                                // 133: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                                // 134: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
-	9,   // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
-	10,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
-	8,   // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
-	110, // 3: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	111, // 4: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
-	12,  // 5: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
-	14,  // 6: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
-	15,  // 7: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
-	16,  // 8: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
-	17,  // 9: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
-	18,  // 10: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	112, // 11: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
-	11,  // 12: apiary.v1.TaskGroup.anti_affinity:type_name -> apiary.v1.AntiAffinity
-	13,  // 13: apiary.v1.Resources.limits:type_name -> apiary.v1.ResourceLimits
-	113, // 14: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
-	7,   // 15: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
-	0,   // 16: apiary.v1.Job.state:type_name -> apiary.v1.JobState
-	20,  // 17: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
-	21,  // 18: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
-	1,   // 19: apiary.v1.Task.state:type_name -> apiary.v1.TaskState
-	22,  // 20: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
-	3,   // 21: apiary.v1.AttemptResult.fault:type_name -> apiary.v1.FailureFault
-	7,   // 22: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
-	19,  // 23: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
-	0,   // 24: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
-	19,  // 25: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
-	19,  // 26: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
-	19,  // 27: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
-	21,  // 28: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	114, // 29: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
-	12,  // 30: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
-	42,  // 31: apiary.v1.RegisterNodeRequest.datasets:type_name -> apiary.v1.LocalDataset
-	44,  // 32: apiary.v1.DatasetList.datasets:type_name -> apiary.v1.DatasetHolders
-	45,  // 33: apiary.v1.DatasetHolders.holders:type_name -> apiary.v1.DatasetCopy
-	42,  // 34: apiary.v1.HeartbeatRequest.datasets:type_name -> apiary.v1.LocalDataset
-	49,  // 35: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
-	52,  // 36: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
-	49,  // 37: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
-	59,  // 38: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
-	6,   // 39: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	115, // 40: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
-	12,  // 41: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
-	2,   // 42: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
-	3,   // 43: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
-	42,  // 44: apiary.v1.ReportTaskStatusRequest.outputs:type_name -> apiary.v1.LocalDataset
-	4,   // 45: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
-	116, // 46: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
-	117, // 47: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
-	118, // 48: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	65,  // 49: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
-	76,  // 50: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
-	76,  // 51: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
-	76,  // 52: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
-	76,  // 53: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	119, // 54: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	12,  // 55: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	12,  // 56: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	5,   // 57: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	42,  // 58: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
-	13,  // 59: apiary.v1.Node.limits:type_name -> apiary.v1.ResourceLimits
-	76,  // 60: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	120, // 61: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	79,  // 62: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	84,  // 63: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
-	121, // 64: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	87,  // 65: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	12,  // 66: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	12,  // 67: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	88,  // 68: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	89,  // 69: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	93,  // 70: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
-	91,  // 71: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
-	91,  // 72: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
-	91,  // 73: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
-	91,  // 74: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
-	92,  // 75: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
-	92,  // 76: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
-	27,  // 77: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	29,  // 78: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	31,  // 79: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	33,  // 80: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	35,  // 81: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	37,  // 82: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	39,  // 83: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	25,  // 84: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	23,  // 85: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	41,  // 86: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	47,  // 87: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	57,  // 88: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	60,  // 89: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	50,  // 90: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
-	53,  // 91: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
-	55,  // 92: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
-	61,  // 93: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	75,  // 94: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	78,  // 95: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	83,  // 96: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
-	81,  // 97: apiary.v1.AdminService.SaveSnapshot:input_type -> apiary.v1.SaveSnapshotRequest
-	86,  // 98: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	71,  // 99: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	73,  // 100: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	67,  // 101: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
-	69,  // 102: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
-	64,  // 103: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
-	94,  // 104: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
-	96,  // 105: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
-	98,  // 106: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
-	100, // 107: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
-	102, // 108: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
-	104, // 109: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
-	106, // 110: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
-	108, // 111: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
-	28,  // 112: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	30,  // 113: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	32,  // 114: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	34,  // 115: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	36,  // 116: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	38,  // 117: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	40,  // 118: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	26,  // 119: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	24,  // 120: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	46,  // 121: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	48,  // 122: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	58,  // 123: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	63,  // 124: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	51,  // 125: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
-	54,  // 126: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
-	56,  // 127: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
-	62,  // 128: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	77,  // 129: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	80,  // 130: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	85,  // 131: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
-	82,  // 132: apiary.v1.AdminService.SaveSnapshot:output_type -> apiary.v1.SaveSnapshotResponse
-	90,  // 133: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	72,  // 134: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	74,  // 135: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	68,  // 136: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
-	70,  // 137: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
-	66,  // 138: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
-	95,  // 139: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
-	97,  // 140: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
-	99,  // 141: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
-	101, // 142: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
-	103, // 143: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
-	105, // 144: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
-	107, // 145: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
-	109, // 146: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
-	112, // [112:147] is the sub-list for method output_type
-	77,  // [77:112] is the sub-list for method input_type
-	77,  // [77:77] is the sub-list for extension type_name
-	77,  // [77:77] is the sub-list for extension extendee
-	0,   // [0:77] is the sub-list for field type_name
+	10,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
+	11,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
+	9,   // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
+	8,   // 3: apiary.v1.JobSpec.failover:type_name -> apiary.v1.Failover
+	123, // 4: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	124, // 5: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	13,  // 6: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
+	15,  // 7: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
+	16,  // 8: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
+	17,  // 9: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
+	18,  // 10: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
+	19,  // 11: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
+	125, // 12: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
+	12,  // 13: apiary.v1.TaskGroup.anti_affinity:type_name -> apiary.v1.AntiAffinity
+	14,  // 14: apiary.v1.Resources.limits:type_name -> apiary.v1.ResourceLimits
+	126, // 15: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	7,   // 16: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
+	0,   // 17: apiary.v1.Job.state:type_name -> apiary.v1.JobState
+	22,  // 18: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
+	23,  // 19: apiary.v1.Job.tasks:type_name -> apiary.v1.Task
+	21,  // 20: apiary.v1.Job.failover:type_name -> apiary.v1.FailoverStatus
+	1,   // 21: apiary.v1.Task.state:type_name -> apiary.v1.TaskState
+	24,  // 22: apiary.v1.Task.attempts:type_name -> apiary.v1.AttemptResult
+	3,   // 23: apiary.v1.AttemptResult.fault:type_name -> apiary.v1.FailureFault
+	7,   // 24: apiary.v1.StandbyJob.spec:type_name -> apiary.v1.JobSpec
+	25,  // 25: apiary.v1.PutStandbyRequest.job:type_name -> apiary.v1.StandbyJob
+	28,  // 26: apiary.v1.PushProgressRequest.done:type_name -> apiary.v1.TaskDone
+	32,  // 27: apiary.v1.MovedJobsResponse.moved:type_name -> apiary.v1.MovedJob
+	7,   // 28: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
+	20,  // 29: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
+	0,   // 30: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
+	20,  // 31: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
+	20,  // 32: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
+	20,  // 33: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
+	23,  // 34: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
+	127, // 35: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	13,  // 36: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
+	55,  // 37: apiary.v1.RegisterNodeRequest.datasets:type_name -> apiary.v1.LocalDataset
+	57,  // 38: apiary.v1.DatasetList.datasets:type_name -> apiary.v1.DatasetHolders
+	58,  // 39: apiary.v1.DatasetHolders.holders:type_name -> apiary.v1.DatasetCopy
+	55,  // 40: apiary.v1.HeartbeatRequest.datasets:type_name -> apiary.v1.LocalDataset
+	62,  // 41: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
+	65,  // 42: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
+	62,  // 43: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
+	72,  // 44: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
+	6,   // 45: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
+	128, // 46: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	13,  // 47: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
+	2,   // 48: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
+	3,   // 49: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
+	55,  // 50: apiary.v1.ReportTaskStatusRequest.outputs:type_name -> apiary.v1.LocalDataset
+	4,   // 51: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
+	129, // 52: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
+	130, // 53: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
+	131, // 54: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	78,  // 55: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
+	89,  // 56: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
+	89,  // 57: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
+	89,  // 58: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
+	89,  // 59: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
+	132, // 60: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	13,  // 61: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	13,  // 62: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	5,   // 63: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	55,  // 64: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
+	14,  // 65: apiary.v1.Node.limits:type_name -> apiary.v1.ResourceLimits
+	89,  // 66: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	133, // 67: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	92,  // 68: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	97,  // 69: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
+	134, // 70: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	100, // 71: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	13,  // 72: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	13,  // 73: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	101, // 74: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	102, // 75: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	106, // 76: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
+	104, // 77: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
+	104, // 78: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
+	104, // 79: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
+	104, // 80: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
+	105, // 81: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
+	105, // 82: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
+	40,  // 83: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	42,  // 84: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	44,  // 85: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	46,  // 86: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	48,  // 87: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	50,  // 88: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	52,  // 89: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	38,  // 90: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	36,  // 91: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	26,  // 92: apiary.v1.FailoverService.PutStandby:input_type -> apiary.v1.PutStandbyRequest
+	29,  // 93: apiary.v1.FailoverService.PushProgress:input_type -> apiary.v1.PushProgressRequest
+	31,  // 94: apiary.v1.FailoverService.MovedJobs:input_type -> apiary.v1.MovedJobsRequest
+	34,  // 95: apiary.v1.FailoverService.ClaimJob:input_type -> apiary.v1.ClaimJobRequest
+	54,  // 96: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	60,  // 97: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	70,  // 98: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	73,  // 99: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	63,  // 100: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
+	66,  // 101: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
+	68,  // 102: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
+	74,  // 103: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	88,  // 104: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	91,  // 105: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	96,  // 106: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
+	94,  // 107: apiary.v1.AdminService.SaveSnapshot:input_type -> apiary.v1.SaveSnapshotRequest
+	99,  // 108: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	84,  // 109: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	86,  // 110: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	80,  // 111: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	82,  // 112: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	77,  // 113: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
+	107, // 114: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
+	109, // 115: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
+	111, // 116: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
+	113, // 117: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
+	115, // 118: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
+	117, // 119: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
+	119, // 120: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
+	121, // 121: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
+	41,  // 122: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	43,  // 123: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	45,  // 124: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	47,  // 125: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	49,  // 126: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	51,  // 127: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	53,  // 128: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	39,  // 129: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	37,  // 130: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	27,  // 131: apiary.v1.FailoverService.PutStandby:output_type -> apiary.v1.PutStandbyResponse
+	30,  // 132: apiary.v1.FailoverService.PushProgress:output_type -> apiary.v1.PushProgressResponse
+	33,  // 133: apiary.v1.FailoverService.MovedJobs:output_type -> apiary.v1.MovedJobsResponse
+	35,  // 134: apiary.v1.FailoverService.ClaimJob:output_type -> apiary.v1.ClaimJobResponse
+	59,  // 135: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	61,  // 136: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	71,  // 137: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	76,  // 138: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	64,  // 139: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	67,  // 140: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	69,  // 141: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	75,  // 142: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	90,  // 143: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	93,  // 144: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	98,  // 145: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
+	95,  // 146: apiary.v1.AdminService.SaveSnapshot:output_type -> apiary.v1.SaveSnapshotResponse
+	103, // 147: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	85,  // 148: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	87,  // 149: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	81,  // 150: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	83,  // 151: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	79,  // 152: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
+	108, // 153: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
+	110, // 154: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
+	112, // 155: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
+	114, // 156: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
+	116, // 157: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
+	118, // 158: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
+	120, // 159: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
+	122, // 160: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
+	122, // [122:161] is the sub-list for method output_type
+	83,  // [83:122] is the sub-list for method input_type
+	83,  // [83:83] is the sub-list for extension type_name
+	83,  // [83:83] is the sub-list for extension extendee
+	0,   // [0:83] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -8620,16 +9611,16 @@ func file_apiary_v1_apiary_proto_init() {
 	if File_apiary_v1_apiary_proto != nil {
 		return
 	}
-	file_apiary_v1_apiary_proto_msgTypes[1].OneofWrappers = []any{}
+	file_apiary_v1_apiary_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   115,
+			NumMessages:   128,
 			NumExtensions: 0,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_apiary_v1_apiary_proto_goTypes,
 		DependencyIndexes: file_apiary_v1_apiary_proto_depIdxs,

@@ -484,6 +484,246 @@ var JobService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
+	FailoverService_PutStandby_FullMethodName   = "/apiary.v1.FailoverService/PutStandby"
+	FailoverService_PushProgress_FullMethodName = "/apiary.v1.FailoverService/PushProgress"
+	FailoverService_MovedJobs_FullMethodName    = "/apiary.v1.FailoverService/MovedJobs"
+	FailoverService_ClaimJob_FullMethodName     = "/apiary.v1.FailoverService/ClaimJob"
+)
+
+// FailoverServiceClient is the client API for FailoverService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// FailoverService is served by every region's coordinators to the
+// coordinators of other regions (region certificates of another region are
+// admitted; the caller's region must be the request's home_region or
+// standby_region). docs/architecture.md, "Failover of accepted jobs".
+type FailoverServiceClient interface {
+	// A home region writes a failover job's standby record before it
+	// acknowledges the submission. Idempotent per job id.
+	PutStandby(ctx context.Context, in *PutStandbyRequest, opts ...grpc.CallOption) (*PutStandbyResponse, error)
+	// A home region forwards progress: completed tasks, and jobs that ended
+	// (their standby records are dropped). Batched; idempotent.
+	PushProgress(ctx context.Context, in *PushProgressRequest, opts ...grpc.CallOption) (*PushProgressResponse, error)
+	// A home region that comes back asks which of its jobs moved here.
+	MovedJobs(ctx context.Context, in *MovedJobsRequest, opts ...grpc.CallOption) (*MovedJobsResponse, error)
+	// A later standby asks an earlier one to give up a job before it
+	// activates it (exactly one standby activates a job).
+	ClaimJob(ctx context.Context, in *ClaimJobRequest, opts ...grpc.CallOption) (*ClaimJobResponse, error)
+}
+
+type failoverServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewFailoverServiceClient(cc grpc.ClientConnInterface) FailoverServiceClient {
+	return &failoverServiceClient{cc}
+}
+
+func (c *failoverServiceClient) PutStandby(ctx context.Context, in *PutStandbyRequest, opts ...grpc.CallOption) (*PutStandbyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutStandbyResponse)
+	err := c.cc.Invoke(ctx, FailoverService_PutStandby_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *failoverServiceClient) PushProgress(ctx context.Context, in *PushProgressRequest, opts ...grpc.CallOption) (*PushProgressResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PushProgressResponse)
+	err := c.cc.Invoke(ctx, FailoverService_PushProgress_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *failoverServiceClient) MovedJobs(ctx context.Context, in *MovedJobsRequest, opts ...grpc.CallOption) (*MovedJobsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MovedJobsResponse)
+	err := c.cc.Invoke(ctx, FailoverService_MovedJobs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *failoverServiceClient) ClaimJob(ctx context.Context, in *ClaimJobRequest, opts ...grpc.CallOption) (*ClaimJobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClaimJobResponse)
+	err := c.cc.Invoke(ctx, FailoverService_ClaimJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// FailoverServiceServer is the server API for FailoverService service.
+// All implementations must embed UnimplementedFailoverServiceServer
+// for forward compatibility.
+//
+// FailoverService is served by every region's coordinators to the
+// coordinators of other regions (region certificates of another region are
+// admitted; the caller's region must be the request's home_region or
+// standby_region). docs/architecture.md, "Failover of accepted jobs".
+type FailoverServiceServer interface {
+	// A home region writes a failover job's standby record before it
+	// acknowledges the submission. Idempotent per job id.
+	PutStandby(context.Context, *PutStandbyRequest) (*PutStandbyResponse, error)
+	// A home region forwards progress: completed tasks, and jobs that ended
+	// (their standby records are dropped). Batched; idempotent.
+	PushProgress(context.Context, *PushProgressRequest) (*PushProgressResponse, error)
+	// A home region that comes back asks which of its jobs moved here.
+	MovedJobs(context.Context, *MovedJobsRequest) (*MovedJobsResponse, error)
+	// A later standby asks an earlier one to give up a job before it
+	// activates it (exactly one standby activates a job).
+	ClaimJob(context.Context, *ClaimJobRequest) (*ClaimJobResponse, error)
+	mustEmbedUnimplementedFailoverServiceServer()
+}
+
+// UnimplementedFailoverServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedFailoverServiceServer struct{}
+
+func (UnimplementedFailoverServiceServer) PutStandby(context.Context, *PutStandbyRequest) (*PutStandbyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutStandby not implemented")
+}
+func (UnimplementedFailoverServiceServer) PushProgress(context.Context, *PushProgressRequest) (*PushProgressResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PushProgress not implemented")
+}
+func (UnimplementedFailoverServiceServer) MovedJobs(context.Context, *MovedJobsRequest) (*MovedJobsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MovedJobs not implemented")
+}
+func (UnimplementedFailoverServiceServer) ClaimJob(context.Context, *ClaimJobRequest) (*ClaimJobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClaimJob not implemented")
+}
+func (UnimplementedFailoverServiceServer) mustEmbedUnimplementedFailoverServiceServer() {}
+func (UnimplementedFailoverServiceServer) testEmbeddedByValue()                         {}
+
+// UnsafeFailoverServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to FailoverServiceServer will
+// result in compilation errors.
+type UnsafeFailoverServiceServer interface {
+	mustEmbedUnimplementedFailoverServiceServer()
+}
+
+func RegisterFailoverServiceServer(s grpc.ServiceRegistrar, srv FailoverServiceServer) {
+	// If the following call panics, it indicates UnimplementedFailoverServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&FailoverService_ServiceDesc, srv)
+}
+
+func _FailoverService_PutStandby_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutStandbyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FailoverServiceServer).PutStandby(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FailoverService_PutStandby_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FailoverServiceServer).PutStandby(ctx, req.(*PutStandbyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FailoverService_PushProgress_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PushProgressRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FailoverServiceServer).PushProgress(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FailoverService_PushProgress_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FailoverServiceServer).PushProgress(ctx, req.(*PushProgressRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FailoverService_MovedJobs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MovedJobsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FailoverServiceServer).MovedJobs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FailoverService_MovedJobs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FailoverServiceServer).MovedJobs(ctx, req.(*MovedJobsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FailoverService_ClaimJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClaimJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FailoverServiceServer).ClaimJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FailoverService_ClaimJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FailoverServiceServer).ClaimJob(ctx, req.(*ClaimJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// FailoverService_ServiceDesc is the grpc.ServiceDesc for FailoverService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var FailoverService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "apiary.v1.FailoverService",
+	HandlerType: (*FailoverServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "PutStandby",
+			Handler:    _FailoverService_PutStandby_Handler,
+		},
+		{
+			MethodName: "PushProgress",
+			Handler:    _FailoverService_PushProgress_Handler,
+		},
+		{
+			MethodName: "MovedJobs",
+			Handler:    _FailoverService_MovedJobs_Handler,
+		},
+		{
+			MethodName: "ClaimJob",
+			Handler:    _FailoverService_ClaimJob_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "apiary/v1/apiary.proto",
+}
+
+const (
 	AgentService_RegisterNode_FullMethodName      = "/apiary.v1.AgentService/RegisterNode"
 	AgentService_Heartbeat_FullMethodName         = "/apiary.v1.AgentService/Heartbeat"
 	AgentService_StreamAssignments_FullMethodName = "/apiary.v1.AgentService/StreamAssignments"

@@ -1,4 +1,4 @@
-package router
+package federation
 
 import (
 	"fmt"
@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/priority"
 	"apiary.dev/apiary/internal/sovereignty"
 )
@@ -36,8 +35,8 @@ func (e Exclusion) String() string { return fmt.Sprintf("%s: %s: %s", e.Region, 
 // free CPU, then most free memory, then name. Where a job may run is
 // sovereignty.Resolve's answer, the same function the region's admission and
 // placement use; pol may be nil (sovereignty.RuleNoPolicy).
-func Eligible(regions []federation.Region, pol *sovereignty.Policy, spec *apiaryv1.JobSpec) ([]federation.Region, []Exclusion) {
-	var ok []federation.Region
+func Eligible(regions []Region, pol *sovereignty.Policy, spec *apiaryv1.JobSpec) ([]Region, []Exclusion) {
+	var ok []Region
 	var out []Exclusion
 	decision := sovereignty.Resolve(pol, spec.GetJurisdiction(), spec.GetDataClass())
 	for _, r := range regions {
@@ -75,14 +74,14 @@ func Eligible(regions []federation.Region, pol *sovereignty.Policy, spec *apiary
 			prefer[p] = i
 		}
 	}
-	rank := func(r federation.Region) int {
+	rank := func(r Region) int {
 		if i, ok := prefer[r.Name]; ok {
 			return i
 		}
 		return len(prefer)
 	}
 	class := priority.Of(spec.GetPriority())
-	full := func(r federation.Region) bool {
+	full := func(r Region) bool {
 		for _, b := range r.Backlog {
 			if b.Class == class && b.Bound > 0 && b.Pending >= b.Bound {
 				return true
@@ -109,7 +108,7 @@ func Eligible(regions []federation.Region, pol *sovereignty.Policy, spec *apiary
 	return ok, out
 }
 
-func selectorMismatch(r federation.Region, sel map[string]string) string {
+func selectorMismatch(r Region, sel map[string]string) string {
 	keys := make([]string, 0, len(sel))
 	for k := range sel {
 		keys = append(keys, k)
@@ -132,7 +131,7 @@ func selectorMismatch(r federation.Region, sel map[string]string) string {
 
 // tooLarge uses the largest node published in the region's tags; regions
 // with no registered node yet are not excluded (the region re-checks).
-func tooLarge(r federation.Region, spec *apiaryv1.JobSpec) string {
+func tooLarge(r Region, spec *apiaryv1.JobSpec) string {
 	l := r.Capacity.Largest
 	if l.CPUMillis == 0 && l.MemoryMiB == 0 {
 		return ""
