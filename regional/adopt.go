@@ -95,7 +95,7 @@ func (c *Coordinator) adoptOne(ctx context.Context, nodeID string, epoch int64, 
 			return &apiaryv1.AdoptDecision{Attempt: ref, Adopted: true}, nil
 		}
 		nt, why := taskstate.Adopt(t, nodeID, ref.GetNodeEpoch(), ref.GetAttempt(), ref.GetFencingToken(), epoch)
-		if why == "" && (len(akv) != 1 || akv[0].CreateRevision != ref.GetFencingToken()) {
+		if why == "" && (len(akv) != 1 || store.AssignToken(akv[0].Value, akv[0].CreateRevision) != ref.GetFencingToken()) {
 			why = "assignment gone or re-issued"
 		}
 		var a apiaryv1.Assignment
@@ -116,7 +116,7 @@ func (c *Coordinator) adoptOne(ctx context.Context, nodeID string, epoch int64, 
 		put, err := c.cli.Txn(ctx).If(
 			clientv3.Compare(clientv3.ModRevision(tk), "=", tkv[0].ModRevision),
 			clientv3.Compare(clientv3.CreateRevision(store.KeyNodeAlive(nodeID)), "=", epoch),
-			clientv3.Compare(clientv3.CreateRevision(ak), "=", ref.GetFencingToken()),
+			clientv3.Compare(clientv3.CreateRevision(ak), "=", store.TokenRevision(ref.GetFencingToken())),
 		).Then(clientv3.OpPut(tk, store.MustJSON(&nt)), clientv3.OpPut(ak, string(b))).Commit()
 		if err != nil {
 			return nil, status.Errorf(codes.Unavailable, "adopt: %v", err)

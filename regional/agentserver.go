@@ -442,7 +442,8 @@ func (c *Coordinator) updateDatasets(ctx context.Context, node string, epoch int
 
 // StreamAssignments sends the node's current assignments, then every new one,
 // from a watch on /apiary/assign/<node>/. The fencing token of an assignment
-// is its key's CreateRevision: the revision of the plan that dispatched it.
+// is its key's CreateRevision (the revision of the plan that dispatched it)
+// under the job's failover epoch (store.FencingToken).
 func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, stream apiaryv1.AgentService_StreamAssignmentsServer) error {
 	c := s.c
 	ctx := stream.Context()
@@ -472,7 +473,7 @@ func (s *agentServer) StreamAssignments(req *apiaryv1.StreamAssignmentsRequest, 
 		if a.NodeEpoch != req.GetNodeEpoch() {
 			return nil
 		}
-		a.FencingToken = createRev
+		a.FencingToken = store.FencingToken(a.GetFailoverEpoch(), createRev)
 		if err := c.withSecrets(ctx, &a); err != nil {
 			if errors.Is(err, errDispatchRetry) {
 				return status.Errorf(codes.Unavailable, "assignment %s/%d: %v; reconnect", a.GetJobId(), a.GetTaskIndex(), err)

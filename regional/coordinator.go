@@ -35,6 +35,7 @@ import (
 	"apiary.dev/apiary/internal/telemetry"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/aclstore"
+	"apiary.dev/apiary/regional/failover"
 	"apiary.dev/apiary/regional/nodehealth"
 	"apiary.dev/apiary/regional/scheduler"
 	"apiary.dev/apiary/regional/store"
@@ -110,6 +111,14 @@ type Config struct {
 	// JobRetention is how long a finished job is kept before its records are
 	// deleted (default 24 h; negative keeps jobs forever).
 	JobRetention time.Duration
+	// FailoverAfter is the region's --failover-after: how long a home
+	// region must be down before a standby activates a failover job that
+	// leaves failover.after unset, and, when > 0, failover for jobs
+	// without a failover block. FailoverPeers (--failover-peers) narrows
+	// the regions its jobs may fail over to (empty: every eligible one).
+	// docs/architecture.md, "Failover of accepted jobs".
+	FailoverAfter time.Duration
+	FailoverPeers []string
 	// Quarantine is the per-node failure attribution and automatic
 	// quarantine policy (docs/architecture.md, "Bad nodes"); zero fields
 	// take nodehealth.DefaultConfig's values.
@@ -349,8 +358,11 @@ type Coordinator struct {
 	acls       *aclstore.Store
 	aclDenials *prometheus.CounterVec
 	wan        wanMember
-	lan        lanMember
-	beats      beatLog // last heartbeat per node (LAN fast reclaim's evidence)
+	// fo is the failover manager (regional/failover; set by the "api"
+	// part, run by the "failover" part).
+	fo    *failover.Manager
+	lan   lanMember
+	beats beatLog // last heartbeat per node (LAN fast reclaim's evidence)
 	// born is when New ran: the failover grace counts from it.
 	born time.Time
 
@@ -484,7 +496,8 @@ func (c *Coordinator) Parts() []lifecycle.Part {
 		lifecycle.Loop("owner", c.runOwner),
 	)
 	if c.cfg.WAN.enabled() {
-		parts = append(parts, lifecycle.New("wan", services.NewBasicService(c.startWAN, c.runWAN, c.stopWANPart)))
+		parts = append(parts, lifecycle.New("wan", services.NewBasicService(c.startWAN, c.runWAN, c.stopWANPart)),
+			lifecycle.Loop("failover", func(ctx context.Context) { c.fo.Run(ctx) }))
 	}
 	return parts
 }
@@ -668,6 +681,8 @@ func (c *Coordinator) listenAPI(context.Context) error {
 	apiaryv1.RegisterAgentServiceServer(c.grpc, &agentServer{c: c})
 	apiaryv1.RegisterAdminServiceServer(c.grpc, &adminServer{c: c})
 	apiaryv1.RegisterACLServiceServer(c.grpc, c.aclServer())
+	c.fo = c.newFailover()
+	apiaryv1.RegisterFailoverServiceServer(c.grpc, c.fo.Server())
 	return nil
 }
 

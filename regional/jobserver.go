@@ -49,9 +49,11 @@ func (c *Coordinator) checkJobID(id string) (int, error) {
 	if id == "" {
 		return 0, status.Error(codes.InvalidArgument, "job_id: is required")
 	}
-	if r := ids.RegionOf(id); r != c.meta.Region {
+	if !ids.IsJobID(id) {
 		return 0, status.Errorf(codes.NotFound, "job %s not found in region %s", id, c.meta.Region)
 	}
+	// A job of another region's id is found here when it failed over to
+	// this region (it keeps its id); otherwise it is NotFound below.
 	return shards.Of(id, c.meta.ShardCount), nil
 }
 
@@ -129,6 +131,9 @@ func (v *jobView) toProto(withTasks, withTails bool, defaultPolicy placement.Pol
 		}
 	}
 	j.State = taskstate.JobState(v.rec.CancelRequested, j.Counts)
+	if v.rec.Moved() {
+		j.State = apiaryv1.JobState_JOB_STATE_MOVED
+	}
 	if terminalJob(j.State) {
 		j.FinishTimeMs = finish
 	}
@@ -141,11 +146,28 @@ func (v *jobView) toProto(withTasks, withTails bool, defaultPolicy placement.Pol
 func jobHeader(rec *store.JobRecord, defaultPolicy placement.Policy) *apiaryv1.Job {
 	return &apiaryv1.Job{Id: rec.ID, Region: rec.Region, Spec: jobspec.Redact(rec.Spec), SubmitTimeMs: rec.SubmitMs,
 		CancelRequested: rec.CancelRequested, ClientId: rec.ClientID, RequestId: rec.RequestID,
-		Shard: int32(rec.Shard), Scheduler: cmp.Or(rec.Spec.GetScheduler(), string(defaultPolicy))}
+		Shard: int32(rec.Shard), Scheduler: cmp.Or(rec.Spec.GetScheduler(), string(defaultPolicy)), Failover: failoverStatus(rec)}
+}
+
+// failoverStatus is a job's failover state as the API shows it (nil for a
+// job without failover).
+func failoverStatus(rec *store.JobRecord) *apiaryv1.FailoverStatus {
+	f := rec.Failover
+	if f == nil {
+		return nil
+	}
+	home := cmp.Or(f.Home, ids.RegionOf(rec.ID))
+	fs := &apiaryv1.FailoverStatus{HomeRegion: home, ActiveRegion: cmp.Or(f.MovedTo, rec.Region), Epoch: f.Epoch,
+		Standbys: f.Standbys, NotEligible: f.NotEligible, AfterMs: f.AfterMs, MovedTimeMs: f.MovedMs}
+	if f.MovedTo != "" {
+		fs.Epoch = f.MovedEpoch
+	}
+	return fs
 }
 
 func terminalJob(s apiaryv1.JobState) bool {
-	return s == apiaryv1.JobState_JOB_STATE_COMPLETE || s == apiaryv1.JobState_JOB_STATE_FAILED || s == apiaryv1.JobState_JOB_STATE_CANCELLED
+	return s == apiaryv1.JobState_JOB_STATE_COMPLETE || s == apiaryv1.JobState_JOB_STATE_FAILED || s == apiaryv1.JobState_JOB_STATE_CANCELLED ||
+		s == apiaryv1.JobState_JOB_STATE_MOVED
 }
 
 func taskProto(t *taskstate.Task, spec *apiaryv1.JobSpec, results []*apiaryv1.AttemptResult, withTails bool) *apiaryv1.Task {

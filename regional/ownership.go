@@ -268,7 +268,7 @@ func (c *Coordinator) ownerDeps(owners *shards.Owners) scheduler.Deps {
 		Retention: c.cfg.JobRetention, Client: c.cli, Commit: &store.EtcdCommitter{Client: c.cli, Layout: c.shardLayout(), Retry: c.txnRetry},
 		Specs: &c.specs, Log: c.log, Metrics: c.metrics, Skipped: scheduler.SkippedCounter(c.cfg.Registry),
 		Tracer: c.tracer, Tracing: c.tracing, DefaultLostAfter: c.cfg.DefaultLostAfter, GraceUntil: c.graceUntil(),
-		Owners: owners, Preempter: pre, MaxPreemptions: c.cfg.MaxPreemptions, Jobs: c.jobs, Nodes: c.nodes}
+		Owners: owners, Preempter: pre, MaxPreemptions: c.cfg.MaxPreemptions, Jobs: c.jobs, Nodes: c.nodes, Hold: c.holdJob}
 }
 
 // scheduleLoop runs the scheduling loop of c's shards, rebuilding it (a

@@ -29,6 +29,11 @@ import (
 // several tries because its task or node kept changing.
 var errReportContended = errors.New("report: too many concurrent changes; retry")
 
+// errReportHeld is a report on a failover job this coordinator does not yet
+// know the fate of (it came back and its standbys have not all said whether
+// the job moved): the agent keeps it and sends it again.
+var errReportHeld = errors.New("report: the job's standby regions have not yet said whether it failed over while this region was away; retry")
+
 // reportItem is one report waiting for group commit.
 type reportItem struct {
 	req  *apiaryv1.ReportTaskStatusRequest
@@ -62,7 +67,7 @@ type reportRead struct {
 	states map[string]*reportState // task key ->
 	order  []string
 	alive  map[string]int64 // node id -> current epoch
-	tokens map[string]int64 // assignment key -> CreateRevision
+	tokens map[string]int64 // assignment key -> fencing token (store.AssignToken)
 	health *healthState     // the reporting nodes' health (health.go)
 }
 
@@ -219,7 +224,7 @@ func (c *Coordinator) readReports(ctx context.Context, batch []*reportItem) (*re
 				}
 				c.specs.Put(&jr)
 			case store.IsAssignKey(key):
-				rd.tokens[key] = kv.CreateRevision
+				rd.tokens[key] = store.AssignToken(kv.Value, kv.CreateRevision)
 			default:
 				if ok, err := rd.health.fold(key, kv.Value, kv.ModRevision); ok {
 					if err != nil {
@@ -254,6 +259,10 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 		}
 		if st.job == nil {
 			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: "job record not found"}
+			continue
+		}
+		if c.holdJob(st.job) {
+			it.err = errReportHeld // answered UNAVAILABLE (reportStatus); nothing written
 			continue
 		}
 		// The node's view of the region, computed once for this report
@@ -298,6 +307,17 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 				Error: firstNonEmpty(r.GetError(), res.Task.Error), StdoutTail: r.GetStdoutTail(), StderrTail: r.GetStderrTail(),
 				StartTimeMs: firstNonZero(r.GetStartTimeMs(), st.task.StartedMs), EndTimeMs: firstNonZero(r.GetEndTimeMs(), nowMs),
 				Fault: res.Fault})
+		}
+		if to, epoch := c.movedTo(st.job); res.Outcome == taskstate.OutcomeComplete && to != "" {
+			// The job failed over to another region: this region's late
+			// completion is discarded (the task ends CANCELLED here), and
+			// the agent is told so.
+			res.Outcome = taskstate.OutcomeCancelled
+			res.Task.State = apiaryv1.TaskState_TASK_STATE_CANCELLED
+			res.Task.Error = fmt.Sprintf("job moved to region %s (failover epoch %d): the completion of this attempt is discarded", to, epoch)
+			if n := len(st.results); n > 0 {
+				st.results[n-1].Outcome, st.results[n-1].Error = res.Outcome, res.Task.Error
+			}
 		}
 		if res.Outcome == taskstate.OutcomeComplete {
 			st.outputs = declaredOutputs(st.job.Spec, st.task.Group, r.GetOutputs())

@@ -109,6 +109,15 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	if rec.RequestID != "" {
 		rec.PayloadHash = jobspec.PayloadHash(spec)
 	}
+	if c.fo != nil {
+		if rec.Failover = c.fo.Plan(spec); rec.Failover != nil && len(rec.Failover.Standbys) > 0 {
+			// The standbys hold the spec before the job exists here: an
+			// acknowledged failover job cannot be lost with this region.
+			if rec.Failover.Standbys, err = c.fo.Replicate(ctx, rec); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if secrets {
 		// Sealed before the record exists anywhere but here: etcd, the
 		// caches and every later reader see only sealed values.
@@ -124,10 +133,16 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	}
 	it := &submitItem{job: *rec, tasks: tasks, done: make(chan submitResult, 1), plain: spec}
 	if err := c.submits.submit(ctx, it); err != nil {
+		c.abandonStandby(rec)
 		return nil, status.FromContextError(err).Err()
 	}
 	select {
 	case r := <-it.done:
+		if r.err != nil || r.jobID != id {
+			// Not committed (or a repeat answered with its earlier job):
+			// the standbys drop the record of this id.
+			c.abandonStandby(rec)
+		}
 		if r.err != nil {
 			return nil, r.err
 		}
@@ -171,13 +186,16 @@ func (c *Coordinator) resolveWhere(spec *apiaryv1.JobSpec) (*store.WhereRecord, 
 }
 
 func (it *submitItem) ops() []clientv3.Op {
-	ops := make([]clientv3.Op, 0, len(it.tasks)+2)
+	ops := make([]clientv3.Op, 0, len(it.tasks)+3)
 	ops = append(ops, clientv3.OpPut(store.KeyJob(it.job.Shard, it.job.ID), store.MustJSON(it.job)))
 	for i := range it.tasks {
 		ops = append(ops, clientv3.OpPut(store.KeyTask(it.job.Shard, it.job.ID, it.tasks[i].Index), store.MustJSON(&it.tasks[i])))
 	}
 	if it.job.RequestID != "" {
 		ops = append(ops, clientv3.OpPut(store.KeyDedup(it.job.ClientID, it.job.RequestID), store.MustJSON(store.DedupRecord{JobID: it.job.ID, Hash: it.job.PayloadHash})))
+	}
+	if f := it.job.Failover; f != nil && len(f.Standbys) > 0 {
+		ops = append(ops, clientv3.OpPut(store.KeyFailoverHome(it.job.ID), store.MustJSON(store.HomeIndexRecord{Shard: it.job.Shard, Standbys: f.Standbys, TaskCount: it.job.TaskCount})))
 	}
 	return ops
 }
@@ -210,7 +228,7 @@ func (c *Coordinator) flushSubmits(batch []*submitItem) {
 	nops, size := 0, 0
 	for _, it := range batch {
 		k := it.dedupKey()
-		n := len(it.tasks) + 2
+		n := len(it.tasks) + 3
 		b := it.bytes()
 		if (k != "" && seen[k]) || nops+n > maxOpsPerTxn || size+b > maxSubmitBatchBytes {
 			alone = append(alone, it)

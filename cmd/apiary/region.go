@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/lifecycle"
 	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/internal/telemetry"
@@ -135,6 +136,14 @@ with apiary acl bootstrap.`,
 			if cfg.DefaultLostAfter <= 0 {
 				return withCode(exitInvalid, fmt.Errorf("--default-lost-after: must be > 0, got %s", cfg.DefaultLostAfter))
 			}
+			if a := cfg.FailoverAfter; a != 0 && (a < jobspec.MinFailoverAfter || a > jobspec.MaxFailoverAfter) {
+				return withCode(exitInvalid, fmt.Errorf("--failover-after: must be between 1s and 24h, or 0 (off unless a job asks), got %s", a))
+			}
+			for _, p := range cfg.FailoverPeers {
+				if p == "" || p == cfg.Region {
+					return withCode(exitInvalid, fmt.Errorf("--failover-peers: %q is not another region's name", p))
+				}
+			}
 			// regional.Config reads 0 as "the default"; on the command
 			// line the defaults are spelled out, so 0 is a mistake.
 			for _, q := range []struct {
@@ -245,6 +254,8 @@ with apiary acl bootstrap.`,
 	f.DurationVar(&cfg.FailoverGrace, "failover-grace", regional.DefaultFailoverGrace, "for this long after the coordinator starts, as shard owner it replaces no task of a lost node epoch (nor charges its loss), so agents cut off by an outage of the region can reconnect and keep them (0: no grace)")
 	f.DurationVar(&cfg.DefaultLostAfter, "default-lost-after", regional.DefaultLostAfter, "how long the tasks of a job with disconnect.replace: false and no lost_after of its own stay on a lost node before they are replaced (keep it equal to the agents' --disconnect-grace)")
 	f.DurationVar(&cfg.JobRetention, "job-retention", 24*time.Hour, "keep finished jobs this long, then delete them (negative: forever)")
+	f.DurationVar(&cfg.FailoverAfter, "failover-after", 0, "cross-region failover of accepted jobs: how long this region must be down before a standby region runs its jobs that leave failover.after unset; when set (1s..24h), jobs without a failover block fail over too (0: only jobs with one, after 30s). docs/architecture.md, \"Failover of accepted jobs\"")
+	f.StringSliceVar(&cfg.FailoverPeers, "failover-peers", nil, "regions this region's jobs may fail over to (comma-separated; empty: every region the sovereignty policy and the job's region selector allow)")
 	qd := nodehealth.DefaultConfig()
 	f.BoolVar(&cfg.Quarantine.Off, "no-auto-quarantine", false, "never quarantine a node automatically (outcomes are still counted and shown in node list)")
 	f.DurationVar(&cfg.Quarantine.Window, "quarantine-window", qd.Window, "how far back attempt outcomes count toward a node's and the region's failure rates")

@@ -81,6 +81,9 @@ func (x *JobIndex) putJob(rec *store.JobRecord) {
 // (x.mu held).
 func (x *JobIndex) restate(e *jobEntry) {
 	st := taskstate.JobState(e.rec.CancelRequested, e.counts)
+	if e.rec.Moved() {
+		st = apiaryv1.JobState_JOB_STATE_MOVED
+	}
 	if st == e.state {
 		return
 	}

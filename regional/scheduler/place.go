@@ -48,7 +48,7 @@ func (s *Loop) place(ctx context.Context, now time.Time) (time.Duration, error) 
 	var mine []*cJob
 	for jobID, tasks := range c.pendingByJob {
 		j := c.jobs[jobID]
-		if j == nil || j.rec.CancelRequested {
+		if j == nil || j.rec.CancelRequested || (s.d.Hold != nil && s.d.Hold(&j.rec)) {
 			continue
 		}
 		shard := -1 // the job's shard, as its task keys say
@@ -375,7 +375,7 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		a := &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_RUN, JobId: ct.rec.JobID, TaskIndex: ct.rec.Index,
 			Attempt: rec.Attempt, NodeEpoch: n.Alive, Command: g.GetCommand(), Args: g.GetArgs(), Env: env,
 			Resources: g.GetResources(), TimeoutMs: g.GetTimeoutMs(), Region: s.d.Region, Traceparent: j.rec.Traceparent,
-			GpuIndices: rec.GPUDevices, LostAfterMs: j.rec.Spec.GetDisconnect().GetLostAfterMs()}
+			GpuIndices: rec.GPUDevices, LostAfterMs: j.rec.Spec.GetDisconnect().GetLostAfterMs(), FailoverEpoch: j.rec.FailoverEpoch()}
 		for _, d := range g.GetDatasets() {
 			a.Datasets = append(a.Datasets, d.GetName())
 		}

@@ -171,7 +171,7 @@ func (s *Loop) preemptWrite(p placement.Preemption, pre *cTask, nowMs int64) (wr
 			return write{}, false
 		}
 		a := &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_CANCEL, JobId: vt.rec.JobID, TaskIndex: vt.rec.Index,
-			Attempt: vt.rec.Attempt, NodeEpoch: vt.rec.NodeEpoch, Region: s.d.Region}
+			Attempt: vt.rec.Attempt, NodeEpoch: vt.rec.NodeEpoch, Region: s.d.Region, FailoverEpoch: vt.rec.FencingToken >> store.FailoverTokenShift}
 		b, err := proto.Marshal(a)
 		if err != nil {
 			s.skip("marshal", key, err)

@@ -74,6 +74,10 @@ type Deps struct {
 	// summary (nil: none). It is reset whenever a new loop loads its
 	// cache.
 	Nodes *NodeIndex
+	// Hold tells whether a job's tasks must not be placed yet (nil: none
+	// held): a failover job of a region that came back, until its
+	// standbys said whether it moved (regional/failover, Manager.Hold).
+	Hold func(*store.JobRecord) bool
 }
 
 // Loop is the scheduling loop of the shards a coordinator owns: a cache of
@@ -393,7 +397,7 @@ func (s *Loop) cancels(ctx context.Context, now time.Time) error {
 			ops := []clientv3.Op{clientv3.OpPut(key, store.MustJSON(&newRec))}
 			if kill {
 				a := &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_CANCEL, JobId: jobID, TaskIndex: ct.rec.Index,
-					Attempt: ct.rec.Attempt, NodeEpoch: ct.rec.NodeEpoch, Region: s.d.Region}
+					Attempt: ct.rec.Attempt, NodeEpoch: ct.rec.NodeEpoch, Region: s.d.Region, FailoverEpoch: ct.rec.FencingToken >> store.FailoverTokenShift}
 				b, err := proto.Marshal(a)
 				if err != nil {
 					s.skip("marshal", key, err)

@@ -29,6 +29,12 @@ import (
 //	                                          of placing a member there (value: the last member placed, a task key)
 //	/apiary/dedup/<clientID>/<requestID>      job id and payload hash of a submission
 //	/apiary/upkeep/defrag-lock                the member defragmenting now (its name), under a lease (regional/defrag.go)
+//	/apiary/failover/standby/<jobID>          another region's failover job held here on standby (StandbyRecord; regional/failover)
+//	/apiary/failover/done/<jobID>/<index>     a standby job's task that completed in its home region (TaskDoneRecord)
+//	/apiary/failover/moved/<jobID>            a job this region activated as a standby (MovedRecord); CreateRevision decides it once
+//	/apiary/failover/claimed/<jobID>          a standby job this region gave up to a later standby (ClaimRecord)
+//	/apiary/failover/observe/<home>/<coordID> a coordinator's observation that region home is down, under its session lease
+//	/apiary/failover/home/<jobID>             this region's failover job with standbys (HomeIndexRecord): the progress loop's index
 //
 // /apiary/acl/ (ACL tokens, policies, join token bindings) is package
 // regional/aclstore's: it spells those keys itself (aclstore/keys.go).
@@ -36,17 +42,26 @@ import (
 // Root is the prefix of every key of the region; the prefixes below are
 // those of the layout's parts.
 const (
-	Root             = "/apiary/"
-	KeyMeta          = Root + "meta"
-	PrefMembers      = Root + "members/"
-	PrefShards       = Root + "shards" // shards.Layout.Prefix: <PrefShards>/<s>/owner
-	PrefJobs         = Root + "jobs/"
-	PrefTasks        = Root + "tasks/"
-	PrefResults      = Root + "results/"
-	PrefAssign       = Root + "assign/"
-	PrefNodes        = Root + "nodes/"
-	PrefDedup        = Root + "dedup/"
-	KeyQuarantineSet = Root + "quarantine"
+	Root        = "/apiary/"
+	KeyMeta     = Root + "meta"
+	PrefMembers = Root + "members/"
+	PrefShards  = Root + "shards" // shards.Layout.Prefix: <PrefShards>/<s>/owner
+	PrefJobs    = Root + "jobs/"
+	PrefTasks   = Root + "tasks/"
+	PrefResults = Root + "results/"
+	PrefAssign  = Root + "assign/"
+	PrefNodes   = Root + "nodes/"
+	PrefDedup   = Root + "dedup/"
+	// The failover keys sort before PrefJobs: outside the scheduling
+	// loop's watch range.
+	PrefFailover        = Root + "failover/"
+	PrefStandby         = PrefFailover + "standby/"
+	PrefStandbyDone     = PrefFailover + "done/"
+	PrefMoved           = PrefFailover + "moved/"
+	PrefClaimed         = PrefFailover + "claimed/"
+	PrefFailoverObserve = PrefFailover + "observe/"
+	PrefFailoverHome    = PrefFailover + "home/"
+	KeyQuarantineSet    = Root + "quarantine"
 	// KeyDefragLock is held, under a lease, by the one member that
 	// defragments its backend at a time. "upkeep" sorts after "tasks/",
 	// outside the scheduling loop's watch range (PrefJobs to PrefTasks).
@@ -113,6 +128,21 @@ func KeyNodeOutput(nodeID, name string) string { return PrefNodes + nodeID + suf
 func PrefNodeOutputs(nodeID string) string     { return PrefNodes + nodeID + suffixOutputs }
 func KeyMember(coordID string) string          { return PrefMembers + coordID }
 func KeyDedup(client, req string) string       { return PrefDedup + client + "/" + req }
+
+// The failover keys of a job (see the layout above).
+func KeyStandby(jobID string) string         { return PrefStandby + jobID }
+func PrefStandbyTasks(jobID string) string   { return PrefStandbyDone + jobID + "/" }
+func KeyMoved(jobID string) string           { return PrefMoved + jobID }
+func KeyClaimed(jobID string) string         { return PrefClaimed + jobID }
+func PrefObserve(home string) string         { return PrefFailoverObserve + home + "/" }
+func KeyObserve(home, coordID string) string { return PrefObserve(home) + coordID }
+func KeyFailoverHome(jobID string) string    { return PrefFailoverHome + jobID }
+
+// KeyStandbyDone records that task index of standby job jobID completed in
+// its home region.
+func KeyStandbyDone(jobID string, index int32) string {
+	return fmt.Sprintf("%s%06d", PrefStandbyTasks(jobID), index)
+}
 
 // KeyAntiAffinity is the key of the scope of anti-affinity group whose node
 // label label has value value (the label and value path-escaped; group is

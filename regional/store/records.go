@@ -7,6 +7,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 
+	"google.golang.org/protobuf/proto"
+
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/placement"
 	"apiary.dev/apiary/regional/nodehealth"
@@ -30,6 +32,118 @@ type JobRecord struct {
 	// (policy.Resolve); the placement filter enforces it. Records written
 	// before it existed have none: their spec's jurisdiction is used.
 	Where *WhereRecord `json:"where,omitempty"`
+	// Failover is the job's failover state (nil: the job never fails
+	// over): in its home region its standbys, or why it has none, and,
+	// once it moved, where; in the region that activated it, its home and
+	// epoch.
+	Failover *FailoverRecord `json:"failover,omitempty"`
+}
+
+// FailoverRecord is a job's failover state (docs/architecture.md, "Failover
+// of accepted jobs").
+type FailoverRecord struct {
+	// AfterMs: how long the home region must be down before a standby
+	// activates the job.
+	AfterMs int64 `json:"after_ms,omitempty"`
+	// Standbys hold the job's spec, in activation order.
+	Standbys []string `json:"standbys,omitempty"`
+	// NotEligible says why no region may take the job over (Standbys is
+	// then empty and the job never moves).
+	NotEligible string `json:"not_eligible,omitempty"`
+	// Home is the region that accepted the job; Epoch is 0 there and one
+	// more for each move. MovedMs is when this region activated it.
+	Home    string `json:"home,omitempty"`
+	Epoch   int64  `json:"epoch,omitempty"`
+	MovedMs int64  `json:"moved_ms,omitempty"`
+	// MovedTo, in a region the job left, is the region that took it over
+	// (at MovedEpoch): this region runs nothing of it any more.
+	MovedTo    string `json:"moved_to,omitempty"`
+	MovedEpoch int64  `json:"moved_epoch,omitempty"`
+}
+
+// FailoverEpoch is the epoch a region dispatches the job under (0 for a
+// job that never moved, and for a nil record).
+func (j *JobRecord) FailoverEpoch() int64 {
+	if j == nil || j.Failover == nil {
+		return 0
+	}
+	return j.Failover.Epoch
+}
+
+// Moved reports whether the job left this region for another.
+func (j *JobRecord) Moved() bool { return j != nil && j.Failover != nil && j.Failover.MovedTo != "" }
+
+// FailoverTokenShift places the failover epoch above the revision in a
+// fencing token: token = epoch << 48 + the assignment key's CreateRevision.
+// A region's revisions stay below 2^48 (2.8e14 writes), so every token a
+// region issues after a move exceeds every token of the region the job
+// left, whatever the two regions' revisions (docs/agent.md,
+// APIARY_FENCING_TOKEN).
+const FailoverTokenShift = 48
+
+// FencingToken composes the token of an assignment dispatched under epoch
+// whose key has CreateRevision createRev.
+func FencingToken(epoch, createRev int64) int64 { return epoch<<FailoverTokenShift + createRev }
+
+// TokenRevision is the assignment key's CreateRevision within a token.
+func TokenRevision(token int64) int64 { return token & (1<<FailoverTokenShift - 1) }
+
+// StandbyRecord is /apiary/failover/standby/<jobID>: another region's job
+// held here, not scheduled, until this region activates it.
+type StandbyRecord struct {
+	ID          string            `json:"id"`
+	Home        string            `json:"home"`
+	Spec        *apiaryv1.JobSpec `json:"spec"`
+	SubmitMs    int64             `json:"submit_ms"`
+	ClientID    string            `json:"client_id,omitempty"`
+	RequestID   string            `json:"request_id,omitempty"`
+	Traceparent string            `json:"traceparent,omitempty"`
+	AfterMs     int64             `json:"after_ms"`
+	Standbys    []string          `json:"standbys"`
+	HomeEpoch   int64             `json:"home_epoch,omitempty"`
+	Where       *WhereRecord      `json:"where,omitempty"`
+	// StoredMs is when this region wrote the record.
+	StoredMs int64 `json:"stored_ms"`
+}
+
+// HomeIndexRecord is /apiary/failover/home/<jobID>: a failover job of this
+// region whose progress goes to its standbys (written with the job).
+type HomeIndexRecord struct {
+	Shard     int      `json:"shard"`
+	Standbys  []string `json:"standbys"`
+	TaskCount int32    `json:"tasks"`
+}
+
+// TaskDoneRecord is /apiary/failover/done/<jobID>/<index>: the task's
+// completion in the job's home region.
+type TaskDoneRecord struct {
+	Attempt int32 `json:"attempt"`
+	Token   int64 `json:"token"`
+	DoneMs  int64 `json:"done_ms,omitempty"`
+}
+
+// MovedRecord is /apiary/failover/moved/<jobID> in the region that
+// activated a standby job.
+type MovedRecord struct {
+	Home    string `json:"home"`
+	Epoch   int64  `json:"epoch"`
+	MovedMs int64  `json:"moved_ms"`
+	// Skipped counts the tasks not rerun (their completion was replicated).
+	Skipped int `json:"skipped"`
+}
+
+// ClaimRecord is /apiary/failover/claimed/<jobID>: this region gave the job
+// up to region By, which may activate it.
+type ClaimRecord struct {
+	By   string `json:"by"`
+	AtMs int64  `json:"at_ms"`
+}
+
+// ObserveRecord is /apiary/failover/observe/<home>/<coordID>: since when
+// (the observer's clock, Unix ms) the coordinator has seen region home down
+// in the WAN pool with its probes unanswered.
+type ObserveRecord struct {
+	DownSinceMs int64 `json:"down_since_ms"`
 }
 
 // WhereRecord is where a job may run: any jurisdiction, or only those listed
@@ -325,4 +439,15 @@ func DecodeNodes(kvs []*mvccpb.KeyValue) map[string]*NodeView {
 		_ = n.Apply(kind, kv, false)
 	}
 	return out
+}
+
+// AssignToken is the fencing token of a stored assignment: its key's
+// CreateRevision under the failover epoch its value carries (0 when the
+// value does not decode: the revision alone, as before epochs existed).
+func AssignToken(value []byte, createRev int64) int64 {
+	var a apiaryv1.Assignment
+	if proto.Unmarshal(value, &a) != nil {
+		return createRev
+	}
+	return FencingToken(a.GetFailoverEpoch(), createRev)
 }

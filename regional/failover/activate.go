@@ -1,0 +1,217 @@
+package failover
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/regional/taskstate"
+	"apiary.dev/apiary/shards"
+)
+
+// activateLoop, on the region's failover leader, activates the standby jobs
+// whose home region has been down for their failover.after.
+func (m *Manager) activateLoop(ctx context.Context) {
+	t := time.NewTicker(activateEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if m.leader(ctx) {
+			m.activateDue(ctx)
+		}
+	}
+}
+
+// confirmed counts, per home region, the region's coordinators whose
+// observation says the home has been down for at least after, and the
+// region's live members.
+func (m *Manager) confirmations(ctx context.Context, home string) (since []int64, members int64, err error) {
+	cctx, cancel := store.EtcdCtx(ctx)
+	defer cancel()
+	resp, err := m.cfg.Client.Txn(cctx).Then(
+		clientv3.OpGet(store.PrefObserve(home), clientv3.WithPrefix()),
+		clientv3.OpGet(store.PrefMembers, clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		var o store.ObserveRecord
+		if json.Unmarshal(kv.Value, &o) == nil && o.DownSinceMs > 0 {
+			since = append(since, o.DownSinceMs)
+		}
+	}
+	return since, resp.Responses[1].GetResponseRange().Count, nil
+}
+
+// Due reports whether a standby job may be activated now: its home has been
+// down for after in this coordinator's view, and in the observations of a
+// majority of the region's live coordinators (not one observer).
+func due(afterMs, nowMs int64, since []int64, members int64) bool {
+	n := int64(0)
+	for _, s := range since {
+		if nowMs-s >= afterMs {
+			n++
+		}
+	}
+	return members > 0 && n > members/2
+}
+
+func (m *Manager) activateDue(ctx context.Context) {
+	recs, err := m.standbys(ctx)
+	if err != nil || len(recs) == 0 {
+		return
+	}
+	type conf struct {
+		since   []int64
+		members int64
+		err     error
+	}
+	byHome := map[string]*conf{}
+	nowMs := m.cfg.Now().UnixMilli()
+	for _, r := range recs {
+		// The k-th standby in the job's order waits k × claimStagger more,
+		// so the preferred standby normally activates the job; the claim
+		// makes it exactly one either way.
+		k := max(slices.Index(r.rec.Standbys, m.cfg.Meta.Region), 0)
+		after := time.Duration(r.rec.AfterMs)*time.Millisecond + time.Duration(k)*claimStagger
+		if m.DownFor(r.rec.Home) < after {
+			continue
+		}
+		c := byHome[r.rec.Home]
+		if c == nil {
+			c = &conf{}
+			c.since, c.members, c.err = m.confirmations(ctx, r.rec.Home)
+			byHome[r.rec.Home] = c
+		}
+		if c.err != nil || !due(after.Milliseconds(), nowMs, c.since, c.members) {
+			continue
+		}
+		if !m.claimEarlier(ctx, r) {
+			continue
+		}
+		if err := m.activate(ctx, r); err != nil {
+			m.cfg.Log.Warn("failover: activate", "job", r.rec.ID, "home", r.rec.Home, "err", err)
+		}
+	}
+}
+
+// claimEarlier asks every standby before this region in the job's order to
+// give the job up (ClaimJob). A standby that has itself been down for the
+// job's after is passed over. It returns false when one activated the job
+// (this region's standby record is then dropped) or could not be asked.
+func (m *Manager) claimEarlier(ctx context.Context, r standbyKV) bool {
+	me := m.cfg.Meta.Region
+	k := slices.Index(r.rec.Standbys, me)
+	after := time.Duration(r.rec.AfterMs) * time.Millisecond
+	for _, earlier := range r.rec.Standbys[:max(k, 0)] {
+		if m.DownFor(earlier) >= after {
+			continue
+		}
+		var resp *apiaryv1.ClaimJobResponse
+		cctx, cancel := context.WithTimeout(ctx, putTimeout)
+		err := m.call(cctx, earlier, func(ctx context.Context, c apiaryv1.FailoverServiceClient) (err error) {
+			resp, err = c.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: r.rec.ID, StandbyRegion: me})
+			return err
+		})
+		cancel()
+		if err != nil {
+			m.cfg.Log.Info("failover: an earlier standby did not answer the claim", "job", r.rec.ID, "standby", earlier, "err", err)
+			return false
+		}
+		if !resp.GetGranted() {
+			m.cfg.Log.Info("failover: an earlier standby has the job", "job", r.rec.ID, "standby", earlier, "active", resp.GetActiveRegion())
+			m.drop(ctx, r)
+			return false
+		}
+	}
+	return true
+}
+
+// drop deletes a standby record that will never be activated here.
+func (m *Manager) drop(ctx context.Context, r standbyKV) {
+	_, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(store.KeyStandby(r.rec.ID)), "=", r.modRev)).
+			Then(m.dropOps(&r.rec)...).Commit()
+	})
+	if err != nil {
+		m.cfg.Log.Warn("failover: drop standby record", "job", r.rec.ID, "err", err)
+	}
+}
+
+// activate makes a standby job this region's: its job record and its tasks
+// (those whose completion was replicated COMPLETE with the home's attempt
+// and token, the others PENDING) under failover epoch home_epoch + 1, and
+// its moved record, in one Txn that succeeds only once: the job key and the
+// moved key must not exist, no later standby may have claimed the job, and
+// the standby record must be the one read.
+func (m *Manager) activate(ctx context.Context, r standbyKV) error {
+	cctx, cancel := store.EtcdCtx(ctx)
+	resp, err := m.cfg.Client.Get(cctx, store.PrefStandbyTasks(r.rec.ID), clientv3.WithPrefix())
+	cancel()
+	if err != nil {
+		return err
+	}
+	done := map[int32]store.TaskDoneRecord{}
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		idx, err := strconv.Atoi(k[strings.LastIndexByte(k, '/')+1:])
+		var d store.TaskDoneRecord
+		if err == nil && json.Unmarshal(kv.Value, &d) == nil {
+			done[int32(idx)] = d
+		}
+	}
+	now := m.cfg.Now()
+	sr := r.rec
+	epoch := sr.HomeEpoch + 1
+	shard := shards.Of(sr.ID, m.cfg.Meta.ShardCount)
+	job := store.JobRecord{ID: sr.ID, Region: m.cfg.Meta.Region, Shard: shard, Spec: sr.Spec, SubmitMs: sr.SubmitMs,
+		ClientID: sr.ClientID, RequestID: sr.RequestID, Traceparent: sr.Traceparent, TaskCount: int32(jobspec.TaskCount(sr.Spec)),
+		Where: sr.Where, Failover: &store.FailoverRecord{AfterMs: sr.AfterMs, Standbys: sr.Standbys, Home: sr.Home, Epoch: epoch, MovedMs: now.UnixMilli()}}
+	if job.RequestID != "" {
+		job.PayloadHash = jobspec.PayloadHash(sr.Spec)
+	}
+	ops := []clientv3.Op{clientv3.OpPut(store.KeyJob(shard, sr.ID), store.MustJSON(job))}
+	idx := int32(0)
+	skipped := 0
+	for g, grp := range sr.Spec.GetTasks() {
+		for i := int32(0); i < grp.GetCount(); i++ {
+			t := taskstate.Task{JobID: sr.ID, Index: idx, Group: int32(g), State: apiaryv1.TaskState_TASK_STATE_PENDING}
+			if d, ok := done[idx]; ok {
+				t.State, t.Attempt, t.FencingToken, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_COMPLETE, d.Attempt, d.Token, d.DoneMs
+				skipped++
+			}
+			ops = append(ops, clientv3.OpPut(store.KeyTask(shard, sr.ID, idx), store.MustJSON(&t)))
+			idx++
+		}
+	}
+	ops = append(ops, clientv3.OpPut(store.KeyMoved(sr.ID), store.MustJSON(store.MovedRecord{Home: sr.Home, Epoch: epoch, MovedMs: now.UnixMilli(), Skipped: skipped})),
+		clientv3.OpDelete(store.KeyStandby(sr.ID)), clientv3.OpDelete(store.PrefStandbyTasks(sr.ID), clientv3.WithPrefix()))
+	tresp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return m.cfg.Client.Txn(ctx).If(
+			clientv3.Compare(clientv3.CreateRevision(store.KeyJob(shard, sr.ID)), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(sr.ID)), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(store.KeyClaimed(sr.ID)), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(store.KeyStandby(sr.ID)), "=", r.modRev),
+		).Then(ops...).Commit()
+	})
+	if err != nil {
+		return err
+	}
+	if tresp.Succeeded {
+		m.cfg.Log.Warn("failover: job activated here; its home region is down", "job", sr.ID, "home", sr.Home, "epoch", epoch,
+			"down_for", m.DownFor(sr.Home).Round(time.Millisecond), "after_ms", sr.AfterMs, "tasks_not_rerun", skipped, "tasks", idx)
+	}
+	return nil
+}

@@ -1,0 +1,298 @@
+package failover_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/cliconn"
+	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/sovereignty"
+	"apiary.dev/apiary/internal/testutil"
+	"apiary.dev/apiary/regional/store"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testutil.Cleanup()
+	os.Exit(code)
+}
+
+// fed is a router and four regions, each one coordinator and one agent:
+// eu-west (the home), eu-central and eu-north (EU standbys), us-east.
+type fed struct {
+	cl     *devcluster.Cluster
+	router apiaryv1.JobServiceClient
+	direct map[string]apiaryv1.JobServiceClient
+	region map[string]*devcluster.Region
+}
+
+func startFed(t *testing.T) *fed {
+	t.Helper()
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(pol, []byte(sovereignty.DefaultYAML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	region := func(name, jur string) devcluster.RegionSpec {
+		return devcluster.RegionSpec{Name: name, Jurisdiction: jur, Labels: map[string]string{"jurisdiction": jur},
+			Agents:    []devcluster.AgentSpec{{ID: name + "-n1", CPUMillis: 4000, MemoryMiB: 4096}},
+			ExtraArgs: []string{"--node-lease-ttl", "2s"}, NoLAN: true}
+	}
+	opts := devcluster.Options{Binary: testutil.Binary(t), Dir: dir, Global: &devcluster.GlobalSpec{PolicyFile: pol},
+		Regions: []devcluster.RegionSpec{region("eu-west", "eu"), region("eu-central", "eu"), region("eu-north", "eu"), region("us-east", "us")}}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl, err := devcluster.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fed{cl: cl, direct: map[string]apiaryv1.JobServiceClient{}, region: map[string]*devcluster.Region{}}
+	var conns []*grpc.ClientConn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+		cl.Stop()
+		if t.Failed() {
+			for _, r := range cl.Regions {
+				for _, p := range append(r.Coords, r.Agents...) {
+					b, _ := os.ReadFile(p.LogPath)
+					if len(b) > 4000 {
+						b = b[len(b)-4000:]
+					}
+					t.Logf("--- %s log tail ---\n%s", p.Name, b)
+				}
+			}
+		}
+	})
+	dial := func(addr string) apiaryv1.JobServiceClient {
+		c, err := cliconn.Dial(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		return apiaryv1.NewJobServiceClient(c)
+	}
+	f.router = dial(cl.GlobalAddr)
+	for _, r := range cl.Regions {
+		f.direct[r.Spec.Name] = dial(r.Addr())
+		f.region[r.Spec.Name] = r
+	}
+	return f
+}
+
+func parse(t *testing.T, y string) *apiaryv1.JobSpec {
+	t.Helper()
+	s, err := jobspec.Parse([]byte(y))
+	if err == nil {
+		err = jobspec.Validate(s)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (f *fed) submit(t *testing.T, spec *apiaryv1.JobSpec) *apiaryv1.SubmitJobResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, err := f.router.SubmitJob(ctx, &apiaryv1.SubmitJobRequest{Spec: spec, ClientId: "fotest", RequestId: fmt.Sprintf("r-%d", time.Now().UnixNano()),
+		EphemeralRequestId: true}) // routed by prefer and load, not pinned to a home by its key
+	if err != nil {
+		t.Fatalf("submit %s: %v", spec.GetName(), err)
+	}
+	return resp
+}
+
+func get(c apiaryv1.JobServiceClient, id string) (*apiaryv1.Job, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.GetJob(ctx, &apiaryv1.GetJobRequest{JobId: id})
+	return resp.GetJob(), err
+}
+
+// waitJob polls region's view of job id until cond holds (limit: d).
+func (f *fed) waitJob(t *testing.T, region, id string, d time.Duration, what string, cond func(*apiaryv1.Job) bool) *apiaryv1.Job {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var last *apiaryv1.Job
+	var lastErr error
+	for time.Now().Before(deadline) {
+		j, err := get(f.direct[region], id)
+		if err == nil && cond(j) {
+			return j
+		}
+		last, lastErr = j, err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: job %s in %s: not %s within %s; last %v (err %v)", t.Name(), id, region, what, d, last, lastErr)
+	return nil
+}
+
+func killRegion(t *testing.T, r *devcluster.Region) {
+	t.Helper()
+	for _, p := range r.Coords {
+		if err := p.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func restartRegion(t *testing.T, r *devcluster.Region) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := r.RestartCoordinators(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFailoverOfAcceptedJobs runs the issue's cases on one federation, in
+// order: a job whose policy allows no other region; the home back before
+// after (nothing moves); the home lost past after (the job completes in
+// exactly one EU standby, never in us-east, the replicated completion not
+// rerun, every new token above the home's); the home back (the job MOVED
+// there, its late completions discarded, nothing of it running).
+func TestFailoverOfAcceptedJobs(t *testing.T) {
+	f := startFed(t)
+	euWest := f.region["eu-west"]
+
+	t.Run("no eligible standby", func(t *testing.T) {
+		r := f.submit(t, parse(t, `
+name: us-personal
+jurisdiction: us
+data_class: personal
+failover: {after: 5s}
+tasks: [{name: t, command: /bin/true}]
+`))
+		j, err := get(f.router, r.GetJobId())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fo := j.GetFailover()
+		if r.GetRegion() != "us-east" || len(fo.GetStandbys()) != 0 || !strings.Contains(fo.GetNotEligible(), "eu-central: policy") ||
+			!strings.Contains(fo.GetNotEligible(), "us-personal-in-us") {
+			t.Fatalf("job in %s, failover %v; want us-east, no standby, a reason naming the policy rule", r.GetRegion(), fo)
+		}
+	})
+
+	spec := func(name, after string) *apiaryv1.JobSpec {
+		return parse(t, fmt.Sprintf(`
+name: %s
+jurisdiction: eu
+region: {prefer: [eu-west]}
+failover: {after: %s, regions: [eu-central, eu-north]}
+tasks:
+  - {name: quick, command: /bin/true}
+  - {name: slow, count: 3, command: /bin/sleep, args: ["4"]}
+`, name, after))
+	}
+
+	t.Run("home back before after", func(t *testing.T) {
+		r := f.submit(t, spec("back-soon", "60s"))
+		if r.GetRegion() != "eu-west" {
+			t.Fatalf("routed to %s; want eu-west", r.GetRegion())
+		}
+		j, _ := get(f.direct["eu-west"], r.GetJobId())
+		if got := j.GetFailover().GetStandbys(); strings.Join(got, ",") != "eu-central,eu-north" {
+			t.Fatalf("standbys %v; want [eu-central eu-north]", got)
+		}
+		killRegion(t, euWest)
+		time.Sleep(2 * time.Second) // a short outage, well under after
+		restartRegion(t, euWest)
+		f.waitJob(t, "eu-west", r.GetJobId(), 40*time.Second, "COMPLETE", func(j *apiaryv1.Job) bool {
+			return j.GetState() == apiaryv1.JobState_JOB_STATE_COMPLETE
+		})
+		for _, s := range []string{"eu-central", "eu-north"} {
+			if _, err := get(f.direct[s], r.GetJobId()); status.Code(err) != codes.NotFound {
+				t.Errorf("%s has the job (%v); want NotFound: nothing moves when the home is back before after", s, err)
+			}
+		}
+	})
+
+	t.Run("home lost then back", func(t *testing.T) {
+		r := f.submit(t, spec("moves", "5s"))
+		id := r.GetJobId()
+		home := f.waitJob(t, "eu-west", id, 20*time.Second, "running with task 0 complete", func(j *apiaryv1.Job) bool {
+			return len(j.GetTasks()) == 4 && j.GetTasks()[0].GetState() == apiaryv1.TaskState_TASK_STATE_COMPLETE &&
+				j.GetCounts().GetRunning() > 0
+		})
+		homeToken := int64(0)
+		for _, tk := range home.GetTasks() {
+			homeToken = max(homeToken, tk.GetFencingToken())
+		}
+		// Give the progress loop a moment to push task 0 (it batches
+		// every 200 ms); the standby's record is checked below.
+		time.Sleep(time.Second)
+		killRegion(t, euWest)
+		killedAt := time.Now()
+
+		var active string
+		deadline := time.Now().Add(40 * time.Second)
+		for active == "" && time.Now().Before(deadline) {
+			for _, s := range []string{"eu-central", "eu-north"} {
+				if _, err := get(f.direct[s], id); err == nil {
+					active = s
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if active == "" {
+			t.Fatal("no standby activated the job within 40 s of the home's loss")
+		}
+		t.Logf("activated in %s %.1f s after the kill (after: 5s)", active, time.Since(killedAt).Seconds())
+		if active != "eu-central" {
+			t.Errorf("activated in %s; want eu-central, the first standby of failover.regions (the second waits 2 s more)", active)
+		}
+		j := f.waitJob(t, active, id, 40*time.Second, "COMPLETE", func(j *apiaryv1.Job) bool {
+			return j.GetState() == apiaryv1.JobState_JOB_STATE_COMPLETE
+		})
+		if fo := j.GetFailover(); fo.GetEpoch() != 1 || fo.GetHomeRegion() != "eu-west" || fo.GetActiveRegion() != active {
+			t.Errorf("failover status %v; want epoch 1, home eu-west, active %s", fo, active)
+		}
+		if t0 := j.GetTasks()[0]; t0.GetFencingToken() != home.GetTasks()[0].GetFencingToken() || t0.GetFencingToken() >= 1<<store.FailoverTokenShift {
+			t.Errorf("task 0 token %d; want the home's %d: its replicated completion is not rerun", t0.GetFencingToken(), home.GetTasks()[0].GetFencingToken())
+		}
+		for _, tk := range j.GetTasks()[1:] {
+			if tk.GetFencingToken() <= homeToken || tk.GetFencingToken() < 1<<store.FailoverTokenShift {
+				t.Errorf("task %d token %d; want above every home token (max %d) and at least 1<<48", tk.GetIndex(), tk.GetFencingToken(), homeToken)
+			}
+		}
+		other := "eu-north"
+		if active == "eu-north" {
+			other = "eu-central"
+		}
+		if _, err := get(f.direct[other], id); status.Code(err) != codes.NotFound {
+			t.Errorf("%s has the job too (%v): exactly one standby may activate it", other, err)
+		}
+		if _, err := get(f.direct["us-east"], id); status.Code(err) != codes.NotFound {
+			t.Errorf("us-east has the EU job (%v)", err)
+		}
+
+		restartRegion(t, euWest)
+		back := f.waitJob(t, "eu-west", id, 30*time.Second, "MOVED with nothing active", func(j *apiaryv1.Job) bool {
+			c := j.GetCounts()
+			return j.GetState() == apiaryv1.JobState_JOB_STATE_MOVED && c.GetAssigned()+c.GetRunning()+c.GetPending() == 0
+		})
+		if fo := back.GetFailover(); fo.GetActiveRegion() != active || fo.GetEpoch() != 1 {
+			t.Errorf("home's failover status %v; want active %s, epoch 1", fo, active)
+		}
+		for _, tk := range back.GetTasks()[1:] {
+			if tk.GetState() == apiaryv1.TaskState_TASK_STATE_COMPLETE {
+				t.Errorf("home task %d COMPLETE after the move: its late completion must be discarded", tk.GetIndex())
+			}
+		}
+	})
+}

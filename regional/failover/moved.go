@@ -1,0 +1,130 @@
+package failover
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/shards"
+)
+
+// movedLoop, on every coordinator, asks each region of the pool that is up
+// which of this region's jobs it activated, and marks them MOVED here: the
+// job record gets the active region and a cancel request, so the shard
+// owner kills their running attempts and dispatches nothing more of them,
+// and reports of their old attempts no longer count (regional/reports.go).
+// Until every standby of a failover job has answered once since this
+// coordinator started, the job is held (Hold): a region that comes back
+// dispatches none of its failover jobs before it knows which moved.
+func (m *Manager) movedLoop(ctx context.Context) {
+	for {
+		m.movedOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(movedEvery):
+		}
+	}
+}
+
+func (m *Manager) movedOnce(ctx context.Context) {
+	me := m.cfg.Meta.Region
+	for _, r := range m.Regions() {
+		if r.Name == me || !r.Up {
+			continue
+		}
+		var resp *apiaryv1.MovedJobsResponse
+		cctx, cancel := context.WithTimeout(ctx, putTimeout)
+		err := m.call(cctx, r.Name, func(ctx context.Context, c apiaryv1.FailoverServiceClient) (err error) {
+			resp, err = c.MovedJobs(ctx, &apiaryv1.MovedJobsRequest{HomeRegion: me})
+			return err
+		})
+		cancel()
+		if err != nil {
+			m.cfg.Log.Debug("failover: moved jobs", "region", r.Name, "err", err)
+			continue
+		}
+		ok := true
+		for _, mj := range resp.GetMoved() {
+			if err := m.markMoved(ctx, mj); err != nil {
+				m.cfg.Log.Warn("failover: mark a moved job", "job", mj.GetJobId(), "active", mj.GetActiveRegion(), "err", err)
+				ok = false
+			}
+		}
+		if ok {
+			m.mu.Lock()
+			if !m.checked[r.Name] {
+				m.cfg.Log.Info("failover: learned which jobs moved", "region", r.Name, "moved", len(resp.GetMoved()))
+			}
+			m.checked[r.Name] = true
+			m.mu.Unlock()
+		}
+	}
+}
+
+// markMoved records in the job's record that it moved to mj's region (and
+// requests its cancellation here), unless it says so already.
+func (m *Manager) markMoved(ctx context.Context, mj *apiaryv1.MovedJob) error {
+	id := mj.GetJobId()
+	shard := shards.Of(id, m.cfg.Meta.ShardCount)
+	key := store.KeyJob(shard, id)
+	cctx, cancel := store.EtcdCtx(ctx)
+	resp, err := m.cfg.Client.Get(cctx, key)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if len(resp.Kvs) == 0 {
+		return nil // deleted by retention, or never committed here
+	}
+	var rec store.JobRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return err
+	}
+	if rec.Failover == nil || rec.Failover.Epoch >= mj.GetEpoch() {
+		return nil
+	}
+	m.noteMoved(id, mj.GetActiveRegion(), mj.GetEpoch())
+	if rec.Moved() {
+		return nil
+	}
+	rec.Failover.MovedTo, rec.Failover.MovedEpoch, rec.Failover.MovedMs = mj.GetActiveRegion(), mj.GetEpoch(), mj.GetMovedTimeMs()
+	rec.CancelRequested = true
+	_, err = m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)).
+			Then(clientv3.OpPut(key, store.MustJSON(&rec)), clientv3.OpDelete(store.KeyFailoverHome(id))).Commit()
+	})
+	if err == nil {
+		m.cfg.Log.Warn("failover: job moved while this region was away; its attempts here are cancelled", "job", id,
+			"active", mj.GetActiveRegion(), "epoch", mj.GetEpoch())
+	}
+	return err
+}
+
+type movedMark struct {
+	to    string
+	epoch int64
+}
+
+func (m *Manager) noteMoved(id, to string, epoch int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.moved == nil {
+		m.moved = map[string]movedMark{}
+	}
+	m.moved[id] = movedMark{to, epoch}
+}
+
+// MovedTo is the region and epoch job id moved to, as this coordinator
+// learned from its standbys ("" if not): a report read with an older job
+// record is judged by it.
+func (m *Manager) MovedTo(id string) (string, int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mm := m.moved[id]
+	return mm.to, mm.epoch
+}

@@ -1,0 +1,272 @@
+package failover
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"sort"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/regional/taskstate"
+)
+
+// maxBatch bounds the entries of one PushProgress call.
+const maxBatch = 2000
+
+// hjob is a failover job of this region whose progress the leader pushes.
+type hjob struct {
+	idx      store.HomeIndexRecord
+	sent     map[int32]bool // completions queued
+	terminal map[int32]bool
+	ended    bool
+	endAcks  int // standbys that took the job's end
+}
+
+// progressLoop, on the region's failover leader, pushes the completions of
+// its failover jobs to their standbys (asynchronously, batched every
+// pushEvery), and the jobs that ended (their standby records are then
+// dropped). It reads the failover index and those jobs' tasks once, then
+// follows a watch of the index and of the task records.
+func (m *Manager) progressLoop(ctx context.Context) {
+	for ctx.Err() == nil {
+		if !m.leader(ctx) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		if err := m.pushRun(ctx); err != nil && ctx.Err() == nil {
+			m.cfg.Log.Info("failover: progress loop restarts", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+func (m *Manager) pushRun(ctx context.Context) error {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	jobs := map[string]*hjob{}
+	cctx, ccancel := store.EtcdCtx(rctx)
+	resp, err := m.cfg.Client.Get(cctx, store.PrefFailoverHome, clientv3.WithPrefix())
+	ccancel()
+	if err != nil {
+		return err
+	}
+	rev := resp.Header.Revision
+	for _, kv := range resp.Kvs {
+		m.track(jobs, string(kv.Key[len(store.PrefFailoverHome):]), kv.Value)
+	}
+	for id, j := range jobs {
+		cctx, ccancel := store.EtcdCtx(rctx)
+		tr, err := m.cfg.Client.Get(cctx, store.PrefJobTasks(j.idx.Shard, id), clientv3.WithPrefix(), clientv3.WithRev(rev))
+		ccancel()
+		if err != nil {
+			return err
+		}
+		if len(tr.Kvs) == 0 {
+			// The job is gone (retention): its index goes too.
+			m.cfg.Client.Delete(rctx, store.KeyFailoverHome(id))
+			delete(jobs, id)
+			continue
+		}
+		for _, kv := range tr.Kvs {
+			m.taskEvent(jobs, kv.Key, kv.Value)
+		}
+	}
+	wopts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithRev(rev + 1)}
+	wi := m.cfg.Client.Watch(clientv3.WithRequireLeader(rctx), store.PrefFailoverHome, wopts...)
+	wt := m.cfg.Client.Watch(clientv3.WithRequireLeader(rctx), store.PrefTasks, wopts...)
+	tick := time.NewTicker(pushEvery)
+	defer tick.Stop()
+	leaderCheck := time.NewTicker(2 * time.Second)
+	defer leaderCheck.Stop()
+	for {
+		select {
+		case <-rctx.Done():
+			return nil
+		case <-leaderCheck.C:
+			if !m.leader(rctx) {
+				return nil
+			}
+		case wr, ok := <-wi:
+			if !ok || wr.Err() != nil {
+				return errWatch(wr)
+			}
+			for _, ev := range wr.Events {
+				id := string(ev.Kv.Key[len(store.PrefFailoverHome):])
+				if ev.Type == clientv3.EventTypeDelete {
+					delete(jobs, id)
+				} else if jobs[id] == nil {
+					m.track(jobs, id, ev.Kv.Value)
+				}
+			}
+		case wr, ok := <-wt:
+			if !ok || wr.Err() != nil {
+				return errWatch(wr)
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypePut {
+					m.taskEvent(jobs, ev.Kv.Key, ev.Kv.Value)
+				}
+			}
+		case <-tick.C:
+			for id, n := range m.flush(rctx) {
+				j := jobs[id]
+				if j == nil {
+					continue
+				}
+				if j.endAcks += n; j.endAcks >= len(j.idx.Standbys) {
+					if _, err := m.cfg.Client.Delete(rctx, store.KeyFailoverHome(id)); err == nil {
+						delete(jobs, id)
+					}
+				}
+			}
+		}
+	}
+}
+
+type watchErr struct{ msg string }
+
+func (e watchErr) Error() string { return e.msg }
+
+func errWatch(wr clientv3.WatchResponse) error {
+	if err := wr.Err(); err != nil {
+		return err
+	}
+	return watchErr{"watch closed"}
+}
+
+func (m *Manager) track(jobs map[string]*hjob, id string, value []byte) {
+	var idx store.HomeIndexRecord
+	if json.Unmarshal(value, &idx) != nil || len(idx.Standbys) == 0 {
+		return
+	}
+	jobs[id] = &hjob{idx: idx, sent: map[int32]bool{}, terminal: map[int32]bool{}}
+}
+
+// taskEvent queues a tracked job's completed task for its standbys, and the
+// job's end once every task is terminal.
+func (m *Manager) taskEvent(jobs map[string]*hjob, key, value []byte) {
+	_, id, index, ok := store.ParseTaskKey(string(key))
+	if !ok {
+		return
+	}
+	j := jobs[id]
+	if j == nil || j.ended {
+		return
+	}
+	var t taskstate.Task
+	if json.Unmarshal(value, &t) != nil {
+		return
+	}
+	if t.State == apiaryv1.TaskState_TASK_STATE_COMPLETE && !j.sent[index] {
+		j.sent[index] = true
+		d := &apiaryv1.TaskDone{JobId: id, TaskIndex: index, Attempt: t.Attempt, FencingToken: t.FencingToken, DoneTimeMs: t.FinishedMs}
+		m.enqueue(j.idx.Standbys, func(b *batch) { b.done = append(b.done, d) })
+	}
+	if taskstate.Terminal(t.State) {
+		j.terminal[index] = true
+	}
+	if int32(len(j.terminal)) >= j.idx.TaskCount && j.idx.TaskCount > 0 {
+		j.ended = true
+		m.enqueue(j.idx.Standbys, func(b *batch) { b.ended = append(b.ended, id) })
+	}
+}
+
+func (m *Manager) enqueue(standbys []string, add func(*batch)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range standbys {
+		b := m.queue[s]
+		if b == nil {
+			b = &batch{}
+			m.queue[s] = b
+		}
+		add(b)
+	}
+}
+
+// flush sends each standby its queued progress (up to maxBatch entries per
+// call); what a standby did not take stays queued. It returns, per job
+// whose end was taken, by how many standbys.
+func (m *Manager) flush(ctx context.Context) map[string]int {
+	m.mu.Lock()
+	regions := make([]string, 0, len(m.queue))
+	for r, b := range m.queue {
+		if len(b.done)+len(b.ended) > 0 {
+			regions = append(regions, r)
+		}
+	}
+	m.mu.Unlock()
+	sort.Strings(regions)
+	endedBy := map[string]int{}
+	for _, region := range regions {
+		m.mu.Lock()
+		b := m.queue[region]
+		nd := min(len(b.done), maxBatch)
+		ne := min(len(b.ended), maxBatch-nd)
+		req := &apiaryv1.PushProgressRequest{HomeRegion: m.cfg.Meta.Region, Done: slices.Clone(b.done[:nd]), Ended: slices.Clone(b.ended[:ne])}
+		m.mu.Unlock()
+		cctx, cancel := context.WithTimeout(ctx, putTimeout)
+		err := m.call(cctx, region, func(ctx context.Context, c apiaryv1.FailoverServiceClient) error {
+			_, err := c.PushProgress(ctx, req)
+			return err
+		})
+		cancel()
+		if err != nil {
+			m.cfg.Log.Debug("failover: push progress", "standby", region, "err", err)
+			continue
+		}
+		nowMs := m.cfg.Now().UnixMilli()
+		m.mu.Lock()
+		b.done = b.done[nd:]
+		b.ended = b.ended[ne:]
+		for _, d := range req.Done {
+			if d.GetDoneTimeMs() > 0 && len(m.lag) < 1<<16 {
+				m.lag = append(m.lag, nowMs-d.GetDoneTimeMs())
+			}
+		}
+		m.mu.Unlock()
+		for _, id := range req.Ended {
+			endedBy[id]++
+		}
+	}
+	return endedBy
+}
+
+// ProgressLag returns the delivery lags (ms: from a task's completion in
+// this region to its standby's acknowledgement) recorded since the last
+// call, for the measurement.
+func (m *Manager) ProgressLag() []int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := m.lag
+	m.lag = nil
+	return out
+}
+
+// Abandon tells standbys to drop the standby record of a job that was not
+// committed in this region (its submission failed after Replicate, or a
+// concurrent repeat won). Best effort: a failure is logged.
+func (m *Manager) Abandon(jobID string, standbys []string) {
+	for _, region := range standbys {
+		ctx, cancel := context.WithTimeout(context.Background(), putTimeout)
+		err := m.call(ctx, region, func(ctx context.Context, c apiaryv1.FailoverServiceClient) error {
+			_, err := c.PushProgress(ctx, &apiaryv1.PushProgressRequest{HomeRegion: m.cfg.Meta.Region, Ended: []string{jobID}})
+			return err
+		})
+		cancel()
+		if err != nil {
+			m.cfg.Log.Warn("failover: could not drop the standby record of an uncommitted job", "job", jobID, "standby", region, "err", err)
+		}
+	}
+}

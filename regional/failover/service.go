@@ -1,0 +1,323 @@
+package failover
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/internal/jobspec"
+	"apiary.dev/apiary/internal/sovereignty"
+	"apiary.dev/apiary/regional/store"
+)
+
+// maxOpsPerTxn bounds the ops of one progress Txn.
+const maxOpsPerTxn = 1000
+
+// Server is the region's FailoverService (authz admits only other regions'
+// coordinators, each acting for its own region).
+type Server struct {
+	apiaryv1.UnimplementedFailoverServiceServer
+	m *Manager
+}
+
+// Server returns the manager's FailoverService.
+func (m *Manager) Server() *Server { return &Server{m: m} }
+
+// PutStandby stores another region's failover job here, not scheduled. It
+// refuses (INVALID_ARGUMENT) a malformed job, and (FAILED_PRECONDITION) a
+// job this region does not stand by for or may not run: not in its
+// standbys, its region selector unmatched, or its data's jurisdiction not
+// allowed here by this region's sovereignty policy. A repeat is a no-op;
+// so is a job this region activated already.
+func (s *Server) PutStandby(ctx context.Context, req *apiaryv1.PutStandbyRequest) (*apiaryv1.PutStandbyResponse, error) {
+	m := s.m
+	j := req.GetJob()
+	me := m.cfg.Meta.Region
+	switch {
+	case !ids.IsJobID(j.GetJobId()):
+		return nil, status.Errorf(codes.InvalidArgument, "job.job_id: %q is not a job id", j.GetJobId())
+	case j.GetHomeRegion() == "" || j.GetHomeRegion() == me:
+		return nil, status.Errorf(codes.InvalidArgument, "job.home_region: must name another region than %s (got %q)", me, j.GetHomeRegion())
+	case j.GetSpec() == nil:
+		return nil, status.Error(codes.InvalidArgument, "job.spec: is required")
+	case !slices.Contains(j.GetStandbys(), me):
+		return nil, status.Errorf(codes.FailedPrecondition, "job.standbys: %v does not name region %s", j.GetStandbys(), me)
+	case j.GetAfterMs() < jobspec.MinFailoverAfter.Milliseconds() || j.GetAfterMs() > jobspec.MaxFailoverAfter.Milliseconds():
+		return nil, status.Errorf(codes.InvalidArgument, "job.after_ms: must be between 1s and 24h (got %dms)", j.GetAfterMs())
+	}
+	if err := jobspec.Validate(j.GetSpec()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "job.spec: %v", err)
+	}
+	if err := m.mayRun(j.GetSpec()); err != nil {
+		return nil, err
+	}
+	rec := store.StandbyRecord{ID: j.GetJobId(), Home: j.GetHomeRegion(), Spec: j.GetSpec(), SubmitMs: j.GetSubmitTimeMs(),
+		ClientID: j.GetClientId(), RequestID: j.GetRequestId(), Traceparent: j.GetTraceparent(), AfterMs: j.GetAfterMs(),
+		Standbys: j.GetStandbys(), HomeEpoch: j.GetHomeEpoch(), StoredMs: m.cfg.Now().UnixMilli(),
+		Where: &store.WhereRecord{Rule: j.GetRule(), Any: j.GetAnyJurisdiction(), Jurisdictions: j.GetJurisdictions()}}
+	ops := []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.KeyStandby(rec.ID)), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(store.KeyStandby(rec.ID), store.MustJSON(rec))}, nil)}
+	if rec.RequestID != "" && ids.Idempotency.MatchString(rec.ClientID) && ids.Idempotency.MatchString(rec.RequestID) {
+		// A retry of the submission that reaches this region while the
+		// home is down finds the job by its key (the home's dedup key is
+		// the one of record; this one is deleted with the standby record).
+		dk := store.KeyDedup(rec.ClientID, rec.RequestID)
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(dk), "=", 0)},
+			[]clientv3.Op{clientv3.OpPut(dk, store.MustJSON(store.DedupRecord{JobID: rec.ID, Hash: jobspec.PayloadHash(rec.Spec)}))}, nil))
+	}
+	_, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(rec.ID)), "=", 0)).Then(ops...).Commit()
+	})
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "store standby record: %v", err)
+	}
+	return &apiaryv1.PutStandbyResponse{Region: me}, nil
+}
+
+// mayRun is the region's own admission of a job it may activate: its
+// region selector and its data's jurisdiction, by this region's policy
+// (sovereignty.Resolve, as for a submission).
+func (m *Manager) mayRun(spec *apiaryv1.JobSpec) error {
+	meta := m.cfg.Meta
+	for k, v := range spec.GetRegion().GetSelector() {
+		if meta.Labels[k] != v {
+			return status.Errorf(codes.FailedPrecondition, "region.selector: region %s has %s=%q, job requires %q", meta.Region, k, meta.Labels[k], v)
+		}
+	}
+	d := sovereignty.Resolve(m.cfg.Policy, spec.GetJurisdiction(), spec.GetDataClass())
+	if !d.Any && (meta.Jurisdiction == "" || !d.Allows(meta.Jurisdiction)) {
+		return status.Error(codes.FailedPrecondition, d.Refusal(spec.GetJurisdiction(), spec.GetDataClass(), meta.Region, meta.Jurisdiction).Error())
+	}
+	return nil
+}
+
+// PushProgress records completed tasks of standby jobs, and drops the
+// standby records of jobs that ended in their home region. Entries for a
+// job this region holds no standby record of are skipped and listed in
+// unknown.
+func (s *Server) PushProgress(ctx context.Context, req *apiaryv1.PushProgressRequest) (*apiaryv1.PushProgressResponse, error) {
+	m := s.m
+	idsSeen := map[string]bool{}
+	var jobIDs []string
+	for _, d := range req.GetDone() {
+		if !ids.IsJobID(d.GetJobId()) || d.GetTaskIndex() < 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "done: %q task %d is not a task of a job", d.GetJobId(), d.GetTaskIndex())
+		}
+		if !idsSeen[d.GetJobId()] {
+			idsSeen[d.GetJobId()] = true
+			jobIDs = append(jobIDs, d.GetJobId())
+		}
+	}
+	for _, id := range req.GetEnded() {
+		if !ids.IsJobID(id) {
+			return nil, status.Errorf(codes.InvalidArgument, "ended: %q is not a job id", id)
+		}
+		if !idsSeen[id] {
+			idsSeen[id] = true
+			jobIDs = append(jobIDs, id)
+		}
+	}
+	held := map[string]*store.StandbyRecord{}
+	for start := 0; start < len(jobIDs); start += maxOpsPerTxn {
+		chunk := jobIDs[start:min(start+maxOpsPerTxn, len(jobIDs))]
+		gets := make([]clientv3.Op, len(chunk))
+		for i, id := range chunk {
+			gets[i] = clientv3.OpGet(store.KeyStandby(id))
+		}
+		cctx, cancel := store.EtcdCtx(ctx)
+		resp, err := m.cfg.Client.Txn(cctx).Then(gets...).Commit()
+		cancel()
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "read standby records: %v", err)
+		}
+		for i, r := range resp.Responses {
+			if kvs := r.GetResponseRange().Kvs; len(kvs) == 1 {
+				var rec store.StandbyRecord
+				if json.Unmarshal(kvs[0].Value, &rec) == nil && rec.Home == req.GetHomeRegion() {
+					held[chunk[i]] = &rec
+				}
+			}
+		}
+	}
+	out := &apiaryv1.PushProgressResponse{}
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	guarded := map[string]bool{}
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		resp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			return m.cfg.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		})
+		cmps, ops, guarded = nil, nil, map[string]bool{}
+		if err != nil {
+			return status.Errorf(codes.Unavailable, "record progress: %v", err)
+		}
+		if !resp.Succeeded {
+			// A standby record went (activated or dropped) meanwhile: the
+			// home sends the batch again and learns which.
+			return status.Error(codes.Unavailable, "record progress: a standby record changed meanwhile; retry")
+		}
+		return nil
+	}
+	guard := func(id string) {
+		if !guarded[id] {
+			guarded[id] = true
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(store.KeyStandby(id)), ">", 0))
+		}
+	}
+	unknown := map[string]bool{}
+	for _, d := range req.GetDone() {
+		if held[d.GetJobId()] == nil {
+			if !unknown[d.GetJobId()] {
+				unknown[d.GetJobId()] = true
+				out.Unknown = append(out.Unknown, d.GetJobId())
+			}
+			continue
+		}
+		guard(d.GetJobId())
+		ops = append(ops, clientv3.OpPut(store.KeyStandbyDone(d.GetJobId(), d.GetTaskIndex()),
+			store.MustJSON(store.TaskDoneRecord{Attempt: d.GetAttempt(), Token: d.GetFencingToken(), DoneMs: d.GetDoneTimeMs()})))
+		if len(ops) >= maxOpsPerTxn {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	for _, id := range req.GetEnded() {
+		rec := held[id]
+		if rec == nil {
+			continue
+		}
+		guard(id)
+		ops = append(ops, m.dropOps(rec)...)
+		if len(ops) >= maxOpsPerTxn {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// dropOps delete a standby record, its progress and its dedup key.
+func (m *Manager) dropOps(rec *store.StandbyRecord) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpDelete(store.KeyStandby(rec.ID)), clientv3.OpDelete(store.PrefStandbyTasks(rec.ID), clientv3.WithPrefix())}
+	if rec.RequestID != "" {
+		dk := store.KeyDedup(rec.ClientID, rec.RequestID)
+		val := store.MustJSON(store.DedupRecord{JobID: rec.ID, Hash: jobspec.PayloadHash(rec.Spec)})
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(dk), "=", val)}, []clientv3.Op{clientv3.OpDelete(dk)}, nil))
+	}
+	return ops
+}
+
+// MovedJobs lists the jobs of home_region that this region activated.
+func (s *Server) MovedJobs(ctx context.Context, req *apiaryv1.MovedJobsRequest) (*apiaryv1.MovedJobsResponse, error) {
+	moved, err := s.m.movedHere(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiaryv1.MovedJobsResponse{}
+	for id, r := range moved {
+		if r.Home == req.GetHomeRegion() {
+			out.Moved = append(out.Moved, &apiaryv1.MovedJob{JobId: id, ActiveRegion: s.m.cfg.Meta.Region, Epoch: r.Epoch, MovedTimeMs: r.MovedMs})
+		}
+	}
+	slices.SortFunc(out.Moved, func(a, b *apiaryv1.MovedJob) int {
+		if a.JobId < b.JobId {
+			return -1
+		}
+		return 1
+	})
+	return out, nil
+}
+
+// movedHere reads the region's moved records, by job id.
+func (m *Manager) movedHere(ctx context.Context) (map[string]store.MovedRecord, error) {
+	cctx, cancel := store.EtcdCtx(ctx)
+	defer cancel()
+	resp, err := m.cfg.Client.Get(cctx, store.PrefMoved, clientv3.WithPrefix())
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "read moved jobs: %v", err)
+	}
+	out := map[string]store.MovedRecord{}
+	for _, kv := range resp.Kvs {
+		var r store.MovedRecord
+		if json.Unmarshal(kv.Value, &r) == nil {
+			out[string(kv.Key[len(store.PrefMoved):])] = r
+		}
+	}
+	return out, nil
+}
+
+// ClaimJob gives a standby job up to a later standby: granted unless this
+// region activated the job already (then active_region is this region).
+// Once granted, this region never activates the job (its activation Txn
+// requires that no claim exists), and its standby record is dropped in the
+// same Txn.
+func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*apiaryv1.ClaimJobResponse, error) {
+	m := s.m
+	id := req.GetJobId()
+	if !ids.IsJobID(id) {
+		return nil, status.Errorf(codes.InvalidArgument, "job_id: %q is not a job id", id)
+	}
+	if req.GetStandbyRegion() == m.cfg.Meta.Region {
+		return nil, status.Errorf(codes.InvalidArgument, "standby_region: must be another region than %s", m.cfg.Meta.Region)
+	}
+	ck := store.KeyClaimed(id)
+	// The standby record (if any) goes with the grant.
+	cctx, cancel := store.EtcdCtx(ctx)
+	cur, err := m.cfg.Client.Get(cctx, store.KeyStandby(id))
+	cancel()
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "claim: %v", err)
+	}
+	grant := []clientv3.Op{clientv3.OpPut(ck, store.MustJSON(store.ClaimRecord{By: req.GetStandbyRegion(), AtMs: m.cfg.Now().UnixMilli()}))}
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(id)), "=", 0)}
+	var rec store.StandbyRecord
+	if len(cur.Kvs) == 1 && json.Unmarshal(cur.Kvs[0].Value, &rec) == nil {
+		grant = append(grant, m.dropOps(&rec)...)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(store.KeyStandby(id)), "=", cur.Kvs[0].ModRevision))
+	} else {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(store.KeyStandby(id)), "=", 0))
+	}
+	resp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return m.cfg.Client.Txn(ctx).If(cmps...).
+			Then(clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)},
+				grant, []clientv3.Op{clientv3.OpGet(ck)})).
+			Else(clientv3.OpGet(store.KeyMoved(id))).Commit()
+	})
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "claim: %v", err)
+	}
+	if !resp.Succeeded {
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+			return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: m.cfg.Meta.Region}, nil
+		}
+		// The standby record changed between the read and the Txn.
+		return nil, status.Error(codes.Aborted, "claim: the standby record changed meanwhile; retry")
+	}
+	if inner := resp.Responses[0].GetResponseTxn(); inner != nil && !inner.Succeeded {
+		// Claimed before: by the same region, granted again; by another,
+		// that one may activate it, not this caller.
+		var c store.ClaimRecord
+		if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && json.Unmarshal(kvs[0].Value, &c) == nil && c.By != req.GetStandbyRegion() {
+			return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: fmt.Sprintf("claimed by %s", c.By)}, nil
+		}
+	}
+	return &apiaryv1.ClaimJobResponse{Granted: true}, nil
+}
