@@ -225,7 +225,8 @@ func loadJobFile(path string) (*apiaryv1.JobSpec, error) {
 
 func terminal(s apiaryv1.JobState) bool {
 	switch s {
-	case apiaryv1.JobState_JOB_STATE_COMPLETE, apiaryv1.JobState_JOB_STATE_FAILED, apiaryv1.JobState_JOB_STATE_CANCELLED:
+	case apiaryv1.JobState_JOB_STATE_COMPLETE, apiaryv1.JobState_JOB_STATE_FAILED, apiaryv1.JobState_JOB_STATE_CANCELLED,
+		apiaryv1.JobState_JOB_STATE_MOVED:
 		return true
 	}
 	return false
@@ -513,6 +514,24 @@ func taskState(s apiaryv1.TaskState) string {
 	return strings.TrimPrefix(s.String(), "TASK_STATE_")
 }
 
+// failoverLine describes a failover job: where it may move and after how
+// long, why it cannot, or where it moved.
+func failoverLine(job *apiaryv1.Job) string {
+	fo := job.GetFailover()
+	after := (time.Duration(fo.GetAfterMs()) * time.Millisecond).String()
+	switch {
+	case job.GetState() == apiaryv1.JobState_JOB_STATE_MOVED:
+		return fmt.Sprintf("moved to region %s (epoch %d) at %s: that region runs it now; nothing of it runs here",
+			fo.GetActiveRegion(), fo.GetEpoch(), fmtTime(fo.GetMovedTimeMs()))
+	case fo.GetEpoch() > 0:
+		return fmt.Sprintf("moved here from region %s (epoch %d) at %s, after its home was down for %s", fo.GetHomeRegion(), fo.GetEpoch(),
+			fmtTime(fo.GetMovedTimeMs()), after)
+	case fo.GetNotEligible() != "":
+		return "cannot fail over: " + fo.GetNotEligible()
+	}
+	return fmt.Sprintf("to %s if region %s is down for %s", strings.Join(fo.GetStandbys(), " or "), fo.GetHomeRegion(), after)
+}
+
 func countTotal(c *apiaryv1.TaskCounts) int32 {
 	return c.GetPending() + c.GetAssigned() + c.GetRunning() + c.GetComplete() + c.GetFailed() + c.GetCancelled()
 }
@@ -530,6 +549,9 @@ func printJob(w io.Writer, job *apiaryv1.Job) {
 	fmt.Fprintf(h, "Namespace:\t%s\n", namespaceOf(job.GetSpec()))
 	fmt.Fprintf(h, "Region:\t%s (shard %d)\n", cell(job.GetRegion(), 0), job.GetShard())
 	fmt.Fprintf(h, "State:\t%s\n", state)
+	if fo := job.GetFailover(); fo != nil {
+		fmt.Fprintf(h, "Failover:\t%s\n", failoverLine(job))
+	}
 	if sch := job.GetScheduler(); sch != "" {
 		if job.GetSpec().GetScheduler() == "" {
 			sch += " (the region's default)"

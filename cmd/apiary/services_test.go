@@ -123,7 +123,7 @@ func TestRegionStartsPartsInOrderStopsInReverse(t *testing.T) {
 		t.Fatalf("exit %d after SIGTERM, want 0; output:\n%s", code, p.out.String())
 	}
 	running, stopped := partEvents(p.out.String())
-	want := []string{"etcd", "metrics", "group-commit", "assignments", "api", "lan", "members", "capacity", "suspicion", "owner", "wan", "ready"}
+	want := []string{"etcd", "metrics", "group-commit", "assignments", "api", "lan", "members", "capacity", "suspicion", "owner", "wan", "failover", "ready"}
 	if !slices.Equal(running, want) {
 		t.Fatalf("parts ran in order %v, want %v", running, want)
 	}

@@ -483,14 +483,58 @@ func (r *Router) regionOf(jobID string) (federation.Region, error) {
 	return reg, nil
 }
 
-// unary forwards an idempotent call about one job to its region. A region
-// that does not answer is UNAVAILABLE naming the region and the job.
+// activeRegion is the region that runs job jobID now: the region of its id,
+// unless the job failed over (regional/failover). When the id's region
+// answers that the job MOVED, the region it names; when the id's region is
+// down, the first other up region that holds the job (asked with GetJob),
+// else regionOf's error.
+func (r *Router) activeRegion(ctx context.Context, jobID string) (federation.Region, error) {
+	home, err := r.regionOf(jobID)
+	if err == nil {
+		var resp *apiaryv1.GetJobResponse
+		gerr := r.call(ctx, home, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
+			resp, err = apiaryv1.NewJobServiceClient(cc).GetJob(acl.ForwardToken(ctx, ctx), &apiaryv1.GetJobRequest{JobId: jobID})
+			return err
+		})
+		if gerr == nil && resp.GetJob().GetState() == apiaryv1.JobState_JOB_STATE_MOVED {
+			if to, ok := r.regionByName(resp.GetJob().GetFailover().GetActiveRegion()); ok && to.Up {
+				return to, nil
+			}
+		}
+		return home, nil
+	}
+	if status.Code(err) != codes.Unavailable {
+		return home, err
+	}
+	for _, reg := range r.cfg.View.Regions() {
+		if !reg.Up || reg.Name == ids.RegionOf(jobID) {
+			continue
+		}
+		ferr := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+			_, err := apiaryv1.NewJobServiceClient(cc).GetJob(acl.ForwardToken(ctx, ctx), &apiaryv1.GetJobRequest{JobId: jobID})
+			return err
+		})
+		if ferr == nil {
+			return reg, nil
+		}
+	}
+	return home, err
+}
+
+// unary forwards an idempotent call about one job to the region running it
+// (activeRegion). A region that does not answer is UNAVAILABLE naming the
+// region and the job.
 func (r *Router) unary(ctx context.Context, jobID string, fn func(ctx context.Context, c apiaryv1.JobServiceClient) error) error {
-	reg, err := r.regionOf(jobID)
+	reg, err := r.activeRegion(ctx, jobID)
 	if err != nil {
 		return err
 	}
-	err = r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
+	return r.unaryAt(ctx, reg, jobID, fn)
+}
+
+// unaryAt makes the call of unary in region reg.
+func (r *Router) unaryAt(ctx context.Context, reg federation.Region, jobID string, fn func(ctx context.Context, c apiaryv1.JobServiceClient) error) error {
+	err := r.call(ctx, reg, func(ctx context.Context, cc *grpc.ClientConn) error {
 		return fn(ctx, apiaryv1.NewJobServiceClient(cc))
 	})
 	if err == errNoCoordinator {
@@ -522,9 +566,31 @@ func forwardJob[Req interface{ GetJobId() string }, Resp any](ctx context.Contex
 	return resp, err
 }
 
-// GetJob forwards to the job's region.
+// GetJob forwards to the job's region; a job that failed over is answered
+// by the region running it now (see activeRegion), which names its home in
+// failover.home_region.
 func (r *Router) GetJob(ctx context.Context, req *apiaryv1.GetJobRequest) (*apiaryv1.GetJobResponse, error) {
-	return forwardJob(ctx, r, req, apiaryv1.JobServiceClient.GetJob)
+	home, err := r.regionOf(req.GetJobId())
+	if err != nil {
+		return forwardJob(ctx, r, req, apiaryv1.JobServiceClient.GetJob) // the home is down: activeRegion looks further
+	}
+	get := func(reg federation.Region) (resp *apiaryv1.GetJobResponse, err error) {
+		err = r.unaryAt(ctx, reg, req.GetJobId(), func(ctx context.Context, c apiaryv1.JobServiceClient) (err error) {
+			resp, err = c.GetJob(ctx, req)
+			return err
+		})
+		return resp, err
+	}
+	resp, err := get(home)
+	if err != nil || resp.GetJob().GetState() != apiaryv1.JobState_JOB_STATE_MOVED {
+		return resp, err
+	}
+	if to, ok := r.regionByName(resp.GetJob().GetFailover().GetActiveRegion()); ok && to.Up {
+		if moved, err := get(to); err == nil {
+			return moved, nil
+		}
+	}
+	return resp, nil // the active region does not answer: the home's MOVED view
 }
 
 // CancelJob forwards to the job's region (cancel is idempotent).
@@ -539,11 +605,11 @@ func (r *Router) GetJobLogs(ctx context.Context, req *apiaryv1.GetJobLogsRequest
 
 // WatchJob proxies the job region's stream.
 func (r *Router) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobService_WatchJobServer) error {
-	reg, err := r.regionOf(req.GetJobId())
+	ctx := stream.Context()
+	reg, err := r.activeRegion(ctx, req.GetJobId())
 	if err != nil {
 		return err
 	}
-	ctx := stream.Context()
 	var last error = errNoCoordinator
 	for _, a := range reg.Addrs() {
 		cc, err := r.cfg.View.Conn(a)

@@ -262,6 +262,10 @@ tasks:
 		if fo := j.GetFailover(); fo.GetEpoch() != 1 || fo.GetHomeRegion() != "eu-west" || fo.GetActiveRegion() != active {
 			t.Errorf("failover status %v; want epoch 1, home eu-west, active %s", fo, active)
 		}
+		// The router follows the job while its home is down.
+		if rj, err := get(f.router, id); err != nil || rj.GetFailover().GetActiveRegion() != active || rj.GetState() != apiaryv1.JobState_JOB_STATE_COMPLETE {
+			t.Errorf("router GetJob with the home down: %v (err %v); want the job as %s has it", rj.GetState(), err, active)
+		}
 		if t0 := j.GetTasks()[0]; t0.GetFencingToken() != home.GetTasks()[0].GetFencingToken() || t0.GetFencingToken() >= 1<<store.FailoverTokenShift {
 			t.Errorf("task 0 token %d; want the home's %d: its replicated completion is not rerun", t0.GetFencingToken(), home.GetTasks()[0].GetFencingToken())
 		}
@@ -288,6 +292,10 @@ tasks:
 		})
 		if fo := back.GetFailover(); fo.GetActiveRegion() != active || fo.GetEpoch() != 1 {
 			t.Errorf("home's failover status %v; want active %s, epoch 1", fo, active)
+		}
+		// Through the router, the job is where it runs now.
+		if rj, err := get(f.router, id); err != nil || rj.GetState() != apiaryv1.JobState_JOB_STATE_COMPLETE || rj.GetRegion() != active {
+			t.Errorf("router GetJob after the home's return: %v in %s (err %v); want COMPLETE in %s", rj.GetState(), rj.GetRegion(), err, active)
 		}
 		for _, tk := range back.GetTasks()[1:] {
 			if tk.GetState() == apiaryv1.TaskState_TASK_STATE_COMPLETE {

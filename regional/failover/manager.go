@@ -140,6 +140,13 @@ func (m *Manager) Enabled() bool { return m.serf() != nil }
 // region may take it over, why (NotEligible; the job is still accepted and
 // simply never moves).
 func (m *Manager) Plan(spec *apiaryv1.JobSpec) *store.FailoverRecord {
+	return plan(m.cfg, m.Enabled(), m.Regions(), spec)
+}
+
+// plan is Plan over a given view of the pool (regions; inPool false: the
+// region is in no WAN pool).
+func plan(cfg Config, inPool bool, regions []federation.Region, spec *apiaryv1.JobSpec) *store.FailoverRecord {
+	m := struct{ cfg Config }{cfg}
 	f := spec.GetFailover()
 	if f.GetDisabled() || (f == nil && m.cfg.DefaultAfter <= 0) {
 		return nil
@@ -152,7 +159,7 @@ func (m *Manager) Plan(spec *apiaryv1.JobSpec) *store.FailoverRecord {
 		after = DefaultAfter
 	}
 	rec := &store.FailoverRecord{AfterMs: after.Milliseconds(), Home: m.cfg.Meta.Region}
-	if !m.Enabled() {
+	if !inPool {
 		rec.NotEligible = "the home region is in no WAN pool (start its coordinators with --wan-join)"
 		return rec
 	}
@@ -174,7 +181,7 @@ func (m *Manager) Plan(spec *apiaryv1.JobSpec) *store.FailoverRecord {
 	}
 	var peers []federation.Region
 	var why []string
-	for _, r := range m.Regions() {
+	for _, r := range regions {
 		switch {
 		case r.Name == m.cfg.Meta.Region:
 		case len(allowed) > 0 && !slices.Contains(allowed, r.Name):

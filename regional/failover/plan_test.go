@@ -1,0 +1,106 @@
+package failover
+
+import (
+	"strings"
+	"testing"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/federation"
+	"apiary.dev/apiary/internal/sovereignty"
+	"apiary.dev/apiary/regional/store"
+)
+
+func TestPlanChoosesStandbysAsRoutingWould(t *testing.T) {
+	pol, err := sovereignty.Parse([]byte(sovereignty.DefaultYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := pol.Fingerprint()
+	reg := func(name, jur string, up bool) federation.Region {
+		return federation.Region{Name: name, Jurisdiction: jur, Labels: map[string]string{"jurisdiction": jur}, Up: up, Policy: fp,
+			DownReason: map[bool]string{false: "no coordinator alive"}[up]}
+	}
+	regions := []federation.Region{reg("eu-west", "eu", true), reg("eu-central", "eu", true), reg("eu-north", "eu", true),
+		reg("eu-south", "eu", false), reg("us-east", "us", true)}
+	cfg := Config{Meta: store.MetaRecord{Region: "eu-west", Jurisdiction: "eu"}, Policy: pol}
+	eu := func(f *apiaryv1.Failover) *apiaryv1.JobSpec {
+		return &apiaryv1.JobSpec{Name: "j", Jurisdiction: "eu", Failover: f, Tasks: []*apiaryv1.TaskGroup{{Name: "t", Count: 1, Command: "x"}}}
+	}
+	for _, tc := range []struct {
+		name     string
+		cfg      func(Config) Config
+		spec     *apiaryv1.JobSpec
+		inPool   bool
+		nil_     bool
+		standbys string
+		after    int64
+		why      []string
+	}{
+		{name: "no block, no region default", spec: eu(nil), inPool: true, nil_: true},
+		{name: "disabled", spec: eu(&apiaryv1.Failover{Disabled: true}), cfg: func(c Config) Config { c.DefaultAfter = 10e9; return c }, inPool: true, nil_: true},
+		{name: "region default opts in", spec: eu(nil), cfg: func(c Config) Config { c.DefaultAfter = 10e9; return c }, inPool: true,
+			standbys: "eu-central,eu-north", after: 10000},
+		{name: "auto: EU regions up, by name; never us-east or a down region", spec: eu(&apiaryv1.Failover{}), inPool: true,
+			standbys: "eu-central,eu-north", after: DefaultAfter.Milliseconds()},
+		{name: "the job's order", spec: eu(&apiaryv1.Failover{AfterMs: 5000, Regions: []string{"eu-north", "eu-central"}}), inPool: true,
+			standbys: "eu-north,eu-central", after: 5000},
+		{name: "peers narrow auto", spec: eu(&apiaryv1.Failover{}), cfg: func(c Config) Config { c.Peers = []string{"eu-north"}; return c }, inPool: true,
+			standbys: "eu-north", after: DefaultAfter.Milliseconds()},
+		{name: "job regions outside the peers", spec: eu(&apiaryv1.Failover{Regions: []string{"eu-central"}}),
+			cfg: func(c Config) Config { c.Peers = []string{"eu-north"}; return c }, inPool: true, why: []string{"none of them is in the home region's --failover-peers"}},
+		{name: "only forbidden or down regions named", spec: eu(&apiaryv1.Failover{Regions: []string{"us-east", "eu-south"}}), inPool: true,
+			why: []string{"us-east: policy", "eu-south: down", "eu-central: not in failover.regions"}},
+		{name: "US personal data: no other US region", spec: &apiaryv1.JobSpec{Name: "j", Jurisdiction: "us", DataClass: "personal", Failover: &apiaryv1.Failover{},
+			Tasks: []*apiaryv1.TaskGroup{{Name: "t", Count: 1, Command: "x"}}}, inPool: true, why: []string{"eu-central: policy", "us-personal-in-us"},
+			cfg: func(c Config) Config { c.Meta = store.MetaRecord{Region: "us-east", Jurisdiction: "us"}; return c }},
+		{name: "no pool", spec: eu(&apiaryv1.Failover{}), why: []string{"in no WAN pool"}},
+	} {
+		c := cfg
+		if tc.cfg != nil {
+			c = tc.cfg(c)
+		}
+		got := plan(c, tc.inPool, regions, tc.spec)
+		switch {
+		case tc.nil_:
+			if got != nil {
+				t.Errorf("%s: %+v; want no failover", tc.name, got)
+			}
+		case got == nil:
+			t.Errorf("%s: no failover record", tc.name)
+		case tc.standbys != "":
+			if s := strings.Join(got.Standbys, ","); s != tc.standbys || got.AfterMs != tc.after || got.NotEligible != "" {
+				t.Errorf("%s: standbys %s after %d (%q); want %s after %d", tc.name, s, got.AfterMs, got.NotEligible, tc.standbys, tc.after)
+			}
+		default:
+			if len(got.Standbys) != 0 {
+				t.Errorf("%s: standbys %v; want none", tc.name, got.Standbys)
+			}
+			for _, w := range tc.why {
+				if !strings.Contains(got.NotEligible, w) {
+					t.Errorf("%s: reason %q; want it to contain %q", tc.name, got.NotEligible, w)
+				}
+			}
+		}
+	}
+}
+
+func TestDueNeedsAMajorityOfObservers(t *testing.T) {
+	now := int64(100_000)
+	for _, tc := range []struct {
+		since   []int64
+		members int64
+		want    bool
+	}{
+		{nil, 3, false},
+		{[]int64{now - 6000}, 3, false},             // one observer of three
+		{[]int64{now - 6000, now - 6000}, 3, true},  // two of three
+		{[]int64{now - 6000, now - 4000}, 3, false}, // the second not long enough
+		{[]int64{now - 6000}, 1, true},              // a one-coordinator region
+		{[]int64{now - 6000, now - 6000}, 4, false}, // two of four is no majority
+		{[]int64{now - 6000}, 0, false},             // no live member known
+	} {
+		if got := due(5000, now, tc.since, tc.members); got != tc.want {
+			t.Errorf("due(after 5s, since %v, members %d) = %v; want %v", tc.since, tc.members, got, tc.want)
+		}
+	}
+}
