@@ -111,6 +111,35 @@ trials.csv, result.json, submit-latency.png.
 	if res.Liveness != nil {
 		readme += livenessReadme(res)
 	}
+	if fs := res.Failover; fs != nil {
+		if err := writeCSV(filepath.Join(dir, "failover.csv"), []string{"job_id", "home", "active", "state", "submit_ms", "moved_ms", "finish_ms"}, func(w func([]string)) {
+			rel := func(v int64) string {
+				if v == 0 {
+					return ""
+				}
+				return strconv.FormatInt(v-start.UnixMilli(), 10)
+			}
+			for _, j := range fs.Jobs {
+				w([]string{j.ID, j.Home, j.Active, j.State, rel(j.SubmitMs), rel(j.MovedMs), rel(j.FinishMs)})
+			}
+		}); err != nil {
+			return err
+		}
+		if err := plotTimeline(filepath.Join(dir, "timeline.png"), res, start); err != nil {
+			return err
+		}
+		readme += "\n## Failover of accepted jobs\n\n" + strings.Join(FailoverLines(fs), "\n\n") + `
+
+Regions lt-a (victim) and lt-b are eu, lt-us is us; jobs alternate between preferring lt-a and lt-b, every
+fourth is EU data (may fail over only to lt-b), every fifth has failover: off (the submit-latency baseline).
+Each trial SIGKILLs lt-a's coordinators` + map[bool]string{true: " and agents", false: ""}[o.KillAgents] + ` for the pause, then restarts it.
+First dispatch uses agent process start times (dispatch plus spawn); activation and dispatch are taken
+against the harness's clock at the kill plus after (a few ms of skew between processes on one host).
+Progress lag is measured by a watch on each standby's etcd. Files: failover.csv (one row per job:
+home, active region, times relative to the load's start), timeline.png (jobs active per region, the
+faults dashed, the moves as points).
+`
+	}
 	return os.WriteFile(filepath.Join(dir, "README.md"), []byte(readme), 0o644)
 }
 

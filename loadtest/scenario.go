@@ -114,8 +114,13 @@ type Options struct {
 	FirstFault time.Duration
 	// DrainTimeout bounds the wait for every accepted job to finish.
 	DrainTimeout time.Duration
-	Logf         func(format string, args ...any)
-	OnSample     func(Sample)
+	// FailoverAfter (kill-region only) gives the jobs failover: {after}
+	// and keeps the region down past it, so its in-flight jobs move
+	// (failover.go); KillAgents kills the region's agents too.
+	FailoverAfter time.Duration
+	KillAgents    bool
+	Logf          func(format string, args ...any)
+	OnSample      func(Sample)
 }
 
 // regionFailoverGrace is `apiary region --failover-grace`'s default (the
@@ -134,6 +139,9 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("scenario: must be one of %v, got %q", Scenarios, o.Scenario)
 	}
 	if err := o.livenessDefaults(); err != nil {
+		return err
+	}
+	if err := o.failoverDefaults(); err != nil {
 		return err
 	}
 	if o.Rate <= 0 && o.Trace == "" {
@@ -297,7 +305,9 @@ type Result struct {
 	GeneratorLagMs        Quantiles `json:"generator_lag_ms"`
 	Verdict               Verdict   `json:"verdict"`
 	// Liveness sums up partition-agent and outage-region (nil otherwise).
-	Liveness     *LivenessSummary `json:"liveness,omitempty"`
+	Liveness *LivenessSummary `json:"liveness,omitempty"`
+	// Failover sums up a kill-region run with failover (nil otherwise).
+	Failover     *FailoverSummary `json:"failover,omitempty"`
 	TrialDetails []Trial          `json:"trial_details"`
 	Config       Options          `json:"-"`
 	Samples      []Sample         `json:"-"`
@@ -442,13 +452,25 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			rs = &apiaryv1.RegionSpec{Prefer: []string{"lt-a"}}
 		}
 		script := LedgerCommand(ledgerPath) + "; sleep " + sleep
-		if o.Scenario.Liveness() {
+		if o.Scenario.Liveness() || o.FailoverAfter > 0 {
 			script += " && " + LedgerDoneCommand(ledgerPath)
 		}
-		return &apiaryv1.JobSpec{Name: "loadtest", Jurisdiction: jur, Region: rs, MaxAttempts: 10, Tasks: []*apiaryv1.TaskGroup{{
+		s := &apiaryv1.JobSpec{Name: "loadtest", Jurisdiction: jur, Region: rs, MaxAttempts: 10, Tasks: []*apiaryv1.TaskGroup{{
 			Name: "t", Count: int32(o.TasksPerJob), Command: "sh",
 			Args:      []string{"-c", script},
 			Resources: &apiaryv1.Resources{CpuMillis: 100, MemoryMb: 16}}}}
+		if o.FailoverAfter > 0 {
+			o.failoverSpec(i, s)
+		}
+		return s
+	}
+	var lw *lagWatch
+	if o.FailoverAfter > 0 {
+		var err error
+		if lw, err = startLagWatch(ctx, fed.Regions[1:]); err != nil {
+			return nil, err
+		}
+		defer lw.close()
 	}
 	res := &Result{Scenario: string(o.Scenario), Trials: o.Trials, Config: o}
 	var samples []Sample
@@ -536,6 +558,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	switch o.Scenario {
 	case KillRegion:
 		measureReroute(res)
+		if o.FailoverAfter > 0 {
+			if err := measureFailover(ctx, res, o, fed, jobs, ledger, lw); err != nil {
+				return nil, err
+			}
+		}
 	case PartitionAgent:
 		measurePartition(res, jobs, ledger, o.TaskSleep)
 	case OutageRegion:
@@ -581,16 +608,26 @@ func measureReroute(res *Result) {
 func killRegion(ctx context.Context, o Options, fed *devcluster.Cluster, n int) (Trial, error) {
 	victim := fed.Regions[0]
 	tr := Trial{N: n, Fault: string(KillRegion), Target: victim.Spec.Name, At: time.Now()}
-	for _, p := range victim.Coords {
+	procs := victim.Coords
+	if o.KillAgents {
+		procs = append(append([]*devcluster.Proc{}, victim.Coords...), victim.Agents...)
+	}
+	for _, p := range procs {
 		if err := p.Kill(); err != nil {
 			return tr, err
 		}
 	}
-	// Stay down long enough for the pool to see the region fail.
+	// Stay down long enough for the pool to see the region fail (with
+	// failover: past after, so that its jobs move).
 	time.Sleep(o.Pause)
-	for i := range victim.Coords {
-		if err := victim.RestartCoordinator(ctx, i); err != nil {
-			return tr, fmt.Errorf("restart %s: %w", victim.Coords[i].Name, err)
+	if err := victim.RestartCoordinators(ctx); err != nil {
+		return tr, fmt.Errorf("restart %s: %w", victim.Spec.Name, err)
+	}
+	if o.KillAgents {
+		for _, a := range victim.Agents {
+			if err := a.Start(); err != nil {
+				return tr, fmt.Errorf("restart %s: %w", a.Name, err)
+			}
 		}
 	}
 	return tr, victim.WaitNodes(ctx, o.Agents)

@@ -145,7 +145,9 @@ func VerifyWith(accepted []string, jobs map[string]*apiaryv1.Job, ledger []Effec
 			if committed != nil {
 				ran := false
 				for _, e := range effs {
-					if e.Attempt == committed.GetAttempt() {
+					// By token, not attempt number: a job that failed over
+					// counts attempts from 1 again in its new region.
+					if e.FencingToken == committed.GetFencingToken() {
 						ran = true
 						continue
 					}

@@ -105,7 +105,8 @@ func newLoadtestFailoverCmd() *cobra.Command {
 	var f loadtestFlags
 	var scenario string
 	var trials int
-	var every, partition, outage time.Duration
+	var every, partition, outage, failoverAfter time.Duration
+	var killAgents bool
 	cmd := &cobra.Command{
 		Use:   "failover",
 		Short: "Inject a fault per trial under load and time what users wait on",
@@ -130,11 +131,15 @@ defaults for --rate, --task-sleep, --trial-every and --slots (and 3
 coordinators for outage-region) apply unless those flags are given.`,
 		Example: `  apiary loadtest failover --scenario kill-scheduler --trials 20 --output json
   apiary loadtest failover --scenario partition-agent --trials 5 --partition 3s
-  apiary loadtest failover --scenario outage-region --trials 5 --outage 20s`,
+  apiary loadtest failover --scenario outage-region --trials 5 --outage 20s
+  apiary loadtest failover --scenario kill-region --failover-after 5s --trials 10 --rate 10`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o := loadtest.Options{Scenario: loadtest.Scenario(scenario), Trials: trials, TrialEvery: every,
-				Partition: partition, Outage: outage}
+				Partition: partition, Outage: outage, FailoverAfter: failoverAfter, KillAgents: killAgents}
+			if failoverAfter > 0 && !cmd.Flags().Changed("task-sleep") {
+				f.taskSleep = 0 // the failover default (3s): tasks in flight at the kill
+			}
 			if o.Scenario.Liveness() && !cmd.Flags().Changed("trial-every") {
 				o.TrialEvery = 0 // the scenario's default
 			}
@@ -147,6 +152,8 @@ coordinators for outage-region) apply unless those flags are given.`,
 	cmd.Flags().DurationVar(&every, "trial-every", 6*time.Second, "load time per trial (partition-agent: partition + 9s; outage-region: outage + task-sleep + 10s)")
 	cmd.Flags().DurationVar(&partition, "partition", 3*time.Second, "partition-agent: how long the agent is cut off (longer than its 1s lease)")
 	cmd.Flags().DurationVar(&outage, "outage", 20*time.Second, "outage-region: how long every coordinator stays down")
+	cmd.Flags().DurationVar(&failoverAfter, "failover-after", 0, "kill-region: jobs carry failover: {after} (every fifth failover: off) and the region stays down past it, so its in-flight jobs move to a standby; the verifier checks the move (0: off)")
+	cmd.Flags().BoolVar(&killAgents, "kill-agents", false, "kill-region with --failover-after: SIGKILL the region's agents too (restarted with it)")
 	return cmd
 }
 
@@ -247,9 +254,17 @@ func runLoadtest(cmd *cobra.Command, f loadtestFlags, o loadtest.Options) error 
 				fmt.Fprintln(w, l)
 			}
 		}
+		if fs := res.Failover; fs != nil {
+			for _, l := range loadtest.FailoverLines(fs) {
+				fmt.Fprintln(w, l)
+			}
+		}
 	}
 	if !res.Verdict.OK() {
 		return withCode(exitJobFailed, fmt.Errorf("verification failed: %s", res.Verdict.Error()))
+	}
+	if fs := res.Failover; fs != nil && !fs.OK() {
+		return withCode(exitJobFailed, fmt.Errorf("failover verification failed: token violations %v, home completions after the move %v", fs.TokenViolations, fs.HomeLateComplete))
 	}
 	return nil
 }

@@ -55,13 +55,16 @@ func (m *Manager) confirmations(ctx context.Context, home string) (since []int64
 	return since, resp.Responses[1].GetResponseRange().Count, nil
 }
 
-// Due reports whether a standby job may be activated now: its home has been
-// down for after in this coordinator's view, and in the observations of a
-// majority of the region's live coordinators (not one observer).
-func due(afterMs, nowMs int64, since []int64, members int64) bool {
+// due reports whether a standby job stored at storedMs may be activated
+// now: a majority of the region's live coordinators (not one observer) have
+// seen its home down for after, since after the record was stored. A record
+// stored while the home looked down proves the home alive then (it wrote
+// the record): a region that came back and took new jobs before the
+// standbys saw it up must not lose them at once.
+func due(afterMs, nowMs, storedMs int64, since []int64, members int64) bool {
 	n := int64(0)
 	for _, s := range since {
-		if nowMs-s >= afterMs {
+		if nowMs-s >= afterMs && s > storedMs {
 			n++
 		}
 	}
@@ -86,7 +89,7 @@ func (m *Manager) activateDue(ctx context.Context) {
 		// makes it exactly one either way.
 		k := max(slices.Index(r.rec.Standbys, m.cfg.Meta.Region), 0)
 		after := time.Duration(r.rec.AfterMs)*time.Millisecond + time.Duration(k)*claimStagger
-		if m.DownFor(r.rec.Home) < after {
+		if m.DownFor(r.rec.Home) < after || !m.downSinceAfter(r.rec.Home, r.rec.StoredMs) {
 			continue
 		}
 		c := byHome[r.rec.Home]
@@ -95,7 +98,7 @@ func (m *Manager) activateDue(ctx context.Context) {
 			c.since, c.members, c.err = m.confirmations(ctx, r.rec.Home)
 			byHome[r.rec.Home] = c
 		}
-		if c.err != nil || !due(after.Milliseconds(), nowMs, c.since, c.members) {
+		if c.err != nil || !due(after.Milliseconds(), nowMs, r.rec.StoredMs, c.since, c.members) {
 			continue
 		}
 		if !m.claimEarlier(ctx, r) {

@@ -106,14 +106,27 @@ func parse(t *testing.T, y string) *apiaryv1.JobSpec {
 
 func (f *fed) submit(t *testing.T, spec *apiaryv1.JobSpec) *apiaryv1.SubmitJobResponse {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	resp, err := f.router.SubmitJob(ctx, &apiaryv1.SubmitJobRequest{Spec: spec, ClientId: "fotest", RequestId: fmt.Sprintf("r-%d", time.Now().UnixNano()),
-		EphemeralRequestId: true}) // routed by prefer and load, not pinned to a home by its key
-	if err != nil {
-		t.Fatalf("submit %s: %v", spec.GetName(), err)
+	return f.submitVia(t, f.router, spec)
+}
+
+func (f *fed) submitVia(t *testing.T, c apiaryv1.JobServiceClient, spec *apiaryv1.JobSpec) *apiaryv1.SubmitJobResponse {
+	t.Helper()
+	req := &apiaryv1.SubmitJobRequest{Spec: spec, ClientId: "fotest", RequestId: fmt.Sprintf("r-%d", time.Now().UnixNano()),
+		EphemeralRequestId: true} // routed by prefer and load, not pinned to a home by its key
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := c.SubmitJob(ctx, req, grpc.WaitForReady(true))
+		cancel()
+		if err == nil {
+			return resp
+		}
+		// The same request id: a retry never makes a second job.
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("submit %s: %v", spec.GetName(), err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return resp
 }
 
 func get(c apiaryv1.JobServiceClient, id string) (*apiaryv1.Job, error) {
@@ -286,12 +299,23 @@ tasks:
 		}
 
 		restartRegion(t, euWest)
+		// A job the home takes at once, before the standbys see it up
+		// again, stays there: the home wrote its standby record, alive.
+		fresh := f.submitVia(t, f.direct["eu-west"], spec("after-return", "5s"))
 		back := f.waitJob(t, "eu-west", id, 30*time.Second, "MOVED with nothing active", func(j *apiaryv1.Job) bool {
 			c := j.GetCounts()
 			return j.GetState() == apiaryv1.JobState_JOB_STATE_MOVED && c.GetAssigned()+c.GetRunning()+c.GetPending() == 0
 		})
 		if fo := back.GetFailover(); fo.GetActiveRegion() != active || fo.GetEpoch() != 1 {
 			t.Errorf("home's failover status %v; want active %s, epoch 1", fo, active)
+		}
+		f.waitJob(t, "eu-west", fresh.GetJobId(), 40*time.Second, "COMPLETE at home", func(j *apiaryv1.Job) bool {
+			return j.GetState() == apiaryv1.JobState_JOB_STATE_COMPLETE
+		})
+		for _, s := range []string{"eu-central", "eu-north"} {
+			if _, err := get(f.direct[s], fresh.GetJobId()); status.Code(err) != codes.NotFound {
+				t.Errorf("%s activated a job eu-west took after its return (%v)", s, err)
+			}
 		}
 		// Through the router, the job is where it runs now.
 		if rj, err := get(f.router, id); err != nil || rj.GetState() != apiaryv1.JobState_JOB_STATE_COMPLETE || rj.GetRegion() != active {

@@ -461,6 +461,23 @@ func (m *Manager) DownFor(region string) time.Duration {
 	return m.cfg.Now().Sub(since)
 }
 
+// downSinceAfter reports whether this coordinator has seen region down
+// since a time after ms (a record stored at ms predates the outage).
+func (m *Manager) downSinceAfter(region string, ms int64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	since := m.downSince[region]
+	return !since.IsZero() && since.UnixMilli() > ms
+}
+
+// sawAlive records that region just called this coordinator (a standby
+// write or progress): it is not down, whatever the pool says yet.
+func (m *Manager) sawAlive(region string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.downSince, region)
+}
+
 // observe writes (or deletes) this coordinator's observation of each region
 // it holds standby jobs of.
 func (m *Manager) observe(ctx context.Context) {

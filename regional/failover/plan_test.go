@@ -98,9 +98,10 @@ func TestDueNeedsAMajorityOfObservers(t *testing.T) {
 		{[]int64{now - 6000}, 1, true},              // a one-coordinator region
 		{[]int64{now - 6000, now - 6000}, 4, false}, // two of four is no majority
 		{[]int64{now - 6000}, 0, false},             // no live member known
+		{[]int64{now - 9500}, 1, false},             // down since before the record was stored: the home wrote it, alive
 	} {
-		if got := due(5000, now, tc.since, tc.members); got != tc.want {
-			t.Errorf("due(after 5s, since %v, members %d) = %v; want %v", tc.since, tc.members, got, tc.want)
+		if got := due(5000, now, now-9000, tc.since, tc.members); got != tc.want {
+			t.Errorf("due(after 5s, stored 9 s ago, since %v, members %d) = %v; want %v", tc.since, tc.members, got, tc.want)
 		}
 	}
 }

@@ -58,6 +58,7 @@ func (s *Server) PutStandby(ctx context.Context, req *apiaryv1.PutStandbyRequest
 	if err := m.mayRun(j.GetSpec()); err != nil {
 		return nil, err
 	}
+	m.sawAlive(j.GetHomeRegion())
 	rec := store.StandbyRecord{ID: j.GetJobId(), Home: j.GetHomeRegion(), Spec: j.GetSpec(), SubmitMs: j.GetSubmitTimeMs(),
 		ClientID: j.GetClientId(), RequestID: j.GetRequestId(), Traceparent: j.GetTraceparent(), AfterMs: j.GetAfterMs(),
 		Standbys: j.GetStandbys(), HomeEpoch: j.GetHomeEpoch(), StoredMs: m.cfg.Now().UnixMilli(),
@@ -104,6 +105,7 @@ func (m *Manager) mayRun(spec *apiaryv1.JobSpec) error {
 // unknown.
 func (s *Server) PushProgress(ctx context.Context, req *apiaryv1.PushProgressRequest) (*apiaryv1.PushProgressResponse, error) {
 	m := s.m
+	m.sawAlive(req.GetHomeRegion())
 	idsSeen := map[string]bool{}
 	var jobIDs []string
 	for _, d := range req.GetDone() {
