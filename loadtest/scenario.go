@@ -452,6 +452,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			rs = &apiaryv1.RegionSpec{Prefer: []string{"lt-a"}}
 		}
 		script := LedgerCommand(ledgerPath) + "; sleep " + sleep
+		if o.FailoverAfter > 0 {
+			// Task k of n sleeps (k+1)/n of task-sleep: some tasks of a
+			// job end before the kill (their completion is replicated and
+			// not rerun), others run through it.
+			script = LedgerCommand(ledgerPath) + fmt.Sprintf(`; sleep "$(awk "BEGIN{print %s*($APIARY_TASK_INDEX+1)/%d}")"`, sleep, o.TasksPerJob)
+		}
 		if o.Scenario.Liveness() || o.FailoverAfter > 0 {
 			script += " && " + LedgerDoneCommand(ledgerPath)
 		}
@@ -546,7 +552,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}
 	res.Verdict = VerifyWith(accepted, jobs, ledger, jurisdictionOf,
-		Checks{AllComplete: o.Scenario.Liveness(), EffectOnce: o.Scenario == OutageRegion})
+		Checks{AllComplete: o.Scenario.Liveness() || o.FailoverAfter > 0, EffectOnce: o.Scenario == OutageRegion})
 	if o.Scenario.Liveness() {
 		// The last trial's agent counters: after every job has finished.
 		probe.closeTrial(&res.TrialDetails)

@@ -138,7 +138,10 @@ coordinators for outage-region) apply unless those flags are given.`,
 			o := loadtest.Options{Scenario: loadtest.Scenario(scenario), Trials: trials, TrialEvery: every,
 				Partition: partition, Outage: outage, FailoverAfter: failoverAfter, KillAgents: killAgents}
 			if failoverAfter > 0 && !cmd.Flags().Changed("task-sleep") {
-				f.taskSleep = 0 // the failover default (3s): tasks in flight at the kill
+				f.taskSleep = 0 // the failover default (6s): tasks in flight at the kill
+			}
+			if failoverAfter > 0 && !cmd.Flags().Changed("tasks-per-job") {
+				f.tasksPerJob = 0 // the failover default (4, of staggered lengths)
 			}
 			if o.Scenario.Liveness() && !cmd.Flags().Changed("trial-every") {
 				o.TrialEvery = 0 // the scenario's default

@@ -210,6 +210,9 @@ failover: {after: %s, regions: [eu-central, eu-north]}
 tasks:
   - {name: quick, command: /bin/true}
   - {name: slow, count: 3, command: /bin/sleep, args: ["4"]}
+  # Runs for a minute in eu-west, a second anywhere else: on the home's
+  # return its attempt is still running there and must be killed.
+  - {name: long, command: /bin/sh, args: ["-c", "if [ \"$APIARY_REGION\" = eu-west ]; then sleep 60; else sleep 1; fi"]}
 `, name, after))
 	}
 
@@ -239,7 +242,7 @@ tasks:
 		r := f.submit(t, spec("moves", "5s"))
 		id := r.GetJobId()
 		home := f.waitJob(t, "eu-west", id, 20*time.Second, "running with task 0 complete", func(j *apiaryv1.Job) bool {
-			return len(j.GetTasks()) == 4 && j.GetTasks()[0].GetState() == apiaryv1.TaskState_TASK_STATE_COMPLETE &&
+			return len(j.GetTasks()) == 5 && j.GetTasks()[0].GetState() == apiaryv1.TaskState_TASK_STATE_COMPLETE &&
 				j.GetCounts().GetRunning() > 0
 		})
 		homeToken := int64(0)
@@ -325,6 +328,12 @@ tasks:
 			if tk.GetState() == apiaryv1.TaskState_TASK_STATE_COMPLETE {
 				t.Errorf("home task %d COMPLETE after the move: its late completion must be discarded", tk.GetIndex())
 			}
+		}
+		// The long task was still running on eu-west's agent: killed, in
+		// far less than its 60 s.
+		if long := back.GetTasks()[4]; long.GetState() != apiaryv1.TaskState_TASK_STATE_CANCELLED || len(long.GetAttempts()) == 0 ||
+			long.GetAttempts()[len(long.GetAttempts())-1].GetEndTimeMs()-long.GetAttempts()[len(long.GetAttempts())-1].GetStartTimeMs() > 50_000 {
+			t.Errorf("home's long task: %v, attempts %v; want CANCELLED, its attempt killed well before its 60 s", long.GetState(), long.GetAttempts())
 		}
 	})
 }

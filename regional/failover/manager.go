@@ -86,8 +86,6 @@ type Manager struct {
 	checked map[string]bool
 	// pending progress per standby region.
 	queue map[string]*batch
-	// lag of progress deliveries (ms), for the measurement.
-	lag []int64
 	// moved: jobs of this region that a standby activated (markMoved).
 	moved map[string]movedMark
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -199,59 +200,65 @@ func (m *Manager) enqueue(standbys []string, add func(*batch)) {
 // call); what a standby did not take stays queued. It returns, per job
 // whose end was taken, by how many standbys.
 func (m *Manager) flush(ctx context.Context) map[string]int {
+	up := map[string]bool{}
+	for _, r := range m.Regions() {
+		up[r.Name] = r.Up
+	}
 	m.mu.Lock()
 	regions := make([]string, 0, len(m.queue))
 	for r, b := range m.queue {
-		if len(b.done)+len(b.ended) > 0 {
+		// A standby that is down keeps its queue until it is back.
+		if len(b.done)+len(b.ended) > 0 && up[r] {
 			regions = append(regions, r)
 		}
 	}
 	m.mu.Unlock()
 	sort.Strings(regions)
+	// Each standby in parallel: one that does not answer (down, and not
+	// yet seen so) delays no other.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	endedBy := map[string]int{}
 	for _, region := range regions {
-		m.mu.Lock()
-		b := m.queue[region]
-		nd := min(len(b.done), maxBatch)
-		ne := min(len(b.ended), maxBatch-nd)
-		req := &apiaryv1.PushProgressRequest{HomeRegion: m.cfg.Meta.Region, Done: slices.Clone(b.done[:nd]), Ended: slices.Clone(b.ended[:ne])}
-		m.mu.Unlock()
-		cctx, cancel := context.WithTimeout(ctx, putTimeout)
-		err := m.call(cctx, region, func(ctx context.Context, c apiaryv1.FailoverServiceClient) error {
-			_, err := c.PushProgress(ctx, req)
-			return err
-		})
-		cancel()
-		if err != nil {
-			m.cfg.Log.Debug("failover: push progress", "standby", region, "err", err)
-			continue
-		}
-		nowMs := m.cfg.Now().UnixMilli()
-		m.mu.Lock()
-		b.done = b.done[nd:]
-		b.ended = b.ended[ne:]
-		for _, d := range req.Done {
-			if d.GetDoneTimeMs() > 0 && len(m.lag) < 1<<16 {
-				m.lag = append(m.lag, nowMs-d.GetDoneTimeMs())
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ended := m.flushRegion(ctx, region)
+			mu.Lock()
+			for _, id := range ended {
+				endedBy[id]++
 			}
-		}
-		m.mu.Unlock()
-		for _, id := range req.Ended {
-			endedBy[id]++
-		}
+			mu.Unlock()
+		}()
 	}
+	wg.Wait()
 	return endedBy
 }
 
-// ProgressLag returns the delivery lags (ms: from a task's completion in
-// this region to its standby's acknowledgement) recorded since the last
-// call, for the measurement.
-func (m *Manager) ProgressLag() []int64 {
+// flushRegion sends one batch to region; it returns the jobs whose end
+// it took.
+func (m *Manager) flushRegion(ctx context.Context, region string) []string {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := m.lag
-	m.lag = nil
-	return out
+	b := m.queue[region]
+	nd := min(len(b.done), maxBatch)
+	ne := min(len(b.ended), maxBatch-nd)
+	req := &apiaryv1.PushProgressRequest{HomeRegion: m.cfg.Meta.Region, Done: slices.Clone(b.done[:nd]), Ended: slices.Clone(b.ended[:ne])}
+	m.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, putTimeout)
+	err := m.call(cctx, region, func(ctx context.Context, c apiaryv1.FailoverServiceClient) error {
+		_, err := c.PushProgress(ctx, req)
+		return err
+	})
+	cancel()
+	if err != nil {
+		m.cfg.Log.Debug("failover: push progress", "standby", region, "err", err)
+		return nil
+	}
+	m.mu.Lock()
+	b.done = b.done[nd:]
+	b.ended = b.ended[ne:]
+	m.mu.Unlock()
+	return req.Ended
 }
 
 // Abandon tells standbys to drop the standby record of a job that was not
