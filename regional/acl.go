@@ -52,6 +52,12 @@ const (
 	// ForwardRequest and LookupRequest, the router's idempotency
 	// bookkeeping.
 	needRouter
+	// needPeerRegion: a region certificate of another region, without a
+	// token (FailoverService: the certificate gate, internal/authz, has
+	// checked that it acts for its own region). Without TLS no caller has
+	// that identity and a management token is needed: with ACLs on,
+	// failover between regions needs mTLS.
+	needPeerRegion
 	needNodeRead
 	needNodeWrite
 	needOperator
@@ -70,7 +76,13 @@ var aclMethods = map[string]aclNeed{
 	apiaryv1.JobService_GetJobLogs_FullMethodName:     needToken,
 	apiaryv1.JobService_GetJobTrace_FullMethodName:    needToken,
 	apiaryv1.JobService_ForwardRequest_FullMethodName: needRouter,
-	apiaryv1.JobService_LookupRequest_FullMethodName:  needRouter,
+
+	apiaryv1.FailoverService_PutStandby_FullMethodName:   needPeerRegion,
+	apiaryv1.FailoverService_PushProgress_FullMethodName: needPeerRegion,
+	apiaryv1.FailoverService_MovedJobs_FullMethodName:    needPeerRegion,
+	apiaryv1.FailoverService_ClaimJob_FullMethodName:     needPeerRegion,
+
+	apiaryv1.JobService_LookupRequest_FullMethodName: needRouter,
 
 	apiaryv1.AgentService_RegisterNode_FullMethodName:      needNothing,
 	apiaryv1.AgentService_Heartbeat_FullMethodName:         needNothing,
@@ -207,6 +219,9 @@ func (s *aclStream) Context() context.Context { return s.ctx }
 // returns ctx with the caller's *acl.ACL (acl.NewContext), or the
 // refusal, logged and counted:
 //   - this region's own coordinators (region certificate): management;
+//   - another region's coordinators (region certificate): FailoverService
+//     only, without a token (without TLS, with ACLs on, no one passes:
+//     failover between regions with ACLs needs mTLS);
 //   - a router certificate: ForwardRequest and LookupRequest, and
 //     ListRegions marked acl.IsInternal, pass without a token; anything
 //     else is judged by the token it forwards;
@@ -226,6 +241,8 @@ func (c *Coordinator) aclAdmit(ctx context.Context, fullMethod string) (context.
 		switch {
 		case id.Role == pki.RoleRegion && id.Region == c.cfg.Region:
 			return acl.NewContext(ctx, peerACL), nil
+		case id.Role == pki.RoleRegion && need == needPeerRegion:
+			return ctx, nil
 		case id.Role == pki.RoleRouter && (need == needRouter ||
 			(fullMethod == apiaryv1.AdminService_ListRegions_FullMethodName && acl.IsInternal(ctx))):
 			return ctx, nil
@@ -258,7 +275,7 @@ func (c *Coordinator) aclAdmit(ctx context.Context, fullMethod string) (context.
 		if !a.AllowOperator() {
 			what = "operator"
 		}
-	case needManagement:
+	case needManagement, needPeerRegion:
 		if !a.IsManagement() {
 			what = "a management token"
 		}

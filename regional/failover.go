@@ -1,11 +1,17 @@
 package regional
 
 import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
 	"github.com/hashicorp/serf/serf"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/regional/failover"
 	"apiary.dev/apiary/regional/store"
@@ -29,9 +35,10 @@ func (c *Coordinator) newFailover() *failover.Manager {
 			}
 			return c.sessions.s.Lease()
 		},
-		Dial:  c.dialRegion,
-		Retry: c.txnRetry,
-		Log:   c.log.With("component", "failover")})
+		MayRun: func(spec *apiaryv1.JobSpec) error { _, err := c.mayRun(spec); return err },
+		Dial:   c.dialRegion,
+		Retry:  c.txnRetry,
+		Log:    c.log.With("component", "failover")})
 }
 
 // dialRegion connects to a coordinator of another region (mTLS with this
@@ -72,4 +79,34 @@ func (c *Coordinator) movedTo(rec *store.JobRecord) (string, int64) {
 		return c.fo.MovedTo(rec.ID)
 	}
 	return "", 0
+}
+
+// failoverWarnings tell the submitter, at once, that an accepted failover
+// job cannot move (and why: a typo in failover.regions, a standby that is
+// down now, the policy), or that some of its standbys did not take it.
+// Standbys are chosen once, at submission.
+func (c *Coordinator) failoverWarnings(spec *apiaryv1.JobSpec, fo *store.FailoverRecord) []string {
+	if fo == nil {
+		return nil
+	}
+	var out []string
+	known := map[string]bool{}
+	if c.fo != nil {
+		for _, r := range c.fo.Regions() {
+			known[r.Name] = true
+		}
+	}
+	for i, r := range spec.GetFailover().GetRegions() {
+		if r == c.meta.Region {
+			out = append(out, fmt.Sprintf("failover.regions[%d]: %s is the job's home region, which cannot stand by for itself", i, r))
+		} else if len(known) > 0 && !known[r] {
+			out = append(out, fmt.Sprintf("failover.regions[%d]: %s is no region of the federation (known: %s)", i, r, strings.Join(slices.Sorted(maps.Keys(known)), ", ")))
+		}
+	}
+	if fo.NotEligible != "" {
+		out = append(out, "failover: this job will not fail over (standbys are chosen at submission): "+fo.NotEligible)
+	} else if want := spec.GetFailover().GetRegions(); len(want) > 0 && len(fo.Standbys) < min(len(want), failover.MaxStandbys) {
+		out = append(out, fmt.Sprintf("failover: standing by in %s only, of %v", strings.Join(fo.Standbys, ", "), want))
+	}
+	return out
 }

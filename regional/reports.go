@@ -295,7 +295,9 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 			c.observe(rd.health, r.GetNodeId(), r.GetJobId(), failed, st.task.AssignedMs, view(), nowMs)
 		}
 		token := rd.tokens[store.KeyAssign(r.GetNodeId(), r.GetJobId(), r.GetTaskIndex())]
-		if res.Task.FencingToken == 0 && taskstate.Active(res.Task.State) {
+		if res.Task.FencingToken == 0 && (taskstate.Active(res.Task.State) || res.Task.State == apiaryv1.TaskState_TASK_STATE_COMPLETE) {
+			// Also on an attempt whose first report is its end: the
+			// completion keeps its token (failover replicates it).
 			res.Task.FencingToken = token
 		}
 		if st.nodeID == "" {

@@ -88,14 +88,9 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 			return prior, nil
 		}
 	}
-	where, err := c.resolveWhere(spec)
+	where, err := c.mayRun(spec)
 	if err != nil {
 		return nil, err
-	}
-	for k, v := range spec.GetRegion().GetSelector() {
-		if c.meta.Labels[k] != v {
-			return nil, status.Errorf(codes.FailedPrecondition, "region.selector: region %s has %s=%q, job requires %q", c.meta.Region, k, c.meta.Labels[k], v)
-		}
 	}
 	if err := c.admit(spec); err != nil {
 		return nil, err
@@ -150,12 +145,29 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 			c.admitted(r.jobID, spec)
 		}
 		return &apiaryv1.SubmitJobResponse{JobId: r.jobID, Region: c.meta.Region, Deduplicated: r.deduplicated,
-			Warnings: c.submitWarnings(spec)}, nil
+			Warnings: append(c.submitWarnings(spec), c.failoverWarnings(spec, rec.Failover)...)}, nil
 	case <-ctx.Done():
 		// The outcome is unknown to the client; a retry with the same
 		// request id finds the job through its dedup key.
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
+}
+
+// mayRun is whether this region may run spec at all: its sovereignty
+// decision (resolveWhere) and its region selector against the region's
+// labels (FAILED_PRECONDITION naming the label). A submission and a standby
+// record of another region's failover job (regional/failover) both pass it.
+func (c *Coordinator) mayRun(spec *apiaryv1.JobSpec) (*store.WhereRecord, error) {
+	where, err := c.resolveWhere(spec)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range spec.GetRegion().GetSelector() {
+		if c.meta.Labels[k] != v {
+			return nil, status.Errorf(codes.FailedPrecondition, "region.selector: region %s has %s=%q, job requires %q", c.meta.Region, k, c.meta.Labels[k], v)
+		}
+	}
+	return where, nil
 }
 
 // resolveWhere applies the sovereignty policy at admission: the job's

@@ -775,7 +775,7 @@ func checkFailover(c *errs, spec *apiaryv1.JobSpec, f *apiaryv1.Failover) {
 		return
 	}
 	if a := f.GetAfterMs(); a != 0 && (a < MinFailoverAfter.Milliseconds() || a > MaxFailoverAfter.Milliseconds()) {
-		c.add("failover.after", "must be between 1s and 24h, or 0 for the home region's --failover-after (got %dms)", a)
+		c.add("failover.after", "must be between 1s and 24h, or 0 for the home region's --failover-after (got %s)", time.Duration(a)*time.Millisecond)
 	}
 	seen := map[string]bool{}
 	for i, r := range f.GetRegions() {

@@ -3,6 +3,7 @@ package failover
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -192,8 +193,14 @@ func (m *Manager) activate(ctx context.Context, r standbyKV) error {
 		for i := int32(0); i < grp.GetCount(); i++ {
 			t := taskstate.Task{JobID: sr.ID, Index: idx, Group: int32(g), State: apiaryv1.TaskState_TASK_STATE_PENDING}
 			if d, ok := done[idx]; ok {
+				// Completed at home: kept, with the home's attempt, node
+				// and token, and its result, so status and logs show it.
 				t.State, t.Attempt, t.FencingToken, t.FinishedMs = apiaryv1.TaskState_TASK_STATE_COMPLETE, d.Attempt, d.Token, d.DoneMs
+				t.NodeID, t.StartedMs = d.Node, d.StartMs
 				skipped++
+				res := &apiaryv1.AttemptResult{Attempt: d.Attempt, NodeId: d.Node, FencingToken: d.Token, Outcome: taskstate.OutcomeComplete,
+					StartTimeMs: d.StartMs, EndTimeMs: d.DoneMs, StdoutTail: fmt.Sprintf("(completed in region %s before the job moved; its output stayed there)", sr.Home)}
+				ops = append(ops, clientv3.OpPut(store.KeyResult(shard, sr.ID, idx, d.Attempt), store.MustJSON(res)))
 			}
 			ops = append(ops, clientv3.OpPut(store.KeyTask(shard, sr.ID, idx), store.MustJSON(&t)))
 			idx++

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
-	"apiary.dev/apiary/internal/cliconn"
 	"apiary.dev/apiary/internal/devcluster"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/sovereignty"
@@ -29,7 +28,9 @@ func TestMain(m *testing.M) {
 }
 
 // fed is a router and four regions, each one coordinator and one agent:
-// eu-west (the home), eu-central and eu-north (EU standbys), us-east.
+// eu-west (the home), eu-central and eu-north (EU standbys), us-east; with
+// mutual TLS and ACLs on, so that the regions' calls to each other pass the
+// certificate gate and the ACL layer as in production.
 type fed struct {
 	cl     *devcluster.Cluster
 	router apiaryv1.JobServiceClient
@@ -49,7 +50,7 @@ func startFed(t *testing.T) *fed {
 			Agents:    []devcluster.AgentSpec{{ID: name + "-n1", CPUMillis: 4000, MemoryMiB: 4096}},
 			ExtraArgs: []string{"--node-lease-ttl", "2s"}, NoLAN: true}
 	}
-	opts := devcluster.Options{Binary: testutil.Binary(t), Dir: dir, Global: &devcluster.GlobalSpec{PolicyFile: pol},
+	opts := devcluster.Options{Binary: testutil.Binary(t), Dir: dir, Global: &devcluster.GlobalSpec{PolicyFile: pol}, TLS: true, ACL: true,
 		Regions: []devcluster.RegionSpec{region("eu-west", "eu"), region("eu-central", "eu"), region("eu-north", "eu"), region("us-east", "us")}}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -76,17 +77,16 @@ func startFed(t *testing.T) *fed {
 			}
 		}
 	})
-	dial := func(addr string) apiaryv1.JobServiceClient {
-		c, err := cliconn.Dial(addr)
+	keep := func(c *grpc.ClientConn, err error) apiaryv1.JobServiceClient {
 		if err != nil {
 			t.Fatal(err)
 		}
 		conns = append(conns, c)
 		return apiaryv1.NewJobServiceClient(c)
 	}
-	f.router = dial(cl.GlobalAddr)
+	f.router = keep(cl.Dial(cl.GlobalAddr))
 	for _, r := range cl.Regions {
-		f.direct[r.Spec.Name] = dial(r.Addr())
+		f.direct[r.Spec.Name] = keep(r.Dial())
 		f.region[r.Spec.Name] = r
 	}
 	return f

@@ -62,6 +62,10 @@ type Config struct {
 	Serf func() *serf.Serf
 	// Lease is the coordinator's current member session lease (0: none).
 	Lease func() clientv3.LeaseID
+	// MayRun is the region's own admission of a job it would run (its
+	// sovereignty policy and labels: the check a submission passes); a
+	// standby record that fails it is refused.
+	MayRun func(*apiaryv1.JobSpec) error
 	// Dial connects to a coordinator of region at addr (mTLS when on).
 	Dial func(region, addr string) (*grpc.ClientConn, error)
 	// Retry runs a Txn with the coordinator's per-attempt deadlines.

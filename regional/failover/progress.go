@@ -171,7 +171,8 @@ func (m *Manager) taskEvent(jobs map[string]*hjob, key, value []byte) {
 	}
 	if t.State == apiaryv1.TaskState_TASK_STATE_COMPLETE && !j.sent[index] {
 		j.sent[index] = true
-		d := &apiaryv1.TaskDone{JobId: id, TaskIndex: index, Attempt: t.Attempt, FencingToken: t.FencingToken, DoneTimeMs: t.FinishedMs}
+		d := &apiaryv1.TaskDone{JobId: id, TaskIndex: index, Attempt: t.Attempt, FencingToken: t.FencingToken, DoneTimeMs: t.FinishedMs,
+			NodeId: t.NodeID, StartTimeMs: t.StartedMs}
 		m.enqueue(j.idx.Standbys, func(b *batch) { b.done = append(b.done, d) })
 	}
 	if taskstate.Terminal(t.State) {

@@ -13,7 +13,6 @@ import (
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
-	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/regional/store"
 )
 
@@ -55,8 +54,10 @@ func (s *Server) PutStandby(ctx context.Context, req *apiaryv1.PutStandbyRequest
 	if err := jobspec.Validate(j.GetSpec()); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "job.spec: %v", err)
 	}
-	if err := m.mayRun(j.GetSpec()); err != nil {
-		return nil, err
+	if m.cfg.MayRun != nil {
+		if err := m.cfg.MayRun(j.GetSpec()); err != nil {
+			return nil, err
+		}
 	}
 	m.sawAlive(j.GetHomeRegion())
 	rec := store.StandbyRecord{ID: j.GetJobId(), Home: j.GetHomeRegion(), Spec: j.GetSpec(), SubmitMs: j.GetSubmitTimeMs(),
@@ -80,23 +81,6 @@ func (s *Server) PutStandby(ctx context.Context, req *apiaryv1.PutStandbyRequest
 		return nil, status.Errorf(codes.Unavailable, "store standby record: %v", err)
 	}
 	return &apiaryv1.PutStandbyResponse{Region: me}, nil
-}
-
-// mayRun is the region's own admission of a job it may activate: its
-// region selector and its data's jurisdiction, by this region's policy
-// (sovereignty.Resolve, as for a submission).
-func (m *Manager) mayRun(spec *apiaryv1.JobSpec) error {
-	meta := m.cfg.Meta
-	for k, v := range spec.GetRegion().GetSelector() {
-		if meta.Labels[k] != v {
-			return status.Errorf(codes.FailedPrecondition, "region.selector: region %s has %s=%q, job requires %q", meta.Region, k, meta.Labels[k], v)
-		}
-	}
-	d := sovereignty.Resolve(m.cfg.Policy, spec.GetJurisdiction(), spec.GetDataClass())
-	if !d.Any && (meta.Jurisdiction == "" || !d.Allows(meta.Jurisdiction)) {
-		return status.Error(codes.FailedPrecondition, d.Refusal(spec.GetJurisdiction(), spec.GetDataClass(), meta.Region, meta.Jurisdiction).Error())
-	}
-	return nil
 }
 
 // PushProgress records completed tasks of standby jobs, and drops the
@@ -187,7 +171,8 @@ func (s *Server) PushProgress(ctx context.Context, req *apiaryv1.PushProgressReq
 		}
 		guard(d.GetJobId())
 		ops = append(ops, clientv3.OpPut(store.KeyStandbyDone(d.GetJobId(), d.GetTaskIndex()),
-			store.MustJSON(store.TaskDoneRecord{Attempt: d.GetAttempt(), Token: d.GetFencingToken(), DoneMs: d.GetDoneTimeMs()})))
+			store.MustJSON(store.TaskDoneRecord{Attempt: d.GetAttempt(), Token: d.GetFencingToken(), DoneMs: d.GetDoneTimeMs(),
+				Node: d.GetNodeId(), StartMs: d.GetStartTimeMs()})))
 		if len(ops) >= maxOpsPerTxn {
 			if err := flush(); err != nil {
 				return nil, err

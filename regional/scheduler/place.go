@@ -375,7 +375,7 @@ func (s *Loop) planWrite(nodeID string, ps []placement.Placement, byKey map[stri
 		a := &apiaryv1.Assignment{Kind: apiaryv1.Assignment_KIND_RUN, JobId: ct.rec.JobID, TaskIndex: ct.rec.Index,
 			Attempt: rec.Attempt, NodeEpoch: n.Alive, Command: g.GetCommand(), Args: g.GetArgs(), Env: env,
 			Resources: g.GetResources(), TimeoutMs: g.GetTimeoutMs(), Region: s.d.Region, Traceparent: j.rec.Traceparent,
-			GpuIndices: rec.GPUDevices, LostAfterMs: j.rec.Spec.GetDisconnect().GetLostAfterMs(), FailoverEpoch: j.rec.FailoverEpoch()}
+			GpuIndices: rec.GPUDevices, LostAfterMs: lostAfterMs(&j.rec), FailoverEpoch: j.rec.FailoverEpoch()}
 		for _, d := range g.GetDatasets() {
 			a.Datasets = append(a.Datasets, d.GetName())
 		}
@@ -497,4 +497,19 @@ func (s *Loop) syncUsage(ctx context.Context) error {
 		})
 	}
 	return s.commit(ctx, ws)
+}
+
+// lostAfterMs is how long an agent that reaches no coordinator keeps the
+// job's attempts (Assignment.lost_after_ms): the job's disconnect.lost_after,
+// else, for a job that may fail over from this region, its failover.after
+// (by then a standby may run the tasks again: the home's copies should not
+// run on beside them), else 0 (the agent's --disconnect-grace).
+func lostAfterMs(rec *store.JobRecord) int64 {
+	if la := rec.Spec.GetDisconnect().GetLostAfterMs(); la > 0 {
+		return la
+	}
+	if f := rec.Failover; f != nil && f.Epoch == 0 && len(f.Standbys) > 0 {
+		return f.AfterMs
+	}
+	return 0
 }

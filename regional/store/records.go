@@ -117,9 +117,11 @@ type HomeIndexRecord struct {
 // TaskDoneRecord is /apiary/failover/done/<jobID>/<index>: the task's
 // completion in the job's home region.
 type TaskDoneRecord struct {
-	Attempt int32 `json:"attempt"`
-	Token   int64 `json:"token"`
-	DoneMs  int64 `json:"done_ms,omitempty"`
+	Attempt int32  `json:"attempt"`
+	Token   int64  `json:"token"`
+	DoneMs  int64  `json:"done_ms,omitempty"`
+	Node    string `json:"node,omitempty"`
+	StartMs int64  `json:"start_ms,omitempty"`
 }
 
 // MovedRecord is /apiary/failover/moved/<jobID> in the region that

@@ -2404,7 +2404,10 @@ type TaskDone struct {
 	Attempt      int32                  `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	FencingToken int64                  `protobuf:"varint,4,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	// When the home region committed the completion (Unix ms): the lag.
-	DoneTimeMs    int64 `protobuf:"varint,5,opt,name=done_time_ms,json=doneTimeMs,proto3" json:"done_time_ms,omitempty"`
+	DoneTimeMs int64 `protobuf:"varint,5,opt,name=done_time_ms,json=doneTimeMs,proto3" json:"done_time_ms,omitempty"`
+	// The home region's node that ran the attempt, and when it started.
+	NodeId        string `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	StartTimeMs   int64  `protobuf:"varint,7,opt,name=start_time_ms,json=startTimeMs,proto3" json:"start_time_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2470,6 +2473,20 @@ func (x *TaskDone) GetFencingToken() int64 {
 func (x *TaskDone) GetDoneTimeMs() int64 {
 	if x != nil {
 		return x.DoneTimeMs
+	}
+	return 0
+}
+
+func (x *TaskDone) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *TaskDone) GetStartTimeMs() int64 {
+	if x != nil {
+		return x.StartTimeMs
 	}
 	return 0
 }
@@ -8704,7 +8721,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x11PutStandbyRequest\x12'\n" +
 	"\x03job\x18\x01 \x01(\v2\x15.apiary.v1.StandbyJobR\x03job\",\n" +
 	"\x12PutStandbyResponse\x12\x16\n" +
-	"\x06region\x18\x01 \x01(\tR\x06region\"\xa1\x01\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\"\xde\x01\n" +
 	"\bTaskDone\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1d\n" +
 	"\n" +
@@ -8712,7 +8729,9 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\aattempt\x18\x03 \x01(\x05R\aattempt\x12#\n" +
 	"\rfencing_token\x18\x04 \x01(\x03R\ffencingToken\x12 \n" +
 	"\fdone_time_ms\x18\x05 \x01(\x03R\n" +
-	"doneTimeMs\"u\n" +
+	"doneTimeMs\x12\x17\n" +
+	"\anode_id\x18\x06 \x01(\tR\x06nodeId\x12\"\n" +
+	"\rstart_time_ms\x18\a \x01(\x03R\vstartTimeMs\"u\n" +
 	"\x13PushProgressRequest\x12\x1f\n" +
 	"\vhome_region\x18\x01 \x01(\tR\n" +
 	"homeRegion\x12'\n" +
