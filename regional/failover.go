@@ -35,7 +35,7 @@ func (c *Coordinator) newFailover() *failover.Manager {
 			}
 			return c.sessions.s.Lease()
 		},
-		MayRun: func(spec *apiaryv1.JobSpec) error { _, err := c.mayRun(spec); return err },
+		MayRun: c.mayRun,
 		Dial:   c.dialRegion,
 		Retry:  c.txnRetry,
 		Log:    c.log.With("component", "failover")})

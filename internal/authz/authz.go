@@ -228,7 +228,9 @@ func (p Policy) decide(invalid error, id pki.Identity, idErr error, fullMethod s
 			msg: "client certificate carries no valid Apiary identity: " + idErr.Error()}
 	}
 	r, ok := methods[fullMethod]
-	if p.Role == pki.RoleRegion && id.Role == pki.RoleRegion && id.Region != p.Region && (!ok || r.access != accessPeerRegion) {
+	// Another region's coordinators: FailoverService, and health (their
+	// failover probes of this region).
+	if p.Role == pki.RoleRegion && id.Role == pki.RoleRegion && id.Region != p.Region && (!ok || (r.access != accessPeerRegion && r.access != accessAnyone)) {
 		return rule{}, refuse(ReasonOtherRegion, "a region certificate of region %s cannot act in region %s", id.Region, p.Region)
 	}
 	if !ok {

@@ -206,7 +206,7 @@ func TestRegionServerOverMTLS(t *testing.T) {
 	checkMatrix(t, c, ts, pki.RegionServerName("eu-west"), map[pki.Identity]outcome{
 		regionEU2: {api: ok, routerOnly: deny, agent: deny, health: ok},
 		// Another region's coordinators call FailoverService only.
-		regionUS:  {api: deny, routerOnly: deny, agent: deny, health: deny, peerOK: true},
+		regionUS:  {api: deny, routerOnly: deny, agent: deny, health: ok, peerOK: true},
 		routerID:  {api: ok, routerOnly: ok, agent: deny, health: ok},
 		agentEU:   {api: deny, routerOnly: deny, agent: ok, health: ok},
 		agentUS:   {api: deny, routerOnly: deny, agent: deny, health: ok},

@@ -102,7 +102,7 @@ func (m *Manager) activateDue(ctx context.Context) {
 		if c.err != nil || !due(after.Milliseconds(), nowMs, r.rec.StoredMs, c.since, c.members) {
 			continue
 		}
-		if !m.claimEarlier(ctx, r) {
+		if !m.claimOthers(ctx, r) {
 			continue
 		}
 		if err := m.activate(ctx, r); err != nil {
@@ -111,15 +111,22 @@ func (m *Manager) activateDue(ctx context.Context) {
 	}
 }
 
-// claimEarlier asks every standby before this region in the job's order to
-// give the job up (ClaimJob). A standby that has itself been down for the
-// job's after is passed over. It returns false when one activated the job
-// (this region's standby record is then dropped) or could not be asked.
-func (m *Manager) claimEarlier(ctx context.Context, r standbyKV) bool {
+// claimOthers asks every other standby of the job, earlier and later in
+// its order, to give the job up (ClaimJob) before this region activates it:
+// a grant bars that region from activating it ever (its activation Txn
+// requires no claim), so of two standbys that both come to activate, the
+// second asks the first and learns it is active. A standby that has itself
+// been down for the job's after is passed over (the one case in which two
+// may activate: each seeing the other down that long). It returns false
+// when one activated the job (this region's standby record is then
+// dropped) or could not be asked.
+func (m *Manager) claimOthers(ctx context.Context, r standbyKV) bool {
 	me := m.cfg.Meta.Region
-	k := slices.Index(r.rec.Standbys, me)
 	after := time.Duration(r.rec.AfterMs) * time.Millisecond
-	for _, earlier := range r.rec.Standbys[:max(k, 0)] {
+	for _, earlier := range r.rec.Standbys {
+		if earlier == me {
+			continue
+		}
 		if m.DownFor(earlier) >= after {
 			continue
 		}
@@ -178,7 +185,9 @@ func (m *Manager) activate(ctx context.Context, r standbyKV) error {
 	}
 	now := m.cfg.Now()
 	sr := r.rec
-	epoch := sr.HomeEpoch + 1
+	// One epoch per standby (its place in the job's order, from 1): should
+	// two ever activate the job, their tokens still differ.
+	epoch := sr.HomeEpoch + 1 + int64(max(slices.Index(sr.Standbys, m.cfg.Meta.Region), 0))
 	shard := shards.Of(sr.ID, m.cfg.Meta.ShardCount)
 	job := store.JobRecord{ID: sr.ID, Region: m.cfg.Meta.Region, Shard: shard, Spec: sr.Spec, SubmitMs: sr.SubmitMs,
 		ClientID: sr.ClientID, RequestID: sr.RequestID, Traceparent: sr.Traceparent, TaskCount: int32(jobspec.TaskCount(sr.Spec)),

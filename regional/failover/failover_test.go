@@ -201,7 +201,14 @@ tasks: [{name: t, command: /bin/true}]
 		}
 	})
 
-	spec := func(name, after string) *apiaryv1.JobSpec {
+	spec := func(name, after string, long ...bool) *apiaryv1.JobSpec {
+		extra := ""
+		if len(long) > 0 {
+			// Runs for a minute in eu-west, a second anywhere else: on the
+			// home's return its attempt is still running there and must
+			// be killed.
+			extra = `  - {name: long, command: /bin/sh, args: ["-c", "if [ \"$APIARY_REGION\" = eu-west ]; then sleep 60; else sleep 1; fi"]}` + "\n"
+		}
 		return parse(t, fmt.Sprintf(`
 name: %s
 jurisdiction: eu
@@ -210,10 +217,7 @@ failover: {after: %s, regions: [eu-central, eu-north]}
 tasks:
   - {name: quick, command: /bin/true}
   - {name: slow, count: 3, command: /bin/sleep, args: ["4"]}
-  # Runs for a minute in eu-west, a second anywhere else: on the home's
-  # return its attempt is still running there and must be killed.
-  - {name: long, command: /bin/sh, args: ["-c", "if [ \"$APIARY_REGION\" = eu-west ]; then sleep 60; else sleep 1; fi"]}
-`, name, after))
+%s`, name, after, extra))
 	}
 
 	t.Run("home back before after", func(t *testing.T) {
@@ -239,7 +243,7 @@ tasks:
 	})
 
 	t.Run("home lost then back", func(t *testing.T) {
-		r := f.submit(t, spec("moves", "5s"))
+		r := f.submit(t, spec("moves", "5s", true))
 		id := r.GetJobId()
 		home := f.waitJob(t, "eu-west", id, 20*time.Second, "running with task 0 complete", func(j *apiaryv1.Job) bool {
 			return len(j.GetTasks()) == 5 && j.GetTasks()[0].GetState() == apiaryv1.TaskState_TASK_STATE_COMPLETE &&

@@ -21,6 +21,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/federation"
+	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/regional/store"
 )
@@ -42,6 +43,9 @@ var (
 	movedEvery    = 2 * time.Second
 	// claimStagger delays each later standby's activation (activateDue).
 	claimStagger = 2 * time.Second
+	// poolSettle: how long a WAN member must have seen other regions
+	// before a home it does not see at all counts as down.
+	poolSettle = 3 * time.Second
 )
 
 // Config is what a coordinator gives its failover manager.
@@ -65,7 +69,7 @@ type Config struct {
 	// MayRun is the region's own admission of a job it would run (its
 	// sovereignty policy and labels: the check a submission passes); a
 	// standby record that fails it is refused.
-	MayRun func(*apiaryv1.JobSpec) error
+	MayRun func(*apiaryv1.JobSpec) (*store.WhereRecord, error)
 	// Dial connects to a coordinator of region at addr (mTLS when on).
 	Dial func(region, addr string) (*grpc.ClientConn, error)
 	// Retry runs a Txn with the coordinator's per-attempt deadlines.
@@ -90,6 +94,8 @@ type Manager struct {
 	checked map[string]bool
 	// pending progress per standby region.
 	queue map[string]*batch
+	// joinedAt: when the WAN view first held another region.
+	joinedAt time.Time
 	// moved: jobs of this region that a standby activated (markMoved).
 	moved map[string]movedMark
 }
@@ -161,6 +167,12 @@ func plan(cfg Config, inPool bool, regions []federation.Region, spec *apiaryv1.J
 		after = DefaultAfter
 	}
 	rec := &store.FailoverRecord{AfterMs: after.Milliseconds(), Home: m.cfg.Meta.Region}
+	if jobspec.HasSecrets(spec) {
+		// Sealed under this region's keyring: no standby could open them,
+		// and their plain values must not leave the region.
+		rec.NotEligible = "the job has secret_env, sealed under the home region's keyring, which no standby holds"
+		return rec
+	}
 	if !inPool {
 		rec.NotEligible = "the home region is in no WAN pool (start its coordinators with --wan-join)"
 		return rec
@@ -494,6 +506,27 @@ func (m *Manager) observe(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	// A home this coordinator's WAN member never saw (it joined the pool
+	// after the home died: serf does not gossip long-dead members) is down,
+	// once the member has been in the pool (other members alive) for
+	// poolSettle, long enough to have learned every live region.
+	known := map[string]bool{}
+	regions := m.Regions()
+	for _, r := range regions {
+		known[r.Name] = true
+	}
+	m.mu.Lock()
+	if m.joinedAt.IsZero() && len(regions) > 1 {
+		m.joinedAt = m.cfg.Now()
+	}
+	settled := !m.joinedAt.IsZero() && m.cfg.Now().Sub(m.joinedAt) >= poolSettle
+	for home := range homes {
+		if settled && !known[home] && m.downSince[home].IsZero() {
+			m.downSince[home] = m.cfg.Now()
+			m.cfg.Log.Warn("failover: a home region of standby jobs is not in the WAN pool; seen down", "region", home)
+		}
+	}
+	m.mu.Unlock()
 	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
 	var ops []clientv3.Op

@@ -42,6 +42,10 @@ func (s *Server) PutStandby(ctx context.Context, req *apiaryv1.PutStandbyRequest
 	switch {
 	case !ids.IsJobID(j.GetJobId()):
 		return nil, status.Errorf(codes.InvalidArgument, "job.job_id: %q is not a job id", j.GetJobId())
+	case j.GetHomeEpoch() != 0:
+		return nil, status.Errorf(codes.InvalidArgument, "job.home_epoch: must be 0 (a job that moved does not move again), got %d", j.GetHomeEpoch())
+	case ids.RegionOf(j.GetJobId()) != j.GetHomeRegion():
+		return nil, status.Errorf(codes.InvalidArgument, "job.job_id: %s is not a job of region %s", j.GetJobId(), j.GetHomeRegion())
 	case j.GetHomeRegion() == "" || j.GetHomeRegion() == me:
 		return nil, status.Errorf(codes.InvalidArgument, "job.home_region: must name another region than %s (got %q)", me, j.GetHomeRegion())
 	case j.GetSpec() == nil:
@@ -51,19 +55,27 @@ func (s *Server) PutStandby(ctx context.Context, req *apiaryv1.PutStandbyRequest
 	case j.GetAfterMs() < jobspec.MinFailoverAfter.Milliseconds() || j.GetAfterMs() > jobspec.MaxFailoverAfter.Milliseconds():
 		return nil, status.Errorf(codes.InvalidArgument, "job.after_ms: must be between 1s and 24h (got %dms)", j.GetAfterMs())
 	}
-	if err := jobspec.Validate(j.GetSpec()); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "job.spec: %v", err)
+	// The spec as this region would store a submission (defaults
+	// applied, validated), and where it may run decided by this region's
+	// own policy, never by what the caller sent.
+	spec, err := jobspec.Prepare(j.GetSpec())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "job.spec: %v", status.Convert(err).Message())
 	}
-	if m.cfg.MayRun != nil {
-		if err := m.cfg.MayRun(j.GetSpec()); err != nil {
-			return nil, err
-		}
+	if jobspec.HasSecrets(spec) {
+		return nil, status.Error(codes.InvalidArgument, "job.spec: secret_env cannot fail over (sealed under the home region's keyring)")
+	}
+	if m.cfg.MayRun == nil {
+		return nil, status.Error(codes.FailedPrecondition, "this region cannot judge where the job may run (no admission check configured)")
+	}
+	where, err := m.cfg.MayRun(spec)
+	if err != nil {
+		return nil, err
 	}
 	m.sawAlive(j.GetHomeRegion())
-	rec := store.StandbyRecord{ID: j.GetJobId(), Home: j.GetHomeRegion(), Spec: j.GetSpec(), SubmitMs: j.GetSubmitTimeMs(),
+	rec := store.StandbyRecord{ID: j.GetJobId(), Home: j.GetHomeRegion(), Spec: spec, SubmitMs: j.GetSubmitTimeMs(),
 		ClientID: j.GetClientId(), RequestID: j.GetRequestId(), Traceparent: j.GetTraceparent(), AfterMs: j.GetAfterMs(),
-		Standbys: j.GetStandbys(), HomeEpoch: j.GetHomeEpoch(), StoredMs: m.cfg.Now().UnixMilli(),
-		Where: &store.WhereRecord{Rule: j.GetRule(), Any: j.GetAnyJurisdiction(), Jurisdictions: j.GetJurisdictions()}}
+		Standbys: j.GetStandbys(), StoredMs: m.cfg.Now().UnixMilli(), Where: where}
 	ops := []clientv3.Op{clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.KeyStandby(rec.ID)), "=", 0)},
 		[]clientv3.Op{clientv3.OpPut(store.KeyStandby(rec.ID), store.MustJSON(rec))}, nil)}
 	if rec.RequestID != "" && ids.Idempotency.MatchString(rec.ClientID) && ids.Idempotency.MatchString(rec.RequestID) {
@@ -74,7 +86,7 @@ func (s *Server) PutStandby(ctx context.Context, req *apiaryv1.PutStandbyRequest
 		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(dk), "=", 0)},
 			[]clientv3.Op{clientv3.OpPut(dk, store.MustJSON(store.DedupRecord{JobID: rec.ID, Hash: jobspec.PayloadHash(rec.Spec)}))}, nil))
 	}
-	_, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+	_, err = m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(rec.ID)), "=", 0)).Then(ops...).Commit()
 	})
 	if err != nil {
@@ -93,8 +105,8 @@ func (s *Server) PushProgress(ctx context.Context, req *apiaryv1.PushProgressReq
 	idsSeen := map[string]bool{}
 	var jobIDs []string
 	for _, d := range req.GetDone() {
-		if !ids.IsJobID(d.GetJobId()) || d.GetTaskIndex() < 0 {
-			return nil, status.Errorf(codes.InvalidArgument, "done: %q task %d is not a task of a job", d.GetJobId(), d.GetTaskIndex())
+		if !ids.IsJobID(d.GetJobId()) || d.GetTaskIndex() < 0 || d.GetTaskIndex() >= jobspec.MaxTasks || d.GetFencingToken() <= 0 || d.GetAttempt() <= 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "done: %q task %d attempt %d token %d is not a completed attempt of a job", d.GetJobId(), d.GetTaskIndex(), d.GetAttempt(), d.GetFencingToken())
 		}
 		if !idsSeen[d.GetJobId()] {
 			idsSeen[d.GetJobId()] = true
@@ -168,6 +180,9 @@ func (s *Server) PushProgress(ctx context.Context, req *apiaryv1.PushProgressReq
 				out.Unknown = append(out.Unknown, d.GetJobId())
 			}
 			continue
+		}
+		if n := int32(jobspec.TaskCount(held[d.GetJobId()].Spec)); d.GetTaskIndex() >= n {
+			return nil, status.Errorf(codes.InvalidArgument, "done: job %s has %d tasks, no task %d", d.GetJobId(), n, d.GetTaskIndex())
 		}
 		guard(d.GetJobId())
 		ops = append(ops, clientv3.OpPut(store.KeyStandbyDone(d.GetJobId(), d.GetTaskIndex()),
@@ -266,22 +281,28 @@ func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*
 		return nil, status.Errorf(codes.InvalidArgument, "standby_region: must be another region than %s", m.cfg.Meta.Region)
 	}
 	ck := store.KeyClaimed(id)
-	// The standby record (if any) goes with the grant.
+	// The standby record goes with the grant. Only another standby of the
+	// job may claim it: the record names them.
 	cctx, cancel := store.EtcdCtx(ctx)
-	cur, err := m.cfg.Client.Get(cctx, store.KeyStandby(id))
+	cur, err := m.cfg.Client.Txn(cctx).Then(clientv3.OpGet(store.KeyStandby(id)), clientv3.OpGet(store.KeyMoved(id))).Commit()
 	cancel()
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "claim: %v", err)
 	}
-	grant := []clientv3.Op{clientv3.OpPut(ck, store.MustJSON(store.ClaimRecord{By: req.GetStandbyRegion(), AtMs: m.cfg.Now().UnixMilli()}))}
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(id)), "=", 0)}
-	var rec store.StandbyRecord
-	if len(cur.Kvs) == 1 && json.Unmarshal(cur.Kvs[0].Value, &rec) == nil {
-		grant = append(grant, m.dropOps(&rec)...)
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(store.KeyStandby(id)), "=", cur.Kvs[0].ModRevision))
-	} else {
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(store.KeyStandby(id)), "=", 0))
+	if mv := cur.Responses[1].GetResponseRange().Kvs; len(mv) == 1 {
+		return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: m.cfg.Meta.Region}, nil
 	}
+	sk := cur.Responses[0].GetResponseRange().Kvs
+	var rec store.StandbyRecord
+	if len(sk) != 1 || json.Unmarshal(sk[0].Value, &rec) != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "job_id: region %s holds no standby record of job %s", m.cfg.Meta.Region, id)
+	}
+	if !slices.Contains(rec.Standbys, req.GetStandbyRegion()) {
+		return nil, status.Errorf(codes.PermissionDenied, "standby_region: %s is not a standby of job %s (its standbys: %v)", req.GetStandbyRegion(), id, rec.Standbys)
+	}
+	grant := append([]clientv3.Op{clientv3.OpPut(ck, store.MustJSON(store.ClaimRecord{By: req.GetStandbyRegion(), AtMs: m.cfg.Now().UnixMilli()}))}, m.dropOps(&rec)...)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(id)), "=", 0),
+		clientv3.Compare(clientv3.ModRevision(store.KeyStandby(id)), "=", sk[0].ModRevision)}
 	resp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return m.cfg.Client.Txn(ctx).If(cmps...).
 			Then(clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)},
