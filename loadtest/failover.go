@@ -53,8 +53,16 @@ func (o *Options) failoverDefaults() error {
 	if o.Pause <= o.FailoverAfter+2*time.Second {
 		return fmt.Errorf("pause: the region must stay down longer than failover-after + 2s (%s), got %s", o.FailoverAfter+2*time.Second, o.Pause)
 	}
-	if o.TrialEvery < o.Pause+10*time.Second {
-		o.TrialEvery = o.Pause + 10*time.Second
+	// 15 s after each return: the region settles, and the submit latency
+	// away from faults (the standby write's cost) has a quiet window.
+	if o.TrialEvery < o.Pause+15*time.Second {
+		o.TrialEvery = o.Pause + 15*time.Second
+	}
+	if o.NodeLeaseTTL == 0 {
+		// Three regions' processes and their tasks share the host's cores:
+		// a 1 s lease lapses under that load and the KilledWorker rule
+		// then fails tasks that only moved.
+		o.NodeLeaseTTL = 3 * time.Second
 	}
 	if o.TaskSleep == 0 {
 		o.TaskSleep = 6 * time.Second
@@ -293,12 +301,12 @@ func measureFailover(ctx context.Context, res *Result, o Options, fed *devcluste
 		lw.mu.Unlock()
 	}
 	// Submit latency away from the faults (a sample intended within a
-	// kill and pause + 10 s after it is left out): the cost of the standby
+	// kill and pause + 5 s after it is left out): the cost of the standby
 	// write itself, not of an outage.
 	var with, without []float64
 	inFault := func(t time.Time) bool {
 		for _, tr := range res.TrialDetails {
-			if !tr.At.IsZero() && !t.Before(tr.At) && t.Before(tr.At.Add(o.Pause+10*time.Second)) {
+			if !tr.At.IsZero() && !t.Before(tr.At) && t.Before(tr.At.Add(o.Pause+5*time.Second)) {
 				return true
 			}
 		}

@@ -1,10 +1,12 @@
 package regional
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/serf/serf"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -60,12 +62,29 @@ func (c *Coordinator) holdJob(rec *store.JobRecord) bool {
 
 // abandonStandby tells a job's standbys to drop the record of a submission
 // that was not committed here (best effort, in the background: a record
-// left behind is dropped by nothing else, so this is logged).
-func (c *Coordinator) abandonStandby(rec *store.JobRecord) {
+// left behind is dropped by nothing else, so this is logged). winner is the
+// job a concurrent repeat of the same request made (""; none): the dropped
+// record may have held the standbys' dedup key of that request, so the
+// winner's standby record is written again, which puts the key back.
+func (c *Coordinator) abandonStandby(rec *store.JobRecord, winner string) {
 	if c.fo == nil || rec == nil || rec.Failover == nil || len(rec.Failover.Standbys) == 0 {
 		return
 	}
-	go c.fo.Abandon(rec.ID, rec.Failover.Standbys)
+	go func() {
+		c.fo.Abandon(rec.ID, rec.Failover.Standbys)
+		if winner == "" || winner == rec.ID {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		v, err := c.readJob(ctx, winner, false)
+		if err == nil && v.rec.Failover != nil && len(v.rec.Failover.Standbys) > 0 {
+			_, err = c.fo.Replicate(ctx, &v.rec)
+		}
+		if err != nil {
+			c.log.Warn("failover: could not restore the standbys' dedup key of a repeated request", "job", winner, "err", err)
+		}
+	}()
 }
 
 // movedTo is the region (and epoch) a job moved to, from its record or, when

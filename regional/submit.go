@@ -128,7 +128,7 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	}
 	it := &submitItem{job: *rec, tasks: tasks, done: make(chan submitResult, 1), plain: spec}
 	if err := c.submits.submit(ctx, it); err != nil {
-		c.abandonStandby(rec)
+		c.abandonStandby(rec, "")
 		return nil, status.FromContextError(err).Err()
 	}
 	select {
@@ -136,7 +136,7 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 		if r.err != nil || r.jobID != id {
 			// Not committed (or a repeat answered with its earlier job):
 			// the standbys drop the record of this id.
-			c.abandonStandby(rec)
+			c.abandonStandby(rec, r.jobID)
 		}
 		if r.err != nil {
 			return nil, r.err

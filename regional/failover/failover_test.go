@@ -340,4 +340,65 @@ tasks:
 			t.Errorf("home's long task: %v, attempts %v; want CANCELLED, its attempt killed well before its 60 s", long.GetState(), long.GetAttempts())
 		}
 	})
+
+	t.Run("home paused past after holds the moved job", func(t *testing.T) {
+		// The breaker's case: the home's coordinator is paused (not
+		// killed) past after, its standby takes the job over and is then
+		// paused itself; the home, resumed, must not dispatch the job
+		// again before a standby tells it the job moved.
+		r := f.submit(t, spec("paused", "4s", true))
+		id := r.GetJobId()
+		f.waitJob(t, "eu-west", id, 20*time.Second, "running", func(j *apiaryv1.Job) bool { return j.GetCounts().GetRunning() > 0 })
+		home := euWest.Coords[0]
+		if err := home.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		var active string
+		deadline := time.Now().Add(30 * time.Second)
+		for active == "" && time.Now().Before(deadline) {
+			for _, s := range []string{"eu-central", "eu-north"} {
+				if _, err := get(f.direct[s], id); err == nil {
+					active = s
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if active == "" {
+			home.Resume()
+			t.Fatal("no standby activated the job of a paused home")
+		}
+		standby := f.region[active].Coords[0]
+		if err := standby.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		defer standby.Resume()
+		resumed := time.Now()
+		if err := home.Resume(); err != nil {
+			t.Fatal(err)
+		}
+		// Past a lease and a few scheduling rounds: nothing of the job
+		// starts at home.
+		time.Sleep(4 * time.Second)
+		j, err := get(f.direct["eu-west"], id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tk := range j.GetTasks() {
+			for _, a := range tk.GetAttempts() {
+				if a.GetStartTimeMs() > resumed.UnixMilli() {
+					t.Errorf("task %d attempt %d started at home %d ms after its resume, while %s (paused) holds the job",
+						tk.GetIndex(), a.GetAttempt(), a.GetStartTimeMs()-resumed.UnixMilli(), active)
+				}
+			}
+			if tk.GetState() == apiaryv1.TaskState_TASK_STATE_ASSIGNED {
+				t.Errorf("task %d ASSIGNED at home while %s holds the job", tk.GetIndex(), active)
+			}
+		}
+		if err := standby.Resume(); err != nil {
+			t.Fatal(err)
+		}
+		f.waitJob(t, "eu-west", id, 30*time.Second, "MOVED", func(j *apiaryv1.Job) bool {
+			return j.GetState() == apiaryv1.JobState_JOB_STATE_MOVED && j.GetFailover().GetActiveRegion() == active
+		})
+	})
 }

@@ -21,6 +21,7 @@ import (
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/federation"
+	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/regional/store"
@@ -40,7 +41,7 @@ var (
 	putTimeout    = 3 * time.Second
 	pushEvery     = 200 * time.Millisecond
 	activateEvery = 250 * time.Millisecond
-	movedEvery    = 2 * time.Second
+	movedEvery    = 250 * time.Millisecond
 	// claimStagger delays each later standby's activation (activateDue).
 	claimStagger = 2 * time.Second
 	// poolSettle: how long a WAN member must have seen other regions
@@ -89,9 +90,10 @@ type Manager struct {
 	answers map[string]bool             // API address -> its last probe answered
 	// downSince: since when each region has been seen down (zero: up).
 	downSince map[string]time.Time
-	// checked: standby regions that answered MovedJobs since start; a
+	// answered: when each standby region last answered MovedJobs (the
+	// start of that call); a
 	// failover job is held until all its standbys have (Hold).
-	checked map[string]bool
+	answered map[string]time.Time
 	// pending progress per standby region.
 	queue map[string]*batch
 	// joinedAt: when the WAN view first held another region.
@@ -111,7 +113,7 @@ func New(cfg Config) *Manager {
 		cfg.Now = time.Now
 	}
 	return &Manager{cfg: cfg, conns: map[string]*grpc.ClientConn{}, answers: map[string]bool{},
-		downSince: map[string]time.Time{}, checked: map[string]bool{}, queue: map[string]*batch{}}
+		downSince: map[string]time.Time{}, answered: map[string]time.Time{}, queue: map[string]*batch{}}
 }
 
 // Regions is the federation as this coordinator sees it: the WAN pool's
@@ -339,17 +341,24 @@ func (m *Manager) Close() {
 }
 
 // Hold reports whether the dispatch of a job must wait: a failover job of
-// this region is held until each of its standbys has told this
-// coordinator, since it started, whether it activated the job (a region
-// that comes back must not run a job that moved).
+// this region is held unless each of its standbys has told this
+// coordinator, within the last after/2, which of the region's jobs it
+// activated. A standby activates a job only once it has seen the home
+// down for after, so a home that heard from it less than after/2 ago
+// knows the job is still its own; a home that was paused, partitioned or
+// dead for longer does not, and holds the job (its tasks are not placed,
+// reports on it wait) until the standby answers again. The price: while a
+// standby region is unreachable, the failover jobs naming it wait.
 func (m *Manager) Hold(rec *store.JobRecord) bool {
-	if rec == nil || rec.Failover == nil || rec.Failover.Epoch != 0 || rec.Failover.MovedTo != "" {
+	if rec == nil || rec.Failover == nil || rec.Failover.Epoch != 0 || rec.Failover.MovedTo != "" || len(rec.Failover.Standbys) == 0 {
 		return false
 	}
+	now := m.cfg.Now()
+	fresh := time.Duration(rec.Failover.AfterMs) * time.Millisecond / 2
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, s := range rec.Failover.Standbys {
-		if !m.checked[s] {
+		if at := m.answered[s]; at.IsZero() || now.Sub(at) > fresh {
 			return true
 		}
 	}
@@ -547,15 +556,20 @@ func (m *Manager) observe(ctx context.Context) {
 	}
 }
 
-// standbyHomes lists the home regions of this region's standby records.
+// standbyHomes lists the home regions of this region's standby records
+// (a keys-only read: a standby job's id names its home, PutStandby).
 func (m *Manager) standbyHomes(ctx context.Context) (map[string]bool, error) {
-	recs, err := m.standbys(ctx)
+	cctx, cancel := store.EtcdCtx(ctx)
+	defer cancel()
+	resp, err := m.cfg.Client.Get(cctx, store.PrefStandby, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]bool{}
-	for _, r := range recs {
-		out[r.rec.Home] = true
+	for _, kv := range resp.Kvs {
+		if home := ids.RegionOf(string(kv.Key[len(store.PrefStandby):])); home != "" {
+			out[home] = true
+		}
 	}
 	return out, nil
 }

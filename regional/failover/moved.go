@@ -3,6 +3,7 @@ package failover
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -13,13 +14,14 @@ import (
 )
 
 // movedLoop, on every coordinator, asks each region of the pool that is up
-// which of this region's jobs it activated, and marks them MOVED here: the
+// (every movedEvery) which of this region's jobs it activated, and marks
+// them MOVED here: the
 // job record gets the active region and a cancel request, so the shard
 // owner kills their running attempts and dispatches nothing more of them,
 // and reports of their old attempts no longer count (regional/reports.go).
-// Until every standby of a failover job has answered once since this
-// coordinator started, the job is held (Hold): a region that comes back
-// dispatches none of its failover jobs before it knows which moved.
+// Until every standby of a failover job has answered within after/2, the
+// job is held (Hold): a region that comes back, or that was paused or cut
+// off, dispatches none of its failover jobs before it knows which moved.
 func (m *Manager) movedLoop(ctx context.Context) {
 	for {
 		m.movedOnce(ctx)
@@ -33,37 +35,49 @@ func (m *Manager) movedLoop(ctx context.Context) {
 
 func (m *Manager) movedOnce(ctx context.Context) {
 	me := m.cfg.Meta.Region
+	var wg sync.WaitGroup
 	for _, r := range m.Regions() {
 		if r.Name == me || !r.Up {
 			continue
 		}
-		var resp *apiaryv1.MovedJobsResponse
-		cctx, cancel := context.WithTimeout(ctx, putTimeout)
-		err := m.call(cctx, r.Name, func(ctx context.Context, c apiaryv1.FailoverServiceClient) (err error) {
-			resp, err = c.MovedJobs(ctx, &apiaryv1.MovedJobsRequest{HomeRegion: me})
-			return err
-		})
-		cancel()
-		if err != nil {
-			m.cfg.Log.Debug("failover: moved jobs", "region", r.Name, "err", err)
-			continue
-		}
-		ok := true
-		for _, mj := range resp.GetMoved() {
-			if err := m.markMoved(ctx, mj); err != nil {
-				m.cfg.Log.Warn("failover: mark a moved job", "job", mj.GetJobId(), "active", mj.GetActiveRegion(), "err", err)
-				ok = false
-			}
-		}
-		if ok {
-			m.mu.Lock()
-			if !m.checked[r.Name] {
-				m.cfg.Log.Info("failover: learned which jobs moved", "region", r.Name, "moved", len(resp.GetMoved()))
-			}
-			m.checked[r.Name] = true
-			m.mu.Unlock()
+		// Each region in parallel: one slow region delays no other's
+		// answer (each keeps its own jobs undisturbed, Hold).
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.askMoved(ctx, r.Name)
+		}()
+	}
+	wg.Wait()
+}
+
+// askMoved asks region which of this region's jobs it activated, marks
+// them, and records when it answered.
+func (m *Manager) askMoved(ctx context.Context, region string) {
+	var resp *apiaryv1.MovedJobsResponse
+	asked := m.cfg.Now()
+	cctx, cancel := context.WithTimeout(ctx, putTimeout)
+	err := m.call(cctx, region, func(ctx context.Context, c apiaryv1.FailoverServiceClient) (err error) {
+		resp, err = c.MovedJobs(ctx, &apiaryv1.MovedJobsRequest{HomeRegion: m.cfg.Meta.Region})
+		return err
+	})
+	cancel()
+	if err != nil {
+		m.cfg.Log.Debug("failover: moved jobs", "region", region, "err", err)
+		return
+	}
+	for _, mj := range resp.GetMoved() {
+		if err := m.markMoved(ctx, mj); err != nil {
+			m.cfg.Log.Warn("failover: mark a moved job", "job", mj.GetJobId(), "active", mj.GetActiveRegion(), "err", err)
+			return
 		}
 	}
+	m.mu.Lock()
+	if m.answered[region].IsZero() {
+		m.cfg.Log.Info("failover: learned which jobs moved", "region", region, "moved", len(resp.GetMoved()))
+	}
+	m.answered[region] = asked
+	m.mu.Unlock()
 }
 
 // markMoved records in the job's record that it moved to mj's region (and

@@ -3,6 +3,7 @@ package failover
 import (
 	"strings"
 	"testing"
+	"time"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/federation"
@@ -102,6 +103,34 @@ func TestDueNeedsAMajorityOfObservers(t *testing.T) {
 	} {
 		if got := due(5000, now, now-9000, tc.since, tc.members); got != tc.want {
 			t.Errorf("due(after 5s, stored 9 s ago, since %v, members %d) = %v; want %v", tc.since, tc.members, got, tc.want)
+		}
+	}
+}
+
+func TestHoldUntilEveryStandbyAnsweredWithinHalfAfter(t *testing.T) {
+	now := time.Unix(1000, 0)
+	m := New(Config{Meta: store.MetaRecord{Region: "eu-west"}, Now: func() time.Time { return now }})
+	rec := &store.JobRecord{ID: "eu-west-x", Failover: &store.FailoverRecord{AfterMs: 10_000, Standbys: []string{"eu-central", "eu-north"}}}
+	if !m.Hold(rec) {
+		t.Fatal("held: no standby answered yet; want held")
+	}
+	m.answered["eu-central"] = now.Add(-time.Second)
+	if !m.Hold(rec) {
+		t.Fatal("eu-north never answered; want held")
+	}
+	m.answered["eu-north"] = now.Add(-4 * time.Second)
+	if m.Hold(rec) {
+		t.Fatal("both answered within after/2 (5 s); want dispatched")
+	}
+	now = now.Add(2 * time.Second) // eu-north's answer is 6 s old: it may be about to take the job over
+	if !m.Hold(rec) {
+		t.Fatal("eu-north's last answer older than after/2; want held")
+	}
+	for _, r := range []*store.JobRecord{nil, {ID: "j"}, {ID: "j", Failover: &store.FailoverRecord{NotEligible: "x"}},
+		{ID: "j", Failover: &store.FailoverRecord{Epoch: 1, Standbys: []string{"eu-central"}}},
+		{ID: "j", Failover: &store.FailoverRecord{MovedTo: "eu-central", Standbys: []string{"eu-central"}}}} {
+		if m.Hold(r) {
+			t.Errorf("Hold(%+v) = true; want false (nothing to wait for)", r)
 		}
 	}
 }
