@@ -246,14 +246,20 @@ func (m *Manager) flushRegion(ctx context.Context, region string) []string {
 	req := &apiaryv1.PushProgressRequest{HomeRegion: m.cfg.Meta.Region, Done: slices.Clone(b.done[:nd]), Ended: slices.Clone(b.ended[:ne])}
 	m.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, putTimeout)
-	err := m.call(cctx, region, func(ctx context.Context, c apiaryv1.FailoverServiceClient) error {
-		_, err := c.PushProgress(ctx, req)
+	var resp *apiaryv1.PushProgressResponse
+	err := m.call(cctx, region, func(ctx context.Context, c apiaryv1.FailoverServiceClient) (err error) {
+		resp, err = c.PushProgress(ctx, req)
 		return err
 	})
 	cancel()
 	if err != nil {
 		m.cfg.Log.Debug("failover: push progress", "standby", region, "err", err)
 		return nil
+	}
+	if u := resp.GetUnknown(); len(u) > 0 {
+		// The standby holds no record of these jobs (dropped or claimed
+		// away): they are not protected there any more.
+		m.cfg.Log.Warn("failover: a standby no longer holds jobs of this region", "standby", region, "jobs", u)
 	}
 	m.mu.Lock()
 	b.done = b.done[nd:]

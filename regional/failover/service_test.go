@@ -1,0 +1,120 @@
+package failover
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
+	"apiary.dev/apiary/internal/ids"
+	"apiary.dev/apiary/internal/sovereignty"
+	"apiary.dev/apiary/internal/testutil/etcdtest"
+	"apiary.dev/apiary/regional/store"
+)
+
+// standbyServer is eu-central's FailoverService over a real etcd, with an
+// admission check like the coordinator's: EU data only where the policy
+// allows, decided by this region's policy.
+func standbyServer(t *testing.T) (*Server, *clientv3.Client) {
+	t.Helper()
+	cli := etcdtest.Start(t)
+	pol, err := sovereignty.Parse([]byte(sovereignty.DefaultYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry := func(ctx context.Context, build func(context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
+		return build(ctx)
+	}
+	m := New(Config{Meta: store.MetaRecord{Region: "eu-central", Jurisdiction: "eu", ShardCount: 16}, Client: cli, Retry: retry,
+		MayRun: func(spec *apiaryv1.JobSpec) (*store.WhereRecord, error) {
+			d := sovereignty.Resolve(pol, spec.GetJurisdiction(), spec.GetDataClass())
+			if !d.Any && !d.Allows("eu") {
+				return nil, status.Error(codes.FailedPrecondition, "policy")
+			}
+			return &store.WhereRecord{Rule: d.Rule, Any: d.Any, Jurisdictions: d.Jurisdictions()}, nil
+		}})
+	return m.Server(), cli
+}
+
+func standbyJob(id string) *apiaryv1.StandbyJob {
+	return &apiaryv1.StandbyJob{JobId: id, HomeRegion: "eu-west", AfterMs: 5000, Standbys: []string{"eu-central", "eu-north"},
+		Spec: &apiaryv1.JobSpec{Name: "j", Jurisdiction: "eu", DataClass: "personal", Tasks: []*apiaryv1.TaskGroup{{Name: "t", Command: "/bin/true"}}},
+		// What a careless or hostile home might send: ignored.
+		AnyJurisdiction: true, Rule: "forged"}
+}
+
+func TestPutStandbyRefusesWhatItMustNotHold(t *testing.T) {
+	srv, cli := standbyServer(t)
+	ctx := context.Background()
+	id := ids.NewJobID("eu-west", time.Now())
+	for _, tc := range []struct {
+		name string
+		mod  func(*apiaryv1.StandbyJob)
+		code codes.Code
+		msg  string
+	}{
+		{"a job id of a third region", func(j *apiaryv1.StandbyJob) { j.JobId = ids.NewJobID("us-east", time.Now()) }, codes.InvalidArgument, "is not a job of region eu-west"},
+		{"a job that moved before", func(j *apiaryv1.StandbyJob) { j.HomeEpoch = -1 }, codes.InvalidArgument, "job.home_epoch"},
+		{"not this region's job", func(j *apiaryv1.StandbyJob) { j.Standbys = []string{"eu-north"} }, codes.FailedPrecondition, "does not name region eu-central"},
+		{"no spec", func(j *apiaryv1.StandbyJob) { j.Spec = nil }, codes.InvalidArgument, "job.spec"},
+		{"after out of range", func(j *apiaryv1.StandbyJob) { j.AfterMs = 10 }, codes.InvalidArgument, "job.after_ms"},
+		{"secret_env", func(j *apiaryv1.StandbyJob) { j.Spec.Tasks[0].SecretEnv = map[string]string{"K": "v"} }, codes.InvalidArgument, "secret_env"},
+		{"forbidden here", func(j *apiaryv1.StandbyJob) { j.Spec.Jurisdiction = "us" }, codes.FailedPrecondition, "policy"},
+	} {
+		j := standbyJob(id)
+		tc.mod(j)
+		_, err := srv.PutStandby(ctx, &apiaryv1.PutStandbyRequest{Job: j})
+		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+			t.Errorf("%s: %v; want %s containing %q", tc.name, err, tc.code, tc.msg)
+		}
+	}
+	if resp, err := cli.Get(ctx, store.PrefFailover, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+		t.Fatalf("refused records left %d keys (err %v); want none", resp.Count, err)
+	}
+	// Accepted: stored with this region's own decision and the spec's
+	// defaults, never the forged "any jurisdiction".
+	if _, err := srv.PutStandby(ctx, &apiaryv1.PutStandbyRequest{Job: standbyJob(id)}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, store.KeyStandby(id))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("standby record: %v %v", resp, err)
+	}
+	var rec store.StandbyRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Where == nil || rec.Where.Any || strings.Join(rec.Where.Jurisdictions, ",") != "eu" || rec.Where.Rule == "forged" {
+		t.Errorf("stored where %+v; want this region's decision: only eu", rec.Where)
+	}
+	if rec.Spec.GetTasks()[0].GetCount() != 1 || rec.Spec.GetMaxAttempts() == 0 {
+		t.Errorf("stored spec %v; want the defaults applied (count 1, max_attempts)", rec.Spec)
+	}
+
+	// ClaimJob: only another standby of the job; a claim drops the record.
+	if _, err := srv.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: id, StandbyRegion: "zz-nowhere"}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("claim by a region that is no standby: %v; want PermissionDenied", err)
+	}
+	if _, err := srv.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: ids.NewJobID("eu-west", time.Now()), StandbyRegion: "eu-north"}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("claim of a job held nowhere here: %v; want FailedPrecondition", err)
+	}
+	// PushProgress: a task the job does not have, a zero token.
+	for _, d := range []*apiaryv1.TaskDone{{JobId: id, TaskIndex: 5, Attempt: 1, FencingToken: 9}, {JobId: id, TaskIndex: 0, Attempt: 1, FencingToken: 0}} {
+		if _, err := srv.PushProgress(ctx, &apiaryv1.PushProgressRequest{HomeRegion: "eu-west", Done: []*apiaryv1.TaskDone{d}}); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("progress %v: %v; want InvalidArgument", d, err)
+		}
+	}
+	g, err := srv.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: id, StandbyRegion: "eu-north"})
+	if err != nil || !g.GetGranted() {
+		t.Fatalf("claim by the job's other standby: %v %v; want granted", g, err)
+	}
+	if resp, _ := cli.Get(ctx, store.KeyStandby(id)); len(resp.Kvs) != 0 {
+		t.Error("the standby record survived a granted claim")
+	}
+}
