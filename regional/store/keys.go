@@ -17,7 +17,7 @@ import (
 //	/apiary/jobs/<s>/<jobID>                  job record (spec, submission, cancel flag)
 //	/apiary/tasks/<s>/<jobID>/<index>         task record (state, attempt, node, node epoch)
 //	/apiary/results/<s>/<jobID>/<index>/<n>   result of attempt n (exit code, output tails)
-//	/apiary/assign/<nodeID>/<jobID>/<index>   the node's current assignment; CreateRevision = fencing token
+//	/apiary/assign/<nodeID>/<jobID>/<index>   the node's current assignment; fencing token = failover epoch << 48 + CreateRevision
 //	/apiary/nodes/<nodeID>                    node record: labels, capacity, epoch, lease
 //	/apiary/nodes/<nodeID>/alive              under the node's lease; CreateRevision = node epoch
 //	/apiary/nodes/<nodeID>/usage              allocated resources; ModRevision is the placement CAS version
