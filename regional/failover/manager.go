@@ -96,6 +96,9 @@ type Manager struct {
 	answered map[string]time.Time
 	// pending progress per standby region.
 	queue map[string]*batch
+	// asking: regions with a MovedJobs call in flight; wg waits for them.
+	asking map[string]bool
+	wg     sync.WaitGroup
 	// joinedAt: when the WAN view first held another region.
 	joinedAt time.Time
 	// moved: jobs of this region that a standby activated (markMoved).
@@ -378,6 +381,7 @@ func (m *Manager) Run(ctx context.Context) {
 		go func() { defer wg.Done(); loop(ctx) }()
 	}
 	wg.Wait()
+	m.wg.Wait()
 	m.Close()
 }
 

@@ -3,7 +3,6 @@ package failover
 import (
 	"context"
 	"encoding/json"
-	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -35,20 +34,34 @@ func (m *Manager) movedLoop(ctx context.Context) {
 
 func (m *Manager) movedOnce(ctx context.Context) {
 	me := m.cfg.Meta.Region
-	var wg sync.WaitGroup
 	for _, r := range m.Regions() {
 		if r.Name == me || !r.Up {
 			continue
 		}
-		// Each region in parallel: one slow region delays no other's
-		// answer (each keeps its own jobs undisturbed, Hold).
-		wg.Add(1)
+		// Each region on its own: a slow one delays no other's answer
+		// (Hold's freshness is per standby); at most one ask in flight
+		// per region.
+		m.mu.Lock()
+		busy := m.asking[r.Name]
+		if !busy {
+			if m.asking == nil {
+				m.asking = map[string]bool{}
+			}
+			m.asking[r.Name] = true
+		}
+		m.mu.Unlock()
+		if busy {
+			continue
+		}
+		m.wg.Add(1)
 		go func() {
-			defer wg.Done()
+			defer m.wg.Done()
 			m.askMoved(ctx, r.Name)
+			m.mu.Lock()
+			delete(m.asking, r.Name)
+			m.mu.Unlock()
 		}()
 	}
-	wg.Wait()
 }
 
 // askMoved asks region which of this region's jobs it activated, marks

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -86,11 +87,15 @@ func (s *Server) PutStandby(ctx context.Context, req *apiaryv1.PutStandbyRequest
 		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(dk), "=", 0)},
 			[]clientv3.Op{clientv3.OpPut(dk, store.MustJSON(store.DedupRecord{JobID: rec.ID, Hash: jobspec.PayloadHash(rec.Spec)}))}, nil))
 	}
-	_, err = m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
-		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(rec.ID)), "=", 0)).Then(ops...).Commit()
+	presp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(rec.ID)), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(store.KeyClaimed(rec.ID)), "=", 0)).Then(ops...).Commit()
 	})
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "store standby record: %v", err)
+	}
+	if !presp.Succeeded {
+		return nil, status.Errorf(codes.FailedPrecondition, "job %s was activated here, or claimed by another standby: region %s cannot stand by for it", rec.ID, me)
 	}
 	return &apiaryv1.PutStandbyResponse{Region: me}, nil
 }
@@ -273,18 +278,16 @@ func (m *Manager) movedHere(ctx context.Context) (map[string]store.MovedRecord, 
 // same Txn.
 func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*apiaryv1.ClaimJobResponse, error) {
 	m := s.m
-	id := req.GetJobId()
+	id, by := req.GetJobId(), req.GetStandbyRegion()
 	if !ids.IsJobID(id) {
 		return nil, status.Errorf(codes.InvalidArgument, "job_id: %q is not a job id", id)
 	}
-	if req.GetStandbyRegion() == m.cfg.Meta.Region {
+	if by == "" || by == m.cfg.Meta.Region {
 		return nil, status.Errorf(codes.InvalidArgument, "standby_region: must be another region than %s", m.cfg.Meta.Region)
 	}
-	ck := store.KeyClaimed(id)
-	// The standby record goes with the grant. Only another standby of the
-	// job may claim it: the record names them.
+	ck, sk := store.KeyClaimed(id), store.KeyStandby(id)
 	cctx, cancel := store.EtcdCtx(ctx)
-	cur, err := m.cfg.Client.Txn(cctx).Then(clientv3.OpGet(store.KeyStandby(id)), clientv3.OpGet(store.KeyMoved(id))).Commit()
+	cur, err := m.cfg.Client.Txn(cctx).Then(clientv3.OpGet(sk), clientv3.OpGet(store.KeyMoved(id)), clientv3.OpGet(ck)).Commit()
 	cancel()
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "claim: %v", err)
@@ -292,40 +295,48 @@ func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*
 	if mv := cur.Responses[1].GetResponseRange().Kvs; len(mv) == 1 {
 		return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: m.cfg.Meta.Region}, nil
 	}
-	sk := cur.Responses[0].GetResponseRange().Kvs
-	var rec store.StandbyRecord
-	if len(sk) != 1 || json.Unmarshal(sk[0].Value, &rec) != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "job_id: region %s holds no standby record of job %s", m.cfg.Meta.Region, id)
+	if ckv := cur.Responses[2].GetResponseRange().Kvs; len(ckv) == 1 {
+		// Claimed before: by the same region (a retry after a failed
+		// activation), granted again; by another, not this caller's.
+		var c store.ClaimRecord
+		if json.Unmarshal(ckv[0].Value, &c) == nil && c.By == by {
+			return &apiaryv1.ClaimJobResponse{Granted: true}, nil
+		}
+		return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: fmt.Sprintf("claimed by %s", c.By)}, nil
 	}
-	if !slices.Contains(rec.Standbys, req.GetStandbyRegion()) {
-		return nil, status.Errorf(codes.PermissionDenied, "standby_region: %s is not a standby of job %s (its standbys: %v)", req.GetStandbyRegion(), id, rec.Standbys)
-	}
-	grant := append([]clientv3.Op{clientv3.OpPut(ck, store.MustJSON(store.ClaimRecord{By: req.GetStandbyRegion(), AtMs: m.cfg.Now().UnixMilli()}))}, m.dropOps(&rec)...)
+	grant := []clientv3.Op{clientv3.OpPut(ck, store.MustJSON(store.ClaimRecord{By: by, AtMs: m.cfg.Now().UnixMilli()}))}
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(id)), "=", 0),
-		clientv3.Compare(clientv3.ModRevision(store.KeyStandby(id)), "=", sk[0].ModRevision)}
+		clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)}
+	if skv := cur.Responses[0].GetResponseRange().Kvs; len(skv) == 1 {
+		var rec store.StandbyRecord
+		if json.Unmarshal(skv[0].Value, &rec) != nil {
+			return nil, status.Errorf(codes.Internal, "standby record of job %s does not decode", id)
+		}
+		mine, theirs := slices.Index(rec.Standbys, m.cfg.Meta.Region), slices.Index(rec.Standbys, by)
+		if theirs < 0 {
+			return nil, status.Errorf(codes.PermissionDenied, "standby_region: %s is not a standby of job %s (its standbys: %v)", by, id, rec.Standbys)
+		}
+		if mine >= 0 && mine < theirs && m.DownFor(rec.Home) >= time.Duration(rec.AfterMs)*time.Millisecond {
+			// This region comes first in the job's order and is due to
+			// take it over itself: two standbys granting each other's
+			// claims at once would leave the job to neither.
+			return nil, status.Errorf(codes.Aborted, "claim: region %s, an earlier standby of job %s, is taking it over; ask again", m.cfg.Meta.Region, id)
+		}
+		grant = append(grant, m.dropOps(&rec)...)
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(sk), "=", skv[0].ModRevision))
+	} else {
+		// No record here (this region never took the job, or its write
+		// failed): the grant bars a late PutStandby from activating it.
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sk), "=", 0))
+	}
 	resp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
-		return m.cfg.Client.Txn(ctx).If(cmps...).
-			Then(clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)},
-				grant, []clientv3.Op{clientv3.OpGet(ck)})).
-			Else(clientv3.OpGet(store.KeyMoved(id))).Commit()
+		return m.cfg.Client.Txn(ctx).If(cmps...).Then(grant...).Commit()
 	})
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "claim: %v", err)
 	}
 	if !resp.Succeeded {
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-			return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: m.cfg.Meta.Region}, nil
-		}
-		// The standby record changed between the read and the Txn.
-		return nil, status.Error(codes.Aborted, "claim: the standby record changed meanwhile; retry")
-	}
-	if inner := resp.Responses[0].GetResponseTxn(); inner != nil && !inner.Succeeded {
-		// Claimed before: by the same region, granted again; by another,
-		// that one may activate it, not this caller.
-		var c store.ClaimRecord
-		if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && json.Unmarshal(kvs[0].Value, &c) == nil && c.By != req.GetStandbyRegion() {
-			return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: fmt.Sprintf("claimed by %s", c.By)}, nil
-		}
+		return nil, status.Error(codes.Aborted, "claim: the job changed here meanwhile; ask again")
 	}
 	return &apiaryv1.ClaimJobResponse{Granted: true}, nil
 }
