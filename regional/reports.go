@@ -249,6 +249,7 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 	outcomes := make([]string, len(batch))
 	for i, it := range batch {
 		r := it.req
+		it.err = nil // a batch decided again (its compares failed) is judged afresh
 		st := rd.states[c.reportTaskKey(r)]
 		if st.modRev == 0 {
 			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: fmt.Sprintf("task %s/%d not found", r.GetJobId(), r.GetTaskIndex())}

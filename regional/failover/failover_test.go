@@ -154,6 +154,21 @@ func (f *fed) waitJob(t *testing.T, region, id string, d time.Duration, what str
 	return nil
 }
 
+// activeStandby is the EU standby that holds job id (activated it) within
+// limit, or "".
+func (f *fed) activeStandby(id string, limit time.Duration) string {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		for _, s := range []string{"eu-central", "eu-north"} {
+			if _, err := get(f.direct[s], id); err == nil {
+				return s
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return ""
+}
+
 func killRegion(t *testing.T, r *devcluster.Region) {
 	t.Helper()
 	for _, p := range r.Coords {
@@ -259,16 +274,7 @@ tasks:
 		killRegion(t, euWest)
 		killedAt := time.Now()
 
-		var active string
-		deadline := time.Now().Add(40 * time.Second)
-		for active == "" && time.Now().Before(deadline) {
-			for _, s := range []string{"eu-central", "eu-north"} {
-				if _, err := get(f.direct[s], id); err == nil {
-					active = s
-				}
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		active := f.activeStandby(id, 40*time.Second)
 		if active == "" {
 			t.Fatal("no standby activated the job within 40 s of the home's loss")
 		}
@@ -357,16 +363,7 @@ tasks:
 		if err := home.Pause(); err != nil {
 			t.Fatal(err)
 		}
-		var active string
-		deadline := time.Now().Add(30 * time.Second)
-		for active == "" && time.Now().Before(deadline) {
-			for _, s := range []string{"eu-central", "eu-north"} {
-				if _, err := get(f.direct[s], id); err == nil {
-					active = s
-				}
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		active := f.activeStandby(id, 30*time.Second)
 		if active == "" {
 			home.Resume()
 			t.Fatal("no standby activated the job of a paused home")
