@@ -11,12 +11,15 @@ import (
 	"github.com/hashicorp/serf/serf"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/credentials/insecure"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/pki"
 	"apiary.dev/apiary/regional/failover"
 	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/regional/taskstate"
 )
 
 // newFailover builds the coordinator's failover manager (regional/failover)
@@ -65,7 +68,11 @@ func (c *Coordinator) holdJob(rec *store.JobRecord) bool {
 // left behind is dropped by nothing else, so this is logged). winner is the
 // job a concurrent repeat of the same request made (""; none): the dropped
 // record may have held the standbys' dedup key of that request, so the
-// winner's standby record is written again, which puts the key back.
+// winner's standby record is written again, which puts the key back, but
+// only while the winner is unfinished: a record written again after the
+// winner's end was pushed would outlive the job (and could run it again
+// after a later outage), so the winner is read once more after the write
+// and, if it ended meanwhile, its record is dropped again.
 func (c *Coordinator) abandonStandby(rec *store.JobRecord, winner string) {
 	if c.fo == nil || rec == nil || rec.Failover == nil || len(rec.Failover.Standbys) == 0 {
 		return
@@ -78,13 +85,43 @@ func (c *Coordinator) abandonStandby(rec *store.JobRecord, winner string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		v, err := c.readJob(ctx, winner, false)
-		if err == nil && v.rec.Failover != nil && len(v.rec.Failover.Standbys) > 0 {
-			_, err = c.fo.Replicate(ctx, &v.rec)
+		if err != nil || v.rec.Failover == nil || len(v.rec.Failover.Standbys) == 0 || jobFinished(v) {
+			if err != nil && status.Code(err) != codes.NotFound {
+				c.log.Warn("failover: could not restore the standbys' dedup key of a repeated request", "job", winner, "err", err)
+			}
+			return
 		}
-		if err != nil {
+		if _, err = c.fo.Replicate(ctx, &v.rec); err != nil {
 			c.log.Warn("failover: could not restore the standbys' dedup key of a repeated request", "job", winner, "err", err)
+			return
+		}
+		if v, err = c.readJob(ctx, winner, false); err != nil || jobFinished(v) {
+			// Ended (or gone) meanwhile: its end may have reached the
+			// standbys before the record did.
+			c.fo.Abandon(winner, standbysOf(v, rec))
 		}
 	}()
+}
+
+// jobFinished reports whether every task of a job is terminal, or the job
+// moved or is to be cancelled: its standby records are no longer needed.
+func jobFinished(v *jobView) bool {
+	if v.rec.Moved() || v.rec.CancelRequested {
+		return true
+	}
+	for _, t := range v.tasks {
+		if !taskstate.Terminal(t.State) {
+			return false
+		}
+	}
+	return len(v.tasks) > 0
+}
+
+func standbysOf(v *jobView, rec *store.JobRecord) []string {
+	if v != nil && v.rec.Failover != nil {
+		return v.rec.Failover.Standbys
+	}
+	return rec.Failover.Standbys
 }
 
 // movedTo is the region (and epoch) a job moved to, from its record or, when

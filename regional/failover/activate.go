@@ -72,6 +72,31 @@ func due(afterMs, nowMs, storedMs int64, since []int64, members int64) bool {
 	return members > 0 && n > members/2
 }
 
+// majorityDownFor is how long (ms) a majority of a region's members have
+// seen a home down, given each observer's down-since (ms, unordered) and
+// the live member count (0: fewer than a majority see it down). due's
+// majority rule, without the record's age: a standby whose majority has
+// seen the home down for less than after cannot activate yet, nor grant a
+// claim (ClaimJob).
+func majorityDownFor(nowMs int64, since []int64, members int64) int64 {
+	need := members/2 + 1
+	if members <= 0 || int64(len(since)) < need {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(since))
+	return max(nowMs-s[need-1], 0)
+}
+
+// witnessDownFor is how long a majority of this region's coordinators have
+// seen home down (majorityDownFor over the stored observations).
+func (m *Manager) witnessDownFor(ctx context.Context, home string) (time.Duration, error) {
+	since, members, err := m.confirmations(ctx, home)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(majorityDownFor(m.cfg.Now().UnixMilli(), since, members)) * time.Millisecond, nil
+}
+
 func (m *Manager) activateDue(ctx context.Context) {
 	recs, err := m.standbys(ctx)
 	if err != nil || len(recs) == 0 {
@@ -115,34 +140,37 @@ func (m *Manager) activateDue(ctx context.Context) {
 // its order, to give the job up (ClaimJob) before this region activates it:
 // a grant bars that region from activating it ever (its activation Txn
 // requires no claim), so of two standbys that both come to activate, the
-// second asks the first and learns it is active. A standby that has itself
-// been down for the job's after is passed over (the one case in which two
-// may activate: each seeing the other down that long). It returns false
-// when one activated the job (this region's standby record is then
-// dropped) or could not be asked.
+// second asks the first and learns it is active. None is skipped, not even
+// one that looks down: a region grants only when a majority of its own
+// coordinators have seen the home down for after, which is what lets a
+// home run its job while any one standby answers it (Hold). The price: a
+// job whose home and other standby are both lost waits for one of them.
+// It returns false when another standby activated or claimed the job (this
+// region's standby record is then dropped), refused, or could not be
+// asked.
 func (m *Manager) claimOthers(ctx context.Context, r standbyKV) bool {
 	me := m.cfg.Meta.Region
-	after := time.Duration(r.rec.AfterMs) * time.Millisecond
-	for _, earlier := range r.rec.Standbys {
-		if earlier == me {
+	for _, other := range r.rec.Standbys {
+		if other == me {
 			continue
 		}
-		if m.DownFor(earlier) >= after {
-			continue
+		if m.DownFor(other) > 0 {
+			m.cfg.Log.Debug("failover: another standby is down; it must grant the claim first", "job", r.rec.ID, "standby", other)
+			return false
 		}
 		var resp *apiaryv1.ClaimJobResponse
 		cctx, cancel := context.WithTimeout(ctx, putTimeout)
-		err := m.call(cctx, earlier, func(ctx context.Context, c apiaryv1.FailoverServiceClient) (err error) {
-			resp, err = c.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: r.rec.ID, StandbyRegion: me})
+		err := m.call(cctx, other, func(ctx context.Context, c apiaryv1.FailoverServiceClient) (err error) {
+			resp, err = c.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: r.rec.ID, StandbyRegion: me, AfterMs: r.rec.AfterMs})
 			return err
 		})
 		cancel()
 		if err != nil {
-			m.cfg.Log.Info("failover: an earlier standby did not answer the claim", "job", r.rec.ID, "standby", earlier, "err", err)
+			m.cfg.Log.Debug("failover: another standby did not grant the claim", "job", r.rec.ID, "standby", other, "err", err)
 			return false
 		}
 		if !resp.GetGranted() {
-			m.cfg.Log.Info("failover: an earlier standby has the job", "job", r.rec.ID, "standby", earlier, "active", resp.GetActiveRegion())
+			m.cfg.Log.Info("failover: another standby has the job", "job", r.rec.ID, "standby", other, "active", resp.GetActiveRegion())
 			m.drop(ctx, r)
 			return false
 		}

@@ -257,6 +257,57 @@ tasks:
 		}
 	})
 
+	t.Run("a lost standby does not stall the home", func(t *testing.T) {
+		// The job names eu-central and eu-north; eu-north is lost with
+		// the job in flight. The home keeps dispatching it on
+		// eu-central's answers alone (eu-north could activate it only
+		// with eu-central's grant), well past after/2 (2 s).
+		r := f.submit(t, parse(t, `
+name: one-standby-lost
+jurisdiction: eu
+region: {prefer: [eu-west]}
+failover: {after: 4s, regions: [eu-central, eu-north]}
+tasks:
+  - {name: wave, count: 3, command: /bin/sleep, args: ["2"], resources: {cpu_millis: 3000}}
+`))
+		id := r.GetJobId()
+		if r.GetRegion() != "eu-west" {
+			t.Fatalf("routed to %s; want eu-west", r.GetRegion())
+		}
+		f.waitJob(t, "eu-west", id, 20*time.Second, "a task running", func(j *apiaryv1.Job) bool {
+			return j.GetCounts().GetRunning() > 0 && strings.Join(j.GetFailover().GetStandbys(), ",") == "eu-central,eu-north"
+		})
+		north := f.region["eu-north"]
+		killRegion(t, north)
+		killedAt := time.Now()
+		// One task at a time fits the agent (4,000 millicores): the
+		// third starts about 4 s after the kill.
+		j := f.waitJob(t, "eu-west", id, 40*time.Second, "COMPLETE at home", func(j *apiaryv1.Job) bool {
+			return j.GetState() == apiaryv1.JobState_JOB_STATE_COMPLETE
+		})
+		last := int64(0)
+		for _, tk := range j.GetTasks() {
+			if tk.GetAttempt() != 1 {
+				t.Errorf("task %d ran %d attempts; want 1", tk.GetIndex(), tk.GetAttempt())
+			}
+			for _, a := range tk.GetAttempts() {
+				last = max(last, a.GetStartTimeMs())
+			}
+		}
+		if late := time.Duration(last-killedAt.UnixMilli()) * time.Millisecond; late < 2*time.Second {
+			t.Errorf("the last task started %v after eu-north's loss; want past after/2 (2 s), to show the home was not held", late)
+		}
+		if _, err := get(f.direct["eu-central"], id); status.Code(err) != codes.NotFound {
+			t.Errorf("eu-central has the job (%v); want NotFound: its home never went down", err)
+		}
+		restartRegion(t, north)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := f.cl.WaitGlobal(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("home lost then back", func(t *testing.T) {
 		r := f.submit(t, spec("moves", "5s", true))
 		id := r.GetJobId()

@@ -90,10 +90,20 @@ type Manager struct {
 	answers map[string]bool             // API address -> its last probe answered
 	// downSince: since when each region has been seen down (zero: up).
 	downSince map[string]time.Time
-	// answered: when each standby region last answered MovedJobs (the
-	// start of that call); a
-	// failover job is held until all its standbys have (Hold).
+	// answered: per standby region, the start of this region's lease on
+	// its failover jobs from that region's last MovedJobs answer: the
+	// call's start minus how long a majority there had seen this region
+	// down (Hold).
 	answered map[string]time.Time
+	// claimed: per standby region, this region's jobs another standby
+	// claimed there (job id -> claimer): held until the claimer says they
+	// moved.
+	claimed map[string]map[string]string
+	// observed: the observation this coordinator last wrote per region
+	// (down since, ms; 0: none) under observedLease (observe writes only
+	// changes).
+	observed      map[string]int64
+	observedLease clientv3.LeaseID
 	// pending progress per standby region.
 	queue map[string]*batch
 	// asking: regions with a MovedJobs call in flight; wg waits for them.
@@ -112,11 +122,14 @@ type batch struct {
 
 // New returns a manager; Run runs its loops.
 func New(cfg Config) *Manager {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	return &Manager{cfg: cfg, conns: map[string]*grpc.ClientConn{}, answers: map[string]bool{},
-		downSince: map[string]time.Time{}, answered: map[string]time.Time{}, queue: map[string]*batch{}}
+		downSince: map[string]time.Time{}, answered: map[string]time.Time{}, claimed: map[string]map[string]string{}, observed: map[string]int64{}, queue: map[string]*batch{}}
 }
 
 // Regions is the federation as this coordinator sees it: the WAN pool's
@@ -343,15 +356,25 @@ func (m *Manager) Close() {
 	m.conns = map[string]*grpc.ClientConn{}
 }
 
-// Hold reports whether the dispatch of a job must wait: a failover job of
-// this region is held unless each of its standbys has told this
-// coordinator, within the last after/2, which of the region's jobs it
-// activated. A standby activates a job only once it has seen the home
-// down for after, so a home that heard from it less than after/2 ago
-// knows the job is still its own; a home that was paused, partitioned or
-// dead for longer does not, and holds the job (its tasks are not placed,
-// reports on it wait) until the standby answers again. The price: while a
-// standby region is unreachable, the failover jobs naming it wait.
+// Hold reports whether the dispatch of a job must wait. A failover job of
+// this region runs here only while this region holds a lease on it: some
+// standby S of the job answered MovedJobs within the last after/2, and a
+// majority of S's coordinators did not then see this region down (the
+// lease counts from the call's start minus how long they had). The lease
+// is safe because of two rules on the standby side:
+//   - a standby activates a job only once a majority of its coordinators
+//     have seen the home down for after (due), so S itself cannot before
+//     the lease ends;
+//   - a standby activates only with a grant from every other standby of
+//     the job (claimOthers, none skipped), and a region grants only once a
+//     majority of its coordinators have seen the home down for after
+//     (ClaimJob), so no other standby can either: S would have to grant.
+//
+// A job another standby has claimed (ClaimJob granted) is held until the
+// claimer says it moved. A home that was paused, partitioned or dead for
+// longer than after/2, or whose standbys see it down, holds the job: its
+// tasks are not placed and reports on it wait. The price: while no standby
+// of a job answers, the job waits (one standby answering suffices).
 func (m *Manager) Hold(rec *store.JobRecord) bool {
 	if rec == nil || rec.Failover == nil || rec.Failover.Epoch != 0 || rec.Failover.MovedTo != "" || len(rec.Failover.Standbys) == 0 {
 		return false
@@ -360,12 +383,17 @@ func (m *Manager) Hold(rec *store.JobRecord) bool {
 	fresh := time.Duration(rec.Failover.AfterMs) * time.Millisecond / 2
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, s := range rec.Failover.Standbys {
-		if at := m.answered[s]; at.IsZero() || now.Sub(at) > fresh {
+	for _, cl := range m.claimed {
+		if _, ok := cl[rec.ID]; ok {
 			return true
 		}
 	}
-	return false
+	for _, s := range rec.Failover.Standbys {
+		if at := m.answered[s]; !at.IsZero() && now.Sub(at) <= fresh {
+			return false
+		}
+	}
+	return true
 }
 
 // Run runs the manager's loops until ctx ends: probing, observing, and,
@@ -505,8 +533,10 @@ func (m *Manager) sawAlive(region string) {
 	delete(m.downSince, region)
 }
 
-// observe writes (or deletes) this coordinator's observation of each region
-// it holds standby jobs of.
+// observe writes (or deletes) this coordinator's observation of each other
+// region: of the homes of its standby jobs (activation, due) and of every
+// region of the pool (a region that stands by for a job without a record of
+// it still witnesses its home, ClaimJob). Only changes are written.
 func (m *Manager) observe(ctx context.Context) {
 	lease := clientv3.NoLease
 	if m.cfg.Lease != nil {
@@ -539,25 +569,48 @@ func (m *Manager) observe(ctx context.Context) {
 			m.cfg.Log.Warn("failover: a home region of standby jobs is not in the WAN pool; seen down", "region", home)
 		}
 	}
+	for r := range known {
+		if r != m.cfg.Meta.Region {
+			homes[r] = true
+		}
+	}
+	if m.observedLease != lease {
+		// A new session: the old observations went with its lease.
+		m.observed, m.observedLease = map[string]int64{}, lease
+	}
+	var ops []clientv3.Op
+	want := map[string]int64{}
+	for home := range homes {
+		var ms int64
+		if since := m.downSince[home]; !since.IsZero() {
+			ms = since.UnixMilli()
+		}
+		want[home] = ms
+		last, wrote := m.observed[home]
+		switch {
+		case ms != 0 && last != ms:
+			ops = append(ops, clientv3.OpPut(store.KeyObserve(home, m.cfg.CoordID), store.MustJSON(store.ObserveRecord{DownSinceMs: ms}), clientv3.WithLease(lease)))
+		case ms == 0 && (!wrote || last != 0):
+			ops = append(ops, clientv3.OpDelete(store.KeyObserve(home, m.cfg.CoordID)))
+		}
+	}
 	m.mu.Unlock()
+	if len(ops) == 0 {
+		return
+	}
 	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	var ops []clientv3.Op
+	if _, err := m.cfg.Client.Txn(cctx).Then(ops...).Commit(); err != nil {
+		m.cfg.Log.Debug("failover: write observation", "err", err)
+		return
+	}
 	m.mu.Lock()
-	for home := range homes {
-		k := store.KeyObserve(home, m.cfg.CoordID)
-		if since := m.downSince[home]; !since.IsZero() {
-			ops = append(ops, clientv3.OpPut(k, store.MustJSON(store.ObserveRecord{DownSinceMs: since.UnixMilli()}), clientv3.WithLease(lease)))
-		} else {
-			ops = append(ops, clientv3.OpDelete(k))
+	if m.observedLease == lease {
+		for home, ms := range want {
+			m.observed[home] = ms
 		}
 	}
 	m.mu.Unlock()
-	if len(ops) > 0 {
-		if _, err := m.cfg.Client.Txn(cctx).Then(ops...).Commit(); err != nil {
-			m.cfg.Log.Debug("failover: write observation", "err", err)
-		}
-	}
 }
 
 // standbyHomes lists the home regions of this region's standby records

@@ -18,9 +18,10 @@ import (
 // job record gets the active region and a cancel request, so the shard
 // owner kills their running attempts and dispatches nothing more of them,
 // and reports of their old attempts no longer count (regional/reports.go).
-// Until every standby of a failover job has answered within after/2, the
-// job is held (Hold): a region that comes back, or that was paused or cut
-// off, dispatches none of its failover jobs before it knows which moved.
+// Until a standby of a failover job has answered within after/2, seeing
+// this region up, the job is held (Hold): a region that comes back, or that
+// was paused or cut off, dispatches none of its failover jobs before it
+// knows which moved.
 func (m *Manager) movedLoop(ctx context.Context) {
 	for {
 		m.movedOnce(ctx)
@@ -85,12 +86,29 @@ func (m *Manager) askMoved(ctx context.Context, region string) {
 			return
 		}
 	}
-	m.mu.Lock()
-	if m.answered[region].IsZero() {
-		m.cfg.Log.Info("failover: learned which jobs moved", "region", region, "moved", len(resp.GetMoved()))
+	m.recordAnswer(region, asked, resp)
+}
+
+// recordAnswer keeps what a standby region answered MovedJobs at asked: the
+// start of this region's lease from it and the jobs claimed there (Hold).
+func (m *Manager) recordAnswer(region string, asked time.Time, resp *apiaryv1.MovedJobsResponse) {
+	claimed := map[string]string{}
+	for _, c := range resp.GetClaimed() {
+		claimed[c.GetJobId()] = c.GetClaimedBy()
 	}
-	m.answered[region] = asked
-	m.mu.Unlock()
+	// The lease counts from when the standby's majority last saw this
+	// region up: the call's start, less how long they have seen it down.
+	start := asked.Add(-time.Duration(max(resp.GetHomeDownForMs(), 0)) * time.Millisecond)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.answered[region].IsZero() {
+		m.cfg.Log.Info("failover: learned which jobs moved", "region", region, "moved", len(resp.GetMoved()), "claimed", len(claimed))
+	} else if resp.GetHomeDownForMs() > 0 && m.answered[region].After(start) {
+		m.cfg.Log.Warn("failover: a standby region sees this region down; its failover jobs are held unless another standby sees it up",
+			"region", region, "down_for_ms", resp.GetHomeDownForMs())
+	}
+	m.answered[region] = start
+	m.claimed[region] = claimed
 }
 
 // markMoved records in the job's record that it moved to mj's region (and

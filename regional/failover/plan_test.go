@@ -85,6 +85,28 @@ func TestPlanChoosesStandbysAsRoutingWould(t *testing.T) {
 	}
 }
 
+func TestMajorityDownFor(t *testing.T) {
+	now := int64(100_000)
+	for _, tc := range []struct {
+		since   []int64
+		members int64
+		want    int64
+	}{
+		{nil, 3, 0},
+		{[]int64{now - 9000}, 3, 0},                            // one of three
+		{[]int64{now - 9000, now - 2000}, 3, 2000},             // the second-longest of a majority of two
+		{[]int64{now - 2000, now - 9000, now - 5000}, 3, 5000}, // unordered
+		{[]int64{now - 9000, now - 8000}, 4, 0},                // two of four is no majority
+		{[]int64{now - 9000}, 1, 9000},
+		{[]int64{now + 500}, 1, 0}, // a clock ahead counts as no time
+		{[]int64{now - 9000}, 0, 0},
+	} {
+		if got := majorityDownFor(now, tc.since, tc.members); got != tc.want {
+			t.Errorf("majorityDownFor(%v, members %d) = %d; want %d", tc.since, tc.members, got, tc.want)
+		}
+	}
+}
+
 func TestDueNeedsAMajorityOfObservers(t *testing.T) {
 	now := int64(100_000)
 	for _, tc := range []struct {
@@ -107,24 +129,43 @@ func TestDueNeedsAMajorityOfObservers(t *testing.T) {
 	}
 }
 
-func TestHoldUntilEveryStandbyAnsweredWithinHalfAfter(t *testing.T) {
+func TestHoldWhileNoStandbySeesTheHomeUpWithinHalfAfter(t *testing.T) {
 	now := time.Unix(1000, 0)
 	m := New(Config{Meta: store.MetaRecord{Region: "eu-west"}, Now: func() time.Time { return now }})
 	rec := &store.JobRecord{ID: "eu-west-x", Failover: &store.FailoverRecord{AfterMs: 10_000, Standbys: []string{"eu-central", "eu-north"}}}
+	up := &apiaryv1.MovedJobsResponse{}
 	if !m.Hold(rec) {
-		t.Fatal("held: no standby answered yet; want held")
+		t.Fatal("no standby answered yet; want held")
 	}
-	m.answered["eu-central"] = now.Add(-time.Second)
-	if !m.Hold(rec) {
-		t.Fatal("eu-north never answered; want held")
-	}
-	m.answered["eu-north"] = now.Add(-4 * time.Second)
+	m.recordAnswer("eu-central", now.Add(-time.Second), up)
 	if m.Hold(rec) {
-		t.Fatal("both answered within after/2 (5 s); want dispatched")
+		t.Fatal("eu-central saw the home up 1 s ago (after/2 = 5 s); want dispatched: eu-north cannot activate without its grant")
 	}
-	now = now.Add(2 * time.Second) // eu-north's answer is 6 s old: it may be about to take the job over
+	now = now.Add(5 * time.Second) // eu-central's answer is 6 s old
 	if !m.Hold(rec) {
-		t.Fatal("eu-north's last answer older than after/2; want held")
+		t.Fatal("the only answer is older than after/2; want held")
+	}
+	// One-way partition: eu-north answers at once, but a majority of its
+	// coordinators have seen the home down for 4 s: the lease counts from
+	// then, 4 s ago, so it holds for 1 s more, not 5.
+	m.recordAnswer("eu-north", now, &apiaryv1.MovedJobsResponse{HomeDownForMs: 4000})
+	if m.Hold(rec) {
+		t.Fatal("eu-north's majority saw the home up 4 s ago; want dispatched")
+	}
+	now = now.Add(1500 * time.Millisecond)
+	m.recordAnswer("eu-north", now, &apiaryv1.MovedJobsResponse{HomeDownForMs: 5500})
+	if !m.Hold(rec) {
+		t.Fatal("eu-north has seen the home down for 5.5 s (> after/2) and eu-central is silent; want held")
+	}
+	// eu-central answers again, seeing the home up, but has granted the
+	// job to eu-north: held until eu-north says it moved.
+	m.recordAnswer("eu-central", now, &apiaryv1.MovedJobsResponse{Claimed: []*apiaryv1.ClaimedJob{{JobId: rec.ID, ClaimedBy: "eu-north"}}})
+	if !m.Hold(rec) {
+		t.Fatal("claimed by eu-north; want held")
+	}
+	m.recordAnswer("eu-central", now, up)
+	if m.Hold(rec) {
+		t.Fatal("eu-central sees the home up and holds no claim; want dispatched")
 	}
 	for _, r := range []*store.JobRecord{nil, {ID: "j"}, {ID: "j", Failover: &store.FailoverRecord{NotEligible: "x"}},
 		{ID: "j", Failover: &store.FailoverRecord{Epoch: 1, Standbys: []string{"eu-central"}}},

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -234,45 +235,67 @@ func (m *Manager) dropOps(rec *store.StandbyRecord) []clientv3.Op {
 
 // MovedJobs lists the jobs of home_region that this region activated.
 func (s *Server) MovedJobs(ctx context.Context, req *apiaryv1.MovedJobsRequest) (*apiaryv1.MovedJobsResponse, error) {
-	moved, err := s.m.movedHere(ctx)
+	m := s.m
+	home := req.GetHomeRegion()
+	if home == "" || home == m.cfg.Meta.Region {
+		return nil, status.Errorf(codes.InvalidArgument, "home_region: must name another region than %s (got %q)", m.cfg.Meta.Region, home)
+	}
+	moved, claimed, err := m.movedHere(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := &apiaryv1.MovedJobsResponse{}
+	downFor, err := m.witnessDownFor(ctx, home)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "read observations: %v", err)
+	}
+	out := &apiaryv1.MovedJobsResponse{HomeDownForMs: downFor.Milliseconds()}
 	for id, r := range moved {
-		if r.Home == req.GetHomeRegion() {
-			out.Moved = append(out.Moved, &apiaryv1.MovedJob{JobId: id, ActiveRegion: s.m.cfg.Meta.Region, Epoch: r.Epoch, MovedTimeMs: r.MovedMs})
+		if r.Home == home {
+			out.Moved = append(out.Moved, &apiaryv1.MovedJob{JobId: id, ActiveRegion: m.cfg.Meta.Region, Epoch: r.Epoch, MovedTimeMs: r.MovedMs})
 		}
 	}
-	slices.SortFunc(out.Moved, func(a, b *apiaryv1.MovedJob) int {
-		if a.JobId < b.JobId {
-			return -1
+	for id, c := range claimed {
+		if _, ok := moved[id]; !ok && ids.RegionOf(id) == home {
+			out.Claimed = append(out.Claimed, &apiaryv1.ClaimedJob{JobId: id, ClaimedBy: c.By})
 		}
-		return 1
-	})
+	}
+	slices.SortFunc(out.Moved, func(a, b *apiaryv1.MovedJob) int { return strings.Compare(a.JobId, b.JobId) })
+	slices.SortFunc(out.Claimed, func(a, b *apiaryv1.ClaimedJob) int { return strings.Compare(a.JobId, b.JobId) })
 	return out, nil
 }
 
-// movedHere reads the region's moved records, by job id.
-func (m *Manager) movedHere(ctx context.Context) (map[string]store.MovedRecord, error) {
+// movedHere reads the region's moved records and the claims it granted, by
+// job id.
+func (m *Manager) movedHere(ctx context.Context) (map[string]store.MovedRecord, map[string]store.ClaimRecord, error) {
 	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	resp, err := m.cfg.Client.Get(cctx, store.PrefMoved, clientv3.WithPrefix())
+	resp, err := m.cfg.Client.Txn(cctx).Then(clientv3.OpGet(store.PrefMoved, clientv3.WithPrefix()),
+		clientv3.OpGet(store.PrefClaimed, clientv3.WithPrefix())).Commit()
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "read moved jobs: %v", err)
+		return nil, nil, status.Errorf(codes.Unavailable, "read moved jobs: %v", err)
 	}
-	out := map[string]store.MovedRecord{}
-	for _, kv := range resp.Kvs {
+	moved := map[string]store.MovedRecord{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		var r store.MovedRecord
 		if json.Unmarshal(kv.Value, &r) == nil {
-			out[string(kv.Key[len(store.PrefMoved):])] = r
+			moved[string(kv.Key[len(store.PrefMoved):])] = r
 		}
 	}
-	return out, nil
+	claimed := map[string]store.ClaimRecord{}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		var c store.ClaimRecord
+		if json.Unmarshal(kv.Value, &c) == nil {
+			claimed[string(kv.Key[len(store.PrefClaimed):])] = c
+		}
+	}
+	return moved, claimed, nil
 }
 
-// ClaimJob gives a standby job up to a later standby: granted unless this
-// region activated the job already (then active_region is this region).
+// ClaimJob gives a standby job up to another standby: granted unless this
+// region activated the job already (then active_region is this region) or
+// granted it to another, and only once a majority of this region's
+// coordinators have seen the job's home down for the job's after (ABORTED
+// before: this region witnesses the home alive).
 // Once granted, this region never activates the job (its activation Txn
 // requires that no claim exists), and its standby record is dropped in the
 // same Txn.
@@ -304,6 +327,7 @@ func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*
 		}
 		return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: fmt.Sprintf("claimed by %s", c.By)}, nil
 	}
+	afterMs := req.GetAfterMs()
 	grant := []clientv3.Op{clientv3.OpPut(ck, store.MustJSON(store.ClaimRecord{By: by, AtMs: m.cfg.Now().UnixMilli()}))}
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(id)), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)}
@@ -322,12 +346,29 @@ func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*
 			// claims at once would leave the job to neither.
 			return nil, status.Errorf(codes.Aborted, "claim: region %s, an earlier standby of job %s, is taking it over; ask again", m.cfg.Meta.Region, id)
 		}
+		afterMs = rec.AfterMs
 		grant = append(grant, m.dropOps(&rec)...)
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(sk), "=", skv[0].ModRevision))
 	} else {
 		// No record here (this region never took the job, or its write
 		// failed): the grant bars a late PutStandby from activating it.
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sk), "=", 0))
+	}
+	// The witness rule: this region grants only once a majority of its
+	// coordinators have seen the job's home down for after, so a home that
+	// this region sees alive (and may hold a lease on the job from it,
+	// Hold) never has the job activated elsewhere.
+	if afterMs < jobspec.MinFailoverAfter.Milliseconds() || afterMs > jobspec.MaxFailoverAfter.Milliseconds() {
+		return nil, status.Errorf(codes.InvalidArgument, "after_ms: must be between 1s and 24h (got %dms)", afterMs)
+	}
+	home := ids.RegionOf(id)
+	downFor, err := m.witnessDownFor(ctx, home)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "claim: read observations: %v", err)
+	}
+	if after := time.Duration(afterMs) * time.Millisecond; downFor < after {
+		return nil, status.Errorf(codes.Aborted, "claim: a majority of region %s's coordinators have seen home region %s down for %v, not yet the job's after (%v); ask again",
+			m.cfg.Meta.Region, home, downFor.Round(time.Millisecond), after)
 	}
 	resp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return m.cfg.Client.Txn(ctx).If(cmps...).Then(grant...).Commit()

@@ -3,6 +3,7 @@ package failover
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -101,12 +102,52 @@ func TestPutStandbyRefusesWhatItMustNotHold(t *testing.T) {
 	if _, err := srv.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: id, StandbyRegion: "zz-nowhere"}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("claim by a region that is no standby: %v; want PermissionDenied", err)
 	}
+	// The witness rule: no grant while a majority of this region's three
+	// coordinators have not seen the home down for the job's after (5 s).
+	for _, c := range []string{"c1", "c2", "c3"} {
+		if _, err := cli.Put(ctx, store.PrefMembers+c, "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	observe := func(coord string, downFor time.Duration) {
+		t.Helper()
+		v := store.MustJSON(store.ObserveRecord{DownSinceMs: time.Now().Add(-downFor).UnixMilli()})
+		if _, err := cli.Put(ctx, store.KeyObserve("eu-west", coord), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	home := func() *apiaryv1.MovedJobsResponse {
+		t.Helper()
+		r, err := srv.MovedJobs(ctx, &apiaryv1.MovedJobsRequest{HomeRegion: "eu-west"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	refused := func(stage string, jobID string) {
+		t.Helper()
+		if g, err := srv.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: jobID, StandbyRegion: "eu-north", AfterMs: 5000}); status.Code(err) != codes.Aborted ||
+			!strings.Contains(status.Convert(err).Message(), "not yet the job's after") {
+			t.Errorf("%s: claim %v %v; want Aborted: the home is not seen down for after here", stage, g, err)
+		}
+	}
+	refused("no coordinator sees the home down", id)
+	observe("c1", time.Minute)
+	observe("c2", 2*time.Second)
+	refused("one of three sees it down for after", id)
+	if d := home().GetHomeDownForMs(); d < 1500 || d > 10_000 {
+		t.Errorf("MovedJobs home_down_for_ms = %d; want about 2000 (the second-longest of two observations of three members)", d)
+	}
+	observe("c2", 6*time.Second)
+	if d := home().GetHomeDownForMs(); d < 5000 {
+		t.Errorf("MovedJobs home_down_for_ms = %d; want >= 5000 (a majority has seen the home down for 6 s)", d)
+	}
 	// A job this region holds no record of (its PutStandby failed): the
 	// claim is granted (else the other standby could never activate it),
 	// again on a retry, and bars a late record from being stored.
 	other := ids.NewJobID("eu-west", time.Now())
 	for i := 0; i < 2; i++ {
-		if g, err := srv.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: other, StandbyRegion: "eu-north"}); err != nil || !g.GetGranted() {
+		if g, err := srv.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: other, StandbyRegion: "eu-north", AfterMs: 5000}); err != nil || !g.GetGranted() {
 			t.Errorf("claim %d of a job held nowhere here: %v %v; want granted", i, g, err)
 		}
 	}
@@ -128,5 +169,19 @@ func TestPutStandbyRefusesWhatItMustNotHold(t *testing.T) {
 	}
 	if resp, _ := cli.Get(ctx, store.KeyStandby(id)); len(resp.Kvs) != 0 {
 		t.Error("the standby record survived a granted claim")
+	}
+	// The home learns of both claims and holds the jobs.
+	var claimed []string
+	for _, c := range home().GetClaimed() {
+		if c.GetClaimedBy() != "eu-north" {
+			t.Errorf("claimed %s by %s; want eu-north", c.GetJobId(), c.GetClaimedBy())
+		}
+		claimed = append(claimed, c.GetJobId())
+	}
+	if len(claimed) != 2 || !slices.Contains(claimed, id) || !slices.Contains(claimed, other) {
+		t.Errorf("MovedJobs claimed %v; want %s and %s", claimed, id, other)
+	}
+	if _, err := srv.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: ids.NewJobID("eu-west", time.Now()), StandbyRegion: "eu-north"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a claim of a job held nowhere here without after_ms: %v; want InvalidArgument", err)
 	}
 }

@@ -454,7 +454,7 @@ func (x Assignment_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Assignment_Kind.Descriptor instead.
 func (Assignment_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65, 0}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66, 0}
 }
 
 // JobSpec is what a user submits. It mirrors the YAML job file
@@ -2709,16 +2709,78 @@ func (x *MovedJob) GetMovedTimeMs() int64 {
 	return 0
 }
 
-type MovedJobsResponse struct {
+// ClaimedJob is a job of the caller's region that another standby claimed
+// here (ClaimJob granted) and is activating: the home holds it until the
+// claimer says it moved.
+type ClaimedJob struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Moved         []*MovedJob            `protobuf:"bytes,1,rep,name=moved,proto3" json:"moved,omitempty"`
+	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	ClaimedBy     string                 `protobuf:"bytes,2,opt,name=claimed_by,json=claimedBy,proto3" json:"claimed_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimedJob) Reset() {
+	*x = ClaimedJob{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimedJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimedJob) ProtoMessage() {}
+
+func (x *ClaimedJob) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimedJob.ProtoReflect.Descriptor instead.
+func (*ClaimedJob) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ClaimedJob) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *ClaimedJob) GetClaimedBy() string {
+	if x != nil {
+		return x.ClaimedBy
+	}
+	return ""
+}
+
+type MovedJobsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Moved []*MovedJob            `protobuf:"bytes,1,rep,name=moved,proto3" json:"moved,omitempty"`
+	// How long (ms) a majority of the answering region's coordinators have
+	// seen the caller's region down (0: not a majority). The caller's lease
+	// on its failover jobs counts from the answer's time minus this, so a
+	// one-way partition (the home reaches the standby, not the reverse) does
+	// not let the home run a job the standby is about to activate.
+	HomeDownForMs int64         `protobuf:"varint,2,opt,name=home_down_for_ms,json=homeDownForMs,proto3" json:"home_down_for_ms,omitempty"`
+	Claimed       []*ClaimedJob `protobuf:"bytes,3,rep,name=claimed,proto3" json:"claimed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MovedJobsResponse) Reset() {
 	*x = MovedJobsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2792,7 @@ func (x *MovedJobsResponse) String() string {
 func (*MovedJobsResponse) ProtoMessage() {}
 
 func (x *MovedJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[26]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2805,7 @@ func (x *MovedJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MovedJobsResponse.ProtoReflect.Descriptor instead.
 func (*MovedJobsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{26}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MovedJobsResponse) GetMoved() []*MovedJob {
@@ -2753,18 +2815,36 @@ func (x *MovedJobsResponse) GetMoved() []*MovedJob {
 	return nil
 }
 
+func (x *MovedJobsResponse) GetHomeDownForMs() int64 {
+	if x != nil {
+		return x.HomeDownForMs
+	}
+	return 0
+}
+
+func (x *MovedJobsResponse) GetClaimed() []*ClaimedJob {
+	if x != nil {
+		return x.Claimed
+	}
+	return nil
+}
+
 type ClaimJobRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	JobId string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	// The standby that wants to activate the job.
 	StandbyRegion string `protobuf:"bytes,2,opt,name=standby_region,json=standbyRegion,proto3" json:"standby_region,omitempty"`
+	// The job's failover.after (ms) in the claimer's record: a region that
+	// holds no record of the job grants only once a majority of its
+	// coordinators have seen the home down that long.
+	AfterMs       int64 `protobuf:"varint,3,opt,name=after_ms,json=afterMs,proto3" json:"after_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClaimJobRequest) Reset() {
 	*x = ClaimJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2776,7 +2856,7 @@ func (x *ClaimJobRequest) String() string {
 func (*ClaimJobRequest) ProtoMessage() {}
 
 func (x *ClaimJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[27]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2789,7 +2869,7 @@ func (x *ClaimJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimJobRequest.ProtoReflect.Descriptor instead.
 func (*ClaimJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{27}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ClaimJobRequest) GetJobId() string {
@@ -2806,10 +2886,19 @@ func (x *ClaimJobRequest) GetStandbyRegion() string {
 	return ""
 }
 
+func (x *ClaimJobRequest) GetAfterMs() int64 {
+	if x != nil {
+		return x.AfterMs
+	}
+	return 0
+}
+
 type ClaimJobResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// True: this region will never activate the job. False: it has already
-	// activated it (active_region says so).
+	// activated it (active_region says so), or another standby claimed it.
+	// A region whose coordinators do not (by majority) see the home down for
+	// after refuses with ABORTED: it witnesses the home alive.
 	Granted       bool   `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
 	ActiveRegion  string `protobuf:"bytes,2,opt,name=active_region,json=activeRegion,proto3" json:"active_region,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2818,7 +2907,7 @@ type ClaimJobResponse struct {
 
 func (x *ClaimJobResponse) Reset() {
 	*x = ClaimJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2830,7 +2919,7 @@ func (x *ClaimJobResponse) String() string {
 func (*ClaimJobResponse) ProtoMessage() {}
 
 func (x *ClaimJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[28]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2843,7 +2932,7 @@ func (x *ClaimJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimJobResponse.ProtoReflect.Descriptor instead.
 func (*ClaimJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{28}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ClaimJobResponse) GetGranted() bool {
@@ -2870,7 +2959,7 @@ type LookupRequestRequest struct {
 
 func (x *LookupRequestRequest) Reset() {
 	*x = LookupRequestRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +2971,7 @@ func (x *LookupRequestRequest) String() string {
 func (*LookupRequestRequest) ProtoMessage() {}
 
 func (x *LookupRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[29]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +2984,7 @@ func (x *LookupRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequestRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequestRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{29}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *LookupRequestRequest) GetClientId() string {
@@ -2928,7 +3017,7 @@ type LookupRequestResponse struct {
 
 func (x *LookupRequestResponse) Reset() {
 	*x = LookupRequestResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2940,7 +3029,7 @@ func (x *LookupRequestResponse) String() string {
 func (*LookupRequestResponse) ProtoMessage() {}
 
 func (x *LookupRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2953,7 +3042,7 @@ func (x *LookupRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequestResponse.ProtoReflect.Descriptor instead.
 func (*LookupRequestResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LookupRequestResponse) GetFound() bool {
@@ -2999,7 +3088,7 @@ type ForwardRequestRequest struct {
 
 func (x *ForwardRequestRequest) Reset() {
 	*x = ForwardRequestRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3011,7 +3100,7 @@ func (x *ForwardRequestRequest) String() string {
 func (*ForwardRequestRequest) ProtoMessage() {}
 
 func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3024,7 +3113,7 @@ func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequestRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequestRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ForwardRequestRequest) GetClientId() string {
@@ -3068,7 +3157,7 @@ type ForwardRequestResponse struct {
 
 func (x *ForwardRequestResponse) Reset() {
 	*x = ForwardRequestResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3080,7 +3169,7 @@ func (x *ForwardRequestResponse) String() string {
 func (*ForwardRequestResponse) ProtoMessage() {}
 
 func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3093,7 +3182,7 @@ func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequestResponse.ProtoReflect.Descriptor instead.
 func (*ForwardRequestResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ForwardRequestResponse) GetJobId() string {
@@ -3131,7 +3220,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3143,7 +3232,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3156,7 +3245,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SubmitJobRequest) GetSpec() *JobSpec {
@@ -3209,7 +3298,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3221,7 +3310,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3234,7 +3323,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -3274,7 +3363,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3286,7 +3375,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3299,7 +3388,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -3318,7 +3407,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3330,7 +3419,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3343,7 +3432,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -3375,7 +3464,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3387,7 +3476,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3400,7 +3489,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListJobsRequest) GetState() JobState {
@@ -3448,7 +3537,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3460,7 +3549,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3473,7 +3562,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -3506,7 +3595,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3518,7 +3607,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3531,7 +3620,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -3550,7 +3639,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3562,7 +3651,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3575,7 +3664,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -3594,7 +3683,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3606,7 +3695,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3619,7 +3708,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -3638,7 +3727,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3650,7 +3739,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3663,7 +3752,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WatchJobResponse) GetJob() *Job {
@@ -3684,7 +3773,7 @@ type GetJobLogsRequest struct {
 
 func (x *GetJobLogsRequest) Reset() {
 	*x = GetJobLogsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3696,7 +3785,7 @@ func (x *GetJobLogsRequest) String() string {
 func (*GetJobLogsRequest) ProtoMessage() {}
 
 func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3709,7 +3798,7 @@ func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetJobLogsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetJobLogsRequest) GetJobId() string {
@@ -3735,7 +3824,7 @@ type GetJobLogsResponse struct {
 
 func (x *GetJobLogsResponse) Reset() {
 	*x = GetJobLogsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3747,7 +3836,7 @@ func (x *GetJobLogsResponse) String() string {
 func (*GetJobLogsResponse) ProtoMessage() {}
 
 func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3760,7 +3849,7 @@ func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetJobLogsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetJobLogsResponse) GetTasks() []*Task {
@@ -3781,7 +3870,7 @@ type GetJobTraceRequest struct {
 
 func (x *GetJobTraceRequest) Reset() {
 	*x = GetJobTraceRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3793,7 +3882,7 @@ func (x *GetJobTraceRequest) String() string {
 func (*GetJobTraceRequest) ProtoMessage() {}
 
 func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3806,7 +3895,7 @@ func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobTraceRequest.ProtoReflect.Descriptor instead.
 func (*GetJobTraceRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetJobTraceRequest) GetJobId() string {
@@ -3838,7 +3927,7 @@ type GetJobTraceResponse struct {
 
 func (x *GetJobTraceResponse) Reset() {
 	*x = GetJobTraceResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3850,7 +3939,7 @@ func (x *GetJobTraceResponse) String() string {
 func (*GetJobTraceResponse) ProtoMessage() {}
 
 func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3863,7 +3952,7 @@ func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobTraceResponse.ProtoReflect.Descriptor instead.
 func (*GetJobTraceResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetJobTraceResponse) GetSpansJsonl() []byte {
@@ -3919,7 +4008,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3931,7 +4020,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3944,7 +4033,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RegisterNodeRequest) GetNodeId() string {
@@ -4014,7 +4103,7 @@ type LocalDataset struct {
 
 func (x *LocalDataset) Reset() {
 	*x = LocalDataset{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4026,7 +4115,7 @@ func (x *LocalDataset) String() string {
 func (*LocalDataset) ProtoMessage() {}
 
 func (x *LocalDataset) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4039,7 +4128,7 @@ func (x *LocalDataset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalDataset.ProtoReflect.Descriptor instead.
 func (*LocalDataset) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *LocalDataset) GetName() string {
@@ -4067,7 +4156,7 @@ type DatasetList struct {
 
 func (x *DatasetList) Reset() {
 	*x = DatasetList{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4079,7 +4168,7 @@ func (x *DatasetList) String() string {
 func (*DatasetList) ProtoMessage() {}
 
 func (x *DatasetList) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4092,7 +4181,7 @@ func (x *DatasetList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetList.ProtoReflect.Descriptor instead.
 func (*DatasetList) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DatasetList) GetDatasets() []*DatasetHolders {
@@ -4114,7 +4203,7 @@ type DatasetHolders struct {
 
 func (x *DatasetHolders) Reset() {
 	*x = DatasetHolders{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4126,7 +4215,7 @@ func (x *DatasetHolders) String() string {
 func (*DatasetHolders) ProtoMessage() {}
 
 func (x *DatasetHolders) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4139,7 +4228,7 @@ func (x *DatasetHolders) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetHolders.ProtoReflect.Descriptor instead.
 func (*DatasetHolders) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DatasetHolders) GetName() string {
@@ -4168,7 +4257,7 @@ type DatasetCopy struct {
 
 func (x *DatasetCopy) Reset() {
 	*x = DatasetCopy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4180,7 +4269,7 @@ func (x *DatasetCopy) String() string {
 func (*DatasetCopy) ProtoMessage() {}
 
 func (x *DatasetCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4193,7 +4282,7 @@ func (x *DatasetCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetCopy.ProtoReflect.Descriptor instead.
 func (*DatasetCopy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DatasetCopy) GetRegion() string {
@@ -4232,7 +4321,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4244,7 +4333,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4257,7 +4346,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RegisterNodeResponse) GetNodeEpoch() int64 {
@@ -4310,7 +4399,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4322,7 +4411,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4335,7 +4424,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *HeartbeatRequest) GetNodeId() string {
@@ -4384,7 +4473,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4396,7 +4485,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4409,7 +4498,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *HeartbeatResponse) GetLeaseTtlMs() int64 {
@@ -4448,7 +4537,7 @@ type AttemptRef struct {
 
 func (x *AttemptRef) Reset() {
 	*x = AttemptRef{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4460,7 +4549,7 @@ func (x *AttemptRef) String() string {
 func (*AttemptRef) ProtoMessage() {}
 
 func (x *AttemptRef) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4473,7 +4562,7 @@ func (x *AttemptRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptRef.ProtoReflect.Descriptor instead.
 func (*AttemptRef) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *AttemptRef) GetJobId() string {
@@ -4523,7 +4612,7 @@ type AdoptAttemptsRequest struct {
 
 func (x *AdoptAttemptsRequest) Reset() {
 	*x = AdoptAttemptsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4535,7 +4624,7 @@ func (x *AdoptAttemptsRequest) String() string {
 func (*AdoptAttemptsRequest) ProtoMessage() {}
 
 func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4548,7 +4637,7 @@ func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptAttemptsRequest.ProtoReflect.Descriptor instead.
 func (*AdoptAttemptsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AdoptAttemptsRequest) GetNodeId() string {
@@ -4582,7 +4671,7 @@ type AdoptAttemptsResponse struct {
 
 func (x *AdoptAttemptsResponse) Reset() {
 	*x = AdoptAttemptsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4594,7 +4683,7 @@ func (x *AdoptAttemptsResponse) String() string {
 func (*AdoptAttemptsResponse) ProtoMessage() {}
 
 func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4607,7 +4696,7 @@ func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptAttemptsResponse.ProtoReflect.Descriptor instead.
 func (*AdoptAttemptsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AdoptAttemptsResponse) GetDecisions() []*AdoptDecision {
@@ -4631,7 +4720,7 @@ type AdoptDecision struct {
 
 func (x *AdoptDecision) Reset() {
 	*x = AdoptDecision{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4643,7 +4732,7 @@ func (x *AdoptDecision) String() string {
 func (*AdoptDecision) ProtoMessage() {}
 
 func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4656,7 +4745,7 @@ func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptDecision.ProtoReflect.Descriptor instead.
 func (*AdoptDecision) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *AdoptDecision) GetAttempt() *AttemptRef {
@@ -4692,7 +4781,7 @@ type DrainSelfRequest struct {
 
 func (x *DrainSelfRequest) Reset() {
 	*x = DrainSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4704,7 +4793,7 @@ func (x *DrainSelfRequest) String() string {
 func (*DrainSelfRequest) ProtoMessage() {}
 
 func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4717,7 +4806,7 @@ func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSelfRequest.ProtoReflect.Descriptor instead.
 func (*DrainSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DrainSelfRequest) GetNodeId() string {
@@ -4749,7 +4838,7 @@ type DrainSelfResponse struct {
 
 func (x *DrainSelfResponse) Reset() {
 	*x = DrainSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4761,7 +4850,7 @@ func (x *DrainSelfResponse) String() string {
 func (*DrainSelfResponse) ProtoMessage() {}
 
 func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4774,7 +4863,7 @@ func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSelfResponse.ProtoReflect.Descriptor instead.
 func (*DrainSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
 }
 
 type DeregisterRequest struct {
@@ -4787,7 +4876,7 @@ type DeregisterRequest struct {
 
 func (x *DeregisterRequest) Reset() {
 	*x = DeregisterRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4799,7 +4888,7 @@ func (x *DeregisterRequest) String() string {
 func (*DeregisterRequest) ProtoMessage() {}
 
 func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4812,7 +4901,7 @@ func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DeregisterRequest) GetNodeId() string {
@@ -4837,7 +4926,7 @@ type DeregisterResponse struct {
 
 func (x *DeregisterResponse) Reset() {
 	*x = DeregisterResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4849,7 +4938,7 @@ func (x *DeregisterResponse) String() string {
 func (*DeregisterResponse) ProtoMessage() {}
 
 func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4862,7 +4951,7 @@ func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
 }
 
 type StreamAssignmentsRequest struct {
@@ -4875,7 +4964,7 @@ type StreamAssignmentsRequest struct {
 
 func (x *StreamAssignmentsRequest) Reset() {
 	*x = StreamAssignmentsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4887,7 +4976,7 @@ func (x *StreamAssignmentsRequest) String() string {
 func (*StreamAssignmentsRequest) ProtoMessage() {}
 
 func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4900,7 +4989,7 @@ func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsRequest.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *StreamAssignmentsRequest) GetNodeId() string {
@@ -4926,7 +5015,7 @@ type StreamAssignmentsResponse struct {
 
 func (x *StreamAssignmentsResponse) Reset() {
 	*x = StreamAssignmentsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4938,7 +5027,7 @@ func (x *StreamAssignmentsResponse) String() string {
 func (*StreamAssignmentsResponse) ProtoMessage() {}
 
 func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4951,7 +5040,7 @@ func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *StreamAssignmentsResponse) GetAssignment() *Assignment {
@@ -5002,7 +5091,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5014,7 +5103,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5027,7 +5116,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *Assignment) GetKind() Assignment_Kind {
@@ -5183,7 +5272,7 @@ type ReportTaskStatusRequest struct {
 
 func (x *ReportTaskStatusRequest) Reset() {
 	*x = ReportTaskStatusRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5195,7 +5284,7 @@ func (x *ReportTaskStatusRequest) String() string {
 func (*ReportTaskStatusRequest) ProtoMessage() {}
 
 func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5208,7 +5297,7 @@ func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReportTaskStatusRequest) GetNodeId() string {
@@ -5320,7 +5409,7 @@ type ExportSpansRequest struct {
 
 func (x *ExportSpansRequest) Reset() {
 	*x = ExportSpansRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5332,7 +5421,7 @@ func (x *ExportSpansRequest) String() string {
 func (*ExportSpansRequest) ProtoMessage() {}
 
 func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5345,7 +5434,7 @@ func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansRequest.ProtoReflect.Descriptor instead.
 func (*ExportSpansRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ExportSpansRequest) GetNodeId() string {
@@ -5372,7 +5461,7 @@ type ExportSpansResponse struct {
 
 func (x *ExportSpansResponse) Reset() {
 	*x = ExportSpansResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5384,7 +5473,7 @@ func (x *ExportSpansResponse) String() string {
 func (*ExportSpansResponse) ProtoMessage() {}
 
 func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5397,7 +5486,7 @@ func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansResponse.ProtoReflect.Descriptor instead.
 func (*ExportSpansResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ExportSpansResponse) GetKept() int32 {
@@ -5423,7 +5512,7 @@ type ReportTaskStatusResponse struct {
 
 func (x *ReportTaskStatusResponse) Reset() {
 	*x = ReportTaskStatusResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5435,7 +5524,7 @@ func (x *ReportTaskStatusResponse) String() string {
 func (*ReportTaskStatusResponse) ProtoMessage() {}
 
 func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5448,7 +5537,7 @@ func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ReportTaskStatusResponse) GetAccepted() bool {
@@ -5485,7 +5574,7 @@ type GossipKeyringRequest struct {
 
 func (x *GossipKeyringRequest) Reset() {
 	*x = GossipKeyringRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5497,7 +5586,7 @@ func (x *GossipKeyringRequest) String() string {
 func (*GossipKeyringRequest) ProtoMessage() {}
 
 func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5510,7 +5599,7 @@ func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeyringRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *GossipKeyringRequest) GetOp() GossipKeyringOp {
@@ -5558,7 +5647,7 @@ type GossipKeyringPool struct {
 
 func (x *GossipKeyringPool) Reset() {
 	*x = GossipKeyringPool{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5570,7 +5659,7 @@ func (x *GossipKeyringPool) String() string {
 func (*GossipKeyringPool) ProtoMessage() {}
 
 func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5583,7 +5672,7 @@ func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringPool.ProtoReflect.Descriptor instead.
 func (*GossipKeyringPool) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *GossipKeyringPool) GetPool() string {
@@ -5651,7 +5740,7 @@ type GossipKeyringResponse struct {
 
 func (x *GossipKeyringResponse) Reset() {
 	*x = GossipKeyringResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5663,7 +5752,7 @@ func (x *GossipKeyringResponse) String() string {
 func (*GossipKeyringResponse) ProtoMessage() {}
 
 func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5676,7 +5765,7 @@ func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeyringResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *GossipKeyringResponse) GetPools() []*GossipKeyringPool {
@@ -5700,7 +5789,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5712,7 +5801,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5725,7 +5814,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *DrainNodeRequest) GetNodeId() string {
@@ -5765,7 +5854,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5777,7 +5866,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5790,7 +5879,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -5811,7 +5900,7 @@ type SetNodeEligibilityRequest struct {
 
 func (x *SetNodeEligibilityRequest) Reset() {
 	*x = SetNodeEligibilityRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5823,7 +5912,7 @@ func (x *SetNodeEligibilityRequest) String() string {
 func (*SetNodeEligibilityRequest) ProtoMessage() {}
 
 func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5836,7 +5925,7 @@ func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *SetNodeEligibilityRequest) GetNodeId() string {
@@ -5869,7 +5958,7 @@ type SetNodeEligibilityResponse struct {
 
 func (x *SetNodeEligibilityResponse) Reset() {
 	*x = SetNodeEligibilityResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5881,7 +5970,7 @@ func (x *SetNodeEligibilityResponse) String() string {
 func (*SetNodeEligibilityResponse) ProtoMessage() {}
 
 func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5894,7 +5983,7 @@ func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *SetNodeEligibilityResponse) GetNode() *Node {
@@ -5917,7 +6006,7 @@ type QuarantineNodeRequest struct {
 
 func (x *QuarantineNodeRequest) Reset() {
 	*x = QuarantineNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5929,7 +6018,7 @@ func (x *QuarantineNodeRequest) String() string {
 func (*QuarantineNodeRequest) ProtoMessage() {}
 
 func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5942,7 +6031,7 @@ func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeRequest.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *QuarantineNodeRequest) GetNodeId() string {
@@ -5976,7 +6065,7 @@ type QuarantineNodeResponse struct {
 
 func (x *QuarantineNodeResponse) Reset() {
 	*x = QuarantineNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5988,7 +6077,7 @@ func (x *QuarantineNodeResponse) String() string {
 func (*QuarantineNodeResponse) ProtoMessage() {}
 
 func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6001,7 +6090,7 @@ func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeResponse.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *QuarantineNodeResponse) GetNode() *Node {
@@ -6022,7 +6111,7 @@ type ReleaseNodeRequest struct {
 
 func (x *ReleaseNodeRequest) Reset() {
 	*x = ReleaseNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6034,7 +6123,7 @@ func (x *ReleaseNodeRequest) String() string {
 func (*ReleaseNodeRequest) ProtoMessage() {}
 
 func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6047,7 +6136,7 @@ func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ReleaseNodeRequest) GetNodeId() string {
@@ -6075,7 +6164,7 @@ type ReleaseNodeResponse struct {
 
 func (x *ReleaseNodeResponse) Reset() {
 	*x = ReleaseNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6087,7 +6176,7 @@ func (x *ReleaseNodeResponse) String() string {
 func (*ReleaseNodeResponse) ProtoMessage() {}
 
 func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6100,7 +6189,7 @@ func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ReleaseNodeResponse) GetNode() *Node {
@@ -6125,7 +6214,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6137,7 +6226,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6150,7 +6239,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
 }
 
 type Node struct {
@@ -6211,7 +6300,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6223,7 +6312,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6236,7 +6325,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *Node) GetId() string {
@@ -6426,7 +6515,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6438,7 +6527,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6451,7 +6540,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -6476,7 +6565,7 @@ type GetRegionInfoRequest struct {
 
 func (x *GetRegionInfoRequest) Reset() {
 	*x = GetRegionInfoRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6488,7 +6577,7 @@ func (x *GetRegionInfoRequest) String() string {
 func (*GetRegionInfoRequest) ProtoMessage() {}
 
 func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6501,7 +6590,7 @@ func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
 }
 
 type Coordinator struct {
@@ -6519,7 +6608,7 @@ type Coordinator struct {
 
 func (x *Coordinator) Reset() {
 	*x = Coordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6531,7 +6620,7 @@ func (x *Coordinator) String() string {
 func (*Coordinator) ProtoMessage() {}
 
 func (x *Coordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6544,7 +6633,7 @@ func (x *Coordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coordinator.ProtoReflect.Descriptor instead.
 func (*Coordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *Coordinator) GetId() string {
@@ -6622,7 +6711,7 @@ type GetRegionInfoResponse struct {
 
 func (x *GetRegionInfoResponse) Reset() {
 	*x = GetRegionInfoResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6634,7 +6723,7 @@ func (x *GetRegionInfoResponse) String() string {
 func (*GetRegionInfoResponse) ProtoMessage() {}
 
 func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6647,7 +6736,7 @@ func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *GetRegionInfoResponse) GetRegion() string {
@@ -6770,7 +6859,7 @@ type SaveSnapshotRequest struct {
 
 func (x *SaveSnapshotRequest) Reset() {
 	*x = SaveSnapshotRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6782,7 +6871,7 @@ func (x *SaveSnapshotRequest) String() string {
 func (*SaveSnapshotRequest) ProtoMessage() {}
 
 func (x *SaveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6795,7 +6884,7 @@ func (x *SaveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SaveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
 }
 
 // SaveSnapshotResponse is a piece of an etcd snapshot (etcd's Maintenance.Snapshot:
@@ -6811,7 +6900,7 @@ type SaveSnapshotResponse struct {
 
 func (x *SaveSnapshotResponse) Reset() {
 	*x = SaveSnapshotResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6823,7 +6912,7 @@ func (x *SaveSnapshotResponse) String() string {
 func (*SaveSnapshotResponse) ProtoMessage() {}
 
 func (x *SaveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6836,7 +6925,7 @@ func (x *SaveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SaveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *SaveSnapshotResponse) GetData() []byte {
@@ -6854,7 +6943,7 @@ type ListShardsRequest struct {
 
 func (x *ListShardsRequest) Reset() {
 	*x = ListShardsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6866,7 +6955,7 @@ func (x *ListShardsRequest) String() string {
 func (*ListShardsRequest) ProtoMessage() {}
 
 func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6879,7 +6968,7 @@ func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsRequest.ProtoReflect.Descriptor instead.
 func (*ListShardsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
 }
 
 // Shard is one virtual shard of a region (package shards).
@@ -6904,7 +6993,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6916,7 +7005,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6929,7 +7018,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *Shard) GetShard() int32 {
@@ -6988,7 +7077,7 @@ type ListShardsResponse struct {
 
 func (x *ListShardsResponse) Reset() {
 	*x = ListShardsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7000,7 +7089,7 @@ func (x *ListShardsResponse) String() string {
 func (*ListShardsResponse) ProtoMessage() {}
 
 func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7013,7 +7102,7 @@ func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsResponse.ProtoReflect.Descriptor instead.
 func (*ListShardsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ListShardsResponse) GetShards() []*Shard {
@@ -7052,7 +7141,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7064,7 +7153,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7077,7 +7166,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -7100,7 +7189,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7112,7 +7201,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7125,7 +7214,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -7184,7 +7273,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7196,7 +7285,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7209,7 +7298,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -7266,7 +7355,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7278,7 +7367,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7291,7 +7380,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -7401,7 +7490,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7413,7 +7502,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7426,7 +7515,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -7464,7 +7553,7 @@ type ACLToken struct {
 
 func (x *ACLToken) Reset() {
 	*x = ACLToken{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7476,7 +7565,7 @@ func (x *ACLToken) String() string {
 func (*ACLToken) ProtoMessage() {}
 
 func (x *ACLToken) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7489,7 +7578,7 @@ func (x *ACLToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
 func (*ACLToken) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ACLToken) GetAccessorId() string {
@@ -7574,7 +7663,7 @@ type ACLPolicy struct {
 
 func (x *ACLPolicy) Reset() {
 	*x = ACLPolicy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7586,7 +7675,7 @@ func (x *ACLPolicy) String() string {
 func (*ACLPolicy) ProtoMessage() {}
 
 func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7599,7 +7688,7 @@ func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLPolicy.ProtoReflect.Descriptor instead.
 func (*ACLPolicy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ACLPolicy) GetName() string {
@@ -7650,7 +7739,7 @@ type ACLNamespaceRule struct {
 
 func (x *ACLNamespaceRule) Reset() {
 	*x = ACLNamespaceRule{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7662,7 +7751,7 @@ func (x *ACLNamespaceRule) String() string {
 func (*ACLNamespaceRule) ProtoMessage() {}
 
 func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7675,7 +7764,7 @@ func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLNamespaceRule.ProtoReflect.Descriptor instead.
 func (*ACLNamespaceRule) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ACLNamespaceRule) GetName() string {
@@ -7704,7 +7793,7 @@ type BootstrapACLRequest struct {
 
 func (x *BootstrapACLRequest) Reset() {
 	*x = BootstrapACLRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7716,7 +7805,7 @@ func (x *BootstrapACLRequest) String() string {
 func (*BootstrapACLRequest) ProtoMessage() {}
 
 func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7729,7 +7818,7 @@ func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLRequest.ProtoReflect.Descriptor instead.
 func (*BootstrapACLRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{100}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *BootstrapACLRequest) GetAccessorId() string {
@@ -7759,7 +7848,7 @@ type BootstrapACLResponse struct {
 
 func (x *BootstrapACLResponse) Reset() {
 	*x = BootstrapACLResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7771,7 +7860,7 @@ func (x *BootstrapACLResponse) String() string {
 func (*BootstrapACLResponse) ProtoMessage() {}
 
 func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7784,7 +7873,7 @@ func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLResponse.ProtoReflect.Descriptor instead.
 func (*BootstrapACLResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{101}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *BootstrapACLResponse) GetToken() *ACLToken {
@@ -7830,7 +7919,7 @@ type CreateACLTokenRequest struct {
 
 func (x *CreateACLTokenRequest) Reset() {
 	*x = CreateACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7842,7 +7931,7 @@ func (x *CreateACLTokenRequest) String() string {
 func (*CreateACLTokenRequest) ProtoMessage() {}
 
 func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7855,7 +7944,7 @@ func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{102}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *CreateACLTokenRequest) GetName() string {
@@ -7924,7 +8013,7 @@ type CreateACLTokenResponse struct {
 
 func (x *CreateACLTokenResponse) Reset() {
 	*x = CreateACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[103]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7936,7 +8025,7 @@ func (x *CreateACLTokenResponse) String() string {
 func (*CreateACLTokenResponse) ProtoMessage() {}
 
 func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[103]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7949,7 +8038,7 @@ func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{103}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *CreateACLTokenResponse) GetToken() *ACLToken {
@@ -7974,7 +8063,7 @@ type ListACLTokensRequest struct {
 
 func (x *ListACLTokensRequest) Reset() {
 	*x = ListACLTokensRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[104]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7986,7 +8075,7 @@ func (x *ListACLTokensRequest) String() string {
 func (*ListACLTokensRequest) ProtoMessage() {}
 
 func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[104]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7999,7 +8088,7 @@ func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListACLTokensRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{104}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{105}
 }
 
 type ListACLTokensResponse struct {
@@ -8013,7 +8102,7 @@ type ListACLTokensResponse struct {
 
 func (x *ListACLTokensResponse) Reset() {
 	*x = ListACLTokensResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[105]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8025,7 +8114,7 @@ func (x *ListACLTokensResponse) String() string {
 func (*ListACLTokensResponse) ProtoMessage() {}
 
 func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[105]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8038,7 +8127,7 @@ func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListACLTokensResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{105}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ListACLTokensResponse) GetTokens() []*ACLToken {
@@ -8064,7 +8153,7 @@ type RevokeACLTokenRequest struct {
 
 func (x *RevokeACLTokenRequest) Reset() {
 	*x = RevokeACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[106]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8076,7 +8165,7 @@ func (x *RevokeACLTokenRequest) String() string {
 func (*RevokeACLTokenRequest) ProtoMessage() {}
 
 func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[106]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8089,7 +8178,7 @@ func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{106}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *RevokeACLTokenRequest) GetAccessorId() string {
@@ -8111,7 +8200,7 @@ type RevokeACLTokenResponse struct {
 
 func (x *RevokeACLTokenResponse) Reset() {
 	*x = RevokeACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[107]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8123,7 +8212,7 @@ func (x *RevokeACLTokenResponse) String() string {
 func (*RevokeACLTokenResponse) ProtoMessage() {}
 
 func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[107]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8136,7 +8225,7 @@ func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{107}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *RevokeACLTokenResponse) GetEndedNodeId() string {
@@ -8168,7 +8257,7 @@ type GetACLSelfRequest struct {
 
 func (x *GetACLSelfRequest) Reset() {
 	*x = GetACLSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[108]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8180,7 +8269,7 @@ func (x *GetACLSelfRequest) String() string {
 func (*GetACLSelfRequest) ProtoMessage() {}
 
 func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[108]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8193,7 +8282,7 @@ func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfRequest.ProtoReflect.Descriptor instead.
 func (*GetACLSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{108}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{109}
 }
 
 type GetACLSelfResponse struct {
@@ -8205,7 +8294,7 @@ type GetACLSelfResponse struct {
 
 func (x *GetACLSelfResponse) Reset() {
 	*x = GetACLSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[109]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8217,7 +8306,7 @@ func (x *GetACLSelfResponse) String() string {
 func (*GetACLSelfResponse) ProtoMessage() {}
 
 func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[109]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8230,7 +8319,7 @@ func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfResponse.ProtoReflect.Descriptor instead.
 func (*GetACLSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{109}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *GetACLSelfResponse) GetToken() *ACLToken {
@@ -8249,7 +8338,7 @@ type ApplyACLPolicyRequest struct {
 
 func (x *ApplyACLPolicyRequest) Reset() {
 	*x = ApplyACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[110]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8261,7 +8350,7 @@ func (x *ApplyACLPolicyRequest) String() string {
 func (*ApplyACLPolicyRequest) ProtoMessage() {}
 
 func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[110]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8274,7 +8363,7 @@ func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{110}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ApplyACLPolicyRequest) GetPolicy() *ACLPolicy {
@@ -8294,7 +8383,7 @@ type ApplyACLPolicyResponse struct {
 
 func (x *ApplyACLPolicyResponse) Reset() {
 	*x = ApplyACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[111]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8306,7 +8395,7 @@ func (x *ApplyACLPolicyResponse) String() string {
 func (*ApplyACLPolicyResponse) ProtoMessage() {}
 
 func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[111]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8319,7 +8408,7 @@ func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{111}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ApplyACLPolicyResponse) GetRegions() []string {
@@ -8344,7 +8433,7 @@ type ListACLPoliciesRequest struct {
 
 func (x *ListACLPoliciesRequest) Reset() {
 	*x = ListACLPoliciesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[112]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8356,7 +8445,7 @@ func (x *ListACLPoliciesRequest) String() string {
 func (*ListACLPoliciesRequest) ProtoMessage() {}
 
 func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[112]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8369,7 +8458,7 @@ func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{112}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{113}
 }
 
 type ListACLPoliciesResponse struct {
@@ -8382,7 +8471,7 @@ type ListACLPoliciesResponse struct {
 
 func (x *ListACLPoliciesResponse) Reset() {
 	*x = ListACLPoliciesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[113]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8394,7 +8483,7 @@ func (x *ListACLPoliciesResponse) String() string {
 func (*ListACLPoliciesResponse) ProtoMessage() {}
 
 func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[113]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8407,7 +8496,7 @@ func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{113}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *ListACLPoliciesResponse) GetPolicies() []*ACLPolicy {
@@ -8433,7 +8522,7 @@ type DeleteACLPolicyRequest struct {
 
 func (x *DeleteACLPolicyRequest) Reset() {
 	*x = DeleteACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[114]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8445,7 +8534,7 @@ func (x *DeleteACLPolicyRequest) String() string {
 func (*DeleteACLPolicyRequest) ProtoMessage() {}
 
 func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[114]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8458,7 +8547,7 @@ func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{114}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *DeleteACLPolicyRequest) GetName() string {
@@ -8478,7 +8567,7 @@ type DeleteACLPolicyResponse struct {
 
 func (x *DeleteACLPolicyResponse) Reset() {
 	*x = DeleteACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[115]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8490,7 +8579,7 @@ func (x *DeleteACLPolicyResponse) String() string {
 func (*DeleteACLPolicyResponse) ProtoMessage() {}
 
 func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[115]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8503,7 +8592,7 @@ func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{115}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *DeleteACLPolicyResponse) GetRegions() []string {
@@ -8746,12 +8835,20 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12#\n" +
 	"\ractive_region\x18\x02 \x01(\tR\factiveRegion\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\"\n" +
-	"\rmoved_time_ms\x18\x04 \x01(\x03R\vmovedTimeMs\">\n" +
+	"\rmoved_time_ms\x18\x04 \x01(\x03R\vmovedTimeMs\"B\n" +
+	"\n" +
+	"ClaimedJob\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1d\n" +
+	"\n" +
+	"claimed_by\x18\x02 \x01(\tR\tclaimedBy\"\x98\x01\n" +
 	"\x11MovedJobsResponse\x12)\n" +
-	"\x05moved\x18\x01 \x03(\v2\x13.apiary.v1.MovedJobR\x05moved\"O\n" +
+	"\x05moved\x18\x01 \x03(\v2\x13.apiary.v1.MovedJobR\x05moved\x12'\n" +
+	"\x10home_down_for_ms\x18\x02 \x01(\x03R\rhomeDownForMs\x12/\n" +
+	"\aclaimed\x18\x03 \x03(\v2\x15.apiary.v1.ClaimedJobR\aclaimed\"j\n" +
 	"\x0fClaimJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12%\n" +
-	"\x0estandby_region\x18\x02 \x01(\tR\rstandbyRegion\"Q\n" +
+	"\x0estandby_region\x18\x02 \x01(\tR\rstandbyRegion\x12\x19\n" +
+	"\bafter_ms\x18\x03 \x01(\x03R\aafterMs\"Q\n" +
 	"\x10ClaimJobResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12#\n" +
 	"\ractive_region\x18\x02 \x01(\tR\factiveRegion\"R\n" +
@@ -9318,7 +9415,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 128)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 129)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                      // 0: apiary.v1.JobState
 	(TaskState)(0),                     // 1: apiary.v1.TaskState
@@ -9353,126 +9450,127 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(*PushProgressResponse)(nil),       // 30: apiary.v1.PushProgressResponse
 	(*MovedJobsRequest)(nil),           // 31: apiary.v1.MovedJobsRequest
 	(*MovedJob)(nil),                   // 32: apiary.v1.MovedJob
-	(*MovedJobsResponse)(nil),          // 33: apiary.v1.MovedJobsResponse
-	(*ClaimJobRequest)(nil),            // 34: apiary.v1.ClaimJobRequest
-	(*ClaimJobResponse)(nil),           // 35: apiary.v1.ClaimJobResponse
-	(*LookupRequestRequest)(nil),       // 36: apiary.v1.LookupRequestRequest
-	(*LookupRequestResponse)(nil),      // 37: apiary.v1.LookupRequestResponse
-	(*ForwardRequestRequest)(nil),      // 38: apiary.v1.ForwardRequestRequest
-	(*ForwardRequestResponse)(nil),     // 39: apiary.v1.ForwardRequestResponse
-	(*SubmitJobRequest)(nil),           // 40: apiary.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),          // 41: apiary.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),              // 42: apiary.v1.GetJobRequest
-	(*GetJobResponse)(nil),             // 43: apiary.v1.GetJobResponse
-	(*ListJobsRequest)(nil),            // 44: apiary.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),           // 45: apiary.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),           // 46: apiary.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),          // 47: apiary.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),            // 48: apiary.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),           // 49: apiary.v1.WatchJobResponse
-	(*GetJobLogsRequest)(nil),          // 50: apiary.v1.GetJobLogsRequest
-	(*GetJobLogsResponse)(nil),         // 51: apiary.v1.GetJobLogsResponse
-	(*GetJobTraceRequest)(nil),         // 52: apiary.v1.GetJobTraceRequest
-	(*GetJobTraceResponse)(nil),        // 53: apiary.v1.GetJobTraceResponse
-	(*RegisterNodeRequest)(nil),        // 54: apiary.v1.RegisterNodeRequest
-	(*LocalDataset)(nil),               // 55: apiary.v1.LocalDataset
-	(*DatasetList)(nil),                // 56: apiary.v1.DatasetList
-	(*DatasetHolders)(nil),             // 57: apiary.v1.DatasetHolders
-	(*DatasetCopy)(nil),                // 58: apiary.v1.DatasetCopy
-	(*RegisterNodeResponse)(nil),       // 59: apiary.v1.RegisterNodeResponse
-	(*HeartbeatRequest)(nil),           // 60: apiary.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 61: apiary.v1.HeartbeatResponse
-	(*AttemptRef)(nil),                 // 62: apiary.v1.AttemptRef
-	(*AdoptAttemptsRequest)(nil),       // 63: apiary.v1.AdoptAttemptsRequest
-	(*AdoptAttemptsResponse)(nil),      // 64: apiary.v1.AdoptAttemptsResponse
-	(*AdoptDecision)(nil),              // 65: apiary.v1.AdoptDecision
-	(*DrainSelfRequest)(nil),           // 66: apiary.v1.DrainSelfRequest
-	(*DrainSelfResponse)(nil),          // 67: apiary.v1.DrainSelfResponse
-	(*DeregisterRequest)(nil),          // 68: apiary.v1.DeregisterRequest
-	(*DeregisterResponse)(nil),         // 69: apiary.v1.DeregisterResponse
-	(*StreamAssignmentsRequest)(nil),   // 70: apiary.v1.StreamAssignmentsRequest
-	(*StreamAssignmentsResponse)(nil),  // 71: apiary.v1.StreamAssignmentsResponse
-	(*Assignment)(nil),                 // 72: apiary.v1.Assignment
-	(*ReportTaskStatusRequest)(nil),    // 73: apiary.v1.ReportTaskStatusRequest
-	(*ExportSpansRequest)(nil),         // 74: apiary.v1.ExportSpansRequest
-	(*ExportSpansResponse)(nil),        // 75: apiary.v1.ExportSpansResponse
-	(*ReportTaskStatusResponse)(nil),   // 76: apiary.v1.ReportTaskStatusResponse
-	(*GossipKeyringRequest)(nil),       // 77: apiary.v1.GossipKeyringRequest
-	(*GossipKeyringPool)(nil),          // 78: apiary.v1.GossipKeyringPool
-	(*GossipKeyringResponse)(nil),      // 79: apiary.v1.GossipKeyringResponse
-	(*DrainNodeRequest)(nil),           // 80: apiary.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 81: apiary.v1.DrainNodeResponse
-	(*SetNodeEligibilityRequest)(nil),  // 82: apiary.v1.SetNodeEligibilityRequest
-	(*SetNodeEligibilityResponse)(nil), // 83: apiary.v1.SetNodeEligibilityResponse
-	(*QuarantineNodeRequest)(nil),      // 84: apiary.v1.QuarantineNodeRequest
-	(*QuarantineNodeResponse)(nil),     // 85: apiary.v1.QuarantineNodeResponse
-	(*ReleaseNodeRequest)(nil),         // 86: apiary.v1.ReleaseNodeRequest
-	(*ReleaseNodeResponse)(nil),        // 87: apiary.v1.ReleaseNodeResponse
-	(*ListNodesRequest)(nil),           // 88: apiary.v1.ListNodesRequest
-	(*Node)(nil),                       // 89: apiary.v1.Node
-	(*ListNodesResponse)(nil),          // 90: apiary.v1.ListNodesResponse
-	(*GetRegionInfoRequest)(nil),       // 91: apiary.v1.GetRegionInfoRequest
-	(*Coordinator)(nil),                // 92: apiary.v1.Coordinator
-	(*GetRegionInfoResponse)(nil),      // 93: apiary.v1.GetRegionInfoResponse
-	(*SaveSnapshotRequest)(nil),        // 94: apiary.v1.SaveSnapshotRequest
-	(*SaveSnapshotResponse)(nil),       // 95: apiary.v1.SaveSnapshotResponse
-	(*ListShardsRequest)(nil),          // 96: apiary.v1.ListShardsRequest
-	(*Shard)(nil),                      // 97: apiary.v1.Shard
-	(*ListShardsResponse)(nil),         // 98: apiary.v1.ListShardsResponse
-	(*ListRegionsRequest)(nil),         // 99: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),          // 100: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),            // 101: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),              // 102: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),        // 103: apiary.v1.ListRegionsResponse
-	(*ACLToken)(nil),                   // 104: apiary.v1.ACLToken
-	(*ACLPolicy)(nil),                  // 105: apiary.v1.ACLPolicy
-	(*ACLNamespaceRule)(nil),           // 106: apiary.v1.ACLNamespaceRule
-	(*BootstrapACLRequest)(nil),        // 107: apiary.v1.BootstrapACLRequest
-	(*BootstrapACLResponse)(nil),       // 108: apiary.v1.BootstrapACLResponse
-	(*CreateACLTokenRequest)(nil),      // 109: apiary.v1.CreateACLTokenRequest
-	(*CreateACLTokenResponse)(nil),     // 110: apiary.v1.CreateACLTokenResponse
-	(*ListACLTokensRequest)(nil),       // 111: apiary.v1.ListACLTokensRequest
-	(*ListACLTokensResponse)(nil),      // 112: apiary.v1.ListACLTokensResponse
-	(*RevokeACLTokenRequest)(nil),      // 113: apiary.v1.RevokeACLTokenRequest
-	(*RevokeACLTokenResponse)(nil),     // 114: apiary.v1.RevokeACLTokenResponse
-	(*GetACLSelfRequest)(nil),          // 115: apiary.v1.GetACLSelfRequest
-	(*GetACLSelfResponse)(nil),         // 116: apiary.v1.GetACLSelfResponse
-	(*ApplyACLPolicyRequest)(nil),      // 117: apiary.v1.ApplyACLPolicyRequest
-	(*ApplyACLPolicyResponse)(nil),     // 118: apiary.v1.ApplyACLPolicyResponse
-	(*ListACLPoliciesRequest)(nil),     // 119: apiary.v1.ListACLPoliciesRequest
-	(*ListACLPoliciesResponse)(nil),    // 120: apiary.v1.ListACLPoliciesResponse
-	(*DeleteACLPolicyRequest)(nil),     // 121: apiary.v1.DeleteACLPolicyRequest
-	(*DeleteACLPolicyResponse)(nil),    // 122: apiary.v1.DeleteACLPolicyResponse
-	nil,                                // 123: apiary.v1.RegionSpec.SelectorEntry
-	nil,                                // 124: apiary.v1.TaskGroup.EnvEntry
-	nil,                                // 125: apiary.v1.TaskGroup.SecretEnvEntry
-	nil,                                // 126: apiary.v1.Spread.TargetsEntry
-	nil,                                // 127: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                // 128: apiary.v1.Assignment.EnvEntry
-	nil,                                // 129: apiary.v1.GossipKeyringPool.MessagesEntry
-	nil,                                // 130: apiary.v1.GossipKeyringPool.KeysEntry
-	nil,                                // 131: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	nil,                                // 132: apiary.v1.Node.LabelsEntry
-	nil,                                // 133: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                                // 134: apiary.v1.RegionSummary.LabelsEntry
+	(*ClaimedJob)(nil),                 // 33: apiary.v1.ClaimedJob
+	(*MovedJobsResponse)(nil),          // 34: apiary.v1.MovedJobsResponse
+	(*ClaimJobRequest)(nil),            // 35: apiary.v1.ClaimJobRequest
+	(*ClaimJobResponse)(nil),           // 36: apiary.v1.ClaimJobResponse
+	(*LookupRequestRequest)(nil),       // 37: apiary.v1.LookupRequestRequest
+	(*LookupRequestResponse)(nil),      // 38: apiary.v1.LookupRequestResponse
+	(*ForwardRequestRequest)(nil),      // 39: apiary.v1.ForwardRequestRequest
+	(*ForwardRequestResponse)(nil),     // 40: apiary.v1.ForwardRequestResponse
+	(*SubmitJobRequest)(nil),           // 41: apiary.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),          // 42: apiary.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),              // 43: apiary.v1.GetJobRequest
+	(*GetJobResponse)(nil),             // 44: apiary.v1.GetJobResponse
+	(*ListJobsRequest)(nil),            // 45: apiary.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),           // 46: apiary.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),           // 47: apiary.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),          // 48: apiary.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),            // 49: apiary.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),           // 50: apiary.v1.WatchJobResponse
+	(*GetJobLogsRequest)(nil),          // 51: apiary.v1.GetJobLogsRequest
+	(*GetJobLogsResponse)(nil),         // 52: apiary.v1.GetJobLogsResponse
+	(*GetJobTraceRequest)(nil),         // 53: apiary.v1.GetJobTraceRequest
+	(*GetJobTraceResponse)(nil),        // 54: apiary.v1.GetJobTraceResponse
+	(*RegisterNodeRequest)(nil),        // 55: apiary.v1.RegisterNodeRequest
+	(*LocalDataset)(nil),               // 56: apiary.v1.LocalDataset
+	(*DatasetList)(nil),                // 57: apiary.v1.DatasetList
+	(*DatasetHolders)(nil),             // 58: apiary.v1.DatasetHolders
+	(*DatasetCopy)(nil),                // 59: apiary.v1.DatasetCopy
+	(*RegisterNodeResponse)(nil),       // 60: apiary.v1.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),           // 61: apiary.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 62: apiary.v1.HeartbeatResponse
+	(*AttemptRef)(nil),                 // 63: apiary.v1.AttemptRef
+	(*AdoptAttemptsRequest)(nil),       // 64: apiary.v1.AdoptAttemptsRequest
+	(*AdoptAttemptsResponse)(nil),      // 65: apiary.v1.AdoptAttemptsResponse
+	(*AdoptDecision)(nil),              // 66: apiary.v1.AdoptDecision
+	(*DrainSelfRequest)(nil),           // 67: apiary.v1.DrainSelfRequest
+	(*DrainSelfResponse)(nil),          // 68: apiary.v1.DrainSelfResponse
+	(*DeregisterRequest)(nil),          // 69: apiary.v1.DeregisterRequest
+	(*DeregisterResponse)(nil),         // 70: apiary.v1.DeregisterResponse
+	(*StreamAssignmentsRequest)(nil),   // 71: apiary.v1.StreamAssignmentsRequest
+	(*StreamAssignmentsResponse)(nil),  // 72: apiary.v1.StreamAssignmentsResponse
+	(*Assignment)(nil),                 // 73: apiary.v1.Assignment
+	(*ReportTaskStatusRequest)(nil),    // 74: apiary.v1.ReportTaskStatusRequest
+	(*ExportSpansRequest)(nil),         // 75: apiary.v1.ExportSpansRequest
+	(*ExportSpansResponse)(nil),        // 76: apiary.v1.ExportSpansResponse
+	(*ReportTaskStatusResponse)(nil),   // 77: apiary.v1.ReportTaskStatusResponse
+	(*GossipKeyringRequest)(nil),       // 78: apiary.v1.GossipKeyringRequest
+	(*GossipKeyringPool)(nil),          // 79: apiary.v1.GossipKeyringPool
+	(*GossipKeyringResponse)(nil),      // 80: apiary.v1.GossipKeyringResponse
+	(*DrainNodeRequest)(nil),           // 81: apiary.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 82: apiary.v1.DrainNodeResponse
+	(*SetNodeEligibilityRequest)(nil),  // 83: apiary.v1.SetNodeEligibilityRequest
+	(*SetNodeEligibilityResponse)(nil), // 84: apiary.v1.SetNodeEligibilityResponse
+	(*QuarantineNodeRequest)(nil),      // 85: apiary.v1.QuarantineNodeRequest
+	(*QuarantineNodeResponse)(nil),     // 86: apiary.v1.QuarantineNodeResponse
+	(*ReleaseNodeRequest)(nil),         // 87: apiary.v1.ReleaseNodeRequest
+	(*ReleaseNodeResponse)(nil),        // 88: apiary.v1.ReleaseNodeResponse
+	(*ListNodesRequest)(nil),           // 89: apiary.v1.ListNodesRequest
+	(*Node)(nil),                       // 90: apiary.v1.Node
+	(*ListNodesResponse)(nil),          // 91: apiary.v1.ListNodesResponse
+	(*GetRegionInfoRequest)(nil),       // 92: apiary.v1.GetRegionInfoRequest
+	(*Coordinator)(nil),                // 93: apiary.v1.Coordinator
+	(*GetRegionInfoResponse)(nil),      // 94: apiary.v1.GetRegionInfoResponse
+	(*SaveSnapshotRequest)(nil),        // 95: apiary.v1.SaveSnapshotRequest
+	(*SaveSnapshotResponse)(nil),       // 96: apiary.v1.SaveSnapshotResponse
+	(*ListShardsRequest)(nil),          // 97: apiary.v1.ListShardsRequest
+	(*Shard)(nil),                      // 98: apiary.v1.Shard
+	(*ListShardsResponse)(nil),         // 99: apiary.v1.ListShardsResponse
+	(*ListRegionsRequest)(nil),         // 100: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),          // 101: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),            // 102: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),              // 103: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),        // 104: apiary.v1.ListRegionsResponse
+	(*ACLToken)(nil),                   // 105: apiary.v1.ACLToken
+	(*ACLPolicy)(nil),                  // 106: apiary.v1.ACLPolicy
+	(*ACLNamespaceRule)(nil),           // 107: apiary.v1.ACLNamespaceRule
+	(*BootstrapACLRequest)(nil),        // 108: apiary.v1.BootstrapACLRequest
+	(*BootstrapACLResponse)(nil),       // 109: apiary.v1.BootstrapACLResponse
+	(*CreateACLTokenRequest)(nil),      // 110: apiary.v1.CreateACLTokenRequest
+	(*CreateACLTokenResponse)(nil),     // 111: apiary.v1.CreateACLTokenResponse
+	(*ListACLTokensRequest)(nil),       // 112: apiary.v1.ListACLTokensRequest
+	(*ListACLTokensResponse)(nil),      // 113: apiary.v1.ListACLTokensResponse
+	(*RevokeACLTokenRequest)(nil),      // 114: apiary.v1.RevokeACLTokenRequest
+	(*RevokeACLTokenResponse)(nil),     // 115: apiary.v1.RevokeACLTokenResponse
+	(*GetACLSelfRequest)(nil),          // 116: apiary.v1.GetACLSelfRequest
+	(*GetACLSelfResponse)(nil),         // 117: apiary.v1.GetACLSelfResponse
+	(*ApplyACLPolicyRequest)(nil),      // 118: apiary.v1.ApplyACLPolicyRequest
+	(*ApplyACLPolicyResponse)(nil),     // 119: apiary.v1.ApplyACLPolicyResponse
+	(*ListACLPoliciesRequest)(nil),     // 120: apiary.v1.ListACLPoliciesRequest
+	(*ListACLPoliciesResponse)(nil),    // 121: apiary.v1.ListACLPoliciesResponse
+	(*DeleteACLPolicyRequest)(nil),     // 122: apiary.v1.DeleteACLPolicyRequest
+	(*DeleteACLPolicyResponse)(nil),    // 123: apiary.v1.DeleteACLPolicyResponse
+	nil,                                // 124: apiary.v1.RegionSpec.SelectorEntry
+	nil,                                // 125: apiary.v1.TaskGroup.EnvEntry
+	nil,                                // 126: apiary.v1.TaskGroup.SecretEnvEntry
+	nil,                                // 127: apiary.v1.Spread.TargetsEntry
+	nil,                                // 128: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                // 129: apiary.v1.Assignment.EnvEntry
+	nil,                                // 130: apiary.v1.GossipKeyringPool.MessagesEntry
+	nil,                                // 131: apiary.v1.GossipKeyringPool.KeysEntry
+	nil,                                // 132: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	nil,                                // 133: apiary.v1.Node.LabelsEntry
+	nil,                                // 134: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                                // 135: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	10,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
 	11,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
 	9,   // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
 	8,   // 3: apiary.v1.JobSpec.failover:type_name -> apiary.v1.Failover
-	123, // 4: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	124, // 5: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	124, // 4: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	125, // 5: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
 	13,  // 6: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
 	15,  // 7: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
 	16,  // 8: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
 	17,  // 9: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
 	18,  // 10: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
 	19,  // 11: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	125, // 12: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
+	126, // 12: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
 	12,  // 13: apiary.v1.TaskGroup.anti_affinity:type_name -> apiary.v1.AntiAffinity
 	14,  // 14: apiary.v1.Resources.limits:type_name -> apiary.v1.ResourceLimits
-	126, // 15: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	127, // 15: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
 	7,   // 16: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
 	0,   // 17: apiary.v1.Job.state:type_name -> apiary.v1.JobState
 	22,  // 18: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
@@ -9485,144 +9583,145 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	25,  // 25: apiary.v1.PutStandbyRequest.job:type_name -> apiary.v1.StandbyJob
 	28,  // 26: apiary.v1.PushProgressRequest.done:type_name -> apiary.v1.TaskDone
 	32,  // 27: apiary.v1.MovedJobsResponse.moved:type_name -> apiary.v1.MovedJob
-	7,   // 28: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
-	20,  // 29: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
-	0,   // 30: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
-	20,  // 31: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
-	20,  // 32: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
-	20,  // 33: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
-	23,  // 34: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	127, // 35: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
-	13,  // 36: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
-	55,  // 37: apiary.v1.RegisterNodeRequest.datasets:type_name -> apiary.v1.LocalDataset
-	57,  // 38: apiary.v1.DatasetList.datasets:type_name -> apiary.v1.DatasetHolders
-	58,  // 39: apiary.v1.DatasetHolders.holders:type_name -> apiary.v1.DatasetCopy
-	55,  // 40: apiary.v1.HeartbeatRequest.datasets:type_name -> apiary.v1.LocalDataset
-	62,  // 41: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
-	65,  // 42: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
-	62,  // 43: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
-	72,  // 44: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
-	6,   // 45: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	128, // 46: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
-	13,  // 47: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
-	2,   // 48: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
-	3,   // 49: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
-	55,  // 50: apiary.v1.ReportTaskStatusRequest.outputs:type_name -> apiary.v1.LocalDataset
-	4,   // 51: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
-	129, // 52: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
-	130, // 53: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
-	131, // 54: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	78,  // 55: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
-	89,  // 56: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
-	89,  // 57: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
-	89,  // 58: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
-	89,  // 59: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	132, // 60: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	13,  // 61: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	13,  // 62: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	5,   // 63: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	55,  // 64: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
-	14,  // 65: apiary.v1.Node.limits:type_name -> apiary.v1.ResourceLimits
-	89,  // 66: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	133, // 67: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	92,  // 68: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	97,  // 69: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
-	134, // 70: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	100, // 71: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	13,  // 72: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	13,  // 73: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	101, // 74: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	102, // 75: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	106, // 76: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
-	104, // 77: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
-	104, // 78: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
-	104, // 79: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
-	104, // 80: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
-	105, // 81: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
-	105, // 82: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
-	40,  // 83: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	42,  // 84: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	44,  // 85: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	46,  // 86: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	48,  // 87: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	50,  // 88: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	52,  // 89: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	38,  // 90: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	36,  // 91: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	26,  // 92: apiary.v1.FailoverService.PutStandby:input_type -> apiary.v1.PutStandbyRequest
-	29,  // 93: apiary.v1.FailoverService.PushProgress:input_type -> apiary.v1.PushProgressRequest
-	31,  // 94: apiary.v1.FailoverService.MovedJobs:input_type -> apiary.v1.MovedJobsRequest
-	34,  // 95: apiary.v1.FailoverService.ClaimJob:input_type -> apiary.v1.ClaimJobRequest
-	54,  // 96: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	60,  // 97: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	70,  // 98: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	73,  // 99: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	63,  // 100: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
-	66,  // 101: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
-	68,  // 102: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
-	74,  // 103: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	88,  // 104: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	91,  // 105: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	96,  // 106: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
-	94,  // 107: apiary.v1.AdminService.SaveSnapshot:input_type -> apiary.v1.SaveSnapshotRequest
-	99,  // 108: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	84,  // 109: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	86,  // 110: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	80,  // 111: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
-	82,  // 112: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
-	77,  // 113: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
-	107, // 114: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
-	109, // 115: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
-	111, // 116: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
-	113, // 117: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
-	115, // 118: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
-	117, // 119: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
-	119, // 120: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
-	121, // 121: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
-	41,  // 122: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	43,  // 123: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	45,  // 124: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	47,  // 125: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	49,  // 126: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	51,  // 127: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	53,  // 128: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	39,  // 129: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	37,  // 130: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	27,  // 131: apiary.v1.FailoverService.PutStandby:output_type -> apiary.v1.PutStandbyResponse
-	30,  // 132: apiary.v1.FailoverService.PushProgress:output_type -> apiary.v1.PushProgressResponse
-	33,  // 133: apiary.v1.FailoverService.MovedJobs:output_type -> apiary.v1.MovedJobsResponse
-	35,  // 134: apiary.v1.FailoverService.ClaimJob:output_type -> apiary.v1.ClaimJobResponse
-	59,  // 135: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	61,  // 136: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	71,  // 137: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	76,  // 138: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	64,  // 139: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
-	67,  // 140: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
-	69,  // 141: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
-	75,  // 142: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	90,  // 143: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	93,  // 144: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	98,  // 145: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
-	95,  // 146: apiary.v1.AdminService.SaveSnapshot:output_type -> apiary.v1.SaveSnapshotResponse
-	103, // 147: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	85,  // 148: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	87,  // 149: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	81,  // 150: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
-	83,  // 151: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
-	79,  // 152: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
-	108, // 153: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
-	110, // 154: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
-	112, // 155: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
-	114, // 156: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
-	116, // 157: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
-	118, // 158: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
-	120, // 159: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
-	122, // 160: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
-	122, // [122:161] is the sub-list for method output_type
-	83,  // [83:122] is the sub-list for method input_type
-	83,  // [83:83] is the sub-list for extension type_name
-	83,  // [83:83] is the sub-list for extension extendee
-	0,   // [0:83] is the sub-list for field type_name
+	33,  // 28: apiary.v1.MovedJobsResponse.claimed:type_name -> apiary.v1.ClaimedJob
+	7,   // 29: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
+	20,  // 30: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
+	0,   // 31: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
+	20,  // 32: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
+	20,  // 33: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
+	20,  // 34: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
+	23,  // 35: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
+	128, // 36: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	13,  // 37: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
+	56,  // 38: apiary.v1.RegisterNodeRequest.datasets:type_name -> apiary.v1.LocalDataset
+	58,  // 39: apiary.v1.DatasetList.datasets:type_name -> apiary.v1.DatasetHolders
+	59,  // 40: apiary.v1.DatasetHolders.holders:type_name -> apiary.v1.DatasetCopy
+	56,  // 41: apiary.v1.HeartbeatRequest.datasets:type_name -> apiary.v1.LocalDataset
+	63,  // 42: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
+	66,  // 43: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
+	63,  // 44: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
+	73,  // 45: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
+	6,   // 46: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
+	129, // 47: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	13,  // 48: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
+	2,   // 49: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
+	3,   // 50: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
+	56,  // 51: apiary.v1.ReportTaskStatusRequest.outputs:type_name -> apiary.v1.LocalDataset
+	4,   // 52: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
+	130, // 53: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
+	131, // 54: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
+	132, // 55: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	79,  // 56: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
+	90,  // 57: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
+	90,  // 58: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
+	90,  // 59: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
+	90,  // 60: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
+	133, // 61: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	13,  // 62: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	13,  // 63: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	5,   // 64: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	56,  // 65: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
+	14,  // 66: apiary.v1.Node.limits:type_name -> apiary.v1.ResourceLimits
+	90,  // 67: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	134, // 68: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	93,  // 69: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	98,  // 70: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
+	135, // 71: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	101, // 72: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	13,  // 73: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	13,  // 74: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	102, // 75: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	103, // 76: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	107, // 77: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
+	105, // 78: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
+	105, // 79: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
+	105, // 80: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
+	105, // 81: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
+	106, // 82: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
+	106, // 83: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
+	41,  // 84: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	43,  // 85: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	45,  // 86: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	47,  // 87: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	49,  // 88: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	51,  // 89: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	53,  // 90: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	39,  // 91: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	37,  // 92: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	26,  // 93: apiary.v1.FailoverService.PutStandby:input_type -> apiary.v1.PutStandbyRequest
+	29,  // 94: apiary.v1.FailoverService.PushProgress:input_type -> apiary.v1.PushProgressRequest
+	31,  // 95: apiary.v1.FailoverService.MovedJobs:input_type -> apiary.v1.MovedJobsRequest
+	35,  // 96: apiary.v1.FailoverService.ClaimJob:input_type -> apiary.v1.ClaimJobRequest
+	55,  // 97: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	61,  // 98: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	71,  // 99: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	74,  // 100: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	64,  // 101: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
+	67,  // 102: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
+	69,  // 103: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
+	75,  // 104: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	89,  // 105: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	92,  // 106: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	97,  // 107: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
+	95,  // 108: apiary.v1.AdminService.SaveSnapshot:input_type -> apiary.v1.SaveSnapshotRequest
+	100, // 109: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	85,  // 110: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	87,  // 111: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	81,  // 112: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	83,  // 113: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	78,  // 114: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
+	108, // 115: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
+	110, // 116: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
+	112, // 117: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
+	114, // 118: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
+	116, // 119: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
+	118, // 120: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
+	120, // 121: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
+	122, // 122: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
+	42,  // 123: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	44,  // 124: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	46,  // 125: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	48,  // 126: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	50,  // 127: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	52,  // 128: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	54,  // 129: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	40,  // 130: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	38,  // 131: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	27,  // 132: apiary.v1.FailoverService.PutStandby:output_type -> apiary.v1.PutStandbyResponse
+	30,  // 133: apiary.v1.FailoverService.PushProgress:output_type -> apiary.v1.PushProgressResponse
+	34,  // 134: apiary.v1.FailoverService.MovedJobs:output_type -> apiary.v1.MovedJobsResponse
+	36,  // 135: apiary.v1.FailoverService.ClaimJob:output_type -> apiary.v1.ClaimJobResponse
+	60,  // 136: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	62,  // 137: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	72,  // 138: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	77,  // 139: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	65,  // 140: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	68,  // 141: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	70,  // 142: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	76,  // 143: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	91,  // 144: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	94,  // 145: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	99,  // 146: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
+	96,  // 147: apiary.v1.AdminService.SaveSnapshot:output_type -> apiary.v1.SaveSnapshotResponse
+	104, // 148: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	86,  // 149: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	88,  // 150: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	82,  // 151: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	84,  // 152: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	80,  // 153: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
+	109, // 154: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
+	111, // 155: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
+	113, // 156: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
+	115, // 157: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
+	117, // 158: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
+	119, // 159: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
+	121, // 160: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
+	123, // 161: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
+	123, // [123:162] is the sub-list for method output_type
+	84,  // [84:123] is the sub-list for method input_type
+	84,  // [84:84] is the sub-list for extension type_name
+	84,  // [84:84] is the sub-list for extension extendee
+	0,   // [0:84] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -9637,7 +9736,7 @@ func file_apiary_v1_apiary_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   128,
+			NumMessages:   129,
 			NumExtensions: 0,
 			NumServices:   5,
 		},
