@@ -12,8 +12,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/pki"
