@@ -11,16 +11,18 @@
 //     --failover-peers), the synchronous write of the job's standby record
 //     before the submission is acknowledged (Replicate), the asynchronous
 //     push of completed tasks to the standbys (the progress loop), and, on
-//     the way back, learning which jobs moved (the moved loop), which holds
-//     the dispatch of failover jobs until every standby answered once
-//     (Hold).
+//     the way back, learning which jobs moved (the moved loop), and the
+//     home's lease on its failover jobs: a job is dispatched only while some
+//     standby saw the home up within after/2 (Hold).
 //   - The standby side: FailoverService (PutStandby, PushProgress,
 //     MovedJobs, ClaimJob) over the /apiary/failover/ keys of
 //     regional/store; the observation that a home region is down (the WAN
 //     pool and direct gRPC health probes, written by every coordinator
 //     under its session lease, so that no single observer decides); and the
-//     activation of a standby job under a failover epoch one above its
-//     home's, in one Txn that can succeed once.
+//     activation of a standby job under a failover epoch above its home's,
+//     in one Txn that can succeed once, after every other standby granted
+//     it (ClaimJob; a region grants only when a majority of its
+//     coordinators have seen the home down for after: the witness rule).
 //
 // # What it must not touch
 //
