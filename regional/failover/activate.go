@@ -243,7 +243,7 @@ func (m *Manager) activate(ctx context.Context, r standbyKV) error {
 			idx++
 		}
 	}
-	ops = append(ops, clientv3.OpPut(store.KeyMoved(sr.ID), store.MustJSON(store.MovedRecord{Home: sr.Home, Epoch: epoch, MovedMs: now.UnixMilli(), Skipped: skipped})),
+	ops = append(ops, clientv3.OpPut(store.KeyMoved(sr.ID), store.MustJSON(store.MovedRecord{Home: sr.Home, Epoch: epoch, MovedMs: now.UnixMilli()})),
 		clientv3.OpDelete(store.KeyStandby(sr.ID)), clientv3.OpDelete(store.PrefStandbyTasks(sr.ID), clientv3.WithPrefix()))
 	tresp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return m.cfg.Client.Txn(ctx).If(

@@ -262,9 +262,6 @@ func (m *Manager) Replicate(ctx context.Context, rec *store.JobRecord) ([]string
 	sj := &apiaryv1.StandbyJob{JobId: rec.ID, HomeRegion: m.cfg.Meta.Region, Spec: rec.Spec, SubmitTimeMs: rec.SubmitMs,
 		ClientId: rec.ClientID, RequestId: rec.RequestID, Traceparent: rec.Traceparent, AfterMs: fo.AfterMs,
 		Standbys: fo.Standbys, HomeEpoch: fo.Epoch}
-	if w := rec.Where; w != nil {
-		sj.Jurisdictions, sj.AnyJurisdiction, sj.Rule = w.Jurisdictions, w.Any, w.Rule
-	}
 	errs := make([]error, len(fo.Standbys))
 	var wg sync.WaitGroup
 	for i, region := range fo.Standbys {

@@ -45,9 +45,7 @@ func standbyServer(t *testing.T) (*Server, *clientv3.Client) {
 
 func standbyJob(id string) *apiaryv1.StandbyJob {
 	return &apiaryv1.StandbyJob{JobId: id, HomeRegion: "eu-west", AfterMs: 5000, Standbys: []string{"eu-central", "eu-north"},
-		Spec: &apiaryv1.JobSpec{Name: "j", Jurisdiction: "eu", DataClass: "personal", Tasks: []*apiaryv1.TaskGroup{{Name: "t", Command: "/bin/true"}}},
-		// What a careless or hostile home might send: ignored.
-		AnyJurisdiction: true, Rule: "forged"}
+		Spec: &apiaryv1.JobSpec{Name: "j", Jurisdiction: "eu", DataClass: "personal", Tasks: []*apiaryv1.TaskGroup{{Name: "t", Command: "/bin/true"}}}}
 }
 
 func TestPutStandbyRefusesWhatItMustNotHold(t *testing.T) {
@@ -78,8 +76,8 @@ func TestPutStandbyRefusesWhatItMustNotHold(t *testing.T) {
 	if resp, err := cli.Get(ctx, store.PrefFailover, clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
 		t.Fatalf("refused records left %d keys (err %v); want none", resp.Count, err)
 	}
-	// Accepted: stored with this region's own decision and the spec's
-	// defaults, never the forged "any jurisdiction".
+	// Accepted: stored with this region's own decision (the home sends
+	// none) and the spec's defaults.
 	if _, err := srv.PutStandby(ctx, &apiaryv1.PutStandbyRequest{Job: standbyJob(id)}); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +89,7 @@ func TestPutStandbyRefusesWhatItMustNotHold(t *testing.T) {
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 		t.Fatal(err)
 	}
-	if rec.Where == nil || rec.Where.Any || strings.Join(rec.Where.Jurisdictions, ",") != "eu" || rec.Where.Rule == "forged" {
+	if rec.Where == nil || rec.Where.Any || strings.Join(rec.Where.Jurisdictions, ",") != "eu" || rec.Where.Rule == "" {
 		t.Errorf("stored where %+v; want this region's decision: only eu", rec.Where)
 	}
 	if rec.Spec.GetTasks()[0].GetCount() != 1 || rec.Spec.GetMaxAttempts() == 0 {

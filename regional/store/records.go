@@ -130,8 +130,6 @@ type MovedRecord struct {
 	Home    string `json:"home"`
 	Epoch   int64  `json:"epoch"`
 	MovedMs int64  `json:"moved_ms"`
-	// Skipped counts the tasks not rerun (their completion was replicated).
-	Skipped int `json:"skipped"`
 }
 
 // ClaimRecord is /apiary/failover/claimed/<jobID>: this region gave the job

@@ -2178,14 +2178,9 @@ type StandbyJob struct {
 	// Standby regions in activation order; this region is one of them.
 	Standbys []string `protobuf:"bytes,9,rep,name=standbys,proto3" json:"standbys,omitempty"`
 	// The job's failover epoch in the home region (0 unless it moved before).
-	HomeEpoch int64 `protobuf:"varint,10,opt,name=home_epoch,json=homeEpoch,proto3" json:"home_epoch,omitempty"`
-	// Jurisdictions the job may run in (the home region's sovereignty
-	// decision); empty with any_jurisdiction false: nowhere.
-	Jurisdictions   []string `protobuf:"bytes,11,rep,name=jurisdictions,proto3" json:"jurisdictions,omitempty"`
-	AnyJurisdiction bool     `protobuf:"varint,12,opt,name=any_jurisdiction,json=anyJurisdiction,proto3" json:"any_jurisdiction,omitempty"`
-	Rule            string   `protobuf:"bytes,13,opt,name=rule,proto3" json:"rule,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	HomeEpoch     int64 `protobuf:"varint,10,opt,name=home_epoch,json=homeEpoch,proto3" json:"home_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StandbyJob) Reset() {
@@ -2286,27 +2281,6 @@ func (x *StandbyJob) GetHomeEpoch() int64 {
 		return x.HomeEpoch
 	}
 	return 0
-}
-
-func (x *StandbyJob) GetJurisdictions() []string {
-	if x != nil {
-		return x.Jurisdictions
-	}
-	return nil
-}
-
-func (x *StandbyJob) GetAnyJurisdiction() bool {
-	if x != nil {
-		return x.AnyJurisdiction
-	}
-	return false
-}
-
-func (x *StandbyJob) GetRule() string {
-	if x != nil {
-		return x.Rule
-	}
-	return ""
 }
 
 type PutStandbyRequest struct {
@@ -8787,7 +8761,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\rstart_time_ms\x18\n" +
 	" \x01(\x03R\vstartTimeMs\x12\x1e\n" +
 	"\vend_time_ms\x18\v \x01(\x03R\tendTimeMs\x12-\n" +
-	"\x05fault\x18\f \x01(\x0e2\x17.apiary.v1.FailureFaultR\x05fault\"\xab\x03\n" +
+	"\x05fault\x18\f \x01(\x0e2\x17.apiary.v1.FailureFaultR\x05fault\"\xff\x02\n" +
 	"\n" +
 	"StandbyJob\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1f\n" +
@@ -8803,10 +8777,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\bstandbys\x18\t \x03(\tR\bstandbys\x12\x1d\n" +
 	"\n" +
 	"home_epoch\x18\n" +
-	" \x01(\x03R\thomeEpoch\x12$\n" +
-	"\rjurisdictions\x18\v \x03(\tR\rjurisdictions\x12)\n" +
-	"\x10any_jurisdiction\x18\f \x01(\bR\x0fanyJurisdiction\x12\x12\n" +
-	"\x04rule\x18\r \x01(\tR\x04rule\"<\n" +
+	" \x01(\x03R\thomeEpochJ\x04\b\v\x10\fJ\x04\b\f\x10\rJ\x04\b\r\x10\x0eR\rjurisdictionsR\x10any_jurisdictionR\x04rule\"<\n" +
 	"\x11PutStandbyRequest\x12'\n" +
 	"\x03job\x18\x01 \x01(\v2\x15.apiary.v1.StandbyJobR\x03job\",\n" +
 	"\x12PutStandbyResponse\x12\x16\n" +
