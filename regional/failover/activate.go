@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,6 +73,13 @@ func due(afterMs, nowMs, storedMs int64, since []int64, members int64) bool {
 	return members > 0 && n > members/2
 }
 
+// downRegions are the regions this coordinator sees down.
+func (m *Manager) downRegions() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Collect(maps.Keys(m.downSince))
+}
+
 // majorityDownFor is how long (ms) a majority of a region's members have
 // seen a home down, given each observer's down-since (ms, unordered) and
 // the live member count (0: fewer than a majority see it down). due's
@@ -98,9 +106,14 @@ func (m *Manager) witnessDownFor(ctx context.Context, home string) (time.Duratio
 }
 
 func (m *Manager) activateDue(ctx context.Context) {
-	recs, err := m.standbys(ctx)
-	if err != nil || len(recs) == 0 {
-		return
+	// Only the records of homes this coordinator sees down can be due.
+	var recs []standbyKV
+	for _, home := range m.downRegions() {
+		rs, err := m.standbys(ctx, home)
+		if err != nil {
+			return
+		}
+		recs = append(recs, rs...)
 	}
 	type conf struct {
 		since   []int64

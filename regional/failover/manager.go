@@ -99,6 +99,9 @@ type Manager struct {
 	// claimed there (job id -> claimer): held until the claimer says they
 	// moved.
 	claimed map[string]map[string]string
+	// acks: per standby region, the jobs of its last answer this region
+	// marked MOVED, acknowledged on the next MovedJobs call.
+	acks map[string][]string
 	// observed: the observation this coordinator last wrote per region
 	// (down since, ms; 0: none) under observedLease (observe writes only
 	// changes).
@@ -129,7 +132,7 @@ func New(cfg Config) *Manager {
 		cfg.Now = time.Now
 	}
 	return &Manager{cfg: cfg, conns: map[string]*grpc.ClientConn{}, answers: map[string]bool{},
-		downSince: map[string]time.Time{}, answered: map[string]time.Time{}, claimed: map[string]map[string]string{}, observed: map[string]int64{}, queue: map[string]*batch{}}
+		downSince: map[string]time.Time{}, answered: map[string]time.Time{}, claimed: map[string]map[string]string{}, acks: map[string][]string{}, observed: map[string]int64{}, queue: map[string]*batch{}}
 }
 
 // Regions is the federation as this coordinator sees it: the WAN pool's
@@ -633,18 +636,25 @@ type standbyKV struct {
 	modRev int64
 }
 
-// standbys reads every standby record of the region.
-func (m *Manager) standbys(ctx context.Context) ([]standbyKV, error) {
+// standbys reads the region's standby records of jobs of home ("": of
+// every home). A job id begins with its region's name (ids.NewJobID), so
+// one home's records are one key range (filtered by ids.RegionOf: region
+// "eu" is a prefix of "eu-west").
+func (m *Manager) standbys(ctx context.Context, home string) ([]standbyKV, error) {
 	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	resp, err := m.cfg.Client.Get(cctx, store.PrefStandby, clientv3.WithPrefix())
+	prefix := store.PrefStandby
+	if home != "" {
+		prefix += home + "-"
+	}
+	resp, err := m.cfg.Client.Get(cctx, prefix, clientv3.WithPrefix())
 	if err != nil {
 		return nil, err
 	}
 	out := make([]standbyKV, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		var r store.StandbyRecord
-		if json.Unmarshal(kv.Value, &r) != nil || r.ID == "" {
+		if json.Unmarshal(kv.Value, &r) != nil || r.ID == "" || (home != "" && r.Home != home) {
 			continue
 		}
 		out = append(out, standbyKV{rec: r, modRev: kv.ModRevision})

@@ -70,9 +70,12 @@ func (m *Manager) movedOnce(ctx context.Context) {
 func (m *Manager) askMoved(ctx context.Context, region string) {
 	var resp *apiaryv1.MovedJobsResponse
 	asked := m.cfg.Now()
+	m.mu.Lock()
+	acks := m.acks[region]
+	m.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, putTimeout)
 	err := m.call(cctx, region, func(ctx context.Context, c apiaryv1.FailoverServiceClient) (err error) {
-		resp, err = c.MovedJobs(ctx, &apiaryv1.MovedJobsRequest{HomeRegion: m.cfg.Meta.Region})
+		resp, err = c.MovedJobs(ctx, &apiaryv1.MovedJobsRequest{HomeRegion: m.cfg.Meta.Region, Acknowledged: acks})
 		return err
 	})
 	cancel()
@@ -80,10 +83,29 @@ func (m *Manager) askMoved(ctx context.Context, region string) {
 		m.cfg.Log.Debug("failover: moved jobs", "region", region, "err", err)
 		return
 	}
+	// What this answer lists and this region has marked (or holds no
+	// record of) is acknowledged on the next call, and dropped there.
+	var next []string
+	defer func() {
+		m.mu.Lock()
+		m.acks[region] = next
+		m.mu.Unlock()
+	}()
 	for _, mj := range resp.GetMoved() {
-		if err := m.markMoved(ctx, mj); err != nil {
+		known, err := m.markMoved(ctx, mj)
+		if err != nil {
 			m.cfg.Log.Warn("failover: mark a moved job", "job", mj.GetJobId(), "active", mj.GetActiveRegion(), "err", err)
 			return
+		}
+		// A job with no record here is not acknowledged: its commit may
+		// still be on the way (the standby's record then keeps it MOVED).
+		if known && len(next) < maxAcks {
+			next = append(next, mj.GetJobId())
+		}
+	}
+	for _, c := range resp.GetClaimed() {
+		if to, _ := m.MovedTo(c.GetJobId()); to != "" && len(next) < maxAcks {
+			next = append(next, c.GetJobId())
 		}
 	}
 	m.recordAnswer(region, asked, resp)
@@ -112,8 +134,9 @@ func (m *Manager) recordAnswer(region string, asked time.Time, resp *apiaryv1.Mo
 }
 
 // markMoved records in the job's record that it moved to mj's region (and
-// requests its cancellation here), unless it says so already.
-func (m *Manager) markMoved(ctx context.Context, mj *apiaryv1.MovedJob) error {
+// requests its cancellation here), unless it says so already. known: the
+// record here says so now (false when there is no record).
+func (m *Manager) markMoved(ctx context.Context, mj *apiaryv1.MovedJob) (known bool, err error) {
 	id := mj.GetJobId()
 	shard := shards.Of(id, m.cfg.Meta.ShardCount)
 	key := store.KeyJob(shard, id)
@@ -121,33 +144,37 @@ func (m *Manager) markMoved(ctx context.Context, mj *apiaryv1.MovedJob) error {
 	resp, err := m.cfg.Client.Get(cctx, key)
 	cancel()
 	if err != nil {
-		return err
+		return false, err
 	}
 	if len(resp.Kvs) == 0 {
-		return nil // deleted by retention, or never committed here
+		return false, nil // deleted by retention, or never committed here
 	}
 	var rec store.JobRecord
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-		return err
+		return false, err
 	}
 	if rec.Failover == nil || rec.Failover.Epoch >= mj.GetEpoch() {
-		return nil
+		return false, nil
 	}
 	m.noteMoved(id, mj.GetActiveRegion(), mj.GetEpoch())
 	if rec.Moved() {
-		return nil
+		return true, nil
 	}
 	rec.Failover.MovedTo, rec.Failover.MovedEpoch, rec.Failover.MovedMs = mj.GetActiveRegion(), mj.GetEpoch(), mj.GetMovedTimeMs()
 	rec.CancelRequested = true
-	_, err = m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+	tresp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)).
 			Then(clientv3.OpPut(key, store.MustJSON(&rec)), clientv3.OpDelete(store.KeyFailoverHome(id))).Commit()
 	})
-	if err == nil {
-		m.cfg.Log.Warn("failover: job moved while this region was away; its attempts here are cancelled", "job", id,
-			"active", mj.GetActiveRegion(), "epoch", mj.GetEpoch())
+	if err != nil {
+		return false, err
 	}
-	return err
+	if !tresp.Succeeded {
+		return false, nil // the record changed meanwhile: marked on the next answer
+	}
+	m.cfg.Log.Warn("failover: job moved while this region was away; its attempts here are cancelled", "job", id,
+		"active", mj.GetActiveRegion(), "epoch", mj.GetEpoch())
+	return true, nil
 }
 
 type movedMark struct {

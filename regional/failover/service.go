@@ -21,6 +21,9 @@ import (
 // maxOpsPerTxn bounds the ops of one progress Txn.
 const maxOpsPerTxn = 1000
 
+// maxAcks bounds MovedJobsRequest.acknowledged.
+const maxAcks = 10000
+
 // Server is the region's FailoverService (authz admits only other regions'
 // coordinators, each acting for its own region).
 type Server struct {
@@ -239,6 +242,30 @@ func (s *Server) MovedJobs(ctx context.Context, req *apiaryv1.MovedJobsRequest) 
 	home := req.GetHomeRegion()
 	if home == "" || home == m.cfg.Meta.Region {
 		return nil, status.Errorf(codes.InvalidArgument, "home_region: must name another region than %s (got %q)", m.cfg.Meta.Region, home)
+	}
+	acked := req.GetAcknowledged()
+	if len(acked) > maxAcks {
+		return nil, status.Errorf(codes.InvalidArgument, "acknowledged: at most %d job ids per call (got %d)", maxAcks, len(acked))
+	}
+	for i, id := range acked {
+		if !ids.IsJobID(id) || ids.RegionOf(id) != home {
+			return nil, status.Errorf(codes.InvalidArgument, "acknowledged[%d]: %q is not a job id of region %s", i, id, home)
+		}
+	}
+	// The caller marked these MOVED in its own etcd: their records here
+	// are no longer needed (a claim barred a region whose standby record
+	// is long dropped; the activated job keeps its own key).
+	for start := 0; start < len(acked); start += maxOpsPerTxn / 2 {
+		var ops []clientv3.Op
+		for _, id := range acked[start:min(start+maxOpsPerTxn/2, len(acked))] {
+			ops = append(ops, clientv3.OpDelete(store.KeyMoved(id)), clientv3.OpDelete(store.KeyClaimed(id)))
+		}
+		cctx, cancel := store.EtcdCtx(ctx)
+		_, err := m.cfg.Client.Txn(cctx).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "delete acknowledged moved records: %v", err)
+		}
 	}
 	moved, claimed, err := m.movedHere(ctx)
 	if err != nil {

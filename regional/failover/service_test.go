@@ -182,4 +182,21 @@ func TestPutStandbyRefusesWhatItMustNotHold(t *testing.T) {
 	if _, err := srv.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: ids.NewJobID("eu-west", time.Now()), StandbyRegion: "eu-north"}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a claim of a job held nowhere here without after_ms: %v; want InvalidArgument", err)
 	}
+
+	// Acknowledged jobs (the home marked them MOVED) leave the answers: a
+	// moved record and both claims; an id of another region is refused.
+	movedID := ids.NewJobID("eu-west", time.Now())
+	if _, err := cli.Put(ctx, store.KeyMoved(movedID), store.MustJSON(store.MovedRecord{Home: "eu-west", Epoch: 1, MovedMs: 1})); err != nil {
+		t.Fatal(err)
+	}
+	if r := home(); len(r.GetMoved()) != 1 || r.GetMoved()[0].GetJobId() != movedID || r.GetMoved()[0].GetActiveRegion() != "eu-central" {
+		t.Fatalf("MovedJobs moved %v; want %s active in eu-central", r.GetMoved(), movedID)
+	}
+	if _, err := srv.MovedJobs(ctx, &apiaryv1.MovedJobsRequest{HomeRegion: "eu-west", Acknowledged: []string{ids.NewJobID("us-east", time.Now())}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("an acknowledgement of another region's job: %v; want InvalidArgument", err)
+	}
+	r, err := srv.MovedJobs(ctx, &apiaryv1.MovedJobsRequest{HomeRegion: "eu-west", Acknowledged: []string{movedID, id, other}})
+	if err != nil || len(r.GetMoved())+len(r.GetClaimed()) != 0 {
+		t.Errorf("after the acknowledgement: moved %v, claimed %v (err %v); want none", r.GetMoved(), r.GetClaimed(), err)
+	}
 }

@@ -2572,8 +2572,13 @@ func (x *PushProgressResponse) GetUnknown() []string {
 }
 
 type MovedJobsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HomeRegion    string                 `protobuf:"bytes,1,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	HomeRegion string                 `protobuf:"bytes,1,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	// Jobs of the caller's region, from this region's earlier answers, that
+	// the caller has marked MOVED in its own etcd (or holds no record of):
+	// this region deletes their moved and claim records, so the answer stays
+	// as small as the jobs still moving. At most 10,000.
+	Acknowledged  []string `protobuf:"bytes,2,rep,name=acknowledged,proto3" json:"acknowledged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2613,6 +2618,13 @@ func (x *MovedJobsRequest) GetHomeRegion() string {
 		return x.HomeRegion
 	}
 	return ""
+}
+
+func (x *MovedJobsRequest) GetAcknowledged() []string {
+	if x != nil {
+		return x.Acknowledged
+	}
+	return nil
 }
 
 type MovedJob struct {
@@ -8798,10 +8810,11 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\x04done\x18\x02 \x03(\v2\x13.apiary.v1.TaskDoneR\x04done\x12\x14\n" +
 	"\x05ended\x18\x03 \x03(\tR\x05ended\"0\n" +
 	"\x14PushProgressResponse\x12\x18\n" +
-	"\aunknown\x18\x01 \x03(\tR\aunknown\"3\n" +
+	"\aunknown\x18\x01 \x03(\tR\aunknown\"W\n" +
 	"\x10MovedJobsRequest\x12\x1f\n" +
 	"\vhome_region\x18\x01 \x01(\tR\n" +
-	"homeRegion\"\x80\x01\n" +
+	"homeRegion\x12\"\n" +
+	"\facknowledged\x18\x02 \x03(\tR\facknowledged\"\x80\x01\n" +
 	"\bMovedJob\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12#\n" +
 	"\ractive_region\x18\x02 \x01(\tR\factiveRegion\x12\x14\n" +
