@@ -55,6 +55,11 @@ type Config struct {
 	ShardCount int
 	// APIAddr is the gRPC listen address (host:port; port 0 picks one).
 	APIAddr string
+	// AdvertiseAddr is the API address other processes dial (host:port,
+	// published in the member record and the WAN tags): --advertise, for a
+	// coordinator that listens on 0.0.0.0 or behind a container's network
+	// ("": the listener's address).
+	AdvertiseAddr string
 	Etcd    EtcdConfig
 	// NodeLeaseTTL is the node lease (whole seconds, at least 1; default 2 s).
 	NodeLeaseTTL time.Duration
@@ -411,6 +416,15 @@ func New(cfg Config) (*Coordinator, error) {
 // Addr is the gRPC API address (valid after Start).
 func (c *Coordinator) Addr() string { return c.lis.Addr().String() }
 
+// AdvertisedAddr is the API address other processes dial: --advertise, else
+// the listener's address (Addr).
+func (c *Coordinator) AdvertisedAddr() string {
+	if c.cfg.AdvertiseAddr != "" {
+		return c.cfg.AdvertiseAddr
+	}
+	return c.Addr()
+}
+
 // Client is the coordinator's etcd client (valid after Start).
 func (c *Coordinator) Client() *clientv3.Client { return c.cli }
 
@@ -522,7 +536,7 @@ func (c *Coordinator) logStarted() {
 	if c.cfg.TLS != nil {
 		tlsID = c.cfg.TLS.Identity().String()
 	}
-	c.log.Info("coordinator started", "api", c.Addr(), "etcd_client", c.cfg.Etcd.ClientURL, "shards", c.meta.ShardCount, "tls", tlsID, "acl", c.cfg.ACL)
+	c.log.Info("coordinator started", "api", c.Addr(), "advertise", c.AdvertisedAddr(), "etcd_client", c.cfg.Etcd.ClientURL, "shards", c.meta.ShardCount, "tls", tlsID, "acl", c.cfg.ACL)
 }
 
 // Ready is a last part for Parts' list: it logs "coordinator started" and

@@ -96,7 +96,7 @@ func (c *Coordinator) memberLoop(ctx context.Context) {
 			continue
 		}
 		pctx, cancel := store.EtcdCtx(ctx)
-		rec := store.MemberRecord{ID: c.cfg.ID, APIAddr: c.Addr(), LANAddr: c.lanAddr(), APIOnly: c.cfg.APIOnly}
+		rec := store.MemberRecord{ID: c.cfg.ID, APIAddr: c.AdvertisedAddr(), LANAddr: c.lanAddr(), APIOnly: c.cfg.APIOnly}
 		_, err = c.cli.Put(pctx, store.KeyMember(c.cfg.ID), store.MustJSON(rec), clientv3.WithLease(s.Lease()))
 		cancel()
 		if err != nil {
@@ -136,7 +136,7 @@ func (c *Coordinator) checkMemberID(ctx context.Context) error {
 	kv := resp.Kvs[0]
 	var rec store.MemberRecord
 	_ = json.Unmarshal(kv.Value, &rec)
-	if rec.APIAddr != "" && rec.APIAddr != c.Addr() {
+	if rec.APIAddr != "" && rec.APIAddr != c.AdvertisedAddr() {
 		if conn, derr := net.DialTimeout("tcp", rec.APIAddr, 300*time.Millisecond); derr == nil {
 			conn.Close()
 			return fmt.Errorf("id: coordinator id %s is in use by a live coordinator at %s (its member key is under lease %x); "+

@@ -118,7 +118,7 @@ func (c *Coordinator) WANAddr() string {
 func (c *Coordinator) wanTags() (map[string]string, error) {
 	health, cp, backlog := c.capacitySnapshot()
 	return federation.CoordinatorTags{Region: c.meta.Region, ID: c.cfg.ID, Jurisdiction: c.meta.Jurisdiction,
-		Labels: c.meta.Labels, APIAddr: c.Addr(), Health: health, Capacity: cp, Backlog: backlog,
+		Labels: c.meta.Labels, APIAddr: c.AdvertisedAddr(), Health: health, Capacity: cp, Backlog: backlog,
 		UpdatedMs: time.Now().UnixMilli(), Policy: c.cfg.Policy.Fingerprint(), ShardsOwned: len(c.OwnedShards())}.Encode()
 }
 

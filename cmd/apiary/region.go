@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -139,6 +140,9 @@ with apiary acl bootstrap.`,
 			if a := cfg.FailoverAfter; a != 0 && (a < jobspec.MinFailoverAfter || a > jobspec.MaxFailoverAfter) {
 				return withCode(exitInvalid, fmt.Errorf("--failover-after: must be between 1s and 24h, or 0 (off unless a job asks), got %s", a))
 			}
+			if err := checkAdvertise(cfg.APIAddr, cfg.AdvertiseAddr); err != nil {
+				return withCode(exitInvalid, err)
+			}
 			for _, p := range cfg.FailoverPeers {
 				if p == "" || p == cfg.Region {
 					return withCode(exitInvalid, fmt.Errorf("--failover-peers: %q is not another region's name", p))
@@ -231,6 +235,7 @@ with apiary acl bootstrap.`,
 	f.StringSliceVar(&labels, "label", nil, "region label k=v (repeatable)")
 	f.IntVar(&cfg.ShardCount, "shards", 256, "virtual shards (fixed at region creation)")
 	f.StringVar(&cfg.APIAddr, "listen", "127.0.0.1:7070", "gRPC API listen address")
+	f.StringVar(&cfg.AdvertiseAddr, "advertise", "", "API address host:port that routers, other coordinators and other regions dial (default: --listen; required when --listen is 0.0.0.0 or [::], as in a container)")
 	f.StringVar(&cfg.Etcd.DataDir, "data-dir", "apiary-data", "data directory: the etcd member's data and the gossip keyrings (with --etcd-endpoints: the keyrings only; it must not hold a member's data)")
 	f.StringSliceVar(&cfg.Etcd.Endpoints, "etcd-endpoints", nil, "comma-separated client URLs of the region's etcd members (their --etcd-client-url; https:// with TLS): run this coordinator without an embedded member, as a client of those (the scheduling tier grows apart from the consensus tier; see above)")
 	f.StringVar(&cfg.Etcd.ClientURL, "etcd-client-url", "http://127.0.0.1:2379", "etcd client URL (listen and advertise); with TLS it must be https://, and the default becomes https://127.0.0.1:2379")
@@ -405,4 +410,27 @@ func parseLabels(kvs []string) (map[string]string, error) {
 // that belong to a job.
 func newLogger(format string) (*slog.Logger, error) {
 	return telemetry.NewLogger(format, os.Stderr)
+}
+
+// checkAdvertise refuses an API address that others could not dial: an
+// --advertise that is no host:port with a port, or one that is itself
+// unspecified, and a --listen on 0.0.0.0 or [::] without --advertise (the
+// member record and the WAN tags would publish 0.0.0.0).
+func checkAdvertise(listen, advertise string) error {
+	if advertise != "" {
+		host, port, err := net.SplitHostPort(advertise)
+		if err != nil || host == "" || port == "" || port == "0" {
+			return fmt.Errorf("--advertise: %q is not a host:port others can dial (got host %q, port %q)", advertise, host, port)
+		}
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			return fmt.Errorf("--advertise: %s is the unspecified address; give the name or address others reach this coordinator at", advertise)
+		}
+		return nil
+	}
+	if host, _, err := net.SplitHostPort(listen); err == nil {
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			return fmt.Errorf("--listen %s: listens on every address, so others need to be told which to dial: give --advertise HOST:PORT", listen)
+		}
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -281,7 +282,8 @@ type Server struct {
 	lis net.Listener
 }
 
-// Serve starts an HTTP server on addr with /metrics from g and, if pprof,
+// Serve starts an HTTP server on addr with /metrics from g, /healthz (200
+// "ok" while the process serves) and, if pprof,
 // Go's profiling handlers under /debug/pprof/.
 func Serve(addr string, g prometheus.Gatherer, withPprof bool) (*Server, error) {
 	lis, err := net.Listen("tcp", addr)
@@ -290,6 +292,9 @@ func Serve(addr string, g prometheus.Gatherer, withPprof bool) (*Server, error) 
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	// /healthz: the process is up and serving this endpoint (apiary health
+	// --http; a container's liveness check).
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
