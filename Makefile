@@ -9,6 +9,9 @@ LDFLAGS := -X apiary.dev/apiary/internal/buildinfo.version=$(VERSION) -X apiary.
 # The image `make image` builds (FROM scratch: deploy/image/Dockerfile).
 IMAGE   ?= apiary
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+# The Docker Compose federation (deploy/compose/): its project name.
+COMPOSE_PROJECT ?= apiary
+COMPOSE = docker-compose -p $(COMPOSE_PROJECT) -f deploy/compose/docker-compose.yml
 # Tests run with the race detector off by default (2-core CI budget); `make race` runs it.
 TESTFLAGS ?= -count=1 -timeout 9m
 
@@ -38,7 +41,7 @@ FAULT_RE = ^($(subst $(space),|,$(strip $(FAULT_TESTS))))$$
 
 
 
-.PHONY: all deps build image test test-fault test-split-check race proto proto-check lint demo demo-tls bench bench-badnode bench-tls bench-shards bench-placement bench-scale loadtest-liveness clean
+.PHONY: all deps build image compose-up compose-down test test-fault test-split-check race proto proto-check lint demo demo-tls bench bench-badnode bench-tls bench-shards bench-placement bench-scale loadtest-liveness clean
 
 all: build
 
@@ -96,6 +99,18 @@ proto-check: proto
 lint:
 	$(GO) vet $(PKGS)
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+# A two-region federation with mutual TLS in containers (README, "Docker
+# Compose"): the image, the certificates (deploy/compose/tls/, made on the
+# host), then up and healthy.
+compose-up: image build
+	./deploy/compose/certs.sh $(BIN) $${APIARY_NET_PREFIX:-10.97}
+	$(COMPOSE) up -d
+	./deploy/compose/wait-healthy.sh $(COMPOSE_PROJECT) 180
+
+# Stops and removes the containers, networks and volumes (the data).
+compose-down:
+	$(COMPOSE) down -v --remove-orphans
 
 demo: build
 	./scripts/demo.sh
