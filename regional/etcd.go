@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -52,6 +53,13 @@ type EtcdConfig struct {
 	// http://127.0.0.1:2379 and http://127.0.0.1:2380.
 	ClientURL string
 	PeerURL   string
+	// ListenClientURL and ListenPeerURL, when set, are listened on instead
+	// (etcd's --listen-client-urls and --listen-peer-urls), and ClientURL
+	// and PeerURL are only advertised: a member that others reach by a
+	// stable name (a StatefulSet pod's DNS name) while it binds 0.0.0.0,
+	// since etcd binds only to IP addresses.
+	ListenClientURL string
+	ListenPeerURL   string
 	// InitialCluster is "name=peerURL,..."; empty means a one-member cluster.
 	InitialCluster string
 	// ClusterState is "new" (default) or "existing".
@@ -275,6 +283,18 @@ func (c EtcdConfig) checkSchemes(scheme string) error {
 	if err := check("--etcd-peer-url", c.PeerURL); err != nil {
 		return err
 	}
+	for _, l := range []struct{ flag, url string }{{"--etcd-listen-client-url", c.ListenClientURL}, {"--etcd-listen-peer-url", c.ListenPeerURL}} {
+		if l.url == "" {
+			continue
+		}
+		if err := check(l.flag, l.url); err != nil {
+			return err
+		}
+		u, _ := url.Parse(l.url)
+		if net.ParseIP(u.Hostname()) == nil {
+			return fmt.Errorf("%s: %q must name an IP address to bind (etcd binds no host name), e.g. %s://0.0.0.0:%s", l.flag, l.url, u.Scheme, u.Port())
+		}
+	}
 	if c.InitialCluster == "" {
 		return nil
 	}
@@ -310,8 +330,23 @@ func startEtcd(ctx context.Context, c EtcdConfig, log *slog.Logger) (*embed.Etcd
 		return nil, fmt.Errorf("etcd-peer-url: %w", err)
 	}
 	// MEASURED.md trap 2: set all four URL lists, the cluster and its token.
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	lcu, lpu := *cu, *pu
+	if c.ListenClientURL != "" {
+		u, err := url.Parse(c.ListenClientURL)
+		if err != nil {
+			return nil, fmt.Errorf("etcd-listen-client-url: %w", err)
+		}
+		lcu = *u
+	}
+	if c.ListenPeerURL != "" {
+		u, err := url.Parse(c.ListenPeerURL)
+		if err != nil {
+			return nil, fmt.Errorf("etcd-listen-peer-url: %w", err)
+		}
+		lpu = *u
+	}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{lcu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{lpu}, []url.URL{*pu}
 	if c.TLS.enabled() {
 		cfg.ClientTLSInfo, cfg.PeerTLSInfo = c.TLS.info(), c.TLS.info()
 	}

@@ -240,6 +240,8 @@ with apiary acl bootstrap.`,
 	f.StringSliceVar(&cfg.Etcd.Endpoints, "etcd-endpoints", nil, "comma-separated client URLs of the region's etcd members (their --etcd-client-url; https:// with TLS): run this coordinator without an embedded member, as a client of those (the scheduling tier grows apart from the consensus tier; see above)")
 	f.StringVar(&cfg.Etcd.ClientURL, "etcd-client-url", "http://127.0.0.1:2379", "etcd client URL (listen and advertise); with TLS it must be https://, and the default becomes https://127.0.0.1:2379")
 	f.StringVar(&cfg.Etcd.PeerURL, "etcd-peer-url", "http://127.0.0.1:2380", "etcd peer URL (listen and advertise); with TLS it must be https://, and the default becomes https://127.0.0.1:2380")
+	f.StringVar(&cfg.Etcd.ListenClientURL, "etcd-listen-client-url", "", "bind the etcd client listener here instead of --etcd-client-url, which is then only advertised (an IP address, e.g. https://0.0.0.0:2379: etcd binds no host name; for a member others reach by name, as in a StatefulSet)")
+	f.StringVar(&cfg.Etcd.ListenPeerURL, "etcd-listen-peer-url", "", "bind the etcd peer listener here instead of --etcd-peer-url, which is then only advertised (an IP address, e.g. https://0.0.0.0:2380)")
 	f.StringVar(&cfg.Etcd.InitialCluster, "initial-cluster", "", "name=peerURL,... of every member (default: this member alone)")
 	f.StringVar(&cfg.Etcd.ClusterState, "initial-cluster-state", "new", "new or existing")
 	f.UintVar(&cfg.Etcd.ElectionMs, "etcd-election-ms", 500, "etcd election timeout (ms)")
