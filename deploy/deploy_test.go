@@ -1,0 +1,703 @@
+// Package deploy_test checks the deployment files of deploy/ against the
+// binary they run: the Kubernetes manifests decoded strictly into the
+// k8s.io/api types (an unknown or misspelt field is an error, as kubectl
+// apply --validate=strict would say), the systemd units and their flag
+// files, and the Docker Compose file. Every flag these files pass must be one
+// that `apiary <role> --help` lists, every port and name must agree between
+// the objects that refer to each other, and the policy they mount must be
+// deploy/policy.yaml. No cluster, systemd or Docker daemon is needed; where a
+// tool is present (systemd-analyze, docker-compose), its own check runs too.
+package deploy_test
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+
+	"apiary.dev/apiary/internal/testutil"
+)
+
+// roles are the subcommands a deployment file may start.
+var roles = []string{"region", "global", "agent"}
+
+var (
+	flagsMu sync.Mutex
+	flagSet = map[string]map[string]bool{}
+)
+
+// flagsOf lists the long flags `apiary <cmd...> --help` accepts.
+func flagsOf(t *testing.T, cmd ...string) map[string]bool {
+	t.Helper()
+	key := strings.Join(cmd, " ")
+	flagsMu.Lock()
+	defer flagsMu.Unlock()
+	if f := flagSet[key]; f != nil {
+		return f
+	}
+	out, err := exec.Command(testutil.Binary(t), append(cmd, "--help")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("apiary %s --help: %v\n%s", key, err, out)
+	}
+	f := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
+		f[m[1]] = true
+	}
+	if len(f) < 3 {
+		t.Fatalf("apiary %s --help lists %d flags; the parser missed them:\n%s", key, len(f), out)
+	}
+	flagSet[key] = f
+	return f
+}
+
+// parseArgs splits --name=value arguments (the form every file here uses:
+// one argument per flag, so nothing depends on a shell's word splitting).
+func parseArgs(args []string) (map[string][]string, []string) {
+	flags := map[string][]string{}
+	var bad []string
+	for _, a := range args {
+		name, val, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !strings.HasPrefix(a, "--") || !ok {
+			bad = append(bad, a)
+			continue
+		}
+		flags[name] = append(flags[name], val)
+	}
+	return flags, bad
+}
+
+// checkFlags reports the flags of cmd that `apiary <cmd[0]>` does not know.
+func checkFlags(t *testing.T, where string, cmd []string) map[string][]string {
+	t.Helper()
+	if len(cmd) == 0 || !slices.Contains(append(slices.Clone(roles), "health"), cmd[0]) {
+		t.Errorf("%s: starts %q; want one of %v or health", where, cmd, roles)
+		return nil
+	}
+	known := flagsOf(t, cmd[0])
+	flags, bad := parseArgs(cmd[1:])
+	if len(bad) > 0 {
+		t.Errorf("%s: %v are not --name=value arguments", where, bad)
+	}
+	for name := range flags {
+		if !known[name] {
+			t.Errorf("%s: apiary %s has no flag --%s", where, cmd[0], name)
+		}
+	}
+	return flags
+}
+
+func portOf(t *testing.T, where, hostport string) int32 {
+	t.Helper()
+	if u, err := url.Parse(hostport); err == nil && u.Scheme != "" && u.Host != "" {
+		hostport = u.Host
+	}
+	_, p, err := net.SplitHostPort(hostport)
+	n, err2 := strconv.Atoi(p)
+	if err != nil || err2 != nil {
+		t.Errorf("%s: %q has no port", where, hostport)
+	}
+	return int32(n)
+}
+
+// ---- Kubernetes ----
+
+type kustomization struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Namespace  string `json:"namespace"`
+	Labels     []struct {
+		Pairs            map[string]string `json:"pairs"`
+		IncludeSelectors bool              `json:"includeSelectors,omitempty"`
+	} `json:"labels"`
+	Resources []string `json:"resources"`
+	Images    []struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName,omitempty"`
+		NewTag  string `json:"newTag,omitempty"`
+	} `json:"images"`
+}
+
+// manifestSet is one kustomization's objects, decoded.
+type manifestSet struct {
+	dir        string
+	k          kustomization
+	namespaces []*corev1.Namespace
+	configMaps []*corev1.ConfigMap
+	services   []*corev1.Service
+	sts        []*appsv1.StatefulSet
+	deps       []*appsv1.Deployment
+	dss        []*appsv1.DaemonSet
+	pdbs       []*policyv1.PodDisruptionBudget
+}
+
+// workload is a pod template with where it came from.
+type workload struct {
+	name     string
+	selector *metav1.LabelSelector
+	tmpl     *corev1.PodTemplateSpec
+	claims   []corev1.PersistentVolumeClaim
+}
+
+func (s *manifestSet) workloads() []workload {
+	var out []workload
+	for _, o := range s.sts {
+		out = append(out, workload{"StatefulSet/" + o.Name, o.Spec.Selector, &o.Spec.Template, o.Spec.VolumeClaimTemplates})
+	}
+	for _, o := range s.deps {
+		out = append(out, workload{"Deployment/" + o.Name, o.Spec.Selector, &o.Spec.Template, nil})
+	}
+	for _, o := range s.dss {
+		out = append(out, workload{"DaemonSet/" + o.Name, o.Spec.Selector, &o.Spec.Template, nil})
+	}
+	return out
+}
+
+// strict decodes doc into v, refusing unknown fields (sigs.k8s.io/yaml:
+// YAML to JSON, then encoding/json with DisallowUnknownFields).
+func strict(doc []byte, v any) error { return yaml.UnmarshalStrict(doc, v) }
+
+func loadManifests(t *testing.T, dir string) *manifestSet {
+	t.Helper()
+	s := &manifestSet{dir: dir}
+	b, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := strict(b, &s.k); err != nil {
+		t.Fatalf("%s/kustomization.yaml: %v", dir, err)
+	}
+	if s.k.APIVersion != "kustomize.config.k8s.io/v1beta1" || s.k.Kind != "Kustomization" || s.k.Namespace == "" || len(s.k.Resources) == 0 {
+		t.Fatalf("%s/kustomization.yaml: %+v; want a v1beta1 Kustomization with a namespace and resources", dir, s.k)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	for _, f := range files {
+		if base := filepath.Base(f); base != "kustomization.yaml" && !slices.Contains(s.k.Resources, base) {
+			t.Errorf("%s: not listed in kustomization.yaml resources", f)
+		}
+	}
+	for _, r := range s.k.Resources {
+		raw, err := os.ReadFile(filepath.Join(dir, r))
+		if err != nil {
+			t.Fatalf("%s: resource %s: %v", dir, r, err)
+		}
+		for i, doc := range bytes.Split(append([]byte("\n"), raw...), []byte("\n---\n")) {
+			if len(bytes.TrimSpace(regexp.MustCompile(`(?m)^#.*$`).ReplaceAll(doc, nil))) == 0 {
+				continue
+			}
+			where := fmt.Sprintf("%s/%s document %d", dir, r, i+1)
+			var tm metav1.TypeMeta
+			if err := yaml.Unmarshal(doc, &tm); err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			var obj interface{ GetNamespace() string }
+			switch tm.APIVersion + " " + tm.Kind {
+			case "v1 Namespace":
+				o := &corev1.Namespace{}
+				s.namespaces, obj = append(s.namespaces, o), o
+			case "v1 ConfigMap":
+				o := &corev1.ConfigMap{}
+				s.configMaps, obj = append(s.configMaps, o), o
+			case "v1 Service":
+				o := &corev1.Service{}
+				s.services, obj = append(s.services, o), o
+			case "apps/v1 StatefulSet":
+				o := &appsv1.StatefulSet{}
+				s.sts, obj = append(s.sts, o), o
+			case "apps/v1 Deployment":
+				o := &appsv1.Deployment{}
+				s.deps, obj = append(s.deps, o), o
+			case "apps/v1 DaemonSet":
+				o := &appsv1.DaemonSet{}
+				s.dss, obj = append(s.dss, o), o
+			case "policy/v1 PodDisruptionBudget":
+				o := &policyv1.PodDisruptionBudget{}
+				s.pdbs, obj = append(s.pdbs, o), o
+			default:
+				t.Errorf("%s: %s %s is no kind this test knows; add it", where, tm.APIVersion, tm.Kind)
+				continue
+			}
+			if err := strict(doc, obj); err != nil {
+				t.Errorf("%s (%s): %v", where, tm.Kind, err)
+				continue
+			}
+			if tm.Kind != "Namespace" && obj.GetNamespace() != s.k.Namespace {
+				t.Errorf("%s: namespace %q; want the kustomization's %q", where, obj.GetNamespace(), s.k.Namespace)
+			}
+		}
+	}
+	return s
+}
+
+func matches(sel map[string]string, labels map[string]string) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	dirs, _ := filepath.Glob("k8s/*/kustomization.yaml")
+	if len(dirs) != 3 {
+		t.Fatalf("kustomizations %v; want eu-west, us-east and global", dirs)
+	}
+	policy, err := os.ReadFile("policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sawRole := map[string]bool{}
+	for _, k := range dirs {
+		s := loadManifests(t, filepath.Dir(k))
+		if len(s.namespaces) != 1 || s.namespaces[0].Name != s.k.Namespace {
+			t.Errorf("%s: want one Namespace, %s", s.dir, s.k.Namespace)
+		}
+		if len(s.configMaps) != 1 || s.configMaps[0].Name != "apiary-policy" || s.configMaps[0].Data["policy.yaml"] != string(policy) {
+			t.Errorf("%s: want ConfigMap apiary-policy holding deploy/policy.yaml byte for byte", s.dir)
+		}
+		wls := s.workloads()
+		for _, w := range wls {
+			checkWorkload(t, s, w, sawRole)
+		}
+		for _, svc := range s.services {
+			var target *workload
+			for i := range wls {
+				if matches(svc.Spec.Selector, wls[i].tmpl.Labels) {
+					target = &wls[i]
+				}
+			}
+			if target == nil {
+				t.Errorf("%s: Service %s selects no pod template (%v)", s.dir, svc.Name, svc.Spec.Selector)
+				continue
+			}
+			for _, p := range svc.Spec.Ports {
+				if p.TargetPort.Type != intstr.String || !hasPort(target.tmpl, p.TargetPort.StrVal, p.Protocol) {
+					t.Errorf("%s: Service %s port %s targets %v, no named %s port of %s", s.dir, svc.Name, p.Name, p.TargetPort.String(), proto(p.Protocol), target.name)
+				}
+			}
+		}
+		for _, o := range s.sts {
+			var headless *corev1.Service
+			for _, svc := range s.services {
+				if svc.Name == o.Spec.ServiceName {
+					headless = svc
+				}
+			}
+			if headless == nil || headless.Spec.ClusterIP != corev1.ClusterIPNone || !headless.Spec.PublishNotReadyAddresses {
+				t.Errorf("%s: StatefulSet %s's serviceName %q is no headless Service publishing not-ready addresses", s.dir, o.Name, o.Spec.ServiceName)
+			}
+			if o.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+				t.Errorf("%s: StatefulSet %s: podManagementPolicy %q; want Parallel (etcd members need each other to become ready)", s.dir, o.Name, o.Spec.PodManagementPolicy)
+			}
+			if !antiAffinityOver(o.Spec.Template.Spec.Affinity, "topology.kubernetes.io/zone") || !antiAffinityOver(o.Spec.Template.Spec.Affinity, "kubernetes.io/hostname") {
+				t.Errorf("%s: StatefulSet %s: want pod anti-affinity across nodes and zones", s.dir, o.Name)
+			}
+			var pdb *policyv1.PodDisruptionBudget
+			for _, p := range s.pdbs {
+				if p.Spec.Selector != nil && matches(p.Spec.Selector.MatchLabels, o.Spec.Template.Labels) {
+					pdb = p
+				}
+			}
+			if replicas := *o.Spec.Replicas; pdb == nil || pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != int(replicas/2+1) {
+				t.Errorf("%s: StatefulSet %s: want a PodDisruptionBudget keeping a quorum (minAvailable %d)", s.dir, o.Name, replicas/2+1)
+			}
+			checkInitialCluster(t, s, o)
+		}
+	}
+	for _, r := range roles {
+		if !sawRole[r] {
+			t.Errorf("no manifest runs apiary %s", r)
+		}
+	}
+}
+
+func proto(p corev1.Protocol) corev1.Protocol {
+	if p == "" {
+		return corev1.ProtocolTCP
+	}
+	return p
+}
+
+func hasPort(tmpl *corev1.PodTemplateSpec, name string, p corev1.Protocol) bool {
+	for _, c := range tmpl.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.Name == name && proto(cp.Protocol) == proto(p) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func containerPort(c corev1.Container, name string) int32 {
+	for _, cp := range c.Ports {
+		if cp.Name == name {
+			return cp.ContainerPort
+		}
+	}
+	return 0
+}
+
+func antiAffinityOver(a *corev1.Affinity, key string) bool {
+	if a == nil || a.PodAntiAffinity == nil {
+		return false
+	}
+	for _, term := range a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution {
+		if term.TopologyKey == key {
+			return true
+		}
+	}
+	for _, w := range a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+		if w.PodAffinityTerm.TopologyKey == key {
+			return true
+		}
+	}
+	return false
+}
+
+var envRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+
+func checkWorkload(t *testing.T, s *manifestSet, w workload, sawRole map[string]bool) {
+	where := s.dir + ": " + w.name
+	if w.selector == nil || !matches(w.selector.MatchLabels, w.tmpl.Labels) {
+		t.Errorf("%s: selector %v does not match its pod template's labels %v", where, w.selector, w.tmpl.Labels)
+	}
+	vols := map[string]bool{}
+	for _, v := range w.tmpl.Spec.Volumes {
+		vols[v.Name] = true
+		if v.ConfigMap != nil && !slices.ContainsFunc(s.configMaps, func(c *corev1.ConfigMap) bool { return c.Name == v.ConfigMap.Name }) {
+			t.Errorf("%s: volume %s: ConfigMap %s is not in the kustomization", where, v.Name, v.ConfigMap.Name)
+		}
+	}
+	for _, c := range w.claims {
+		vols[c.Name] = true
+	}
+	for _, c := range w.tmpl.Spec.Containers {
+		cw := where + " container " + c.Name
+		sawRole[c.Args[0]] = true
+		if len(c.Command) != 0 {
+			t.Errorf("%s: command %v; the image's entrypoint is /apiary, give args only", cw, c.Command)
+		}
+		flags := checkFlags(t, cw, c.Args)
+		env := map[string]bool{}
+		for _, e := range c.Env {
+			env[e.Name] = true
+		}
+		for _, a := range c.Args {
+			for _, m := range envRef.FindAllStringSubmatch(a, -1) {
+				if !env[m[1]] {
+					t.Errorf("%s: %s refers to $(%s), which the container's env does not define", cw, a, m[1])
+				}
+			}
+		}
+		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+			t.Errorf("%s: want cpu and memory requests", cw)
+		}
+		var mounts []string
+		for _, m := range c.VolumeMounts {
+			if !vols[m.Name] {
+				t.Errorf("%s: mount %s names no volume", cw, m.Name)
+			}
+			mounts = append(mounts, m.MountPath)
+		}
+		under := func(path string) bool {
+			return slices.ContainsFunc(mounts, func(m string) bool { return strings.HasPrefix(path, m+"/") })
+		}
+		for _, f := range []string{"tls-ca", "tls-cert", "tls-key", "policy"} {
+			for _, p := range flags[f] {
+				if !under(p) {
+					t.Errorf("%s: --%s=%s is under no volume mount %v", cw, f, p, mounts)
+				}
+			}
+		}
+		if d := flags["data-dir"]; c.Args[0] != "global" && (len(d) != 1 || !slices.Contains(mounts, d[0])) {
+			t.Errorf("%s: --data-dir %v is not a volume mount %v", cw, d, mounts)
+		}
+		if l := flags["listen"]; len(l) == 1 {
+			if p := portOf(t, cw, l[0]); p != containerPort(c, "api") {
+				t.Errorf("%s: --listen port %d; the container port named api is %d", cw, p, containerPort(c, "api"))
+			}
+		}
+		if m := flags["metrics-addr"]; len(m) == 1 && portOf(t, cw, m[0]) != containerPort(c, "metrics") {
+			t.Errorf("%s: --metrics-addr port; the container port named metrics is %d", cw, containerPort(c, "metrics"))
+		}
+		for f, port := range map[string]string{"etcd-listen-peer-url": "etcd-peer", "etcd-listen-client-url": "etcd-client", "wan-bind": "wan"} {
+			if v := flags[f]; len(v) == 1 && portOf(t, cw, v[0]) != containerPort(c, port) {
+				t.Errorf("%s: --%s=%s; the container port named %s is %d", cw, f, v[0], port, containerPort(c, port))
+			}
+		}
+		probes := map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe}
+		if c.LivenessProbe == nil {
+			t.Errorf("%s: no liveness probe", cw)
+		}
+		for kind, p := range probes {
+			if p == nil {
+				continue
+			}
+			pw := cw + " " + kind + " probe"
+			if p.Exec == nil || len(p.Exec.Command) < 2 || p.Exec.Command[0] != "/apiary" || p.Exec.Command[1] != "health" {
+				t.Errorf("%s: want exec /apiary health (the image has no shell)", pw)
+				continue
+			}
+			if strings.Contains(strings.Join(p.Exec.Command, " "), "$(") {
+				t.Errorf("%s: %v: Kubernetes expands $(VAR) in args, never in a probe's command", pw, p.Exec.Command)
+			}
+			pf := checkFlags(t, pw, p.Exec.Command[1:])
+			if a := pf["addr"]; len(a) == 1 && portOf(t, pw, a[0]) != containerPort(c, "api") {
+				t.Errorf("%s: --addr %s is not the api port %d", pw, a[0], containerPort(c, "api"))
+			}
+			if h := pf["http"]; len(h) == 1 && portOf(t, pw, h[0]) != containerPort(c, "metrics") {
+				t.Errorf("%s: --http %s is not the metrics port %d", pw, h[0], containerPort(c, "metrics"))
+			}
+			for _, f := range []string{"tls-ca", "tls-cert", "tls-key"} {
+				for _, v := range pf[f] {
+					if !under(v) {
+						t.Errorf("%s: --%s=%s is under no volume mount", pw, f, v)
+					}
+				}
+			}
+		}
+	}
+}
+
+// checkInitialCluster: every member of --initial-cluster is a pod of the
+// StatefulSet, named <sts>-<i> and reached at its stable DNS name, and the
+// member's own advertised URLs are that name.
+func checkInitialCluster(t *testing.T, s *manifestSet, o *appsv1.StatefulSet) {
+	where := s.dir + ": StatefulSet " + o.Name
+	flags, _ := parseArgs(o.Spec.Template.Spec.Containers[0].Args[1:])
+	ic := flags["initial-cluster"]
+	if len(ic) != 1 {
+		t.Errorf("%s: want one --initial-cluster", where)
+		return
+	}
+	members := strings.Split(ic[0], ",")
+	if len(members) != int(*o.Spec.Replicas) {
+		t.Errorf("%s: --initial-cluster has %d members; replicas %d", where, len(members), *o.Spec.Replicas)
+	}
+	for i, m := range members {
+		name, u, _ := strings.Cut(m, "=")
+		want := fmt.Sprintf("%s-%d", o.Name, i)
+		host := fmt.Sprintf("%s.%s.%s.svc.cluster.local", want, o.Spec.ServiceName, s.k.Namespace)
+		if name != want || u != "https://"+host+":2380" {
+			t.Errorf("%s: member %q; want %s=https://%s:2380", where, m, want, host)
+		}
+	}
+	stable := fmt.Sprintf("$(POD_NAME).%s.%s.svc.cluster.local", o.Spec.ServiceName, s.k.Namespace)
+	for f, want := range map[string]string{"id": "$(POD_NAME)", "etcd-peer-url": "https://" + stable + ":2380",
+		"etcd-client-url": "https://" + stable + ":2379", "advertise": stable + ":7070"} {
+		if v := flags[f]; len(v) != 1 || v[0] != want {
+			t.Errorf("%s: --%s %v; want %s", where, f, v, want)
+		}
+	}
+}
+
+// ---- systemd ----
+
+// TestSystemdUnits checks each unit's flag file against its role's flags
+// (the files use "--name value", word-split by systemd) and, where
+// systemd-analyze is installed, verifies the units with it.
+func TestSystemdUnits(t *testing.T) {
+	for _, u := range []struct{ unit, env, role, variable string }{
+		{"apiary-region.service", "region.env", "region", "APIARY_REGION_FLAGS"},
+		{"apiary-router.service", "router.env", "global", "APIARY_ROUTER_FLAGS"},
+		{"apiary-agent.service", "agent.env", "agent", "APIARY_AGENT_FLAGS"},
+	} {
+		unit, err := os.ReadFile(filepath.Join("systemd", u.unit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "ExecStart=/usr/local/bin/apiary " + u.role + " $" + u.variable + "\n"; !strings.Contains(string(unit), want) {
+			t.Errorf("%s: want the line %q", u.unit, want)
+		}
+		if !strings.Contains(string(unit), "EnvironmentFile=/etc/apiary/"+u.env+"\n") {
+			t.Errorf("%s: want EnvironmentFile=/etc/apiary/%s", u.unit, u.env)
+		}
+		env, err := os.ReadFile(filepath.Join("systemd", u.env))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var line string
+		for _, l := range strings.Split(string(env), "\n") {
+			if v, ok := strings.CutPrefix(l, u.variable+"="); ok {
+				line = v
+			}
+		}
+		words := strings.Fields(line)
+		if len(words) == 0 {
+			t.Errorf("%s: no %s=", u.env, u.variable)
+		}
+		known := flagsOf(t, u.role)
+		for i := 0; i < len(words); i++ {
+			name, ok := strings.CutPrefix(words[i], "--")
+			if !ok || strings.Contains(name, "=") || strings.ContainsAny(words[i], `"'`) {
+				t.Errorf("%s: %q: want --name value pairs without quotes (systemd splits at whitespace)", u.env, words[i])
+				continue
+			}
+			if !known[name] {
+				t.Errorf("%s: apiary %s has no flag --%s", u.env, u.role, name)
+			}
+			if i+1 < len(words) && !strings.HasPrefix(words[i+1], "--") {
+				i++
+			}
+		}
+		if u.role == "agent" {
+			for _, want := range []string{"KillMode=process\n", "Delegate=yes\n"} {
+				if !strings.Contains(string(unit), want) {
+					t.Errorf("%s: want %s (the agent stops its own tasks)", u.unit, strings.TrimSpace(want))
+				}
+			}
+			for _, bad := range []string{"ProtectControlGroups=yes", "ProtectKernelTunables=yes", "PrivateUsers=yes"} {
+				if strings.Contains(string(unit), bad) {
+					t.Errorf("%s: %s would stop the agent from making task cgroups or users", u.unit, bad)
+				}
+			}
+		}
+	}
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Log("systemd-analyze not installed: the units' own syntax check is skipped")
+		return
+	}
+	// The units name /usr/local/bin/apiary and /etc/apiary/*.env; verify
+	// copies that name the test's binary and optional env files.
+	dir := t.TempDir()
+	var paths []string
+	for _, u := range []string{"apiary-region.service", "apiary-router.service", "apiary-agent.service"} {
+		b, _ := os.ReadFile(filepath.Join("systemd", u))
+		b = bytes.ReplaceAll(b, []byte("/usr/local/bin/apiary"), []byte(testutil.Binary(t)))
+		b = bytes.ReplaceAll(b, []byte("EnvironmentFile=/etc/apiary/"), []byte("EnvironmentFile=-"+dir+"/"))
+		p := filepath.Join(dir, u)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
+	out, err := exec.Command(analyze, append([]string{"verify"}, paths...)...).CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// ---- Docker Compose ----
+
+// TestComposeFile checks every service's command and health check against
+// the binary's flags, that each TLS file a service names is mounted into it
+// and made by certs.sh, and, where docker-compose is installed, that it
+// accepts the file.
+func TestComposeFile(t *testing.T) {
+	b, err := os.ReadFile("compose/docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Services map[string]struct {
+			Command     []string `json:"command"`
+			Volumes     []string `json:"volumes"`
+			Healthcheck struct {
+				Test []string `json:"test"`
+			} `json:"healthcheck"`
+			Ports []string `json:"ports"`
+		} `json:"services"`
+	}
+	if err := yaml.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	certs, err := os.ReadFile("compose/certs.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	for name, svc := range f.Services {
+		where := "compose service " + name
+		if len(svc.Command) == 0 {
+			t.Errorf("%s: no command", where)
+			continue
+		}
+		count[svc.Command[0]]++
+		flags := checkFlags(t, where, svc.Command)
+		if len(svc.Healthcheck.Test) < 3 || svc.Healthcheck.Test[0] != "CMD" || svc.Healthcheck.Test[1] != "/apiary" {
+			t.Errorf("%s: health check %v; want [CMD /apiary health ...] (no shell in the image)", where, svc.Healthcheck.Test)
+		} else {
+			hf := checkFlags(t, where+" health check", svc.Healthcheck.Test[2:])
+			for _, k := range []string{"tls-ca", "tls-cert", "tls-key"} {
+				flags[k] = append(flags[k], hf[k]...)
+			}
+		}
+		mounted := map[string]string{}
+		for _, v := range svc.Volumes {
+			parts := strings.Split(v, ":")
+			if len(parts) >= 2 {
+				mounted[parts[1]] = parts[0]
+			}
+		}
+		for _, k := range []string{"tls-ca", "tls-cert", "tls-key", "policy"} {
+			for _, p := range flags[k] {
+				src, ok := mounted[p]
+				if !ok {
+					t.Errorf("%s: --%s=%s is not mounted", where, k, p)
+					continue
+				}
+				if k == "policy" {
+					if src != "../policy.yaml" {
+						t.Errorf("%s: the policy comes from %s; want deploy/policy.yaml", where, src)
+					}
+					continue
+				}
+				stem := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(src), ".pem"), "-key")
+				if stem != "apiary-ca" && !strings.Contains(string(certs), " "+strings.NewReplacer("c1", "c$i", "c2", "c$i", "c3", "c$i", "n1", "n$i", "n2", "n$i", "router-1", "router-$i", "router-2", "router-$i").Replace(stem)+" ") {
+					t.Errorf("%s: %s is made by no line of certs.sh", where, src)
+				}
+			}
+		}
+		for _, p := range svc.Ports {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("%s: port %s is published beyond 127.0.0.1", where, p)
+			}
+		}
+	}
+	if count["region"] != 6 || count["agent"] != 4 || count["global"] != 2 {
+		t.Errorf("services by role %v; want 6 coordinators, 4 agents, 2 routers", count)
+	}
+	dc, err := exec.LookPath("docker-compose")
+	if err != nil {
+		t.Log("docker-compose not installed: its own check of the file is skipped")
+		return
+	}
+	// config reads env_file: give it one.
+	dir := t.TempDir()
+	cp := func(src, dst string) {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp("compose/docker-compose.yml", filepath.Join(dir, "docker-compose.yml"))
+	os.MkdirAll(filepath.Join(dir, "tls"), 0o700)
+	os.WriteFile(filepath.Join(dir, "tls", "gossip.env"), []byte("APIARY_GOSSIP_KEY=x\n"), 0o600)
+	if out, err := exec.Command(dc, "-f", filepath.Join(dir, "docker-compose.yml"), "config", "-q").CombinedOutput(); err != nil {
+		t.Errorf("docker-compose config: %v\n%s", err, out)
+	}
+}
