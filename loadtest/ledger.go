@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Effect is one ledger line: an attempt of a task that really ran (a start
@@ -71,4 +73,35 @@ func ReadLedger(r io.Reader) ([]Effect, error) {
 		out = append(out, Effect{JobID: f[0], Task: int32(task), Attempt: int32(att), FencingToken: tok, Node: f[4], Region: f[5], Done: done})
 	}
 	return out, sc.Err()
+}
+
+// LedgerTask is LedgerCommand and LedgerDoneCommand without a shell, for
+// images that hold nothing but the apiary binary (`apiary loadtest task`):
+// it appends the attempt's start line to path (identity from getenv:
+// APIARY_JOB_ID, APIARY_TASK_INDEX, APIARY_ATTEMPT, APIARY_FENCING_TOKEN,
+// APIARY_NODE_ID, APIARY_REGION), sleeps for work, then, with done, appends
+// the done line. Each line is one O_APPEND write (atomic on a local file
+// system, and across containers that bind-mount one host directory).
+func LedgerTask(path string, work time.Duration, done bool, getenv func(string) string) error {
+	id := strings.Join([]string{getenv("APIARY_JOB_ID"), getenv("APIARY_TASK_INDEX"), getenv("APIARY_ATTEMPT"),
+		getenv("APIARY_FENCING_TOKEN"), getenv("APIARY_NODE_ID"), getenv("APIARY_REGION")}, ",")
+	write := func(line string) error {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o666)
+		if err != nil {
+			return err
+		}
+		if _, err := f.WriteString(line + "\n"); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	if err := write(id); err != nil {
+		return err
+	}
+	time.Sleep(work)
+	if done {
+		return write(id + ",done")
+	}
+	return nil
 }

@@ -34,7 +34,43 @@ makes the command exit 1 and lists the offending ids. "fleet" runs thousands
 of simulated agents (noop executor) in this process against an existing
 region, to measure its control plane.`,
 	}
-	cmd.AddCommand(newLoadtestRunCmd(), newLoadtestFailoverCmd(), newLoadtestFleetCmd())
+	cmd.AddCommand(newLoadtestRunCmd(), newLoadtestFailoverCmd(), newLoadtestFleetCmd(), newLoadtestTaskCmd())
+	return cmd
+}
+
+// newLoadtestTaskCmd is what a load-test task runs where there is no shell
+// (the scratch image): loadtest.LedgerTask.
+func newLoadtestTaskCmd() *cobra.Command {
+	var ledger string
+	var sleep time.Duration
+	var done bool
+	cmd := &cobra.Command{
+		Use:   "task --ledger FILE [--sleep D] [--done]",
+		Short: "Run as a load-test task: append this attempt's identity to the ledger, sleep, append a done line",
+		Long: `Run as a load-test task (the command of a job's task, not by hand): append
+the attempt's identity from the agent's environment (APIARY_JOB_ID,
+APIARY_TASK_INDEX, APIARY_ATTEMPT, APIARY_FENCING_TOKEN, APIARY_NODE_ID,
+APIARY_REGION) to --ledger, sleep --sleep, and with --done append the same
+line with ",done". The verifier reads the ledger to find work done twice
+or by a fenced attempt. The shell-free form of what "loadtest run" tasks do
+with printf, for images that hold only the apiary binary.`,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if ledger == "" {
+				return withCode(exitInvalid, fmt.Errorf("--ledger: is required"))
+			}
+			if sleep < 0 {
+				return withCode(exitInvalid, fmt.Errorf("--sleep: must be >= 0 (got %s)", sleep))
+			}
+			if os.Getenv("APIARY_JOB_ID") == "" {
+				return withCode(exitInvalid, fmt.Errorf("APIARY_JOB_ID is not set: this command runs as a task, started by an agent"))
+			}
+			return loadtest.LedgerTask(ledger, sleep, done, os.Getenv)
+		},
+	}
+	cmd.Flags().StringVar(&ledger, "ledger", "", "ledger file to append to (made, mode 0666, if missing)")
+	cmd.Flags().DurationVar(&sleep, "sleep", 0, "how long the task's work takes")
+	cmd.Flags().BoolVar(&done, "done", false, "append a done line after the work")
 	return cmd
 }
 
