@@ -38,8 +38,10 @@ func main() {
 	testSkip := flag.String("test-skip", "", "the -skip regexp of `make test`")
 	faultPkgs := flag.String("fault-pkgs", "", "packages `make test-fault` runs (space-separated patterns)")
 	faultRun := flag.String("fault-run", "", "the -run regexp of `make test-fault`")
+	dockerPkgs := flag.String("docker-pkgs", "", "packages `make test-docker` runs (space-separated patterns)")
+	dockerRun := flag.String("docker-run", "", "the -run regexp of `make test-docker`")
 	flag.Parse()
-	if err := run(*testPkgs, *testSkip, *faultPkgs, *faultRun); err != nil {
+	if err := run(*testPkgs, *testSkip, *faultPkgs, *faultRun, *dockerPkgs, *dockerRun); err != nil {
 		fmt.Fprintln(os.Stderr, "testsplit:", err)
 		os.Exit(1)
 	}
@@ -50,7 +52,7 @@ type pkg struct {
 	files     []string
 }
 
-func run(testPkgs, testSkip, faultPkgs, faultRun string) error {
+func run(testPkgs, testSkip, faultPkgs, faultRun, dockerPkgs, dockerRun string) error {
 	for name, re := range map[string]string{"-test-skip": testSkip, "-fault-run": faultRun} {
 		if re == "" {
 			return fmt.Errorf("%s: is required", name)
@@ -69,6 +71,12 @@ func run(testPkgs, testSkip, faultPkgs, faultRun string) error {
 	if err != nil {
 		return fmt.Errorf("-fault-run: %w", err)
 	}
+	dockerRE := regexp.MustCompile(`^$`) // none
+	if dockerRun != "" {
+		if dockerRE, err = regexp.Compile(dockerRun); err != nil {
+			return fmt.Errorf("-docker-run: %w", err)
+		}
+	}
 	inTest, err := list(strings.Fields(testPkgs))
 	if err != nil {
 		return err
@@ -77,8 +85,14 @@ func run(testPkgs, testSkip, faultPkgs, faultRun string) error {
 	if err != nil {
 		return err
 	}
+	inDocker := map[string]pkg{}
+	if dockerPkgs != "" {
+		if inDocker, err = list(strings.Fields(dockerPkgs)); err != nil {
+			return err
+		}
+	}
 	all := map[string]pkg{}
-	for _, m := range []map[string]pkg{inTest, inFault} {
+	for _, m := range []map[string]pkg{inTest, inFault, inDocker} {
 		for k, p := range m {
 			all[k] = p
 		}
@@ -97,44 +111,53 @@ func run(testPkgs, testSkip, faultPkgs, faultRun string) error {
 		if err != nil {
 			return err
 		}
-		nTest, nFault := 0, 0
+		nTest, nFault, nDocker := 0, 0, 0
 		for _, n := range names {
 			_, t := inTest[path]
 			t = t && !skipRE.MatchString(n)
 			_, f := inFault[path]
 			f = f && runRE.MatchString(n)
+			_, d := inDocker[path]
+			d = d && dockerRE.MatchString(n)
 			if f {
 				faultNames[n] = true
 			}
-			switch {
-			case t && f:
-				problems = append(problems, fmt.Sprintf("%s %s: in both make test and make test-fault", path, n))
-			case !t && !f:
-				problems = append(problems, fmt.Sprintf("%s %s: in neither make test nor make test-fault", path, n))
+			if d {
+				faultNames[n] = true
+			}
+			switch k := btoi(t) + btoi(f) + btoi(d); {
+			case k > 1:
+				problems = append(problems, fmt.Sprintf("%s %s: in more than one of make test, make test-fault and make test-docker", path, n))
+			case k == 0:
+				problems = append(problems, fmt.Sprintf("%s %s: in none of make test, make test-fault and make test-docker", path, n))
 			case t:
 				nTest++
-			default:
+			case f:
 				nFault++
+			default:
+				nDocker++
 			}
 		}
 		total += len(names)
 		if len(names) > 0 {
-			fmt.Printf("%-55s %4d in make test, %3d in make test-fault\n", path, nTest, nFault)
+			fmt.Printf("%-55s %4d in make test, %3d in make test-fault, %d in make test-docker\n", path, nTest, nFault, nDocker)
 		}
 	}
 	// A name of the fault list that matches no test of a fault package is
 	// stale (renamed or moved): say so rather than let the list rot.
-	if alts, ok := alternatives(faultRun); ok {
-		for _, a := range alts {
-			if !faultNames[a] {
-				problems = append(problems, fmt.Sprintf("-fault-run names %s, which is no test of %s", a, faultPkgs))
+	for _, l := range []struct{ flag, re, pkgs string }{{"-fault-run", faultRun, faultPkgs}, {"-docker-run", dockerRun, dockerPkgs}} {
+		if alts, ok := alternatives(l.re); ok {
+			for _, a := range alts {
+				if !faultNames[a] {
+					problems = append(problems, fmt.Sprintf("%s names %s, which is no test of %s", l.flag, a, l.pkgs))
+				}
 			}
 		}
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%d problem(s):\n  %s", len(problems), strings.Join(problems, "\n  "))
 	}
-	fmt.Printf("ok: %d tests, each in exactly one of make test and make test-fault\n", total)
+	fmt.Printf("ok: %d tests, each in exactly one of make test, make test-fault and make test-docker\n", total)
 	return nil
 }
 
@@ -231,4 +254,11 @@ func alternatives(re string) ([]string, bool) {
 		}
 	}
 	return alts, true
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
