@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"strconv"
 	"strings"
 	"sync"
@@ -184,6 +185,7 @@ func (c *Coordinator) refreshCapacityLocked(ctx context.Context) {
 		st.mu.Lock()
 		st.readOK = false
 		st.mu.Unlock()
+		c.setServing(false)
 		if wasOK {
 			// Say it once per outage: the router already shows the region
 			// down (etcd-unavailable), an operator reading this log needs
@@ -247,6 +249,7 @@ func (c *Coordinator) refreshCapacityLocked(ctx context.Context) {
 	st.region = nil
 	st.nodesRev = nodesRev
 	st.lastSeen = seenJobs
+	c.setServing(true)
 	if !bounded {
 		clear(st.extra)
 	}
@@ -256,6 +259,23 @@ func (c *Coordinator) refreshCapacityLocked(ctx context.Context) {
 		}
 	}
 	st.mu.Unlock()
+}
+
+// setServing sets the gRPC health service's answer (grpc.health.v1, the
+// server as a whole): SERVING while the region's etcd answers this
+// coordinator's reads, NOT_SERVING from start until the first read and
+// while it does not (a member cut off from its region's quorum). Routers,
+// other regions' failover probes and container health checks all ask it,
+// so none of them sends work to a coordinator that cannot commit it.
+func (c *Coordinator) setServing(ok bool) {
+	if c.health == nil {
+		return
+	}
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	c.health.SetServingStatus("", st)
 }
 
 // nodeSummary is the node half of the capacity summary, summed one node at

@@ -690,6 +690,8 @@ func (c *Coordinator) listenAPI(context.Context) error {
 	}
 	c.grpc = grpc.NewServer(sopts...)
 	c.health = health.NewServer()
+	// Not serving until the region's etcd answers a read (setServing).
+	c.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(c.grpc, c.health)
 	apiaryv1.RegisterJobServiceServer(c.grpc, &jobServer{c: c})
 	apiaryv1.RegisterAgentServiceServer(c.grpc, &agentServer{c: c})

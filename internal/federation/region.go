@@ -33,11 +33,12 @@ type Region struct {
 	DownReason string
 }
 
-// Addrs returns the API addresses of the coordinators that answer, first.
+// Addrs returns the API addresses of the coordinators that answer and whose
+// etcd answers them (not etcd-unavailable), first.
 func (r Region) Addrs() []string {
 	var out []string
 	for _, c := range r.Coordinators {
-		if c.Status == "alive" && c.Answers {
+		if c.Status == "alive" && c.Answers && c.Tags.Health != HealthEtcdDown {
 			out = append(out, c.Tags.APIAddr)
 		}
 	}
