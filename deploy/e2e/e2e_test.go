@@ -513,6 +513,18 @@ func TestComposeFederationFaults(t *testing.T) {
 			} else {
 				t.Logf("refused as expected: %s: %s", st.Code(), st.Message())
 			}
+			// Without an idempotency key (apiary job run without
+			// --request-id), the router picks a region itself: none may
+			// take EU data now.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err = f.jobs.SubmitJob(ctx, &apiaryv1.SubmitJobRequest{Spec: spec("eu-while-cut-eph", "eu", 1, 0, nil), ClientId: "e2e",
+				RequestId: fmt.Sprintf("%s-wancut-eph-%d", f.project, trial), EphemeralRequestId: true})
+			cancel()
+			if st := status.Convert(err); err == nil || !strings.Contains(st.Message(), "eu-west") {
+				t.Errorf("an EU job (ephemeral request id) while eu-west is cut off: %v; want refused, naming eu-west and why", err)
+			} else {
+				t.Logf("refused as expected: %s: %s", st.Code(), st.Message())
+			}
 			us, err := f.submit(spec("us-while-cut", "us", 1, 0, nil), fmt.Sprintf("%s-wancut-us-%d", f.project, trial))
 			if err != nil {
 				t.Errorf("a US job while eu-west is cut off: %v; want accepted in us-east", err)
