@@ -235,6 +235,9 @@ func (f *fakeAPI) GetJob(_ context.Context, req *apiaryv1.GetJobRequest) (*apiar
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	j, ok := f.jobs[req.GetJobId()]
+	if req.GetJobId() == "down-1" {
+		return nil, status.Errorf(codes.Unavailable, "region down of job down-1 is down: no coordinator alive in the WAN pool")
+	}
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "no job %s", req.GetJobId())
 	}
@@ -441,6 +444,13 @@ func TestCLIServerErrors(t *testing.T) {
 		if r.code != exitInvalid || !strings.Contains(r.stderr, "job nope-1 not found") {
 			t.Errorf("%v: exit %d; stderr:\n%s", args, r.code, r.stderr)
 		}
+	}
+	// The server answers UNAVAILABLE for what is behind it: its answer,
+	// not a hint about the address, within --timeout.
+	r = runCLI(t, env, "job", "status", "down-1", "--timeout", "1s")
+	if r.code != exitUnavailable || !strings.Contains(r.stderr, "answered that it cannot do this now: ") ||
+		!strings.Contains(r.stderr, "region down of job down-1 is down") || strings.Contains(r.stderr, "the address comes from") {
+		t.Errorf("a region down behind the server: exit %d; stderr:\n%s", r.code, r.stderr)
 	}
 	// --addr wins over $APIARY_ADDR.
 	r = runCLI(t, []string{"APIARY_ADDR=" + closedAddr(t)}, "job", "list", "--addr", addr)

@@ -99,6 +99,9 @@ type Manager struct {
 	// claimed there (job id -> claimer): held until the claimer says they
 	// moved.
 	claimed map[string]map[string]string
+	// seenDown: per other region, whether its last MovedJobs answer said
+	// it sees this region down (recordAnswer logs the changes).
+	seenDown map[string]bool
 	// acks: per standby region, the jobs of its last answer this region
 	// marked MOVED, acknowledged on the next MovedJobs call.
 	acks map[string][]string
@@ -132,7 +135,7 @@ func New(cfg Config) *Manager {
 		cfg.Now = time.Now
 	}
 	return &Manager{cfg: cfg, conns: map[string]*grpc.ClientConn{}, answers: map[string]bool{},
-		downSince: map[string]time.Time{}, answered: map[string]time.Time{}, claimed: map[string]map[string]string{}, acks: map[string][]string{}, observed: map[string]int64{}, queue: map[string]*batch{}}
+		downSince: map[string]time.Time{}, answered: map[string]time.Time{}, claimed: map[string]map[string]string{}, acks: map[string][]string{}, seenDown: map[string]bool{}, observed: map[string]int64{}, queue: map[string]*batch{}}
 }
 
 // Regions is the federation as this coordinator sees it: the WAN pool's

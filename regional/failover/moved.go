@@ -124,10 +124,17 @@ func (m *Manager) recordAnswer(region string, asked time.Time, resp *apiaryv1.Mo
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.answered[region].IsZero() {
-		m.cfg.Log.Info("failover: learned which jobs moved", "region", region, "moved", len(resp.GetMoved()), "claimed", len(claimed))
-	} else if resp.GetHomeDownForMs() > 0 && m.answered[region].After(start) {
-		m.cfg.Log.Warn("failover: a standby region sees this region down; its failover jobs are held unless another standby sees it up",
-			"region", region, "down_for_ms", resp.GetHomeDownForMs())
+		m.cfg.Log.Info("failover: learned which jobs moved", "peer", region, "moved", len(resp.GetMoved()), "claimed", len(claimed))
+	}
+	// Said once per change, not per answer (4 a second).
+	if down := resp.GetHomeDownForMs() > 0; down != m.seenDown[region] {
+		if down {
+			m.cfg.Log.Warn("failover: another region sees this region down; failover jobs standing by there are held unless another of their standbys sees it up",
+				"peer", region, "down_for_ms", resp.GetHomeDownForMs())
+		} else {
+			m.cfg.Log.Info("failover: another region sees this region up again", "peer", region)
+		}
+		m.seenDown[region] = down
 	}
 	m.answered[region] = start
 	m.claimed[region] = claimed
