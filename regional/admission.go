@@ -184,8 +184,13 @@ func (c *Coordinator) refreshCapacityLocked(ctx context.Context) {
 	if err != nil {
 		st.mu.Lock()
 		st.readOK = false
+		lastRead := st.readAt
 		st.mu.Unlock()
-		c.setServing(false)
+		// One slow read on a loaded host is no lost quorum: health says
+		// NOT_SERVING once reads have failed for notServingAfter.
+		if lastRead.IsZero() || time.Since(lastRead) >= notServingAfter {
+			c.setServing(false)
+		}
 		if wasOK {
 			// Say it once per outage: the router already shows the region
 			// down (etcd-unavailable), an operator reading this log needs
@@ -261,10 +266,15 @@ func (c *Coordinator) refreshCapacityLocked(ctx context.Context) {
 	st.mu.Unlock()
 }
 
+// notServingAfter: how long the region's etcd must have answered no read of
+// this coordinator before its gRPC health says NOT_SERVING.
+const notServingAfter = 3 * time.Second
+
 // setServing sets the gRPC health service's answer (grpc.health.v1, the
 // server as a whole): SERVING while the region's etcd answers this
 // coordinator's reads, NOT_SERVING from start until the first read and
-// while it does not (a member cut off from its region's quorum). Routers,
+// once reads have failed for notServingAfter (a member cut off from its
+// region's quorum). Routers,
 // other regions' failover probes and container health checks all ask it,
 // so none of them sends work to a coordinator that cannot commit it.
 func (c *Coordinator) setServing(ok bool) {
