@@ -60,7 +60,7 @@ type Config struct {
 	// coordinator that listens on 0.0.0.0 or behind a container's network
 	// ("": the listener's address).
 	AdvertiseAddr string
-	Etcd    EtcdConfig
+	Etcd          EtcdConfig
 	// NodeLeaseTTL is the node lease (whole seconds, at least 1; default 2 s).
 	NodeLeaseTTL time.Duration
 	// MaxHeartbeatsPerSecond is the region-wide heartbeat rate that node
