@@ -95,6 +95,11 @@ func lastLine(s string) string {
 	return s
 }
 
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
+}
+
 func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
 	t.Helper()
 	b, err := os.ReadFile(src)
@@ -452,6 +457,13 @@ func TestComposeFederationFaults(t *testing.T) {
 			healed := time.Now()
 			f.waitRegions(90*time.Second, "eu-west with 3 coordinators", func(r *apiaryv1.RegionSummary) bool { return r.GetUp() && alive(r) == 3 }, "eu-west")
 			f.record("coordinator-cut", trial, "heal to 3 coordinators alive", time.Since(healed))
+			// The old owner was fenced: its session (and with it the
+			// epochs of its shard claims) ended while it was cut off, so
+			// none of its writes from before could commit afterwards.
+			logs, _ := run(context.Background(), 30*time.Second, nil, "docker", "logs", "--since", cut.Add(-time.Second).Format(time.RFC3339), f.container("eu-west-1"))
+			if !strings.Contains(logs, "member session lease ended; its shards are dropped") {
+				t.Errorf("eu-west-1 does not log that its session ended while it was cut off; its log since the cut:\n%s", lastLines(logs, 20))
+			}
 			f.verify("coordinator cut", append(ids, id), 120*time.Second, true)
 		}
 	})
