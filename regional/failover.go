@@ -78,12 +78,25 @@ func (c *Coordinator) abandonStandby(rec *store.JobRecord, winner string) {
 		return
 	}
 	go func() {
-		c.fo.Abandon(rec.ID, rec.Failover.Standbys)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// An error from the commit may hide a commit (an attempt that
+		// committed, then timed out): the standby records of a job that
+		// exists here must stay. Dropped only when the job is read absent.
+		gctx, gcancel := store.EtcdCtx(ctx)
+		resp, err := c.cli.Get(gctx, store.KeyJob(rec.Shard, rec.ID), clientv3.WithKeysOnly())
+		gcancel()
+		switch {
+		case err != nil:
+			c.log.Warn("failover: could not tell whether a failed submission committed; its standby records are kept", "job", rec.ID, "err", err)
+		case len(resp.Kvs) > 0:
+			c.log.Info("failover: a submission that answered an error had committed; its standby records are kept", "job", rec.ID)
+		default:
+			c.fo.Abandon(rec.ID, rec.Failover.Standbys)
+		}
 		if winner == "" || winner == rec.ID {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
 		v, err := c.readJob(ctx, winner, false)
 		if err != nil || v.rec.Failover == nil || len(v.rec.Failover.Standbys) == 0 || jobFinished(v) {
 			if err != nil && status.Code(err) != codes.NotFound {

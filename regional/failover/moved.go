@@ -163,8 +163,8 @@ func (m *Manager) markMoved(ctx context.Context, mj *apiaryv1.MovedJob) (known b
 	if rec.Failover == nil || rec.Failover.Epoch >= mj.GetEpoch() {
 		return false, nil
 	}
-	m.noteMoved(id, mj.GetActiveRegion(), mj.GetEpoch())
 	if rec.Moved() {
+		m.noteMoved(id, mj.GetActiveRegion(), mj.GetEpoch())
 		return true, nil
 	}
 	rec.Failover.MovedTo, rec.Failover.MovedEpoch, rec.Failover.MovedMs = mj.GetActiveRegion(), mj.GetEpoch(), mj.GetMovedTimeMs()
@@ -179,6 +179,9 @@ func (m *Manager) markMoved(ctx context.Context, mj *apiaryv1.MovedJob) (known b
 	if !tresp.Succeeded {
 		return false, nil // the record changed meanwhile: marked on the next answer
 	}
+	// Only once the record says so: a claimed job is acknowledged (and its
+	// claim dropped at the granter) by this note (askMoved).
+	m.noteMoved(id, mj.GetActiveRegion(), mj.GetEpoch())
 	m.cfg.Log.Warn("failover: job moved while this region was away; its attempts here are cancelled", "job", id,
 		"active", mj.GetActiveRegion(), "epoch", mj.GetEpoch())
 	return true, nil

@@ -93,13 +93,14 @@ func (s *Server) PutStandby(ctx context.Context, req *apiaryv1.PutStandbyRequest
 	}
 	presp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(rec.ID)), "=", 0),
-			clientv3.Compare(clientv3.CreateRevision(store.KeyClaimed(rec.ID)), "=", 0)).Then(ops...).Commit()
+			clientv3.Compare(clientv3.CreateRevision(store.KeyClaimed(rec.ID)), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(store.KeyEnded(rec.ID)), "=", 0)).Then(ops...).Commit()
 	})
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "store standby record: %v", err)
 	}
 	if !presp.Succeeded {
-		return nil, status.Errorf(codes.FailedPrecondition, "job %s was activated here, or claimed by another standby: region %s cannot stand by for it", rec.ID, me)
+		return nil, status.Errorf(codes.FailedPrecondition, "job %s was activated here, claimed by another standby, or ended at its home: region %s cannot stand by for it", rec.ID, me)
 	}
 	return &apiaryv1.PutStandbyResponse{Region: me}, nil
 }
@@ -206,13 +207,25 @@ func (s *Server) PushProgress(ctx context.Context, req *apiaryv1.PushProgressReq
 	if err := flush(); err != nil {
 		return nil, err
 	}
-	for _, id := range req.GetEnded() {
-		rec := held[id]
-		if rec == nil {
-			continue
+	// Every ended job leaves a tombstone here, held or not: a standby that
+	// missed the end (it was down, or its record came late) must not get
+	// this region's grant to run a finished job (ClaimJob).
+	var tomb clientv3.LeaseID
+	if len(req.GetEnded()) > 0 {
+		lctx, cancel := store.EtcdCtx(ctx)
+		l, err := m.cfg.Client.Grant(lctx, int64(EndedTTL.Seconds()))
+		cancel()
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "record progress: %v", err)
 		}
-		guard(id)
-		ops = append(ops, m.dropOps(rec)...)
+		tomb = l.ID
+	}
+	for _, id := range req.GetEnded() {
+		ops = append(ops, clientv3.OpPut(store.KeyEnded(id), req.GetHomeRegion(), clientv3.WithLease(tomb)))
+		if rec := held[id]; rec != nil {
+			guard(id)
+			ops = append(ops, m.dropOps(rec)...)
+		}
 		if len(ops) >= maxOpsPerTxn {
 			if err := flush(); err != nil {
 				return nil, err
@@ -224,6 +237,10 @@ func (s *Server) PushProgress(ctx context.Context, req *apiaryv1.PushProgressReq
 	}
 	return out, nil
 }
+
+// EndedTTL is how long a standby region keeps the tombstone of a job that
+// ended at its home (store.KeyEnded).
+var EndedTTL = 7 * 24 * time.Hour
 
 // dropOps delete a standby record, its progress and its dedup key.
 func (m *Manager) dropOps(rec *store.StandbyRecord) []clientv3.Op {
@@ -337,13 +354,24 @@ func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*
 	}
 	ck, sk := store.KeyClaimed(id), store.KeyStandby(id)
 	cctx, cancel := store.EtcdCtx(ctx)
-	cur, err := m.cfg.Client.Txn(cctx).Then(clientv3.OpGet(sk), clientv3.OpGet(store.KeyMoved(id)), clientv3.OpGet(ck)).Commit()
+	cur, err := m.cfg.Client.Txn(cctx).Then(clientv3.OpGet(sk), clientv3.OpGet(store.KeyMoved(id)), clientv3.OpGet(ck),
+		clientv3.OpGet(store.KeyEnded(id), clientv3.WithKeysOnly())).Commit()
 	cancel()
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "claim: %v", err)
 	}
 	if mv := cur.Responses[1].GetResponseRange().Kvs; len(mv) == 1 {
 		return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: m.cfg.Meta.Region}, nil
+	}
+	if len(cur.Responses[3].GetResponseRange().Kvs) == 1 {
+		// Its home said it ended: the claimer's record is a leftover (it
+		// missed the end), which it drops on this answer.
+		return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: "none: the job ended at its home region"}, nil
+	}
+	home := ids.RegionOf(id)
+	downFor, err := m.witnessDownFor(ctx, home)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "claim: read observations: %v", err)
 	}
 	if ckv := cur.Responses[2].GetResponseRange().Kvs; len(ckv) == 1 {
 		// Claimed before: by the same region (a retry after a failed
@@ -367,7 +395,7 @@ func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*
 		if theirs < 0 {
 			return nil, status.Errorf(codes.PermissionDenied, "standby_region: %s is not a standby of job %s (its standbys: %v)", by, id, rec.Standbys)
 		}
-		if mine >= 0 && mine < theirs && m.DownFor(rec.Home) >= time.Duration(rec.AfterMs)*time.Millisecond {
+		if mine >= 0 && mine < theirs && downFor >= time.Duration(rec.AfterMs)*time.Millisecond {
 			// This region comes first in the job's order and is due to
 			// take it over itself: two standbys granting each other's
 			// claims at once would leave the job to neither.
@@ -387,11 +415,6 @@ func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*
 	// Hold) never has the job activated elsewhere.
 	if afterMs < jobspec.MinFailoverAfter.Milliseconds() || afterMs > jobspec.MaxFailoverAfter.Milliseconds() {
 		return nil, status.Errorf(codes.InvalidArgument, "after_ms: must be between 1s and 24h (got %dms)", afterMs)
-	}
-	home := ids.RegionOf(id)
-	downFor, err := m.witnessDownFor(ctx, home)
-	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "claim: read observations: %v", err)
 	}
 	if after := time.Duration(afterMs) * time.Millisecond; downFor < after {
 		return nil, status.Errorf(codes.Aborted, "claim: a majority of region %s's coordinators have seen home region %s down for %v, not yet the job's after (%v); ask again",

@@ -59,6 +59,7 @@ const (
 	PrefStandbyDone     = PrefFailover + "done/"
 	PrefMoved           = PrefFailover + "moved/"
 	PrefClaimed         = PrefFailover + "claimed/"
+	PrefEnded           = PrefFailover + "ended/"
 	PrefFailoverObserve = PrefFailover + "observe/"
 	PrefFailoverHome    = PrefFailover + "home/"
 	KeyQuarantineSet    = Root + "quarantine"
@@ -130,10 +131,16 @@ func KeyMember(coordID string) string          { return PrefMembers + coordID }
 func KeyDedup(client, req string) string       { return PrefDedup + client + "/" + req }
 
 // The failover keys of a job (see the layout above).
-func KeyStandby(jobID string) string         { return PrefStandby + jobID }
-func PrefStandbyTasks(jobID string) string   { return PrefStandbyDone + jobID + "/" }
-func KeyMoved(jobID string) string           { return PrefMoved + jobID }
-func KeyClaimed(jobID string) string         { return PrefClaimed + jobID }
+func KeyStandby(jobID string) string       { return PrefStandby + jobID }
+func PrefStandbyTasks(jobID string) string { return PrefStandbyDone + jobID + "/" }
+func KeyMoved(jobID string) string         { return PrefMoved + jobID }
+func KeyClaimed(jobID string) string       { return PrefClaimed + jobID }
+
+// KeyEnded is a standby region's tombstone of a job its home said ended
+// (or never committed): a claim for it is refused and a late standby record
+// of it is not stored, so a finished job is never activated by a standby
+// that missed the end. It lives EndedTTL.
+func KeyEnded(jobID string) string           { return PrefEnded + jobID }
 func PrefObserve(home string) string         { return PrefFailoverObserve + home + "/" }
 func KeyObserve(home, coordID string) string { return PrefObserve(home) + coordID }
 func KeyFailoverHome(jobID string) string    { return PrefFailoverHome + jobID }
