@@ -16,7 +16,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 func init() { register(newHealthCmd) }
@@ -60,6 +62,10 @@ nothing but the binary.`,
 			defer cc.Close()
 			resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(true))
 			if err != nil {
+				if c := status.Code(err); c == codes.NotFound || c == codes.Unimplemented {
+					// It answered: it serves no such health service.
+					return withCode(exitJobFailed, fmt.Errorf("health of %s: %s", addr, status.Convert(err).Message()))
+				}
 				return withCode(exitUnavailable, fmt.Errorf("health of %s: %w", addr, err))
 			}
 			if s := resp.GetStatus(); s != healthpb.HealthCheckResponse_SERVING {

@@ -61,6 +61,8 @@ func TestHealthCommand(t *testing.T) {
 		{"router, its own certificate", append([]string{"health", "--addr", cl.GlobalAddr, "--tls-server-name", "router.global.apiary"},
 			tlsArgs(routerCert)...), 0, "SERVING"},
 		{"agent /healthz", []string{"health", "--http", "http://" + metrics + "/healthz"}, 0, "ok"},
+		{"no such health service", append([]string{"health", "--addr", region.APIAddrs[0], "--tls-server-name", "region.eu-west.apiary", "--service", "bogus"},
+			tlsArgs(coordCert)...), exitJobFailed, "unknown service"},
 		{"nothing listening", []string{"health", "--addr", closedAddr(t), "--timeout", "1s"}, exitUnavailable, "health of"},
 		{"plaintext to a TLS server", []string{"health", "--addr", region.APIAddrs[0], "--timeout", "1s"}, exitUnavailable, ""},
 		{"agent: nothing listening", []string{"health", "--http", "http://" + closedAddr(t) + "/healthz"}, exitUnavailable, "health of"},

@@ -54,7 +54,7 @@ APIARY_REGION) to --ledger, sleep --sleep, and with --done append the same
 line with ",done". The verifier reads the ledger to find work done twice
 or by a fenced attempt. The shell-free form of what "loadtest run" tasks do
 with printf, for images that hold only the apiary binary.`,
-		Args:   cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if ledger == "" {
 				return withCode(exitInvalid, fmt.Errorf("--ledger: is required"))
