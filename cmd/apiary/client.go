@@ -321,7 +321,7 @@ func rpcError(err error, addr, what string) error {
 		}
 		state := map[codes.Code]string{codes.Unavailable: "is unavailable", codes.DeadlineExceeded: "did not answer in time",
 			codes.ResourceExhausted: "is overloaded"}[st.Code()]
-		if st.Code() == codes.Unavailable && !transportError(msg) {
+		if st.Code() == codes.Unavailable && !cliconn.NotConnected(err) {
 			// The server answered, and says what is unavailable behind it
 			// (a region that is down, a standby that did not answer):
 			// the address is not the problem.
@@ -331,17 +331,6 @@ func rpcError(err error, addr, what string) error {
 			addr, state, detail, cliconn.EnvAddr))
 	}
 	return withCode(exitUnavailable, fmt.Errorf("server error at %s (%s): %s", addr, st.Code(), msg))
-}
-
-// transportError reports whether an UNAVAILABLE status message is gRPC's
-// own (no connection, TLS, name resolution) rather than a server's answer.
-func transportError(msg string) bool {
-	for _, s := range []string{"connection error", "dial tcp", "transport", "name resolver", "connection refused", "no such host", "handshake", "EOF"} {
-		if strings.Contains(msg, s) {
-			return true
-		}
-	}
-	return false
 }
 
 // permissionHint follows a PERMISSION_DENIED answer: the token (or the
