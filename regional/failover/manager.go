@@ -639,25 +639,21 @@ type standbyKV struct {
 	modRev int64
 }
 
-// standbys reads the region's standby records of jobs of home ("": of
-// every home). A job id begins with its region's name (ids.NewJobID), so
-// one home's records are one key range (filtered by ids.RegionOf: region
-// "eu" is a prefix of "eu-west").
+// standbys reads the region's standby records of jobs of home. A job id
+// begins with its region's name (ids.NewJobID), so one home's records are
+// one key range (filtered by the record's home: region "eu" is a prefix of
+// "eu-west").
 func (m *Manager) standbys(ctx context.Context, home string) ([]standbyKV, error) {
 	cctx, cancel := store.EtcdCtx(ctx)
 	defer cancel()
-	prefix := store.PrefStandby
-	if home != "" {
-		prefix += home + "-"
-	}
-	resp, err := m.cfg.Client.Get(cctx, prefix, clientv3.WithPrefix())
+	resp, err := m.cfg.Client.Get(cctx, store.PrefStandby+home+"-", clientv3.WithPrefix())
 	if err != nil {
 		return nil, err
 	}
 	out := make([]standbyKV, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		var r store.StandbyRecord
-		if json.Unmarshal(kv.Value, &r) != nil || r.ID == "" || (home != "" && r.Home != home) {
+		if json.Unmarshal(kv.Value, &r) != nil || r.ID == "" || r.Home != home {
 			continue
 		}
 		out = append(out, standbyKV{rec: r, modRev: kv.ModRevision})

@@ -83,8 +83,8 @@ func (m *Manager) askMoved(ctx context.Context, region string) {
 		m.cfg.Log.Debug("failover: moved jobs", "region", region, "err", err)
 		return
 	}
-	// What this answer lists and this region has marked (or holds no
-	// record of) is acknowledged on the next call, and dropped there.
+	// What this answer lists and this region's job records now say moved
+	// is acknowledged on the next call, and dropped there.
 	var next []string
 	defer func() {
 		m.mu.Lock()
