@@ -330,20 +330,24 @@ func startEtcd(ctx context.Context, c EtcdConfig, log *slog.Logger) (*embed.Etcd
 		return nil, fmt.Errorf("etcd-peer-url: %w", err)
 	}
 	// MEASURED.md trap 2: set all four URL lists, the cluster and its token.
-	lcu, lpu := *cu, *pu
-	if c.ListenClientURL != "" {
-		u, err := url.Parse(c.ListenClientURL)
-		if err != nil {
-			return nil, fmt.Errorf("etcd-listen-client-url: %w", err)
+	// The listen URLs default to the advertised ones.
+	listen := func(flag, raw string, advertised *url.URL) (url.URL, error) {
+		if raw == "" {
+			return *advertised, nil
 		}
-		lcu = *u
+		u, err := url.Parse(raw)
+		if err != nil {
+			return url.URL{}, fmt.Errorf("%s: %w", flag, err)
+		}
+		return *u, nil
 	}
-	if c.ListenPeerURL != "" {
-		u, err := url.Parse(c.ListenPeerURL)
-		if err != nil {
-			return nil, fmt.Errorf("etcd-listen-peer-url: %w", err)
-		}
-		lpu = *u
+	lcu, err := listen("etcd-listen-client-url", c.ListenClientURL, cu)
+	if err != nil {
+		return nil, err
+	}
+	lpu, err := listen("etcd-listen-peer-url", c.ListenPeerURL, pu)
+	if err != nil {
+		return nil, err
 	}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{lcu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{lpu}, []url.URL{*pu}
