@@ -81,6 +81,8 @@ var aclMethods = map[string]aclNeed{
 	apiaryv1.FailoverService_PushProgress_FullMethodName: needPeerRegion,
 	apiaryv1.FailoverService_MovedJobs_FullMethodName:    needPeerRegion,
 	apiaryv1.FailoverService_ClaimJob_FullMethodName:     needPeerRegion,
+	apiaryv1.FailoverService_ReleaseJob_FullMethodName:   needPeerRegion,
+	apiaryv1.FailoverService_DropClaim_FullMethodName:    needPeerRegion,
 
 	apiaryv1.JobService_LookupRequest_FullMethodName: needRouter,
 

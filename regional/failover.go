@@ -63,36 +63,27 @@ func (c *Coordinator) holdJob(rec *store.JobRecord) bool {
 	return c.fo != nil && c.fo.Hold(rec)
 }
 
-// abandonStandby tells a job's standbys to drop the record of a submission
-// that was not committed here (best effort, in the background: a record
-// left behind is dropped by nothing else, so this is logged). winner is the
-// job a concurrent repeat of the same request made (""; none): the dropped
-// record may have held the standbys' dedup key of that request, so the
-// winner's standby record is written again, which puts the key back, but
-// only while the winner is unfinished: a record written again after the
-// winner's end was pushed would outlive the job (and could run it again
-// after a later outage), so the winner is read once more after the write
-// and, if it ended meanwhile, its record is dropped again.
-func (c *Coordinator) abandonStandby(rec *store.JobRecord, winner string) {
-	if c.fo == nil || rec == nil || rec.Failover == nil || len(rec.Failover.Standbys) == 0 {
+// abandonStandby abandons a failover submission that was not committed
+// here (its pending record, revision pendingRev, from failover.Begin): in
+// the background, the pending record is marked abandoned unless the job
+// exists (an error from the commit may hide a commit), and the standbys are
+// told to drop their records; the failover leader retries what they did not
+// take (regional/failover/pending.go), so a record left behind never runs
+// as a second job. winner is the job a concurrent repeat of the same
+// request made ("": none): the dropped record may have held the standbys'
+// dedup key of that request, so the winner's standby record is written
+// again, which puts the key back, but only while the winner is unfinished
+// (a standby refuses the record of a job whose end it was told, and drops
+// one whose end comes later).
+func (c *Coordinator) abandonStandby(rec *store.JobRecord, pendingRev int64, winner, why string) {
+	if c.fo == nil || rec == nil || pendingRev == 0 {
 		return
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		// An error from the commit may hide a commit (an attempt that
-		// committed, then timed out): the standby records of a job that
-		// exists here must stay. Dropped only when the job is read absent.
-		gctx, gcancel := store.EtcdCtx(ctx)
-		resp, err := c.cli.Get(gctx, store.KeyJob(rec.Shard, rec.ID), clientv3.WithKeysOnly())
-		gcancel()
-		switch {
-		case err != nil:
-			c.log.Warn("failover: could not tell whether a failed submission committed; its standby records are kept", "job", rec.ID, "err", err)
-		case len(resp.Kvs) > 0:
-			c.log.Info("failover: a submission that answered an error had committed; its standby records are kept", "job", rec.ID)
-		default:
-			c.fo.Abandon(rec.ID, rec.Failover.Standbys)
+		if _, err := c.fo.Abandon(ctx, rec.ID, rec.Shard, pendingRev, why); err != nil {
+			c.log.Warn("failover: could not abandon an uncommitted submission now; the failover leader retries", "job", rec.ID, "err", err)
 		}
 		if winner == "" || winner == rec.ID {
 			return
@@ -111,7 +102,7 @@ func (c *Coordinator) abandonStandby(rec *store.JobRecord, winner string) {
 		if v, err = c.readJob(ctx, winner, false); err != nil || jobFinished(v) {
 			// Ended (or gone) meanwhile: its end may have reached the
 			// standbys before the record did.
-			c.fo.Abandon(winner, standbysOf(v, rec))
+			c.fo.TellEnded(winner, standbysOf(v, rec))
 		}
 	}()
 }

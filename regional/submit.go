@@ -3,6 +3,7 @@ package regional
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/sovereignty"
+	"apiary.dev/apiary/regional/failover"
 	"apiary.dev/apiary/regional/store"
 	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
@@ -32,6 +34,11 @@ type submitItem struct {
 	// plain is the spec before its secret_env was sealed (job.Spec holds
 	// the sealed values): a repeat's values are compared with it.
 	plain *apiaryv1.JobSpec
+	// pendingRev is the revision of the job's failover pending record
+	// (0: none): the commit requires it unchanged and deletes it.
+	pendingRev int64
+	// unacked are the standbys whose record write failed.
+	unacked []string
 }
 
 type submitResult struct {
@@ -104,19 +111,36 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 	if rec.RequestID != "" {
 		rec.PayloadHash = jobspec.PayloadHash(spec)
 	}
+	var pendingRev int64
+	var unacked []string
 	if c.fo != nil {
 		if rec.Failover = c.fo.Plan(spec); rec.Failover != nil && len(rec.Failover.Standbys) > 0 {
 			// The standbys hold the spec before the job exists here: an
 			// acknowledged failover job cannot be lost with this region.
-			if rec.Failover.Standbys, err = c.fo.Replicate(ctx, rec); err != nil {
+			// The pending record, written first, makes sure their records
+			// go if the job never commits (regional/failover/pending.go).
+			if pendingRev, err = c.fo.Begin(ctx, rec); err != nil {
+				return nil, status.Errorf(codes.Unavailable, "commit job: record the pending failover submission: %v", err)
+			}
+			planned := rec.Failover.Standbys
+			acked, err := c.fo.Replicate(ctx, rec)
+			if err != nil {
+				c.abandonStandby(rec, pendingRev, "", "no standby took the job's record")
 				return nil, err
 			}
+			for _, s := range planned {
+				if !slices.Contains(acked, s) {
+					unacked = append(unacked, s)
+				}
+			}
+			rec.Failover.Standbys = acked
 		}
 	}
 	if secrets {
 		// Sealed before the record exists anywhere but here: etcd, the
 		// caches and every later reader see only sealed values.
 		if rec.Spec, err = sealSpec(spec, id, keys.primary); err != nil {
+			c.abandonStandby(rec, pendingRev, "", "secret_env could not be sealed")
 			return nil, status.Errorf(codes.Internal, "secret_env: seal: %v", err)
 		}
 	}
@@ -126,9 +150,9 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 			tasks = append(tasks, taskstate.Task{JobID: id, Index: int32(len(tasks)), Group: int32(g), State: apiaryv1.TaskState_TASK_STATE_PENDING})
 		}
 	}
-	it := &submitItem{job: *rec, tasks: tasks, done: make(chan submitResult, 1), plain: spec}
+	it := &submitItem{job: *rec, tasks: tasks, done: make(chan submitResult, 1), plain: spec, pendingRev: pendingRev, unacked: unacked}
 	if err := c.submits.submit(ctx, it); err != nil {
-		c.abandonStandby(rec, "")
+		c.abandonStandby(rec, pendingRev, "", "the submission was not queued for commit: "+err.Error())
 		return nil, status.FromContextError(err).Err()
 	}
 	select {
@@ -136,7 +160,11 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 		if r.err != nil || r.jobID != id {
 			// Not committed (or a repeat answered with its earlier job):
 			// the standbys drop the record of this id.
-			c.abandonStandby(rec, r.jobID)
+			why := "a concurrent repeat of the same request committed first"
+			if r.err != nil {
+				why = "its commit failed: " + status.Convert(r.err).Message()
+			}
+			c.abandonStandby(rec, pendingRev, r.jobID, why)
 		}
 		if r.err != nil {
 			return nil, r.err
@@ -207,7 +235,11 @@ func (it *submitItem) ops() []clientv3.Op {
 		ops = append(ops, clientv3.OpPut(store.KeyDedup(it.job.ClientID, it.job.RequestID), store.MustJSON(store.DedupRecord{JobID: it.job.ID, Hash: it.job.PayloadHash})))
 	}
 	if f := it.job.Failover; f != nil && len(f.Standbys) > 0 {
-		ops = append(ops, clientv3.OpPut(store.KeyFailoverHome(it.job.ID), store.MustJSON(store.HomeIndexRecord{Shard: it.job.Shard, Standbys: f.Standbys, TaskCount: it.job.TaskCount})))
+		ops = append(ops, clientv3.OpPut(store.KeyFailoverHome(it.job.ID), store.MustJSON(store.HomeIndexRecord{Shard: it.job.Shard, Standbys: f.Standbys,
+			TaskCount: it.job.TaskCount, Unacked: it.unacked})))
+	}
+	if it.pendingRev != 0 {
+		ops = append(ops, failover.PendingDelete(it.job.ID))
 	}
 	return ops
 }
@@ -287,6 +319,9 @@ func (c *Coordinator) submitOne(it *submitItem) submitResult {
 	if k := it.dedupKey(); k != "" {
 		elseOps = append(elseOps, clientv3.OpGet(k))
 	}
+	if it.pendingRev != 0 {
+		elseOps = append(elseOps, failover.PendingGet(it.job.ID))
+	}
 	elseOps = append(elseOps, clientv3.OpGet(jk, clientv3.WithKeysOnly()))
 	resp, err := c.txnRetry(context.Background(), func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return c.cli.Txn(ctx).If(it.guards()...).Then(it.ops()...).Else(elseOps...).Commit()
@@ -300,6 +335,13 @@ func (c *Coordinator) submitOne(it *submitItem) submitResult {
 	// The job key exists: an earlier attempt of this very Txn committed.
 	if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; len(kvs) > 0 {
 		return submitResult{jobID: it.job.ID}
+	}
+	if it.pendingRev != 0 {
+		if kvs := resp.Responses[len(resp.Responses)-2].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].ModRevision != it.pendingRev {
+			// The failover leader abandoned the submission (it took longer
+			// than the pending grace): its standby records are dropped.
+			return submitResult{err: status.Error(codes.Unavailable, "commit job: the submission took too long and was abandoned (its standby records are dropped); retry")}
+		}
 	}
 	var d store.DedupRecord
 	kvs := resp.Responses[0].GetResponseRange().Kvs
@@ -321,6 +363,10 @@ func (it *submitItem) guards() []clientv3.Cmp {
 	g := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.KeyJob(it.job.Shard, it.job.ID)), "=", 0)}
 	if k := it.dedupKey(); k != "" {
 		g = append(g, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
+	}
+	if it.pendingRev != 0 {
+		// Not abandoned meanwhile (its standby records being dropped).
+		g = append(g, failover.PendingGuard(it.job.ID, it.pendingRev))
 	}
 	return g
 }

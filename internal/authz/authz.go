@@ -320,7 +320,7 @@ func checkRequest(r rule, id pki.Identity, req any) *denial {
 }
 
 // actingRegion is the region a FailoverService request acts for: its
-// home_region, or standby_region for ClaimJob ("", false for any other
+// home_region (ReleaseJob and DropClaim too), or standby_region for ClaimJob ("", false for any other
 // message).
 func actingRegion(req any) (string, bool) {
 	switch m := req.(type) {
@@ -332,6 +332,10 @@ func actingRegion(req any) (string, bool) {
 		return m.GetHomeRegion(), true
 	case *apiaryv1.ClaimJobRequest:
 		return m.GetStandbyRegion(), true
+	case *apiaryv1.ReleaseJobRequest:
+		return m.GetHomeRegion(), true
+	case *apiaryv1.DropClaimRequest:
+		return m.GetHomeRegion(), true
 	}
 	return "", false
 }

@@ -373,6 +373,14 @@ func (s failSrv) MovedJobs(ctx context.Context, _ *apiaryv1.MovedJobsRequest) (*
 	s.r.hit(ctx, "MovedJobs")
 	return &apiaryv1.MovedJobsResponse{}, nil
 }
+func (s failSrv) ReleaseJob(ctx context.Context, _ *apiaryv1.ReleaseJobRequest) (*apiaryv1.ReleaseJobResponse, error) {
+	s.r.hit(ctx, "ReleaseJob")
+	return &apiaryv1.ReleaseJobResponse{}, nil
+}
+func (s failSrv) DropClaim(ctx context.Context, _ *apiaryv1.DropClaimRequest) (*apiaryv1.DropClaimResponse, error) {
+	s.r.hit(ctx, "DropClaim")
+	return &apiaryv1.DropClaimResponse{}, nil
+}
 func (s failSrv) ClaimJob(ctx context.Context, _ *apiaryv1.ClaimJobRequest) (*apiaryv1.ClaimJobResponse, error) {
 	s.r.hit(ctx, "ClaimJob")
 	return &apiaryv1.ClaimJobResponse{}, nil

@@ -120,6 +120,8 @@ var methods = map[string]rule{
 	apiaryv1.FailoverService_PushProgress_FullMethodName: failover(),
 	apiaryv1.FailoverService_MovedJobs_FullMethodName:    failover(),
 	apiaryv1.FailoverService_ClaimJob_FullMethodName:     failover(),
+	apiaryv1.FailoverService_ReleaseJob_FullMethodName:   failover(),
+	apiaryv1.FailoverService_DropClaim_FullMethodName:    failover(),
 
 	healthpb.Health_Check_FullMethodName: health(),
 	healthpb.Health_Watch_FullMethodName: health(),

@@ -5,16 +5,21 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/internal/devcluster"
+	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/internal/sovereignty"
 	"apiary.dev/apiary/internal/testutil"
@@ -167,6 +172,46 @@ func (f *fed) activeStandby(id string, limit time.Duration) string {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return ""
+}
+
+// etcd is a client of region's etcd (as its coordinators reach it), for
+// reading and planting failover records.
+func (f *fed) etcd(t *testing.T, region string) *clientv3.Client {
+	t.Helper()
+	r := f.region[region]
+	tc, err := f.cl.EtcdTLS(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: r.EtcdEndpoints, TLS: tc, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// waitKeys polls cli until cond holds for the keys under prefix (limit d).
+func waitKeys(t *testing.T, cli *clientv3.Client, prefix string, d time.Duration, what string, cond func(keys []string) bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var last []string
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		cancel()
+		if err == nil {
+			last = last[:0]
+			for _, kv := range resp.Kvs {
+				last = append(last, string(kv.Key))
+			}
+			if cond(last) {
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("keys under %s: not %s within %s; last %v", prefix, what, d, last)
 }
 
 func killRegion(t *testing.T, r *devcluster.Region) {
@@ -454,5 +499,123 @@ tasks:
 		f.waitJob(t, "eu-west", id, 30*time.Second, "MOVED", func(j *apiaryv1.Job) bool {
 			return j.GetState() == apiaryv1.JobState_JOB_STATE_MOVED && j.GetFailover().GetActiveRegion() == active
 		})
+	})
+	t.Run("a claim left behind is released when the home is back", func(t *testing.T) {
+		// eu-north claimed the job from eu-central (the grant dropped
+		// eu-central's record and left a claim), then died before
+		// activating it, or never heard the grant. The home, up all
+		// along, holds the job while the claim stands; it must end the
+		// claim and run the job, not hold it forever.
+		r := f.submit(t, parse(t, `
+name: claim-left-behind
+jurisdiction: eu
+region: {prefer: [eu-west]}
+failover: {after: 4s, regions: [eu-central, eu-north]}
+tasks:
+  - {name: wave, count: 3, command: /bin/sleep, args: ["3"], resources: {cpu_millis: 3000}}
+`))
+		id := r.GetJobId()
+		f.waitJob(t, "eu-west", id, 20*time.Second, "a task running", func(j *apiaryv1.Job) bool {
+			return j.GetCounts().GetRunning() > 0 && strings.Join(j.GetFailover().GetStandbys(), ",") == "eu-central,eu-north"
+		})
+		central, north := f.etcd(t, "eu-central"), f.etcd(t, "eu-north")
+		waitKeys(t, central, store.KeyStandby(id), 10*time.Second, "the standby record", func(k []string) bool { return len(k) == 1 })
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		// The grant, as ClaimJob commits it at eu-central.
+		if _, err := central.Txn(ctx).Then(clientv3.OpDelete(store.KeyStandby(id)), clientv3.OpDelete(store.PrefStandbyTasks(id), clientv3.WithPrefix()),
+			clientv3.OpPut(store.KeyClaimed(id), store.MustJSON(store.ClaimRecord{By: "eu-north", AtMs: time.Now().UnixMilli()}))).Commit(); err != nil {
+			t.Fatal(err)
+		}
+		// Released: the claim goes, both standbys hold the record again.
+		waitKeys(t, central, store.PrefFailover, 10*time.Second, "claim dropped and record written again", func(k []string) bool {
+			return !slices.Contains(k, store.KeyClaimed(id)) && slices.Contains(k, store.KeyStandby(id))
+		})
+		waitKeys(t, north, store.KeyStandby(id), 10*time.Second, "the claimer's record written again", func(k []string) bool { return len(k) == 1 })
+		j := f.waitJob(t, "eu-west", id, 40*time.Second, "COMPLETE at home", func(j *apiaryv1.Job) bool {
+			return j.GetState() == apiaryv1.JobState_JOB_STATE_COMPLETE
+		})
+		for _, tk := range j.GetTasks() {
+			if tk.GetAttempt() != 1 {
+				t.Errorf("task %d ran %d attempts; want 1", tk.GetIndex(), tk.GetAttempt())
+			}
+		}
+		for _, s := range []string{"eu-central", "eu-north"} {
+			if _, err := get(f.direct[s], id); status.Code(err) != codes.NotFound {
+				t.Errorf("%s has the job (%v); want NotFound: its home never went down", s, err)
+			}
+		}
+		// The job's end reaches both standbys: no record outlives it.
+		for _, c := range []*clientv3.Client{central, north} {
+			waitKeys(t, c, store.KeyStandby(id), 10*time.Second, "dropped at the job's end", func(k []string) bool { return len(k) == 0 })
+		}
+	})
+
+	t.Run("standby records of a submission that never committed are dropped", func(t *testing.T) {
+		// Two cases of the kind. (1) Concurrent repeats of one request:
+		// every loser wrote standby records and never committed. (2) A
+		// coordinator that died between its standby writes and its
+		// commit, planted: a pending record at home and the standbys'
+		// records; the home's failover leader must abandon it after the
+		// grace and have both standbys drop their records.
+		spec := parse(t, `
+name: repeated
+jurisdiction: eu
+region: {prefer: [eu-west]}
+failover: {after: 4s, regions: [eu-central, eu-north]}
+tasks: [{name: t, command: /bin/sleep, args: ["1"]}]
+`)
+		req := &apiaryv1.SubmitJobRequest{Spec: spec, ClientId: "fotest", RequestId: fmt.Sprintf("race-%d", time.Now().UnixNano())}
+		var wg sync.WaitGroup
+		got := make([]string, 6)
+		for i := range got {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+				defer cancel()
+				if resp, err := f.direct["eu-west"].SubmitJob(ctx, req); err == nil {
+					got[i] = resp.GetJobId()
+				} else {
+					t.Errorf("repeat %d: %v", i, err)
+				}
+			}()
+		}
+		wg.Wait()
+		winner := got[0]
+		for _, g := range got {
+			if g != winner {
+				t.Fatalf("repeats answered %v; want one job", got)
+			}
+		}
+		f.waitJob(t, "eu-west", winner, 30*time.Second, "COMPLETE", func(j *apiaryv1.Job) bool {
+			return j.GetState() == apiaryv1.JobState_JOB_STATE_COMPLETE
+		})
+		home, central, north := f.etcd(t, "eu-west"), f.etcd(t, "eu-central"), f.etcd(t, "eu-north")
+
+		// (2) planted: a standby record at both standbys, pending at home
+		// since well before the grace.
+		orphan := ids.NewJobID("eu-west", time.Now())
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		sr := store.StandbyRecord{ID: orphan, Home: "eu-west", Spec: spec, AfterMs: 4000, Standbys: []string{"eu-central", "eu-north"},
+			StoredMs: time.Now().UnixMilli(), SubmitMs: time.Now().UnixMilli()}
+		for _, c := range []*clientv3.Client{central, north} {
+			if _, err := c.Put(ctx, store.KeyStandby(orphan), store.MustJSON(sr)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := home.Put(ctx, store.KeyFailoverPending(orphan), store.MustJSON(store.PendingRecord{Standbys: sr.Standbys,
+			CreatedMs: time.Now().Add(-time.Minute).UnixMilli()})); err != nil {
+			t.Fatal(err)
+		}
+		// Neither standby keeps a record of eu-west's once all is done:
+		// not the losers', not the planted one's, not the winner's (it
+		// ended); every pending record at home is gone.
+		for name, c := range map[string]*clientv3.Client{"eu-central": central, "eu-north": north} {
+			waitKeys(t, c, store.PrefStandby+"eu-west-", 20*time.Second, "empty at "+name, func(k []string) bool { return len(k) == 0 })
+			waitKeys(t, c, store.KeyEnded(orphan), 5*time.Second, "a tombstone of the abandoned job at "+name, func(k []string) bool { return len(k) == 1 })
+		}
+		waitKeys(t, home, store.PrefFailoverPending, 10*time.Second, "no pending record", func(k []string) bool { return len(k) == 0 })
 	})
 }

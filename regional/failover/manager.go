@@ -119,6 +119,8 @@ type Manager struct {
 	joinedAt time.Time
 	// moved: jobs of this region that a standby activated (markMoved).
 	moved map[string]movedMark
+	// releasing: jobs with a release of a claim left behind in flight.
+	releasing map[string]bool
 }
 
 type batch struct {
@@ -265,9 +267,7 @@ var ErrNoStandby = errors.New("failover: no standby region acknowledged the job'
 // left out of the job's record.
 func (m *Manager) Replicate(ctx context.Context, rec *store.JobRecord) ([]string, error) {
 	fo := rec.Failover
-	sj := &apiaryv1.StandbyJob{JobId: rec.ID, HomeRegion: m.cfg.Meta.Region, Spec: rec.Spec, SubmitTimeMs: rec.SubmitMs,
-		ClientId: rec.ClientID, RequestId: rec.RequestID, Traceparent: rec.Traceparent, AfterMs: fo.AfterMs,
-		Standbys: fo.Standbys, HomeEpoch: fo.Epoch}
+	sj := m.standbyJob(rec)
 	errs := make([]error, len(fo.Standbys))
 	var wg sync.WaitGroup
 	for i, region := range fo.Standbys {
@@ -298,6 +298,15 @@ func (m *Manager) Replicate(ctx context.Context, rec *store.JobRecord) ([]string
 		m.cfg.Log.Warn("failover: a standby did not take the job", "job", rec.ID, "failed", failed, "standbys", acked)
 	}
 	return acked, nil
+}
+
+// standbyJob is the standby record of this region's failover job rec as
+// PutStandby takes it.
+func (m *Manager) standbyJob(rec *store.JobRecord) *apiaryv1.StandbyJob {
+	fo := rec.Failover
+	return &apiaryv1.StandbyJob{JobId: rec.ID, HomeRegion: m.cfg.Meta.Region, Spec: rec.Spec, SubmitTimeMs: rec.SubmitMs,
+		ClientId: rec.ClientID, RequestId: rec.RequestID, Traceparent: rec.Traceparent, AfterMs: fo.AfterMs,
+		Standbys: fo.Standbys, HomeEpoch: fo.Epoch}
 }
 
 // call runs fn against a coordinator of region that answers, trying each
@@ -407,7 +416,7 @@ func (m *Manager) Run(ctx context.Context) {
 		return
 	}
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){m.probeLoop, m.progressLoop, m.activateLoop, m.movedLoop} {
+	for _, loop := range []func(context.Context){m.probeLoop, m.progressLoop, m.activateLoop, m.movedLoop, m.pendingLoop} {
 		wg.Add(1)
 		go func() { defer wg.Done(); loop(ctx) }()
 	}

@@ -3,12 +3,15 @@ package failover
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	apiaryv1 "apiary.dev/apiary/api/apiary/v1"
 	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/regional/taskstate"
 	"apiary.dev/apiary/shards"
 )
 
@@ -109,6 +112,163 @@ func (m *Manager) askMoved(ctx context.Context, region string) {
 		}
 	}
 	m.recordAnswer(region, asked, resp)
+	for _, c := range resp.GetClaimed() {
+		m.releaseLater(ctx, c.GetJobId(), c.GetClaimedBy(), region)
+	}
+}
+
+// releaseFresh: how recent the claimer's answer seeing this region up must
+// be for a claim left behind to be released.
+var releaseFresh = 2 * time.Second
+
+// releaseLater starts the release of a claim left behind on job id (granted
+// at granter to claimer), unless one is in flight: only while the claimer
+// itself answered MovedJobs within releaseFresh seeing this region up, so
+// a claimer that is activating the job because it sees this region down is
+// never asked to give it up.
+func (m *Manager) releaseLater(ctx context.Context, id, claimer, granter string) {
+	now := m.cfg.Now()
+	m.mu.Lock()
+	at, seen := m.answered[claimer]
+	ok := seen && !m.seenDown[claimer] && now.Sub(at) <= releaseFresh && !m.releasing[id]
+	if ok {
+		if m.releasing == nil {
+			m.releasing = map[string]bool{}
+		}
+		m.releasing[id] = true
+	}
+	m.mu.Unlock()
+	if !ok {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer func() {
+			m.mu.Lock()
+			delete(m.releasing, id)
+			m.mu.Unlock()
+		}()
+		if err := m.release(ctx, id, claimer, granter); err != nil {
+			m.cfg.Log.Info("failover: release a claim left behind", "job", id, "claimer", claimer, "granter", granter, "err", err)
+		}
+	}()
+}
+
+// release ends a claim left behind on a job of this region: another
+// standby (claimer) claimed the job from the others while this region was
+// down, but did not activate it before this region came back (it died, or
+// never heard the grant), so the job is held here (Hold) and the claimer,
+// seeing this region up, will never activate it. In order:
+//  1. the claimer drops its standby record in a Txn that requires the job
+//     not activated there (ReleaseJob; if it was activated, the job is
+//     marked MOVED here instead);
+//  2. the claimer gets its standby record again, with the job's progress;
+//  3. every other standby drops the claim (DropClaim) and gets its record
+//     again.
+//
+// After 1 no region can activate the job on the old claim; between the
+// steps the job is only less protected (a standby without a record), never
+// run twice. Once no answer lists the claim, Hold lets the job run here.
+func (m *Manager) release(ctx context.Context, id, claimer, granter string) error {
+	rec, err := m.homeJob(ctx, id)
+	if err != nil || rec == nil || rec.Failover == nil || rec.Failover.Epoch != 0 || rec.Moved() {
+		return err // gone, moved, or not a failover job of this region: nothing held
+	}
+	var rel *apiaryv1.ReleaseJobResponse
+	cctx, cancel := context.WithTimeout(ctx, putTimeout)
+	err = m.call(cctx, claimer, func(ctx context.Context, c apiaryv1.FailoverServiceClient) (err error) {
+		rel, err = c.ReleaseJob(ctx, &apiaryv1.ReleaseJobRequest{HomeRegion: m.cfg.Meta.Region, JobId: id})
+		return err
+	})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("claimer %s: %w", claimer, err)
+	}
+	if !rel.GetReleased() {
+		if mv := rel.GetMoved(); mv != nil {
+			_, err := m.markMoved(ctx, mv)
+			return err
+		}
+		return fmt.Errorf("claimer %s neither released nor activated the job", claimer)
+	}
+	m.restore(ctx, rec, claimer)
+	others := append([]string{granter}, rec.Failover.Standbys...)
+	done := map[string]bool{claimer: true}
+	for _, g := range others {
+		if done[g] {
+			continue
+		}
+		done[g] = true
+		cctx, cancel := context.WithTimeout(ctx, putTimeout)
+		err := m.call(cctx, g, func(ctx context.Context, c apiaryv1.FailoverServiceClient) error {
+			_, err := c.DropClaim(ctx, &apiaryv1.DropClaimRequest{HomeRegion: m.cfg.Meta.Region, JobId: id, ClaimedBy: claimer})
+			return err
+		})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("drop the claim at %s: %w", g, err)
+		}
+		m.restore(ctx, rec, g)
+	}
+	m.cfg.Log.Warn("failover: a claim left behind by a standby that never activated the job was released; the job runs here again",
+		"job", id, "claimer", claimer, "granter", granter)
+	return nil
+}
+
+// homeJob reads a job record of this region (nil when there is none).
+func (m *Manager) homeJob(ctx context.Context, id string) (*store.JobRecord, error) {
+	cctx, cancel := store.EtcdCtx(ctx)
+	defer cancel()
+	resp, err := m.cfg.Client.Get(cctx, store.KeyJob(shards.Of(id, m.cfg.Meta.ShardCount), id))
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil, err
+	}
+	var rec store.JobRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// restore writes a failover job's standby record in region again (when it
+// is one of the job's standbys) with the completions so far: after a
+// release, the job is protected there as before. Best effort: a failure is
+// logged (the job then simply has one standby fewer).
+func (m *Manager) restore(ctx context.Context, rec *store.JobRecord, region string) {
+	if !slices.Contains(rec.Failover.Standbys, region) {
+		return
+	}
+	cctx, cancel := store.EtcdCtx(ctx)
+	tr, err := m.cfg.Client.Get(cctx, store.PrefJobTasks(rec.Shard, rec.ID), clientv3.WithPrefix())
+	cancel()
+	var done []*apiaryv1.TaskDone
+	if err == nil {
+		for _, kv := range tr.Kvs {
+			var t taskstate.Task
+			if json.Unmarshal(kv.Value, &t) == nil && t.State == apiaryv1.TaskState_TASK_STATE_COMPLETE {
+				done = append(done, &apiaryv1.TaskDone{JobId: rec.ID, TaskIndex: t.Index, Attempt: t.Attempt, FencingToken: t.FencingToken,
+					DoneTimeMs: t.FinishedMs, NodeId: t.NodeID, StartTimeMs: t.StartedMs})
+			}
+		}
+	}
+	sj := m.standbyJob(rec)
+	cctx, cancel = context.WithTimeout(ctx, putTimeout)
+	defer cancel()
+	err = m.call(cctx, region, func(ctx context.Context, c apiaryv1.FailoverServiceClient) error {
+		if _, err := c.PutStandby(ctx, &apiaryv1.PutStandbyRequest{Job: sj}); err != nil {
+			return err
+		}
+		for start := 0; start < len(done); start += maxBatch {
+			if _, err := c.PushProgress(ctx, &apiaryv1.PushProgressRequest{HomeRegion: m.cfg.Meta.Region, Done: done[start:min(start+maxBatch, len(done))]}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		m.cfg.Log.Warn("failover: could not write a released job's standby record again; it has one standby fewer", "job", rec.ID, "standby", region, "err", err)
+	}
 }
 
 // recordAnswer keeps what a standby region answered MovedJobs at asked: the

@@ -125,7 +125,7 @@ func (m *Manager) pushRun(ctx context.Context) error {
 				if j == nil {
 					continue
 				}
-				if j.endAcks += n; j.endAcks >= len(j.idx.Standbys) {
+				if j.endAcks += n; j.endAcks >= len(j.endTo()) {
 					if _, err := m.cfg.Client.Delete(rctx, store.KeyFailoverHome(id)); err == nil {
 						delete(jobs, id)
 					}
@@ -144,6 +144,18 @@ func errWatch(wr clientv3.WatchResponse) error {
 		return err
 	}
 	return watchErr{"watch closed"}
+}
+
+// endTo are the standbys told of the job's end: those that took its
+// record and those whose write failed.
+func (j *hjob) endTo() []string {
+	out := slices.Clone(j.idx.Standbys)
+	for _, s := range j.idx.Unacked {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func (m *Manager) track(jobs map[string]*hjob, id string, value []byte) {
@@ -180,7 +192,9 @@ func (m *Manager) taskEvent(jobs map[string]*hjob, key, value []byte) {
 	}
 	if int32(len(j.terminal)) >= j.idx.TaskCount && j.idx.TaskCount > 0 {
 		j.ended = true
-		m.enqueue(j.idx.Standbys, func(b *batch) { b.ended = append(b.ended, id) })
+		// The end goes to the standbys whose write timed out too: one may
+		// have committed it late, and must not keep the record.
+		m.enqueue(j.endTo(), func(b *batch) { b.ended = append(b.ended, id) })
 	}
 }
 
@@ -268,10 +282,9 @@ func (m *Manager) flushRegion(ctx context.Context, region string) []string {
 	return req.Ended
 }
 
-// Abandon tells standbys to drop the standby record of a job that was not
-// committed in this region (its submission failed after Replicate, or a
-// concurrent repeat won). Best effort: a failure is logged.
-func (m *Manager) Abandon(jobID string, standbys []string) {
+// TellEnded tells standbys that a job of this region ended (they drop its
+// record and keep a tombstone). Best effort: a failure is logged.
+func (m *Manager) TellEnded(jobID string, standbys []string) {
 	for _, region := range standbys {
 		ctx, cancel := context.WithTimeout(context.Background(), putTimeout)
 		err := m.call(ctx, region, func(ctx context.Context, c apiaryv1.FailoverServiceClient) error {
@@ -280,7 +293,7 @@ func (m *Manager) Abandon(jobID string, standbys []string) {
 		})
 		cancel()
 		if err != nil {
-			m.cfg.Log.Warn("failover: could not drop the standby record of an uncommitted job", "job", jobID, "standby", region, "err", err)
+			m.cfg.Log.Warn("failover: could not tell a standby that a job ended", "job", jobID, "standby", region, "err", err)
 		}
 	}
 }

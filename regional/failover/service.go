@@ -16,6 +16,7 @@ import (
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/internal/jobspec"
 	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/shards"
 )
 
 // maxOpsPerTxn bounds the ops of one progress Txn.
@@ -430,4 +431,127 @@ func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*
 		return nil, status.Error(codes.Aborted, "claim: the job changed here meanwhile; ask again")
 	}
 	return &apiaryv1.ClaimJobResponse{Granted: true}, nil
+}
+
+// ReleaseJob gives up a job this region claimed from the other standbys
+// but did not activate, at its home region's request: the home is back and
+// the claim left behind holds the job there (the claimer died before
+// activating, or never heard the grant). The standby record is dropped in a
+// Txn that requires the job not activated here (no moved key, no job key),
+// so this region can never activate the job on the old claim; the home
+// then writes the record again and has the claim dropped (DropClaim).
+// ABORTED while a majority of this region's coordinators see the home down
+// (it may be activating the job: the home asks again once they see it up).
+func (s *Server) ReleaseJob(ctx context.Context, req *apiaryv1.ReleaseJobRequest) (*apiaryv1.ReleaseJobResponse, error) {
+	m := s.m
+	home, id := req.GetHomeRegion(), req.GetJobId()
+	if home == "" || home == m.cfg.Meta.Region {
+		return nil, status.Errorf(codes.InvalidArgument, "home_region: must name another region than %s (got %q)", m.cfg.Meta.Region, home)
+	}
+	if !ids.IsJobID(id) || ids.RegionOf(id) != home {
+		return nil, status.Errorf(codes.InvalidArgument, "job_id: %q is not a job id of region %s", id, home)
+	}
+	downFor, err := m.witnessDownFor(ctx, home)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "release: read observations: %v", err)
+	}
+	if downFor > 0 {
+		return nil, status.Errorf(codes.Aborted, "release: a majority of region %s's coordinators have seen region %s down for %v, and may be activating job %s; ask again once they see it up",
+			m.cfg.Meta.Region, home, downFor.Round(time.Millisecond), id)
+	}
+	sk, mk, jk := store.KeyStandby(id), store.KeyMoved(id), store.KeyJob(shards.Of(id, m.cfg.Meta.ShardCount), id)
+	cctx, cancel := store.EtcdCtx(ctx)
+	cur, err := m.cfg.Client.Txn(cctx).Then(clientv3.OpGet(sk), clientv3.OpGet(mk), clientv3.OpGet(jk)).Commit()
+	cancel()
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "release: %v", err)
+	}
+	if mv := cur.Responses[1].GetResponseRange().Kvs; len(mv) == 1 {
+		var r store.MovedRecord
+		if json.Unmarshal(mv[0].Value, &r) != nil {
+			return nil, status.Errorf(codes.Internal, "moved record of job %s does not decode", id)
+		}
+		return &apiaryv1.ReleaseJobResponse{Moved: &apiaryv1.MovedJob{JobId: id, ActiveRegion: m.cfg.Meta.Region, Epoch: r.Epoch, MovedTimeMs: r.MovedMs}}, nil
+	}
+	if jv := cur.Responses[2].GetResponseRange().Kvs; len(jv) == 1 {
+		// Activated here, and its moved record acknowledged and deleted.
+		var j store.JobRecord
+		if json.Unmarshal(jv[0].Value, &j) != nil || j.Failover == nil {
+			return nil, status.Errorf(codes.Internal, "job %s exists here but its record has no failover state", id)
+		}
+		return &apiaryv1.ReleaseJobResponse{Moved: &apiaryv1.MovedJob{JobId: id, ActiveRegion: m.cfg.Meta.Region, Epoch: j.Failover.Epoch, MovedTimeMs: j.Failover.MovedMs}}, nil
+	}
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(mk), "=", 0), clientv3.Compare(clientv3.CreateRevision(jk), "=", 0)}
+	var ops []clientv3.Op
+	if skv := cur.Responses[0].GetResponseRange().Kvs; len(skv) == 1 {
+		var rec store.StandbyRecord
+		if json.Unmarshal(skv[0].Value, &rec) != nil {
+			return nil, status.Errorf(codes.Internal, "standby record of job %s does not decode", id)
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(sk), "=", skv[0].ModRevision))
+		ops = m.dropOps(&rec)
+	} else {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sk), "=", 0))
+	}
+	resp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return m.cfg.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	})
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "release: %v", err)
+	}
+	if !resp.Succeeded {
+		return nil, status.Errorf(codes.Aborted, "release: job %s changed here meanwhile; ask again", id)
+	}
+	m.sawAlive(home)
+	if len(ops) > 0 {
+		m.cfg.Log.Info("failover: released a claimed job to its home region, which is back", "job", id, "home", home)
+	}
+	return &apiaryv1.ReleaseJobResponse{Released: true}, nil
+}
+
+// DropClaim deletes the claim on a job that this region granted to
+// claimed_by, at the job's home region's request once claimed_by released
+// it (ReleaseJob). The home then writes this region's standby record of
+// the job again. FAILED_PRECONDITION when the job was claimed here by
+// another region.
+func (s *Server) DropClaim(ctx context.Context, req *apiaryv1.DropClaimRequest) (*apiaryv1.DropClaimResponse, error) {
+	m := s.m
+	home, id, by := req.GetHomeRegion(), req.GetJobId(), req.GetClaimedBy()
+	if home == "" || home == m.cfg.Meta.Region {
+		return nil, status.Errorf(codes.InvalidArgument, "home_region: must name another region than %s (got %q)", m.cfg.Meta.Region, home)
+	}
+	if !ids.IsJobID(id) || ids.RegionOf(id) != home {
+		return nil, status.Errorf(codes.InvalidArgument, "job_id: %q is not a job id of region %s", id, home)
+	}
+	if by == "" || by == home {
+		return nil, status.Errorf(codes.InvalidArgument, "claimed_by: must name the standby region the claim was granted to (got %q)", by)
+	}
+	ck := store.KeyClaimed(id)
+	cctx, cancel := store.EtcdCtx(ctx)
+	cur, err := m.cfg.Client.Get(cctx, ck)
+	cancel()
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "drop claim: %v", err)
+	}
+	if len(cur.Kvs) == 0 {
+		return &apiaryv1.DropClaimResponse{Dropped: true}, nil
+	}
+	var c store.ClaimRecord
+	if json.Unmarshal(cur.Kvs[0].Value, &c) != nil {
+		return nil, status.Errorf(codes.Internal, "claim record of job %s does not decode", id)
+	}
+	if c.By != by {
+		return nil, status.Errorf(codes.FailedPrecondition, "claimed_by: job %s was claimed here by %s, not %s", id, c.By, by)
+	}
+	resp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(ck), "=", cur.Kvs[0].ModRevision)).Then(clientv3.OpDelete(ck)).Commit()
+	})
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "drop claim: %v", err)
+	}
+	if !resp.Succeeded {
+		return nil, status.Errorf(codes.Aborted, "drop claim: the claim on job %s changed meanwhile; ask again", id)
+	}
+	m.sawAlive(home)
+	return &apiaryv1.DropClaimResponse{Dropped: true}, nil
 }

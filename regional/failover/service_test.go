@@ -217,3 +217,114 @@ func TestPutStandbyRefusesWhatItMustNotHold(t *testing.T) {
 		t.Errorf("after the acknowledgement: moved %v, claimed %v (err %v); want none", r.GetMoved(), r.GetClaimed(), err)
 	}
 }
+
+// TestReleaseAndDropClaim: a home that is back ends a claim left behind.
+// The claimer gives its record up only while the job is not activated
+// there and it does not see the home down; the granter drops only the
+// claim of the region named.
+func TestReleaseAndDropClaim(t *testing.T) {
+	srv, cli := standbyServer(t)
+	ctx := context.Background()
+	for _, c := range []string{"c1", "c2", "c3"} {
+		if _, err := cli.Put(ctx, store.PrefMembers+c, "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := ids.NewJobID("eu-west", time.Now())
+	if _, err := srv.PutStandby(ctx, &apiaryv1.PutStandbyRequest{Job: standbyJob(id)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		req  *apiaryv1.ReleaseJobRequest
+	}{
+		{"a job of another region", &apiaryv1.ReleaseJobRequest{HomeRegion: "eu-west", JobId: ids.NewJobID("us-east", time.Now())}},
+		{"this region as home", &apiaryv1.ReleaseJobRequest{HomeRegion: "eu-central", JobId: id}},
+		{"no job id", &apiaryv1.ReleaseJobRequest{HomeRegion: "eu-west"}},
+	} {
+		if _, err := srv.ReleaseJob(ctx, tc.req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("release, %s: %v; want InvalidArgument", tc.name, err)
+		}
+	}
+	// A majority here sees the home down: this region may be activating.
+	for _, c := range []string{"c1", "c2"} {
+		if _, err := cli.Put(ctx, store.KeyObserve("eu-west", c), store.MustJSON(store.ObserveRecord{DownSinceMs: time.Now().Add(-time.Second).UnixMilli()})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := srv.ReleaseJob(ctx, &apiaryv1.ReleaseJobRequest{HomeRegion: "eu-west", JobId: id}); status.Code(err) != codes.Aborted {
+		t.Errorf("release while a majority sees the home down: %v; want Aborted", err)
+	}
+	if resp, _ := cli.Get(ctx, store.KeyStandby(id)); len(resp.Kvs) != 1 {
+		t.Fatal("a refused release dropped the standby record")
+	}
+	if _, err := cli.Delete(ctx, store.PrefObserve("eu-west"), clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := srv.ReleaseJob(ctx, &apiaryv1.ReleaseJobRequest{HomeRegion: "eu-west", JobId: id})
+	if err != nil || !r.GetReleased() {
+		t.Fatalf("release: %v %v; want released", r, err)
+	}
+	if resp, _ := cli.Get(ctx, store.KeyStandby(id)); len(resp.Kvs) != 0 {
+		t.Error("released, but the standby record is still here")
+	}
+	// The home writes the record again: accepted (no claim, no moved key).
+	if _, err := srv.PutStandby(ctx, &apiaryv1.PutStandbyRequest{Job: standbyJob(id)}); err != nil {
+		t.Errorf("the record written again after a release: %v", err)
+	}
+	// Activated here: never released; the answer says where it runs.
+	moved := ids.NewJobID("eu-west", time.Now())
+	if _, err := cli.Put(ctx, store.KeyMoved(moved), store.MustJSON(store.MovedRecord{Home: "eu-west", Epoch: 1, MovedMs: 7})); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := srv.ReleaseJob(ctx, &apiaryv1.ReleaseJobRequest{HomeRegion: "eu-west", JobId: moved}); err != nil || r.GetReleased() ||
+		r.GetMoved().GetActiveRegion() != "eu-central" || r.GetMoved().GetEpoch() != 1 {
+		t.Errorf("release of a job activated here: %v %v; want not released, moved to eu-central at epoch 1", r, err)
+	}
+	// ... also once its moved record was acknowledged (the job key stays).
+	acked := ids.NewJobID("eu-west", time.Now())
+	job := store.JobRecord{ID: acked, Failover: &store.FailoverRecord{Home: "eu-west", Epoch: 2, MovedMs: 9}}
+	if _, err := cli.Put(ctx, store.KeyJob(0, acked), store.MustJSON(job)); err != nil {
+		t.Fatal(err)
+	}
+	srv.m.cfg.Meta.ShardCount = 1
+	if r, err := srv.ReleaseJob(ctx, &apiaryv1.ReleaseJobRequest{HomeRegion: "eu-west", JobId: acked}); err != nil || r.GetReleased() || r.GetMoved().GetEpoch() != 2 {
+		t.Errorf("release of a job active here whose moved record is gone: %v %v; want not released, epoch 2", r, err)
+	}
+	srv.m.cfg.Meta.ShardCount = 16
+
+	// DropClaim: only the claim of the region named.
+	claimed := ids.NewJobID("eu-west", time.Now())
+	if _, err := cli.Put(ctx, store.KeyClaimed(claimed), store.MustJSON(store.ClaimRecord{By: "eu-north", AtMs: 1})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.DropClaim(ctx, &apiaryv1.DropClaimRequest{HomeRegion: "eu-west", JobId: claimed, ClaimedBy: "eu-south"}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("drop a claim naming the wrong claimer: %v; want FailedPrecondition", err)
+	}
+	if _, err := srv.DropClaim(ctx, &apiaryv1.DropClaimRequest{HomeRegion: "eu-west", JobId: claimed}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("drop a claim naming no claimer: %v; want InvalidArgument", err)
+	}
+	if got := len(mustMoved(t, srv).GetClaimed()); got != 1 {
+		t.Fatalf("MovedJobs lists %d claims; want 1 before the drop", got)
+	}
+	for i := 0; i < 2; i++ {
+		if r, err := srv.DropClaim(ctx, &apiaryv1.DropClaimRequest{HomeRegion: "eu-west", JobId: claimed, ClaimedBy: "eu-north"}); err != nil || !r.GetDropped() {
+			t.Errorf("drop %d: %v %v; want dropped", i, r, err)
+		}
+	}
+	if got := mustMoved(t, srv).GetClaimed(); len(got) != 0 {
+		t.Errorf("MovedJobs lists claims %v after the drop; want none (the home runs the job again)", got)
+	}
+	if _, err := srv.PutStandby(ctx, &apiaryv1.PutStandbyRequest{Job: standbyJob(claimed)}); err != nil {
+		t.Errorf("the record written again after the claim was dropped: %v", err)
+	}
+}
+
+func mustMoved(t *testing.T, srv *Server) *apiaryv1.MovedJobsResponse {
+	t.Helper()
+	r, err := srv.MovedJobs(context.Background(), &apiaryv1.MovedJobsRequest{HomeRegion: "eu-west"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}

@@ -35,6 +35,10 @@ import (
 //	/apiary/failover/claimed/<jobID>          a standby job this region gave up to a later standby (ClaimRecord)
 //	/apiary/failover/observe/<home>/<coordID> a coordinator's observation that region home is down, under its session lease
 //	/apiary/failover/home/<jobID>             this region's failover job with standbys (HomeIndexRecord): the progress loop's index
+//	/apiary/failover/pending/<jobID>          a failover submission whose standby records are written and whose job is not
+//	                                          committed yet (PendingRecord); deleted by the job's commit, or marked abandoned
+//	                                          and kept until every standby dropped its record
+//	/apiary/failover/ended/<jobID>            a standby region's tombstone of a job its home said ended (7-day lease)
 //
 // /apiary/acl/ (ACL tokens, policies, join token bindings) is package
 // regional/aclstore's: it spells those keys itself (aclstore/keys.go).
@@ -62,6 +66,7 @@ const (
 	PrefEnded           = PrefFailover + "ended/"
 	PrefFailoverObserve = PrefFailover + "observe/"
 	PrefFailoverHome    = PrefFailover + "home/"
+	PrefFailoverPending = PrefFailover + "pending/"
 	KeyQuarantineSet    = Root + "quarantine"
 	// KeyDefragLock is held, under a lease, by the one member that
 	// defragments its backend at a time. "upkeep" sorts after "tasks/",
@@ -144,6 +149,10 @@ func KeyEnded(jobID string) string           { return PrefEnded + jobID }
 func PrefObserve(home string) string         { return PrefFailoverObserve + home + "/" }
 func KeyObserve(home, coordID string) string { return PrefObserve(home) + coordID }
 func KeyFailoverHome(jobID string) string    { return PrefFailoverHome + jobID }
+
+// KeyFailoverPending is a failover submission of this region between its
+// standby writes and its commit (PendingRecord).
+func KeyFailoverPending(jobID string) string { return PrefFailoverPending + jobID }
 
 // KeyStandbyDone records that task index of standby job jobID completed in
 // its home region.

@@ -109,9 +109,30 @@ type StandbyRecord struct {
 // HomeIndexRecord is /apiary/failover/home/<jobID>: a failover job of this
 // region whose progress goes to its standbys (written with the job).
 type HomeIndexRecord struct {
-	Shard     int      `json:"shard"`
+	Shard int `json:"shard"`
+	// Standbys took the job's standby record; progress goes to them.
 	Standbys  []string `json:"standbys"`
 	TaskCount int32    `json:"tasks"`
+	// Unacked are the standbys whose write failed or timed out: one may
+	// still have committed it, so they are told the job's end too.
+	Unacked []string `json:"unacked,omitempty"`
+}
+
+// PendingRecord is /apiary/failover/pending/<jobID>: a failover submission
+// whose standby records may exist while its job is not committed. The
+// job's commit deletes it and requires it unchanged (so once marked
+// abandoned, the job can no longer commit); an abandoned record stays until
+// every standby has dropped its record of the job.
+type PendingRecord struct {
+	Shard int `json:"shard"`
+	// Standbys: every region the standby record was sent to.
+	Standbys  []string `json:"standbys"`
+	CreatedMs int64    `json:"created_ms"`
+	// Abandoned: the job will never commit; AbandonedMs is when that was
+	// decided, Reason why.
+	Abandoned   bool   `json:"abandoned,omitempty"`
+	AbandonedMs int64  `json:"abandoned_ms,omitempty"`
+	Reason      string `json:"reason,omitempty"`
 }
 
 // TaskDoneRecord is /apiary/failover/done/<jobID>/<index>: the task's

@@ -454,7 +454,7 @@ func (x Assignment_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Assignment_Kind.Descriptor instead.
 func (Assignment_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66, 0}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70, 0}
 }
 
 // JobSpec is what a user submits. It mirrors the YAML job file
@@ -2935,6 +2935,221 @@ func (x *ClaimJobResponse) GetActiveRegion() string {
 	return ""
 }
 
+type ReleaseJobRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	HomeRegion string                 `protobuf:"bytes,1,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	// A job of home_region that this region claimed (ClaimJob) but did not
+	// activate.
+	JobId         string `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseJobRequest) Reset() {
+	*x = ReleaseJobRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseJobRequest) ProtoMessage() {}
+
+func (x *ReleaseJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseJobRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseJobRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ReleaseJobRequest) GetHomeRegion() string {
+	if x != nil {
+		return x.HomeRegion
+	}
+	return ""
+}
+
+func (x *ReleaseJobRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+type ReleaseJobResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True: this region dropped its standby record of the job in a Txn that
+	// required the job not activated here, so it can never activate it on
+	// the old claim. False: it activated the job (moved says where).
+	Released      bool      `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	Moved         *MovedJob `protobuf:"bytes,2,opt,name=moved,proto3" json:"moved,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseJobResponse) Reset() {
+	*x = ReleaseJobResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseJobResponse) ProtoMessage() {}
+
+func (x *ReleaseJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseJobResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseJobResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ReleaseJobResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+func (x *ReleaseJobResponse) GetMoved() *MovedJob {
+	if x != nil {
+		return x.Moved
+	}
+	return nil
+}
+
+type DropClaimRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	HomeRegion string                 `protobuf:"bytes,1,opt,name=home_region,json=homeRegion,proto3" json:"home_region,omitempty"`
+	JobId      string                 `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// The region the claim was granted to, which released the job.
+	ClaimedBy     string `protobuf:"bytes,3,opt,name=claimed_by,json=claimedBy,proto3" json:"claimed_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropClaimRequest) Reset() {
+	*x = DropClaimRequest{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropClaimRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropClaimRequest) ProtoMessage() {}
+
+func (x *DropClaimRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropClaimRequest.ProtoReflect.Descriptor instead.
+func (*DropClaimRequest) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *DropClaimRequest) GetHomeRegion() string {
+	if x != nil {
+		return x.HomeRegion
+	}
+	return ""
+}
+
+func (x *DropClaimRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *DropClaimRequest) GetClaimedBy() string {
+	if x != nil {
+		return x.ClaimedBy
+	}
+	return ""
+}
+
+type DropClaimResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True: the claim by claimed_by is gone (or was never here).
+	Dropped       bool `protobuf:"varint,1,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropClaimResponse) Reset() {
+	*x = DropClaimResponse{}
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropClaimResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropClaimResponse) ProtoMessage() {}
+
+func (x *DropClaimResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropClaimResponse.ProtoReflect.Descriptor instead.
+func (*DropClaimResponse) Descriptor() ([]byte, []int) {
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DropClaimResponse) GetDropped() bool {
+	if x != nil {
+		return x.Dropped
+	}
+	return false
+}
+
 type LookupRequestRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -2945,7 +3160,7 @@ type LookupRequestRequest struct {
 
 func (x *LookupRequestRequest) Reset() {
 	*x = LookupRequestRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2957,7 +3172,7 @@ func (x *LookupRequestRequest) String() string {
 func (*LookupRequestRequest) ProtoMessage() {}
 
 func (x *LookupRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[30]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2970,7 +3185,7 @@ func (x *LookupRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequestRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequestRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{30}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LookupRequestRequest) GetClientId() string {
@@ -3003,7 +3218,7 @@ type LookupRequestResponse struct {
 
 func (x *LookupRequestResponse) Reset() {
 	*x = LookupRequestResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3015,7 +3230,7 @@ func (x *LookupRequestResponse) String() string {
 func (*LookupRequestResponse) ProtoMessage() {}
 
 func (x *LookupRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[31]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3028,7 +3243,7 @@ func (x *LookupRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequestResponse.ProtoReflect.Descriptor instead.
 func (*LookupRequestResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{31}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *LookupRequestResponse) GetFound() bool {
@@ -3074,7 +3289,7 @@ type ForwardRequestRequest struct {
 
 func (x *ForwardRequestRequest) Reset() {
 	*x = ForwardRequestRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3301,7 @@ func (x *ForwardRequestRequest) String() string {
 func (*ForwardRequestRequest) ProtoMessage() {}
 
 func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[32]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3314,7 @@ func (x *ForwardRequestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequestRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequestRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{32}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ForwardRequestRequest) GetClientId() string {
@@ -3143,7 +3358,7 @@ type ForwardRequestResponse struct {
 
 func (x *ForwardRequestResponse) Reset() {
 	*x = ForwardRequestResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3155,7 +3370,7 @@ func (x *ForwardRequestResponse) String() string {
 func (*ForwardRequestResponse) ProtoMessage() {}
 
 func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[33]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3168,7 +3383,7 @@ func (x *ForwardRequestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequestResponse.ProtoReflect.Descriptor instead.
 func (*ForwardRequestResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{33}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ForwardRequestResponse) GetJobId() string {
@@ -3206,7 +3421,7 @@ type SubmitJobRequest struct {
 
 func (x *SubmitJobRequest) Reset() {
 	*x = SubmitJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3218,7 +3433,7 @@ func (x *SubmitJobRequest) String() string {
 func (*SubmitJobRequest) ProtoMessage() {}
 
 func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[34]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3231,7 +3446,7 @@ func (x *SubmitJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobRequest.ProtoReflect.Descriptor instead.
 func (*SubmitJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{34}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SubmitJobRequest) GetSpec() *JobSpec {
@@ -3284,7 +3499,7 @@ type SubmitJobResponse struct {
 
 func (x *SubmitJobResponse) Reset() {
 	*x = SubmitJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3511,7 @@ func (x *SubmitJobResponse) String() string {
 func (*SubmitJobResponse) ProtoMessage() {}
 
 func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[35]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3524,7 @@ func (x *SubmitJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitJobResponse.ProtoReflect.Descriptor instead.
 func (*SubmitJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{35}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SubmitJobResponse) GetJobId() string {
@@ -3349,7 +3564,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3361,7 +3576,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[36]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3374,7 +3589,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{36}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -3393,7 +3608,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3405,7 +3620,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[37]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3418,7 +3633,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{37}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -3450,7 +3665,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3462,7 +3677,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[38]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3475,7 +3690,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{38}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListJobsRequest) GetState() JobState {
@@ -3523,7 +3738,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3535,7 +3750,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[39]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3548,7 +3763,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{39}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -3581,7 +3796,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3593,7 +3808,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[40]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3606,7 +3821,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{40}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -3625,7 +3840,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3637,7 +3852,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[41]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3650,7 +3865,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{41}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -3669,7 +3884,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3681,7 +3896,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[42]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3694,7 +3909,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{42}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -3713,7 +3928,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3725,7 +3940,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[43]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3738,7 +3953,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{43}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WatchJobResponse) GetJob() *Job {
@@ -3759,7 +3974,7 @@ type GetJobLogsRequest struct {
 
 func (x *GetJobLogsRequest) Reset() {
 	*x = GetJobLogsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3771,7 +3986,7 @@ func (x *GetJobLogsRequest) String() string {
 func (*GetJobLogsRequest) ProtoMessage() {}
 
 func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[44]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3784,7 +3999,7 @@ func (x *GetJobLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetJobLogsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{44}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetJobLogsRequest) GetJobId() string {
@@ -3810,7 +4025,7 @@ type GetJobLogsResponse struct {
 
 func (x *GetJobLogsResponse) Reset() {
 	*x = GetJobLogsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3822,7 +4037,7 @@ func (x *GetJobLogsResponse) String() string {
 func (*GetJobLogsResponse) ProtoMessage() {}
 
 func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[45]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3835,7 +4050,7 @@ func (x *GetJobLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetJobLogsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{45}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetJobLogsResponse) GetTasks() []*Task {
@@ -3856,7 +4071,7 @@ type GetJobTraceRequest struct {
 
 func (x *GetJobTraceRequest) Reset() {
 	*x = GetJobTraceRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3868,7 +4083,7 @@ func (x *GetJobTraceRequest) String() string {
 func (*GetJobTraceRequest) ProtoMessage() {}
 
 func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[46]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3881,7 +4096,7 @@ func (x *GetJobTraceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobTraceRequest.ProtoReflect.Descriptor instead.
 func (*GetJobTraceRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{46}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetJobTraceRequest) GetJobId() string {
@@ -3913,7 +4128,7 @@ type GetJobTraceResponse struct {
 
 func (x *GetJobTraceResponse) Reset() {
 	*x = GetJobTraceResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3925,7 +4140,7 @@ func (x *GetJobTraceResponse) String() string {
 func (*GetJobTraceResponse) ProtoMessage() {}
 
 func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[47]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3938,7 +4153,7 @@ func (x *GetJobTraceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobTraceResponse.ProtoReflect.Descriptor instead.
 func (*GetJobTraceResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{47}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetJobTraceResponse) GetSpansJsonl() []byte {
@@ -3994,7 +4209,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4006,7 +4221,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[48]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4019,7 +4234,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{48}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RegisterNodeRequest) GetNodeId() string {
@@ -4089,7 +4304,7 @@ type LocalDataset struct {
 
 func (x *LocalDataset) Reset() {
 	*x = LocalDataset{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4101,7 +4316,7 @@ func (x *LocalDataset) String() string {
 func (*LocalDataset) ProtoMessage() {}
 
 func (x *LocalDataset) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[49]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4114,7 +4329,7 @@ func (x *LocalDataset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalDataset.ProtoReflect.Descriptor instead.
 func (*LocalDataset) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{49}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *LocalDataset) GetName() string {
@@ -4142,7 +4357,7 @@ type DatasetList struct {
 
 func (x *DatasetList) Reset() {
 	*x = DatasetList{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4154,7 +4369,7 @@ func (x *DatasetList) String() string {
 func (*DatasetList) ProtoMessage() {}
 
 func (x *DatasetList) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[50]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4167,7 +4382,7 @@ func (x *DatasetList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetList.ProtoReflect.Descriptor instead.
 func (*DatasetList) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{50}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DatasetList) GetDatasets() []*DatasetHolders {
@@ -4189,7 +4404,7 @@ type DatasetHolders struct {
 
 func (x *DatasetHolders) Reset() {
 	*x = DatasetHolders{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4201,7 +4416,7 @@ func (x *DatasetHolders) String() string {
 func (*DatasetHolders) ProtoMessage() {}
 
 func (x *DatasetHolders) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[51]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4214,7 +4429,7 @@ func (x *DatasetHolders) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetHolders.ProtoReflect.Descriptor instead.
 func (*DatasetHolders) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{51}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DatasetHolders) GetName() string {
@@ -4243,7 +4458,7 @@ type DatasetCopy struct {
 
 func (x *DatasetCopy) Reset() {
 	*x = DatasetCopy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4255,7 +4470,7 @@ func (x *DatasetCopy) String() string {
 func (*DatasetCopy) ProtoMessage() {}
 
 func (x *DatasetCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[52]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4268,7 +4483,7 @@ func (x *DatasetCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatasetCopy.ProtoReflect.Descriptor instead.
 func (*DatasetCopy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{52}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DatasetCopy) GetRegion() string {
@@ -4307,7 +4522,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4319,7 +4534,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[53]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4332,7 +4547,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{53}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RegisterNodeResponse) GetNodeEpoch() int64 {
@@ -4385,7 +4600,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4397,7 +4612,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[54]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4410,7 +4625,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{54}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *HeartbeatRequest) GetNodeId() string {
@@ -4459,7 +4674,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4471,7 +4686,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[55]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4484,7 +4699,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{55}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *HeartbeatResponse) GetLeaseTtlMs() int64 {
@@ -4523,7 +4738,7 @@ type AttemptRef struct {
 
 func (x *AttemptRef) Reset() {
 	*x = AttemptRef{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4535,7 +4750,7 @@ func (x *AttemptRef) String() string {
 func (*AttemptRef) ProtoMessage() {}
 
 func (x *AttemptRef) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[56]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4548,7 +4763,7 @@ func (x *AttemptRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttemptRef.ProtoReflect.Descriptor instead.
 func (*AttemptRef) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{56}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AttemptRef) GetJobId() string {
@@ -4598,7 +4813,7 @@ type AdoptAttemptsRequest struct {
 
 func (x *AdoptAttemptsRequest) Reset() {
 	*x = AdoptAttemptsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4610,7 +4825,7 @@ func (x *AdoptAttemptsRequest) String() string {
 func (*AdoptAttemptsRequest) ProtoMessage() {}
 
 func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[57]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4623,7 +4838,7 @@ func (x *AdoptAttemptsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptAttemptsRequest.ProtoReflect.Descriptor instead.
 func (*AdoptAttemptsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{57}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AdoptAttemptsRequest) GetNodeId() string {
@@ -4657,7 +4872,7 @@ type AdoptAttemptsResponse struct {
 
 func (x *AdoptAttemptsResponse) Reset() {
 	*x = AdoptAttemptsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4669,7 +4884,7 @@ func (x *AdoptAttemptsResponse) String() string {
 func (*AdoptAttemptsResponse) ProtoMessage() {}
 
 func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[58]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4682,7 +4897,7 @@ func (x *AdoptAttemptsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptAttemptsResponse.ProtoReflect.Descriptor instead.
 func (*AdoptAttemptsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{58}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *AdoptAttemptsResponse) GetDecisions() []*AdoptDecision {
@@ -4706,7 +4921,7 @@ type AdoptDecision struct {
 
 func (x *AdoptDecision) Reset() {
 	*x = AdoptDecision{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4718,7 +4933,7 @@ func (x *AdoptDecision) String() string {
 func (*AdoptDecision) ProtoMessage() {}
 
 func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[59]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4731,7 +4946,7 @@ func (x *AdoptDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptDecision.ProtoReflect.Descriptor instead.
 func (*AdoptDecision) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{59}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *AdoptDecision) GetAttempt() *AttemptRef {
@@ -4767,7 +4982,7 @@ type DrainSelfRequest struct {
 
 func (x *DrainSelfRequest) Reset() {
 	*x = DrainSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4779,7 +4994,7 @@ func (x *DrainSelfRequest) String() string {
 func (*DrainSelfRequest) ProtoMessage() {}
 
 func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[60]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4792,7 +5007,7 @@ func (x *DrainSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSelfRequest.ProtoReflect.Descriptor instead.
 func (*DrainSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{60}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *DrainSelfRequest) GetNodeId() string {
@@ -4824,7 +5039,7 @@ type DrainSelfResponse struct {
 
 func (x *DrainSelfResponse) Reset() {
 	*x = DrainSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4836,7 +5051,7 @@ func (x *DrainSelfResponse) String() string {
 func (*DrainSelfResponse) ProtoMessage() {}
 
 func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[61]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4849,7 +5064,7 @@ func (x *DrainSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainSelfResponse.ProtoReflect.Descriptor instead.
 func (*DrainSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{61}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
 }
 
 type DeregisterRequest struct {
@@ -4862,7 +5077,7 @@ type DeregisterRequest struct {
 
 func (x *DeregisterRequest) Reset() {
 	*x = DeregisterRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4874,7 +5089,7 @@ func (x *DeregisterRequest) String() string {
 func (*DeregisterRequest) ProtoMessage() {}
 
 func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[62]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4887,7 +5102,7 @@ func (x *DeregisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{62}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *DeregisterRequest) GetNodeId() string {
@@ -4912,7 +5127,7 @@ type DeregisterResponse struct {
 
 func (x *DeregisterResponse) Reset() {
 	*x = DeregisterResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4924,7 +5139,7 @@ func (x *DeregisterResponse) String() string {
 func (*DeregisterResponse) ProtoMessage() {}
 
 func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[63]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4937,7 +5152,7 @@ func (x *DeregisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{63}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
 }
 
 type StreamAssignmentsRequest struct {
@@ -4950,7 +5165,7 @@ type StreamAssignmentsRequest struct {
 
 func (x *StreamAssignmentsRequest) Reset() {
 	*x = StreamAssignmentsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4962,7 +5177,7 @@ func (x *StreamAssignmentsRequest) String() string {
 func (*StreamAssignmentsRequest) ProtoMessage() {}
 
 func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[64]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4975,7 +5190,7 @@ func (x *StreamAssignmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsRequest.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{64}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *StreamAssignmentsRequest) GetNodeId() string {
@@ -5001,7 +5216,7 @@ type StreamAssignmentsResponse struct {
 
 func (x *StreamAssignmentsResponse) Reset() {
 	*x = StreamAssignmentsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5013,7 +5228,7 @@ func (x *StreamAssignmentsResponse) String() string {
 func (*StreamAssignmentsResponse) ProtoMessage() {}
 
 func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[65]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5026,7 +5241,7 @@ func (x *StreamAssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamAssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*StreamAssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{65}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *StreamAssignmentsResponse) GetAssignment() *Assignment {
@@ -5077,7 +5292,7 @@ type Assignment struct {
 
 func (x *Assignment) Reset() {
 	*x = Assignment{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5089,7 +5304,7 @@ func (x *Assignment) String() string {
 func (*Assignment) ProtoMessage() {}
 
 func (x *Assignment) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[66]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5102,7 +5317,7 @@ func (x *Assignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assignment.ProtoReflect.Descriptor instead.
 func (*Assignment) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{66}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *Assignment) GetKind() Assignment_Kind {
@@ -5258,7 +5473,7 @@ type ReportTaskStatusRequest struct {
 
 func (x *ReportTaskStatusRequest) Reset() {
 	*x = ReportTaskStatusRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5270,7 +5485,7 @@ func (x *ReportTaskStatusRequest) String() string {
 func (*ReportTaskStatusRequest) ProtoMessage() {}
 
 func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[67]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5283,7 +5498,7 @@ func (x *ReportTaskStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusRequest.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{67}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ReportTaskStatusRequest) GetNodeId() string {
@@ -5395,7 +5610,7 @@ type ExportSpansRequest struct {
 
 func (x *ExportSpansRequest) Reset() {
 	*x = ExportSpansRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5407,7 +5622,7 @@ func (x *ExportSpansRequest) String() string {
 func (*ExportSpansRequest) ProtoMessage() {}
 
 func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[68]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5420,7 +5635,7 @@ func (x *ExportSpansRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansRequest.ProtoReflect.Descriptor instead.
 func (*ExportSpansRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{68}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ExportSpansRequest) GetNodeId() string {
@@ -5447,7 +5662,7 @@ type ExportSpansResponse struct {
 
 func (x *ExportSpansResponse) Reset() {
 	*x = ExportSpansResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5459,7 +5674,7 @@ func (x *ExportSpansResponse) String() string {
 func (*ExportSpansResponse) ProtoMessage() {}
 
 func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[69]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5472,7 +5687,7 @@ func (x *ExportSpansResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportSpansResponse.ProtoReflect.Descriptor instead.
 func (*ExportSpansResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{69}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ExportSpansResponse) GetKept() int32 {
@@ -5498,7 +5713,7 @@ type ReportTaskStatusResponse struct {
 
 func (x *ReportTaskStatusResponse) Reset() {
 	*x = ReportTaskStatusResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5510,7 +5725,7 @@ func (x *ReportTaskStatusResponse) String() string {
 func (*ReportTaskStatusResponse) ProtoMessage() {}
 
 func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[70]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5523,7 +5738,7 @@ func (x *ReportTaskStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTaskStatusResponse.ProtoReflect.Descriptor instead.
 func (*ReportTaskStatusResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{70}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ReportTaskStatusResponse) GetAccepted() bool {
@@ -5560,7 +5775,7 @@ type GossipKeyringRequest struct {
 
 func (x *GossipKeyringRequest) Reset() {
 	*x = GossipKeyringRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5572,7 +5787,7 @@ func (x *GossipKeyringRequest) String() string {
 func (*GossipKeyringRequest) ProtoMessage() {}
 
 func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[71]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5585,7 +5800,7 @@ func (x *GossipKeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringRequest.ProtoReflect.Descriptor instead.
 func (*GossipKeyringRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{71}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GossipKeyringRequest) GetOp() GossipKeyringOp {
@@ -5633,7 +5848,7 @@ type GossipKeyringPool struct {
 
 func (x *GossipKeyringPool) Reset() {
 	*x = GossipKeyringPool{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5645,7 +5860,7 @@ func (x *GossipKeyringPool) String() string {
 func (*GossipKeyringPool) ProtoMessage() {}
 
 func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[72]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5658,7 +5873,7 @@ func (x *GossipKeyringPool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringPool.ProtoReflect.Descriptor instead.
 func (*GossipKeyringPool) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{72}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *GossipKeyringPool) GetPool() string {
@@ -5726,7 +5941,7 @@ type GossipKeyringResponse struct {
 
 func (x *GossipKeyringResponse) Reset() {
 	*x = GossipKeyringResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5738,7 +5953,7 @@ func (x *GossipKeyringResponse) String() string {
 func (*GossipKeyringResponse) ProtoMessage() {}
 
 func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[73]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5751,7 +5966,7 @@ func (x *GossipKeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipKeyringResponse.ProtoReflect.Descriptor instead.
 func (*GossipKeyringResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{73}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *GossipKeyringResponse) GetPools() []*GossipKeyringPool {
@@ -5775,7 +5990,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5787,7 +6002,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[74]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5800,7 +6015,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{74}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *DrainNodeRequest) GetNodeId() string {
@@ -5840,7 +6055,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5852,7 +6067,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[75]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5865,7 +6080,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{75}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -5886,7 +6101,7 @@ type SetNodeEligibilityRequest struct {
 
 func (x *SetNodeEligibilityRequest) Reset() {
 	*x = SetNodeEligibilityRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5898,7 +6113,7 @@ func (x *SetNodeEligibilityRequest) String() string {
 func (*SetNodeEligibilityRequest) ProtoMessage() {}
 
 func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[76]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5911,7 +6126,7 @@ func (x *SetNodeEligibilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{76}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *SetNodeEligibilityRequest) GetNodeId() string {
@@ -5944,7 +6159,7 @@ type SetNodeEligibilityResponse struct {
 
 func (x *SetNodeEligibilityResponse) Reset() {
 	*x = SetNodeEligibilityResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5956,7 +6171,7 @@ func (x *SetNodeEligibilityResponse) String() string {
 func (*SetNodeEligibilityResponse) ProtoMessage() {}
 
 func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[77]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5969,7 +6184,7 @@ func (x *SetNodeEligibilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeEligibilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeEligibilityResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{77}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *SetNodeEligibilityResponse) GetNode() *Node {
@@ -5992,7 +6207,7 @@ type QuarantineNodeRequest struct {
 
 func (x *QuarantineNodeRequest) Reset() {
 	*x = QuarantineNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6004,7 +6219,7 @@ func (x *QuarantineNodeRequest) String() string {
 func (*QuarantineNodeRequest) ProtoMessage() {}
 
 func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[78]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6017,7 +6232,7 @@ func (x *QuarantineNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeRequest.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{78}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *QuarantineNodeRequest) GetNodeId() string {
@@ -6051,7 +6266,7 @@ type QuarantineNodeResponse struct {
 
 func (x *QuarantineNodeResponse) Reset() {
 	*x = QuarantineNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6063,7 +6278,7 @@ func (x *QuarantineNodeResponse) String() string {
 func (*QuarantineNodeResponse) ProtoMessage() {}
 
 func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[79]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6076,7 +6291,7 @@ func (x *QuarantineNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuarantineNodeResponse.ProtoReflect.Descriptor instead.
 func (*QuarantineNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{79}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *QuarantineNodeResponse) GetNode() *Node {
@@ -6097,7 +6312,7 @@ type ReleaseNodeRequest struct {
 
 func (x *ReleaseNodeRequest) Reset() {
 	*x = ReleaseNodeRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6109,7 +6324,7 @@ func (x *ReleaseNodeRequest) String() string {
 func (*ReleaseNodeRequest) ProtoMessage() {}
 
 func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[80]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6122,7 +6337,7 @@ func (x *ReleaseNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{80}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ReleaseNodeRequest) GetNodeId() string {
@@ -6150,7 +6365,7 @@ type ReleaseNodeResponse struct {
 
 func (x *ReleaseNodeResponse) Reset() {
 	*x = ReleaseNodeResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6162,7 +6377,7 @@ func (x *ReleaseNodeResponse) String() string {
 func (*ReleaseNodeResponse) ProtoMessage() {}
 
 func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[81]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6175,7 +6390,7 @@ func (x *ReleaseNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseNodeResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{81}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ReleaseNodeResponse) GetNode() *Node {
@@ -6200,7 +6415,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6212,7 +6427,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[82]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6225,7 +6440,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{82}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
 }
 
 type Node struct {
@@ -6286,7 +6501,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6298,7 +6513,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[83]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6311,7 +6526,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{83}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *Node) GetId() string {
@@ -6501,7 +6716,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6513,7 +6728,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[84]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6526,7 +6741,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{84}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -6551,7 +6766,7 @@ type GetRegionInfoRequest struct {
 
 func (x *GetRegionInfoRequest) Reset() {
 	*x = GetRegionInfoRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6563,7 +6778,7 @@ func (x *GetRegionInfoRequest) String() string {
 func (*GetRegionInfoRequest) ProtoMessage() {}
 
 func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[85]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6576,7 +6791,7 @@ func (x *GetRegionInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{85}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
 }
 
 type Coordinator struct {
@@ -6594,7 +6809,7 @@ type Coordinator struct {
 
 func (x *Coordinator) Reset() {
 	*x = Coordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6606,7 +6821,7 @@ func (x *Coordinator) String() string {
 func (*Coordinator) ProtoMessage() {}
 
 func (x *Coordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[86]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6619,7 +6834,7 @@ func (x *Coordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Coordinator.ProtoReflect.Descriptor instead.
 func (*Coordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{86}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *Coordinator) GetId() string {
@@ -6697,7 +6912,7 @@ type GetRegionInfoResponse struct {
 
 func (x *GetRegionInfoResponse) Reset() {
 	*x = GetRegionInfoResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6709,7 +6924,7 @@ func (x *GetRegionInfoResponse) String() string {
 func (*GetRegionInfoResponse) ProtoMessage() {}
 
 func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[87]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6722,7 +6937,7 @@ func (x *GetRegionInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{87}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *GetRegionInfoResponse) GetRegion() string {
@@ -6845,7 +7060,7 @@ type SaveSnapshotRequest struct {
 
 func (x *SaveSnapshotRequest) Reset() {
 	*x = SaveSnapshotRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6857,7 +7072,7 @@ func (x *SaveSnapshotRequest) String() string {
 func (*SaveSnapshotRequest) ProtoMessage() {}
 
 func (x *SaveSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[88]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6870,7 +7085,7 @@ func (x *SaveSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SaveSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{88}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
 }
 
 // SaveSnapshotResponse is a piece of an etcd snapshot (etcd's Maintenance.Snapshot:
@@ -6886,7 +7101,7 @@ type SaveSnapshotResponse struct {
 
 func (x *SaveSnapshotResponse) Reset() {
 	*x = SaveSnapshotResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6898,7 +7113,7 @@ func (x *SaveSnapshotResponse) String() string {
 func (*SaveSnapshotResponse) ProtoMessage() {}
 
 func (x *SaveSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[89]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6911,7 +7126,7 @@ func (x *SaveSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SaveSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{89}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *SaveSnapshotResponse) GetData() []byte {
@@ -6929,7 +7144,7 @@ type ListShardsRequest struct {
 
 func (x *ListShardsRequest) Reset() {
 	*x = ListShardsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6941,7 +7156,7 @@ func (x *ListShardsRequest) String() string {
 func (*ListShardsRequest) ProtoMessage() {}
 
 func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[90]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6954,7 +7169,7 @@ func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsRequest.ProtoReflect.Descriptor instead.
 func (*ListShardsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{90}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
 }
 
 // Shard is one virtual shard of a region (package shards).
@@ -6979,7 +7194,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6991,7 +7206,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[91]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7004,7 +7219,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{91}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *Shard) GetShard() int32 {
@@ -7063,7 +7278,7 @@ type ListShardsResponse struct {
 
 func (x *ListShardsResponse) Reset() {
 	*x = ListShardsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7075,7 +7290,7 @@ func (x *ListShardsResponse) String() string {
 func (*ListShardsResponse) ProtoMessage() {}
 
 func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[92]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7088,7 +7303,7 @@ func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsResponse.ProtoReflect.Descriptor instead.
 func (*ListShardsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{92}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ListShardsResponse) GetShards() []*Shard {
@@ -7127,7 +7342,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7139,7 +7354,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[93]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7152,7 +7367,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{93}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
 }
 
 // RegionCoordinator is one coordinator as the WAN pool sees it.
@@ -7175,7 +7390,7 @@ type RegionCoordinator struct {
 
 func (x *RegionCoordinator) Reset() {
 	*x = RegionCoordinator{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7187,7 +7402,7 @@ func (x *RegionCoordinator) String() string {
 func (*RegionCoordinator) ProtoMessage() {}
 
 func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[94]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7200,7 +7415,7 @@ func (x *RegionCoordinator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionCoordinator.ProtoReflect.Descriptor instead.
 func (*RegionCoordinator) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{94}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RegionCoordinator) GetId() string {
@@ -7259,7 +7474,7 @@ type PriorityBacklog struct {
 
 func (x *PriorityBacklog) Reset() {
 	*x = PriorityBacklog{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7271,7 +7486,7 @@ func (x *PriorityBacklog) String() string {
 func (*PriorityBacklog) ProtoMessage() {}
 
 func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[95]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7284,7 +7499,7 @@ func (x *PriorityBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PriorityBacklog.ProtoReflect.Descriptor instead.
 func (*PriorityBacklog) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{95}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *PriorityBacklog) GetClass() string {
@@ -7341,7 +7556,7 @@ type RegionSummary struct {
 
 func (x *RegionSummary) Reset() {
 	*x = RegionSummary{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7353,7 +7568,7 @@ func (x *RegionSummary) String() string {
 func (*RegionSummary) ProtoMessage() {}
 
 func (x *RegionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[96]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7366,7 +7581,7 @@ func (x *RegionSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionSummary.ProtoReflect.Descriptor instead.
 func (*RegionSummary) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{96}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *RegionSummary) GetName() string {
@@ -7476,7 +7691,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7488,7 +7703,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[97]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7501,7 +7716,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{97}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*RegionSummary {
@@ -7539,7 +7754,7 @@ type ACLToken struct {
 
 func (x *ACLToken) Reset() {
 	*x = ACLToken{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7551,7 +7766,7 @@ func (x *ACLToken) String() string {
 func (*ACLToken) ProtoMessage() {}
 
 func (x *ACLToken) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[98]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7564,7 +7779,7 @@ func (x *ACLToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
 func (*ACLToken) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{98}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *ACLToken) GetAccessorId() string {
@@ -7649,7 +7864,7 @@ type ACLPolicy struct {
 
 func (x *ACLPolicy) Reset() {
 	*x = ACLPolicy{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7661,7 +7876,7 @@ func (x *ACLPolicy) String() string {
 func (*ACLPolicy) ProtoMessage() {}
 
 func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[99]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7674,7 +7889,7 @@ func (x *ACLPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLPolicy.ProtoReflect.Descriptor instead.
 func (*ACLPolicy) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{99}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *ACLPolicy) GetName() string {
@@ -7725,7 +7940,7 @@ type ACLNamespaceRule struct {
 
 func (x *ACLNamespaceRule) Reset() {
 	*x = ACLNamespaceRule{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7737,7 +7952,7 @@ func (x *ACLNamespaceRule) String() string {
 func (*ACLNamespaceRule) ProtoMessage() {}
 
 func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[100]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7750,7 +7965,7 @@ func (x *ACLNamespaceRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLNamespaceRule.ProtoReflect.Descriptor instead.
 func (*ACLNamespaceRule) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{100}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ACLNamespaceRule) GetName() string {
@@ -7779,7 +7994,7 @@ type BootstrapACLRequest struct {
 
 func (x *BootstrapACLRequest) Reset() {
 	*x = BootstrapACLRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7791,7 +8006,7 @@ func (x *BootstrapACLRequest) String() string {
 func (*BootstrapACLRequest) ProtoMessage() {}
 
 func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[101]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7804,7 +8019,7 @@ func (x *BootstrapACLRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLRequest.ProtoReflect.Descriptor instead.
 func (*BootstrapACLRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{101}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *BootstrapACLRequest) GetAccessorId() string {
@@ -7834,7 +8049,7 @@ type BootstrapACLResponse struct {
 
 func (x *BootstrapACLResponse) Reset() {
 	*x = BootstrapACLResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7846,7 +8061,7 @@ func (x *BootstrapACLResponse) String() string {
 func (*BootstrapACLResponse) ProtoMessage() {}
 
 func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[102]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7859,7 +8074,7 @@ func (x *BootstrapACLResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACLResponse.ProtoReflect.Descriptor instead.
 func (*BootstrapACLResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{102}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *BootstrapACLResponse) GetToken() *ACLToken {
@@ -7905,7 +8120,7 @@ type CreateACLTokenRequest struct {
 
 func (x *CreateACLTokenRequest) Reset() {
 	*x = CreateACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[103]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7917,7 +8132,7 @@ func (x *CreateACLTokenRequest) String() string {
 func (*CreateACLTokenRequest) ProtoMessage() {}
 
 func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[103]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7930,7 +8145,7 @@ func (x *CreateACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{103}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *CreateACLTokenRequest) GetName() string {
@@ -7999,7 +8214,7 @@ type CreateACLTokenResponse struct {
 
 func (x *CreateACLTokenResponse) Reset() {
 	*x = CreateACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[104]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8011,7 +8226,7 @@ func (x *CreateACLTokenResponse) String() string {
 func (*CreateACLTokenResponse) ProtoMessage() {}
 
 func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[104]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8024,7 +8239,7 @@ func (x *CreateACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{104}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *CreateACLTokenResponse) GetToken() *ACLToken {
@@ -8049,7 +8264,7 @@ type ListACLTokensRequest struct {
 
 func (x *ListACLTokensRequest) Reset() {
 	*x = ListACLTokensRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[105]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8061,7 +8276,7 @@ func (x *ListACLTokensRequest) String() string {
 func (*ListACLTokensRequest) ProtoMessage() {}
 
 func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[105]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8074,7 +8289,7 @@ func (x *ListACLTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListACLTokensRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{105}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{109}
 }
 
 type ListACLTokensResponse struct {
@@ -8088,7 +8303,7 @@ type ListACLTokensResponse struct {
 
 func (x *ListACLTokensResponse) Reset() {
 	*x = ListACLTokensResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[106]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8100,7 +8315,7 @@ func (x *ListACLTokensResponse) String() string {
 func (*ListACLTokensResponse) ProtoMessage() {}
 
 func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[106]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8113,7 +8328,7 @@ func (x *ListACLTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListACLTokensResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{106}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ListACLTokensResponse) GetTokens() []*ACLToken {
@@ -8139,7 +8354,7 @@ type RevokeACLTokenRequest struct {
 
 func (x *RevokeACLTokenRequest) Reset() {
 	*x = RevokeACLTokenRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[107]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8151,7 +8366,7 @@ func (x *RevokeACLTokenRequest) String() string {
 func (*RevokeACLTokenRequest) ProtoMessage() {}
 
 func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[107]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8164,7 +8379,7 @@ func (x *RevokeACLTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{107}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *RevokeACLTokenRequest) GetAccessorId() string {
@@ -8186,7 +8401,7 @@ type RevokeACLTokenResponse struct {
 
 func (x *RevokeACLTokenResponse) Reset() {
 	*x = RevokeACLTokenResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[108]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8198,7 +8413,7 @@ func (x *RevokeACLTokenResponse) String() string {
 func (*RevokeACLTokenResponse) ProtoMessage() {}
 
 func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[108]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8211,7 +8426,7 @@ func (x *RevokeACLTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeACLTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeACLTokenResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{108}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *RevokeACLTokenResponse) GetEndedNodeId() string {
@@ -8243,7 +8458,7 @@ type GetACLSelfRequest struct {
 
 func (x *GetACLSelfRequest) Reset() {
 	*x = GetACLSelfRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[109]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8255,7 +8470,7 @@ func (x *GetACLSelfRequest) String() string {
 func (*GetACLSelfRequest) ProtoMessage() {}
 
 func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[109]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8268,7 +8483,7 @@ func (x *GetACLSelfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfRequest.ProtoReflect.Descriptor instead.
 func (*GetACLSelfRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{109}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{113}
 }
 
 type GetACLSelfResponse struct {
@@ -8280,7 +8495,7 @@ type GetACLSelfResponse struct {
 
 func (x *GetACLSelfResponse) Reset() {
 	*x = GetACLSelfResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[110]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8292,7 +8507,7 @@ func (x *GetACLSelfResponse) String() string {
 func (*GetACLSelfResponse) ProtoMessage() {}
 
 func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[110]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8305,7 +8520,7 @@ func (x *GetACLSelfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetACLSelfResponse.ProtoReflect.Descriptor instead.
 func (*GetACLSelfResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{110}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *GetACLSelfResponse) GetToken() *ACLToken {
@@ -8324,7 +8539,7 @@ type ApplyACLPolicyRequest struct {
 
 func (x *ApplyACLPolicyRequest) Reset() {
 	*x = ApplyACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[111]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8336,7 +8551,7 @@ func (x *ApplyACLPolicyRequest) String() string {
 func (*ApplyACLPolicyRequest) ProtoMessage() {}
 
 func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[111]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8349,7 +8564,7 @@ func (x *ApplyACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{111}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ApplyACLPolicyRequest) GetPolicy() *ACLPolicy {
@@ -8369,7 +8584,7 @@ type ApplyACLPolicyResponse struct {
 
 func (x *ApplyACLPolicyResponse) Reset() {
 	*x = ApplyACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[112]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8381,7 +8596,7 @@ func (x *ApplyACLPolicyResponse) String() string {
 func (*ApplyACLPolicyResponse) ProtoMessage() {}
 
 func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[112]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8394,7 +8609,7 @@ func (x *ApplyACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{112}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *ApplyACLPolicyResponse) GetRegions() []string {
@@ -8419,7 +8634,7 @@ type ListACLPoliciesRequest struct {
 
 func (x *ListACLPoliciesRequest) Reset() {
 	*x = ListACLPoliciesRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[113]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8431,7 +8646,7 @@ func (x *ListACLPoliciesRequest) String() string {
 func (*ListACLPoliciesRequest) ProtoMessage() {}
 
 func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[113]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8444,7 +8659,7 @@ func (x *ListACLPoliciesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesRequest.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{113}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{117}
 }
 
 type ListACLPoliciesResponse struct {
@@ -8457,7 +8672,7 @@ type ListACLPoliciesResponse struct {
 
 func (x *ListACLPoliciesResponse) Reset() {
 	*x = ListACLPoliciesResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[114]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8469,7 +8684,7 @@ func (x *ListACLPoliciesResponse) String() string {
 func (*ListACLPoliciesResponse) ProtoMessage() {}
 
 func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[114]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8482,7 +8697,7 @@ func (x *ListACLPoliciesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListACLPoliciesResponse.ProtoReflect.Descriptor instead.
 func (*ListACLPoliciesResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{114}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *ListACLPoliciesResponse) GetPolicies() []*ACLPolicy {
@@ -8508,7 +8723,7 @@ type DeleteACLPolicyRequest struct {
 
 func (x *DeleteACLPolicyRequest) Reset() {
 	*x = DeleteACLPolicyRequest{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[115]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8520,7 +8735,7 @@ func (x *DeleteACLPolicyRequest) String() string {
 func (*DeleteACLPolicyRequest) ProtoMessage() {}
 
 func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[115]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8533,7 +8748,7 @@ func (x *DeleteACLPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{115}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *DeleteACLPolicyRequest) GetName() string {
@@ -8553,7 +8768,7 @@ type DeleteACLPolicyResponse struct {
 
 func (x *DeleteACLPolicyResponse) Reset() {
 	*x = DeleteACLPolicyResponse{}
-	mi := &file_apiary_v1_apiary_proto_msgTypes[116]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8565,7 +8780,7 @@ func (x *DeleteACLPolicyResponse) String() string {
 func (*DeleteACLPolicyResponse) ProtoMessage() {}
 
 func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_apiary_v1_apiary_proto_msgTypes[116]
+	mi := &file_apiary_v1_apiary_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8578,7 +8793,7 @@ func (x *DeleteACLPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteACLPolicyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteACLPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{116}
+	return file_apiary_v1_apiary_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *DeleteACLPolicyResponse) GetRegions() []string {
@@ -8835,7 +9050,22 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\bafter_ms\x18\x03 \x01(\x03R\aafterMs\"Q\n" +
 	"\x10ClaimJobResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12#\n" +
-	"\ractive_region\x18\x02 \x01(\tR\factiveRegion\"R\n" +
+	"\ractive_region\x18\x02 \x01(\tR\factiveRegion\"K\n" +
+	"\x11ReleaseJobRequest\x12\x1f\n" +
+	"\vhome_region\x18\x01 \x01(\tR\n" +
+	"homeRegion\x12\x15\n" +
+	"\x06job_id\x18\x02 \x01(\tR\x05jobId\"[\n" +
+	"\x12ReleaseJobResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\x12)\n" +
+	"\x05moved\x18\x02 \x01(\v2\x13.apiary.v1.MovedJobR\x05moved\"i\n" +
+	"\x10DropClaimRequest\x12\x1f\n" +
+	"\vhome_region\x18\x01 \x01(\tR\n" +
+	"homeRegion\x12\x15\n" +
+	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x1d\n" +
+	"\n" +
+	"claimed_by\x18\x03 \x01(\tR\tclaimedBy\"-\n" +
+	"\x11DropClaimResponse\x12\x18\n" +
+	"\adropped\x18\x01 \x01(\bR\adropped\"R\n" +
 	"\x14LookupRequestRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12\x1d\n" +
 	"\n" +
@@ -9345,13 +9575,16 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"GetJobLogs\x12\x1c.apiary.v1.GetJobLogsRequest\x1a\x1d.apiary.v1.GetJobLogsResponse\x12L\n" +
 	"\vGetJobTrace\x12\x1d.apiary.v1.GetJobTraceRequest\x1a\x1e.apiary.v1.GetJobTraceResponse\x12U\n" +
 	"\x0eForwardRequest\x12 .apiary.v1.ForwardRequestRequest\x1a!.apiary.v1.ForwardRequestResponse\x12R\n" +
-	"\rLookupRequest\x12\x1f.apiary.v1.LookupRequestRequest\x1a .apiary.v1.LookupRequestResponse2\xba\x02\n" +
+	"\rLookupRequest\x12\x1f.apiary.v1.LookupRequestRequest\x1a .apiary.v1.LookupRequestResponse2\xcd\x03\n" +
 	"\x0fFailoverService\x12I\n" +
 	"\n" +
 	"PutStandby\x12\x1c.apiary.v1.PutStandbyRequest\x1a\x1d.apiary.v1.PutStandbyResponse\x12O\n" +
 	"\fPushProgress\x12\x1e.apiary.v1.PushProgressRequest\x1a\x1f.apiary.v1.PushProgressResponse\x12F\n" +
 	"\tMovedJobs\x12\x1b.apiary.v1.MovedJobsRequest\x1a\x1c.apiary.v1.MovedJobsResponse\x12C\n" +
-	"\bClaimJob\x12\x1a.apiary.v1.ClaimJobRequest\x1a\x1b.apiary.v1.ClaimJobResponse2\x9b\x05\n" +
+	"\bClaimJob\x12\x1a.apiary.v1.ClaimJobRequest\x1a\x1b.apiary.v1.ClaimJobResponse\x12I\n" +
+	"\n" +
+	"ReleaseJob\x12\x1c.apiary.v1.ReleaseJobRequest\x1a\x1d.apiary.v1.ReleaseJobResponse\x12F\n" +
+	"\tDropClaim\x12\x1b.apiary.v1.DropClaimRequest\x1a\x1c.apiary.v1.DropClaimResponse2\x9b\x05\n" +
 	"\fAgentService\x12O\n" +
 	"\fRegisterNode\x12\x1e.apiary.v1.RegisterNodeRequest\x1a\x1f.apiary.v1.RegisterNodeResponse\x12F\n" +
 	"\tHeartbeat\x12\x1b.apiary.v1.HeartbeatRequest\x1a\x1c.apiary.v1.HeartbeatResponse\x12`\n" +
@@ -9399,7 +9632,7 @@ func file_apiary_v1_apiary_proto_rawDescGZIP() []byte {
 }
 
 var file_apiary_v1_apiary_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 129)
+var file_apiary_v1_apiary_proto_msgTypes = make([]protoimpl.MessageInfo, 133)
 var file_apiary_v1_apiary_proto_goTypes = []any{
 	(JobState)(0),                      // 0: apiary.v1.JobState
 	(TaskState)(0),                     // 1: apiary.v1.TaskState
@@ -9438,123 +9671,127 @@ var file_apiary_v1_apiary_proto_goTypes = []any{
 	(*MovedJobsResponse)(nil),          // 34: apiary.v1.MovedJobsResponse
 	(*ClaimJobRequest)(nil),            // 35: apiary.v1.ClaimJobRequest
 	(*ClaimJobResponse)(nil),           // 36: apiary.v1.ClaimJobResponse
-	(*LookupRequestRequest)(nil),       // 37: apiary.v1.LookupRequestRequest
-	(*LookupRequestResponse)(nil),      // 38: apiary.v1.LookupRequestResponse
-	(*ForwardRequestRequest)(nil),      // 39: apiary.v1.ForwardRequestRequest
-	(*ForwardRequestResponse)(nil),     // 40: apiary.v1.ForwardRequestResponse
-	(*SubmitJobRequest)(nil),           // 41: apiary.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),          // 42: apiary.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),              // 43: apiary.v1.GetJobRequest
-	(*GetJobResponse)(nil),             // 44: apiary.v1.GetJobResponse
-	(*ListJobsRequest)(nil),            // 45: apiary.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),           // 46: apiary.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),           // 47: apiary.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),          // 48: apiary.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),            // 49: apiary.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),           // 50: apiary.v1.WatchJobResponse
-	(*GetJobLogsRequest)(nil),          // 51: apiary.v1.GetJobLogsRequest
-	(*GetJobLogsResponse)(nil),         // 52: apiary.v1.GetJobLogsResponse
-	(*GetJobTraceRequest)(nil),         // 53: apiary.v1.GetJobTraceRequest
-	(*GetJobTraceResponse)(nil),        // 54: apiary.v1.GetJobTraceResponse
-	(*RegisterNodeRequest)(nil),        // 55: apiary.v1.RegisterNodeRequest
-	(*LocalDataset)(nil),               // 56: apiary.v1.LocalDataset
-	(*DatasetList)(nil),                // 57: apiary.v1.DatasetList
-	(*DatasetHolders)(nil),             // 58: apiary.v1.DatasetHolders
-	(*DatasetCopy)(nil),                // 59: apiary.v1.DatasetCopy
-	(*RegisterNodeResponse)(nil),       // 60: apiary.v1.RegisterNodeResponse
-	(*HeartbeatRequest)(nil),           // 61: apiary.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),          // 62: apiary.v1.HeartbeatResponse
-	(*AttemptRef)(nil),                 // 63: apiary.v1.AttemptRef
-	(*AdoptAttemptsRequest)(nil),       // 64: apiary.v1.AdoptAttemptsRequest
-	(*AdoptAttemptsResponse)(nil),      // 65: apiary.v1.AdoptAttemptsResponse
-	(*AdoptDecision)(nil),              // 66: apiary.v1.AdoptDecision
-	(*DrainSelfRequest)(nil),           // 67: apiary.v1.DrainSelfRequest
-	(*DrainSelfResponse)(nil),          // 68: apiary.v1.DrainSelfResponse
-	(*DeregisterRequest)(nil),          // 69: apiary.v1.DeregisterRequest
-	(*DeregisterResponse)(nil),         // 70: apiary.v1.DeregisterResponse
-	(*StreamAssignmentsRequest)(nil),   // 71: apiary.v1.StreamAssignmentsRequest
-	(*StreamAssignmentsResponse)(nil),  // 72: apiary.v1.StreamAssignmentsResponse
-	(*Assignment)(nil),                 // 73: apiary.v1.Assignment
-	(*ReportTaskStatusRequest)(nil),    // 74: apiary.v1.ReportTaskStatusRequest
-	(*ExportSpansRequest)(nil),         // 75: apiary.v1.ExportSpansRequest
-	(*ExportSpansResponse)(nil),        // 76: apiary.v1.ExportSpansResponse
-	(*ReportTaskStatusResponse)(nil),   // 77: apiary.v1.ReportTaskStatusResponse
-	(*GossipKeyringRequest)(nil),       // 78: apiary.v1.GossipKeyringRequest
-	(*GossipKeyringPool)(nil),          // 79: apiary.v1.GossipKeyringPool
-	(*GossipKeyringResponse)(nil),      // 80: apiary.v1.GossipKeyringResponse
-	(*DrainNodeRequest)(nil),           // 81: apiary.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 82: apiary.v1.DrainNodeResponse
-	(*SetNodeEligibilityRequest)(nil),  // 83: apiary.v1.SetNodeEligibilityRequest
-	(*SetNodeEligibilityResponse)(nil), // 84: apiary.v1.SetNodeEligibilityResponse
-	(*QuarantineNodeRequest)(nil),      // 85: apiary.v1.QuarantineNodeRequest
-	(*QuarantineNodeResponse)(nil),     // 86: apiary.v1.QuarantineNodeResponse
-	(*ReleaseNodeRequest)(nil),         // 87: apiary.v1.ReleaseNodeRequest
-	(*ReleaseNodeResponse)(nil),        // 88: apiary.v1.ReleaseNodeResponse
-	(*ListNodesRequest)(nil),           // 89: apiary.v1.ListNodesRequest
-	(*Node)(nil),                       // 90: apiary.v1.Node
-	(*ListNodesResponse)(nil),          // 91: apiary.v1.ListNodesResponse
-	(*GetRegionInfoRequest)(nil),       // 92: apiary.v1.GetRegionInfoRequest
-	(*Coordinator)(nil),                // 93: apiary.v1.Coordinator
-	(*GetRegionInfoResponse)(nil),      // 94: apiary.v1.GetRegionInfoResponse
-	(*SaveSnapshotRequest)(nil),        // 95: apiary.v1.SaveSnapshotRequest
-	(*SaveSnapshotResponse)(nil),       // 96: apiary.v1.SaveSnapshotResponse
-	(*ListShardsRequest)(nil),          // 97: apiary.v1.ListShardsRequest
-	(*Shard)(nil),                      // 98: apiary.v1.Shard
-	(*ListShardsResponse)(nil),         // 99: apiary.v1.ListShardsResponse
-	(*ListRegionsRequest)(nil),         // 100: apiary.v1.ListRegionsRequest
-	(*RegionCoordinator)(nil),          // 101: apiary.v1.RegionCoordinator
-	(*PriorityBacklog)(nil),            // 102: apiary.v1.PriorityBacklog
-	(*RegionSummary)(nil),              // 103: apiary.v1.RegionSummary
-	(*ListRegionsResponse)(nil),        // 104: apiary.v1.ListRegionsResponse
-	(*ACLToken)(nil),                   // 105: apiary.v1.ACLToken
-	(*ACLPolicy)(nil),                  // 106: apiary.v1.ACLPolicy
-	(*ACLNamespaceRule)(nil),           // 107: apiary.v1.ACLNamespaceRule
-	(*BootstrapACLRequest)(nil),        // 108: apiary.v1.BootstrapACLRequest
-	(*BootstrapACLResponse)(nil),       // 109: apiary.v1.BootstrapACLResponse
-	(*CreateACLTokenRequest)(nil),      // 110: apiary.v1.CreateACLTokenRequest
-	(*CreateACLTokenResponse)(nil),     // 111: apiary.v1.CreateACLTokenResponse
-	(*ListACLTokensRequest)(nil),       // 112: apiary.v1.ListACLTokensRequest
-	(*ListACLTokensResponse)(nil),      // 113: apiary.v1.ListACLTokensResponse
-	(*RevokeACLTokenRequest)(nil),      // 114: apiary.v1.RevokeACLTokenRequest
-	(*RevokeACLTokenResponse)(nil),     // 115: apiary.v1.RevokeACLTokenResponse
-	(*GetACLSelfRequest)(nil),          // 116: apiary.v1.GetACLSelfRequest
-	(*GetACLSelfResponse)(nil),         // 117: apiary.v1.GetACLSelfResponse
-	(*ApplyACLPolicyRequest)(nil),      // 118: apiary.v1.ApplyACLPolicyRequest
-	(*ApplyACLPolicyResponse)(nil),     // 119: apiary.v1.ApplyACLPolicyResponse
-	(*ListACLPoliciesRequest)(nil),     // 120: apiary.v1.ListACLPoliciesRequest
-	(*ListACLPoliciesResponse)(nil),    // 121: apiary.v1.ListACLPoliciesResponse
-	(*DeleteACLPolicyRequest)(nil),     // 122: apiary.v1.DeleteACLPolicyRequest
-	(*DeleteACLPolicyResponse)(nil),    // 123: apiary.v1.DeleteACLPolicyResponse
-	nil,                                // 124: apiary.v1.RegionSpec.SelectorEntry
-	nil,                                // 125: apiary.v1.TaskGroup.EnvEntry
-	nil,                                // 126: apiary.v1.TaskGroup.SecretEnvEntry
-	nil,                                // 127: apiary.v1.Spread.TargetsEntry
-	nil,                                // 128: apiary.v1.RegisterNodeRequest.LabelsEntry
-	nil,                                // 129: apiary.v1.Assignment.EnvEntry
-	nil,                                // 130: apiary.v1.GossipKeyringPool.MessagesEntry
-	nil,                                // 131: apiary.v1.GossipKeyringPool.KeysEntry
-	nil,                                // 132: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	nil,                                // 133: apiary.v1.Node.LabelsEntry
-	nil,                                // 134: apiary.v1.GetRegionInfoResponse.LabelsEntry
-	nil,                                // 135: apiary.v1.RegionSummary.LabelsEntry
+	(*ReleaseJobRequest)(nil),          // 37: apiary.v1.ReleaseJobRequest
+	(*ReleaseJobResponse)(nil),         // 38: apiary.v1.ReleaseJobResponse
+	(*DropClaimRequest)(nil),           // 39: apiary.v1.DropClaimRequest
+	(*DropClaimResponse)(nil),          // 40: apiary.v1.DropClaimResponse
+	(*LookupRequestRequest)(nil),       // 41: apiary.v1.LookupRequestRequest
+	(*LookupRequestResponse)(nil),      // 42: apiary.v1.LookupRequestResponse
+	(*ForwardRequestRequest)(nil),      // 43: apiary.v1.ForwardRequestRequest
+	(*ForwardRequestResponse)(nil),     // 44: apiary.v1.ForwardRequestResponse
+	(*SubmitJobRequest)(nil),           // 45: apiary.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),          // 46: apiary.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),              // 47: apiary.v1.GetJobRequest
+	(*GetJobResponse)(nil),             // 48: apiary.v1.GetJobResponse
+	(*ListJobsRequest)(nil),            // 49: apiary.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),           // 50: apiary.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),           // 51: apiary.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),          // 52: apiary.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),            // 53: apiary.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),           // 54: apiary.v1.WatchJobResponse
+	(*GetJobLogsRequest)(nil),          // 55: apiary.v1.GetJobLogsRequest
+	(*GetJobLogsResponse)(nil),         // 56: apiary.v1.GetJobLogsResponse
+	(*GetJobTraceRequest)(nil),         // 57: apiary.v1.GetJobTraceRequest
+	(*GetJobTraceResponse)(nil),        // 58: apiary.v1.GetJobTraceResponse
+	(*RegisterNodeRequest)(nil),        // 59: apiary.v1.RegisterNodeRequest
+	(*LocalDataset)(nil),               // 60: apiary.v1.LocalDataset
+	(*DatasetList)(nil),                // 61: apiary.v1.DatasetList
+	(*DatasetHolders)(nil),             // 62: apiary.v1.DatasetHolders
+	(*DatasetCopy)(nil),                // 63: apiary.v1.DatasetCopy
+	(*RegisterNodeResponse)(nil),       // 64: apiary.v1.RegisterNodeResponse
+	(*HeartbeatRequest)(nil),           // 65: apiary.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 66: apiary.v1.HeartbeatResponse
+	(*AttemptRef)(nil),                 // 67: apiary.v1.AttemptRef
+	(*AdoptAttemptsRequest)(nil),       // 68: apiary.v1.AdoptAttemptsRequest
+	(*AdoptAttemptsResponse)(nil),      // 69: apiary.v1.AdoptAttemptsResponse
+	(*AdoptDecision)(nil),              // 70: apiary.v1.AdoptDecision
+	(*DrainSelfRequest)(nil),           // 71: apiary.v1.DrainSelfRequest
+	(*DrainSelfResponse)(nil),          // 72: apiary.v1.DrainSelfResponse
+	(*DeregisterRequest)(nil),          // 73: apiary.v1.DeregisterRequest
+	(*DeregisterResponse)(nil),         // 74: apiary.v1.DeregisterResponse
+	(*StreamAssignmentsRequest)(nil),   // 75: apiary.v1.StreamAssignmentsRequest
+	(*StreamAssignmentsResponse)(nil),  // 76: apiary.v1.StreamAssignmentsResponse
+	(*Assignment)(nil),                 // 77: apiary.v1.Assignment
+	(*ReportTaskStatusRequest)(nil),    // 78: apiary.v1.ReportTaskStatusRequest
+	(*ExportSpansRequest)(nil),         // 79: apiary.v1.ExportSpansRequest
+	(*ExportSpansResponse)(nil),        // 80: apiary.v1.ExportSpansResponse
+	(*ReportTaskStatusResponse)(nil),   // 81: apiary.v1.ReportTaskStatusResponse
+	(*GossipKeyringRequest)(nil),       // 82: apiary.v1.GossipKeyringRequest
+	(*GossipKeyringPool)(nil),          // 83: apiary.v1.GossipKeyringPool
+	(*GossipKeyringResponse)(nil),      // 84: apiary.v1.GossipKeyringResponse
+	(*DrainNodeRequest)(nil),           // 85: apiary.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 86: apiary.v1.DrainNodeResponse
+	(*SetNodeEligibilityRequest)(nil),  // 87: apiary.v1.SetNodeEligibilityRequest
+	(*SetNodeEligibilityResponse)(nil), // 88: apiary.v1.SetNodeEligibilityResponse
+	(*QuarantineNodeRequest)(nil),      // 89: apiary.v1.QuarantineNodeRequest
+	(*QuarantineNodeResponse)(nil),     // 90: apiary.v1.QuarantineNodeResponse
+	(*ReleaseNodeRequest)(nil),         // 91: apiary.v1.ReleaseNodeRequest
+	(*ReleaseNodeResponse)(nil),        // 92: apiary.v1.ReleaseNodeResponse
+	(*ListNodesRequest)(nil),           // 93: apiary.v1.ListNodesRequest
+	(*Node)(nil),                       // 94: apiary.v1.Node
+	(*ListNodesResponse)(nil),          // 95: apiary.v1.ListNodesResponse
+	(*GetRegionInfoRequest)(nil),       // 96: apiary.v1.GetRegionInfoRequest
+	(*Coordinator)(nil),                // 97: apiary.v1.Coordinator
+	(*GetRegionInfoResponse)(nil),      // 98: apiary.v1.GetRegionInfoResponse
+	(*SaveSnapshotRequest)(nil),        // 99: apiary.v1.SaveSnapshotRequest
+	(*SaveSnapshotResponse)(nil),       // 100: apiary.v1.SaveSnapshotResponse
+	(*ListShardsRequest)(nil),          // 101: apiary.v1.ListShardsRequest
+	(*Shard)(nil),                      // 102: apiary.v1.Shard
+	(*ListShardsResponse)(nil),         // 103: apiary.v1.ListShardsResponse
+	(*ListRegionsRequest)(nil),         // 104: apiary.v1.ListRegionsRequest
+	(*RegionCoordinator)(nil),          // 105: apiary.v1.RegionCoordinator
+	(*PriorityBacklog)(nil),            // 106: apiary.v1.PriorityBacklog
+	(*RegionSummary)(nil),              // 107: apiary.v1.RegionSummary
+	(*ListRegionsResponse)(nil),        // 108: apiary.v1.ListRegionsResponse
+	(*ACLToken)(nil),                   // 109: apiary.v1.ACLToken
+	(*ACLPolicy)(nil),                  // 110: apiary.v1.ACLPolicy
+	(*ACLNamespaceRule)(nil),           // 111: apiary.v1.ACLNamespaceRule
+	(*BootstrapACLRequest)(nil),        // 112: apiary.v1.BootstrapACLRequest
+	(*BootstrapACLResponse)(nil),       // 113: apiary.v1.BootstrapACLResponse
+	(*CreateACLTokenRequest)(nil),      // 114: apiary.v1.CreateACLTokenRequest
+	(*CreateACLTokenResponse)(nil),     // 115: apiary.v1.CreateACLTokenResponse
+	(*ListACLTokensRequest)(nil),       // 116: apiary.v1.ListACLTokensRequest
+	(*ListACLTokensResponse)(nil),      // 117: apiary.v1.ListACLTokensResponse
+	(*RevokeACLTokenRequest)(nil),      // 118: apiary.v1.RevokeACLTokenRequest
+	(*RevokeACLTokenResponse)(nil),     // 119: apiary.v1.RevokeACLTokenResponse
+	(*GetACLSelfRequest)(nil),          // 120: apiary.v1.GetACLSelfRequest
+	(*GetACLSelfResponse)(nil),         // 121: apiary.v1.GetACLSelfResponse
+	(*ApplyACLPolicyRequest)(nil),      // 122: apiary.v1.ApplyACLPolicyRequest
+	(*ApplyACLPolicyResponse)(nil),     // 123: apiary.v1.ApplyACLPolicyResponse
+	(*ListACLPoliciesRequest)(nil),     // 124: apiary.v1.ListACLPoliciesRequest
+	(*ListACLPoliciesResponse)(nil),    // 125: apiary.v1.ListACLPoliciesResponse
+	(*DeleteACLPolicyRequest)(nil),     // 126: apiary.v1.DeleteACLPolicyRequest
+	(*DeleteACLPolicyResponse)(nil),    // 127: apiary.v1.DeleteACLPolicyResponse
+	nil,                                // 128: apiary.v1.RegionSpec.SelectorEntry
+	nil,                                // 129: apiary.v1.TaskGroup.EnvEntry
+	nil,                                // 130: apiary.v1.TaskGroup.SecretEnvEntry
+	nil,                                // 131: apiary.v1.Spread.TargetsEntry
+	nil,                                // 132: apiary.v1.RegisterNodeRequest.LabelsEntry
+	nil,                                // 133: apiary.v1.Assignment.EnvEntry
+	nil,                                // 134: apiary.v1.GossipKeyringPool.MessagesEntry
+	nil,                                // 135: apiary.v1.GossipKeyringPool.KeysEntry
+	nil,                                // 136: apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	nil,                                // 137: apiary.v1.Node.LabelsEntry
+	nil,                                // 138: apiary.v1.GetRegionInfoResponse.LabelsEntry
+	nil,                                // 139: apiary.v1.RegionSummary.LabelsEntry
 }
 var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	10,  // 0: apiary.v1.JobSpec.region:type_name -> apiary.v1.RegionSpec
 	11,  // 1: apiary.v1.JobSpec.tasks:type_name -> apiary.v1.TaskGroup
 	9,   // 2: apiary.v1.JobSpec.disconnect:type_name -> apiary.v1.Disconnect
 	8,   // 3: apiary.v1.JobSpec.failover:type_name -> apiary.v1.Failover
-	124, // 4: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
-	125, // 5: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
+	128, // 4: apiary.v1.RegionSpec.selector:type_name -> apiary.v1.RegionSpec.SelectorEntry
+	129, // 5: apiary.v1.TaskGroup.env:type_name -> apiary.v1.TaskGroup.EnvEntry
 	13,  // 6: apiary.v1.TaskGroup.resources:type_name -> apiary.v1.Resources
 	15,  // 7: apiary.v1.TaskGroup.constraints:type_name -> apiary.v1.Constraint
 	16,  // 8: apiary.v1.TaskGroup.affinities:type_name -> apiary.v1.Affinity
 	17,  // 9: apiary.v1.TaskGroup.spreads:type_name -> apiary.v1.Spread
 	18,  // 10: apiary.v1.TaskGroup.distinct_properties:type_name -> apiary.v1.DistinctProperty
 	19,  // 11: apiary.v1.TaskGroup.datasets:type_name -> apiary.v1.Dataset
-	126, // 12: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
+	130, // 12: apiary.v1.TaskGroup.secret_env:type_name -> apiary.v1.TaskGroup.SecretEnvEntry
 	12,  // 13: apiary.v1.TaskGroup.anti_affinity:type_name -> apiary.v1.AntiAffinity
 	14,  // 14: apiary.v1.Resources.limits:type_name -> apiary.v1.ResourceLimits
-	127, // 15: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
+	131, // 15: apiary.v1.Spread.targets:type_name -> apiary.v1.Spread.TargetsEntry
 	7,   // 16: apiary.v1.Job.spec:type_name -> apiary.v1.JobSpec
 	0,   // 17: apiary.v1.Job.state:type_name -> apiary.v1.JobState
 	22,  // 18: apiary.v1.Job.counts:type_name -> apiary.v1.TaskCounts
@@ -9568,144 +9805,149 @@ var file_apiary_v1_apiary_proto_depIdxs = []int32{
 	28,  // 26: apiary.v1.PushProgressRequest.done:type_name -> apiary.v1.TaskDone
 	32,  // 27: apiary.v1.MovedJobsResponse.moved:type_name -> apiary.v1.MovedJob
 	33,  // 28: apiary.v1.MovedJobsResponse.claimed:type_name -> apiary.v1.ClaimedJob
-	7,   // 29: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
-	20,  // 30: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
-	0,   // 31: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
-	20,  // 32: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
-	20,  // 33: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
-	20,  // 34: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
-	23,  // 35: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
-	128, // 36: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
-	13,  // 37: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
-	56,  // 38: apiary.v1.RegisterNodeRequest.datasets:type_name -> apiary.v1.LocalDataset
-	58,  // 39: apiary.v1.DatasetList.datasets:type_name -> apiary.v1.DatasetHolders
-	59,  // 40: apiary.v1.DatasetHolders.holders:type_name -> apiary.v1.DatasetCopy
-	56,  // 41: apiary.v1.HeartbeatRequest.datasets:type_name -> apiary.v1.LocalDataset
-	63,  // 42: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
-	66,  // 43: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
-	63,  // 44: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
-	73,  // 45: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
-	6,   // 46: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
-	129, // 47: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
-	13,  // 48: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
-	2,   // 49: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
-	3,   // 50: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
-	56,  // 51: apiary.v1.ReportTaskStatusRequest.outputs:type_name -> apiary.v1.LocalDataset
-	4,   // 52: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
-	130, // 53: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
-	131, // 54: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
-	132, // 55: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
-	79,  // 56: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
-	90,  // 57: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
-	90,  // 58: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
-	90,  // 59: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
-	90,  // 60: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
-	133, // 61: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
-	13,  // 62: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
-	13,  // 63: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
-	5,   // 64: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
-	56,  // 65: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
-	14,  // 66: apiary.v1.Node.limits:type_name -> apiary.v1.ResourceLimits
-	90,  // 67: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
-	134, // 68: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
-	93,  // 69: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
-	98,  // 70: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
-	135, // 71: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
-	101, // 72: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
-	13,  // 73: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
-	13,  // 74: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
-	102, // 75: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
-	103, // 76: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
-	107, // 77: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
-	105, // 78: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
-	105, // 79: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
-	105, // 80: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
-	105, // 81: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
-	106, // 82: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
-	106, // 83: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
-	41,  // 84: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
-	43,  // 85: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
-	45,  // 86: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
-	47,  // 87: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
-	49,  // 88: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
-	51,  // 89: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
-	53,  // 90: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
-	39,  // 91: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
-	37,  // 92: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
-	26,  // 93: apiary.v1.FailoverService.PutStandby:input_type -> apiary.v1.PutStandbyRequest
-	29,  // 94: apiary.v1.FailoverService.PushProgress:input_type -> apiary.v1.PushProgressRequest
-	31,  // 95: apiary.v1.FailoverService.MovedJobs:input_type -> apiary.v1.MovedJobsRequest
-	35,  // 96: apiary.v1.FailoverService.ClaimJob:input_type -> apiary.v1.ClaimJobRequest
-	55,  // 97: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
-	61,  // 98: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
-	71,  // 99: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
-	74,  // 100: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
-	64,  // 101: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
-	67,  // 102: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
-	69,  // 103: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
-	75,  // 104: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
-	89,  // 105: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
-	92,  // 106: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
-	97,  // 107: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
-	95,  // 108: apiary.v1.AdminService.SaveSnapshot:input_type -> apiary.v1.SaveSnapshotRequest
-	100, // 109: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
-	85,  // 110: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
-	87,  // 111: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
-	81,  // 112: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
-	83,  // 113: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
-	78,  // 114: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
-	108, // 115: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
-	110, // 116: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
-	112, // 117: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
-	114, // 118: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
-	116, // 119: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
-	118, // 120: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
-	120, // 121: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
-	122, // 122: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
-	42,  // 123: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
-	44,  // 124: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
-	46,  // 125: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
-	48,  // 126: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
-	50,  // 127: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
-	52,  // 128: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
-	54,  // 129: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
-	40,  // 130: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
-	38,  // 131: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
-	27,  // 132: apiary.v1.FailoverService.PutStandby:output_type -> apiary.v1.PutStandbyResponse
-	30,  // 133: apiary.v1.FailoverService.PushProgress:output_type -> apiary.v1.PushProgressResponse
-	34,  // 134: apiary.v1.FailoverService.MovedJobs:output_type -> apiary.v1.MovedJobsResponse
-	36,  // 135: apiary.v1.FailoverService.ClaimJob:output_type -> apiary.v1.ClaimJobResponse
-	60,  // 136: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
-	62,  // 137: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
-	72,  // 138: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
-	77,  // 139: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
-	65,  // 140: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
-	68,  // 141: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
-	70,  // 142: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
-	76,  // 143: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
-	91,  // 144: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
-	94,  // 145: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
-	99,  // 146: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
-	96,  // 147: apiary.v1.AdminService.SaveSnapshot:output_type -> apiary.v1.SaveSnapshotResponse
-	104, // 148: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
-	86,  // 149: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
-	88,  // 150: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
-	82,  // 151: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
-	84,  // 152: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
-	80,  // 153: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
-	109, // 154: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
-	111, // 155: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
-	113, // 156: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
-	115, // 157: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
-	117, // 158: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
-	119, // 159: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
-	121, // 160: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
-	123, // 161: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
-	123, // [123:162] is the sub-list for method output_type
-	84,  // [84:123] is the sub-list for method input_type
-	84,  // [84:84] is the sub-list for extension type_name
-	84,  // [84:84] is the sub-list for extension extendee
-	0,   // [0:84] is the sub-list for field type_name
+	32,  // 29: apiary.v1.ReleaseJobResponse.moved:type_name -> apiary.v1.MovedJob
+	7,   // 30: apiary.v1.SubmitJobRequest.spec:type_name -> apiary.v1.JobSpec
+	20,  // 31: apiary.v1.GetJobResponse.job:type_name -> apiary.v1.Job
+	0,   // 32: apiary.v1.ListJobsRequest.state:type_name -> apiary.v1.JobState
+	20,  // 33: apiary.v1.ListJobsResponse.jobs:type_name -> apiary.v1.Job
+	20,  // 34: apiary.v1.CancelJobResponse.job:type_name -> apiary.v1.Job
+	20,  // 35: apiary.v1.WatchJobResponse.job:type_name -> apiary.v1.Job
+	23,  // 36: apiary.v1.GetJobLogsResponse.tasks:type_name -> apiary.v1.Task
+	132, // 37: apiary.v1.RegisterNodeRequest.labels:type_name -> apiary.v1.RegisterNodeRequest.LabelsEntry
+	13,  // 38: apiary.v1.RegisterNodeRequest.capacity:type_name -> apiary.v1.Resources
+	60,  // 39: apiary.v1.RegisterNodeRequest.datasets:type_name -> apiary.v1.LocalDataset
+	62,  // 40: apiary.v1.DatasetList.datasets:type_name -> apiary.v1.DatasetHolders
+	63,  // 41: apiary.v1.DatasetHolders.holders:type_name -> apiary.v1.DatasetCopy
+	60,  // 42: apiary.v1.HeartbeatRequest.datasets:type_name -> apiary.v1.LocalDataset
+	67,  // 43: apiary.v1.AdoptAttemptsRequest.attempts:type_name -> apiary.v1.AttemptRef
+	70,  // 44: apiary.v1.AdoptAttemptsResponse.decisions:type_name -> apiary.v1.AdoptDecision
+	67,  // 45: apiary.v1.AdoptDecision.attempt:type_name -> apiary.v1.AttemptRef
+	77,  // 46: apiary.v1.StreamAssignmentsResponse.assignment:type_name -> apiary.v1.Assignment
+	6,   // 47: apiary.v1.Assignment.kind:type_name -> apiary.v1.Assignment.Kind
+	133, // 48: apiary.v1.Assignment.env:type_name -> apiary.v1.Assignment.EnvEntry
+	13,  // 49: apiary.v1.Assignment.resources:type_name -> apiary.v1.Resources
+	2,   // 50: apiary.v1.ReportTaskStatusRequest.kind:type_name -> apiary.v1.ReportKind
+	3,   // 51: apiary.v1.ReportTaskStatusRequest.fault:type_name -> apiary.v1.FailureFault
+	60,  // 52: apiary.v1.ReportTaskStatusRequest.outputs:type_name -> apiary.v1.LocalDataset
+	4,   // 53: apiary.v1.GossipKeyringRequest.op:type_name -> apiary.v1.GossipKeyringOp
+	134, // 54: apiary.v1.GossipKeyringPool.messages:type_name -> apiary.v1.GossipKeyringPool.MessagesEntry
+	135, // 55: apiary.v1.GossipKeyringPool.keys:type_name -> apiary.v1.GossipKeyringPool.KeysEntry
+	136, // 56: apiary.v1.GossipKeyringPool.primary_keys:type_name -> apiary.v1.GossipKeyringPool.PrimaryKeysEntry
+	83,  // 57: apiary.v1.GossipKeyringResponse.pools:type_name -> apiary.v1.GossipKeyringPool
+	94,  // 58: apiary.v1.DrainNodeResponse.node:type_name -> apiary.v1.Node
+	94,  // 59: apiary.v1.SetNodeEligibilityResponse.node:type_name -> apiary.v1.Node
+	94,  // 60: apiary.v1.QuarantineNodeResponse.node:type_name -> apiary.v1.Node
+	94,  // 61: apiary.v1.ReleaseNodeResponse.node:type_name -> apiary.v1.Node
+	137, // 62: apiary.v1.Node.labels:type_name -> apiary.v1.Node.LabelsEntry
+	13,  // 63: apiary.v1.Node.capacity:type_name -> apiary.v1.Resources
+	13,  // 64: apiary.v1.Node.allocated:type_name -> apiary.v1.Resources
+	5,   // 65: apiary.v1.Node.status:type_name -> apiary.v1.NodeStatus
+	60,  // 66: apiary.v1.Node.datasets:type_name -> apiary.v1.LocalDataset
+	14,  // 67: apiary.v1.Node.limits:type_name -> apiary.v1.ResourceLimits
+	94,  // 68: apiary.v1.ListNodesResponse.nodes:type_name -> apiary.v1.Node
+	138, // 69: apiary.v1.GetRegionInfoResponse.labels:type_name -> apiary.v1.GetRegionInfoResponse.LabelsEntry
+	97,  // 70: apiary.v1.GetRegionInfoResponse.coordinators:type_name -> apiary.v1.Coordinator
+	102, // 71: apiary.v1.ListShardsResponse.shards:type_name -> apiary.v1.Shard
+	139, // 72: apiary.v1.RegionSummary.labels:type_name -> apiary.v1.RegionSummary.LabelsEntry
+	105, // 73: apiary.v1.RegionSummary.coordinators:type_name -> apiary.v1.RegionCoordinator
+	13,  // 74: apiary.v1.RegionSummary.free:type_name -> apiary.v1.Resources
+	13,  // 75: apiary.v1.RegionSummary.largest_node:type_name -> apiary.v1.Resources
+	106, // 76: apiary.v1.RegionSummary.backlog:type_name -> apiary.v1.PriorityBacklog
+	107, // 77: apiary.v1.ListRegionsResponse.regions:type_name -> apiary.v1.RegionSummary
+	111, // 78: apiary.v1.ACLPolicy.namespaces:type_name -> apiary.v1.ACLNamespaceRule
+	109, // 79: apiary.v1.BootstrapACLResponse.token:type_name -> apiary.v1.ACLToken
+	109, // 80: apiary.v1.CreateACLTokenResponse.token:type_name -> apiary.v1.ACLToken
+	109, // 81: apiary.v1.ListACLTokensResponse.tokens:type_name -> apiary.v1.ACLToken
+	109, // 82: apiary.v1.GetACLSelfResponse.token:type_name -> apiary.v1.ACLToken
+	110, // 83: apiary.v1.ApplyACLPolicyRequest.policy:type_name -> apiary.v1.ACLPolicy
+	110, // 84: apiary.v1.ListACLPoliciesResponse.policies:type_name -> apiary.v1.ACLPolicy
+	45,  // 85: apiary.v1.JobService.SubmitJob:input_type -> apiary.v1.SubmitJobRequest
+	47,  // 86: apiary.v1.JobService.GetJob:input_type -> apiary.v1.GetJobRequest
+	49,  // 87: apiary.v1.JobService.ListJobs:input_type -> apiary.v1.ListJobsRequest
+	51,  // 88: apiary.v1.JobService.CancelJob:input_type -> apiary.v1.CancelJobRequest
+	53,  // 89: apiary.v1.JobService.WatchJob:input_type -> apiary.v1.WatchJobRequest
+	55,  // 90: apiary.v1.JobService.GetJobLogs:input_type -> apiary.v1.GetJobLogsRequest
+	57,  // 91: apiary.v1.JobService.GetJobTrace:input_type -> apiary.v1.GetJobTraceRequest
+	43,  // 92: apiary.v1.JobService.ForwardRequest:input_type -> apiary.v1.ForwardRequestRequest
+	41,  // 93: apiary.v1.JobService.LookupRequest:input_type -> apiary.v1.LookupRequestRequest
+	26,  // 94: apiary.v1.FailoverService.PutStandby:input_type -> apiary.v1.PutStandbyRequest
+	29,  // 95: apiary.v1.FailoverService.PushProgress:input_type -> apiary.v1.PushProgressRequest
+	31,  // 96: apiary.v1.FailoverService.MovedJobs:input_type -> apiary.v1.MovedJobsRequest
+	35,  // 97: apiary.v1.FailoverService.ClaimJob:input_type -> apiary.v1.ClaimJobRequest
+	37,  // 98: apiary.v1.FailoverService.ReleaseJob:input_type -> apiary.v1.ReleaseJobRequest
+	39,  // 99: apiary.v1.FailoverService.DropClaim:input_type -> apiary.v1.DropClaimRequest
+	59,  // 100: apiary.v1.AgentService.RegisterNode:input_type -> apiary.v1.RegisterNodeRequest
+	65,  // 101: apiary.v1.AgentService.Heartbeat:input_type -> apiary.v1.HeartbeatRequest
+	75,  // 102: apiary.v1.AgentService.StreamAssignments:input_type -> apiary.v1.StreamAssignmentsRequest
+	78,  // 103: apiary.v1.AgentService.ReportTaskStatus:input_type -> apiary.v1.ReportTaskStatusRequest
+	68,  // 104: apiary.v1.AgentService.AdoptAttempts:input_type -> apiary.v1.AdoptAttemptsRequest
+	71,  // 105: apiary.v1.AgentService.DrainSelf:input_type -> apiary.v1.DrainSelfRequest
+	73,  // 106: apiary.v1.AgentService.Deregister:input_type -> apiary.v1.DeregisterRequest
+	79,  // 107: apiary.v1.AgentService.ExportSpans:input_type -> apiary.v1.ExportSpansRequest
+	93,  // 108: apiary.v1.AdminService.ListNodes:input_type -> apiary.v1.ListNodesRequest
+	96,  // 109: apiary.v1.AdminService.GetRegionInfo:input_type -> apiary.v1.GetRegionInfoRequest
+	101, // 110: apiary.v1.AdminService.ListShards:input_type -> apiary.v1.ListShardsRequest
+	99,  // 111: apiary.v1.AdminService.SaveSnapshot:input_type -> apiary.v1.SaveSnapshotRequest
+	104, // 112: apiary.v1.AdminService.ListRegions:input_type -> apiary.v1.ListRegionsRequest
+	89,  // 113: apiary.v1.AdminService.QuarantineNode:input_type -> apiary.v1.QuarantineNodeRequest
+	91,  // 114: apiary.v1.AdminService.ReleaseNode:input_type -> apiary.v1.ReleaseNodeRequest
+	85,  // 115: apiary.v1.AdminService.DrainNode:input_type -> apiary.v1.DrainNodeRequest
+	87,  // 116: apiary.v1.AdminService.SetNodeEligibility:input_type -> apiary.v1.SetNodeEligibilityRequest
+	82,  // 117: apiary.v1.AdminService.GossipKeyring:input_type -> apiary.v1.GossipKeyringRequest
+	112, // 118: apiary.v1.ACLService.BootstrapACL:input_type -> apiary.v1.BootstrapACLRequest
+	114, // 119: apiary.v1.ACLService.CreateACLToken:input_type -> apiary.v1.CreateACLTokenRequest
+	116, // 120: apiary.v1.ACLService.ListACLTokens:input_type -> apiary.v1.ListACLTokensRequest
+	118, // 121: apiary.v1.ACLService.RevokeACLToken:input_type -> apiary.v1.RevokeACLTokenRequest
+	120, // 122: apiary.v1.ACLService.GetACLSelf:input_type -> apiary.v1.GetACLSelfRequest
+	122, // 123: apiary.v1.ACLService.ApplyACLPolicy:input_type -> apiary.v1.ApplyACLPolicyRequest
+	124, // 124: apiary.v1.ACLService.ListACLPolicies:input_type -> apiary.v1.ListACLPoliciesRequest
+	126, // 125: apiary.v1.ACLService.DeleteACLPolicy:input_type -> apiary.v1.DeleteACLPolicyRequest
+	46,  // 126: apiary.v1.JobService.SubmitJob:output_type -> apiary.v1.SubmitJobResponse
+	48,  // 127: apiary.v1.JobService.GetJob:output_type -> apiary.v1.GetJobResponse
+	50,  // 128: apiary.v1.JobService.ListJobs:output_type -> apiary.v1.ListJobsResponse
+	52,  // 129: apiary.v1.JobService.CancelJob:output_type -> apiary.v1.CancelJobResponse
+	54,  // 130: apiary.v1.JobService.WatchJob:output_type -> apiary.v1.WatchJobResponse
+	56,  // 131: apiary.v1.JobService.GetJobLogs:output_type -> apiary.v1.GetJobLogsResponse
+	58,  // 132: apiary.v1.JobService.GetJobTrace:output_type -> apiary.v1.GetJobTraceResponse
+	44,  // 133: apiary.v1.JobService.ForwardRequest:output_type -> apiary.v1.ForwardRequestResponse
+	42,  // 134: apiary.v1.JobService.LookupRequest:output_type -> apiary.v1.LookupRequestResponse
+	27,  // 135: apiary.v1.FailoverService.PutStandby:output_type -> apiary.v1.PutStandbyResponse
+	30,  // 136: apiary.v1.FailoverService.PushProgress:output_type -> apiary.v1.PushProgressResponse
+	34,  // 137: apiary.v1.FailoverService.MovedJobs:output_type -> apiary.v1.MovedJobsResponse
+	36,  // 138: apiary.v1.FailoverService.ClaimJob:output_type -> apiary.v1.ClaimJobResponse
+	38,  // 139: apiary.v1.FailoverService.ReleaseJob:output_type -> apiary.v1.ReleaseJobResponse
+	40,  // 140: apiary.v1.FailoverService.DropClaim:output_type -> apiary.v1.DropClaimResponse
+	64,  // 141: apiary.v1.AgentService.RegisterNode:output_type -> apiary.v1.RegisterNodeResponse
+	66,  // 142: apiary.v1.AgentService.Heartbeat:output_type -> apiary.v1.HeartbeatResponse
+	76,  // 143: apiary.v1.AgentService.StreamAssignments:output_type -> apiary.v1.StreamAssignmentsResponse
+	81,  // 144: apiary.v1.AgentService.ReportTaskStatus:output_type -> apiary.v1.ReportTaskStatusResponse
+	69,  // 145: apiary.v1.AgentService.AdoptAttempts:output_type -> apiary.v1.AdoptAttemptsResponse
+	72,  // 146: apiary.v1.AgentService.DrainSelf:output_type -> apiary.v1.DrainSelfResponse
+	74,  // 147: apiary.v1.AgentService.Deregister:output_type -> apiary.v1.DeregisterResponse
+	80,  // 148: apiary.v1.AgentService.ExportSpans:output_type -> apiary.v1.ExportSpansResponse
+	95,  // 149: apiary.v1.AdminService.ListNodes:output_type -> apiary.v1.ListNodesResponse
+	98,  // 150: apiary.v1.AdminService.GetRegionInfo:output_type -> apiary.v1.GetRegionInfoResponse
+	103, // 151: apiary.v1.AdminService.ListShards:output_type -> apiary.v1.ListShardsResponse
+	100, // 152: apiary.v1.AdminService.SaveSnapshot:output_type -> apiary.v1.SaveSnapshotResponse
+	108, // 153: apiary.v1.AdminService.ListRegions:output_type -> apiary.v1.ListRegionsResponse
+	90,  // 154: apiary.v1.AdminService.QuarantineNode:output_type -> apiary.v1.QuarantineNodeResponse
+	92,  // 155: apiary.v1.AdminService.ReleaseNode:output_type -> apiary.v1.ReleaseNodeResponse
+	86,  // 156: apiary.v1.AdminService.DrainNode:output_type -> apiary.v1.DrainNodeResponse
+	88,  // 157: apiary.v1.AdminService.SetNodeEligibility:output_type -> apiary.v1.SetNodeEligibilityResponse
+	84,  // 158: apiary.v1.AdminService.GossipKeyring:output_type -> apiary.v1.GossipKeyringResponse
+	113, // 159: apiary.v1.ACLService.BootstrapACL:output_type -> apiary.v1.BootstrapACLResponse
+	115, // 160: apiary.v1.ACLService.CreateACLToken:output_type -> apiary.v1.CreateACLTokenResponse
+	117, // 161: apiary.v1.ACLService.ListACLTokens:output_type -> apiary.v1.ListACLTokensResponse
+	119, // 162: apiary.v1.ACLService.RevokeACLToken:output_type -> apiary.v1.RevokeACLTokenResponse
+	121, // 163: apiary.v1.ACLService.GetACLSelf:output_type -> apiary.v1.GetACLSelfResponse
+	123, // 164: apiary.v1.ACLService.ApplyACLPolicy:output_type -> apiary.v1.ApplyACLPolicyResponse
+	125, // 165: apiary.v1.ACLService.ListACLPolicies:output_type -> apiary.v1.ListACLPoliciesResponse
+	127, // 166: apiary.v1.ACLService.DeleteACLPolicy:output_type -> apiary.v1.DeleteACLPolicyResponse
+	126, // [126:167] is the sub-list for method output_type
+	85,  // [85:126] is the sub-list for method input_type
+	85,  // [85:85] is the sub-list for extension type_name
+	85,  // [85:85] is the sub-list for extension extendee
+	0,   // [0:85] is the sub-list for field type_name
 }
 
 func init() { file_apiary_v1_apiary_proto_init() }
@@ -9720,7 +9962,7 @@ func file_apiary_v1_apiary_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_apiary_v1_apiary_proto_rawDesc), len(file_apiary_v1_apiary_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   129,
+			NumMessages:   133,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -488,6 +488,8 @@ const (
 	FailoverService_PushProgress_FullMethodName = "/apiary.v1.FailoverService/PushProgress"
 	FailoverService_MovedJobs_FullMethodName    = "/apiary.v1.FailoverService/MovedJobs"
 	FailoverService_ClaimJob_FullMethodName     = "/apiary.v1.FailoverService/ClaimJob"
+	FailoverService_ReleaseJob_FullMethodName   = "/apiary.v1.FailoverService/ReleaseJob"
+	FailoverService_DropClaim_FullMethodName    = "/apiary.v1.FailoverService/DropClaim"
 )
 
 // FailoverServiceClient is the client API for FailoverService service.
@@ -510,6 +512,13 @@ type FailoverServiceClient interface {
 	// A later standby asks an earlier one to give up a job before it
 	// activates it (exactly one standby activates a job).
 	ClaimJob(ctx context.Context, in *ClaimJobRequest, opts ...grpc.CallOption) (*ClaimJobResponse, error)
+	// A home region that is back asks the standby that claimed one of its
+	// jobs, and did not activate it, to give the job up (the claim was left
+	// behind: the claimer died before activating, or never heard the grant).
+	ReleaseJob(ctx context.Context, in *ReleaseJobRequest, opts ...grpc.CallOption) (*ReleaseJobResponse, error)
+	// Then it asks each other standby to drop the claim it granted, so the
+	// job runs at home again.
+	DropClaim(ctx context.Context, in *DropClaimRequest, opts ...grpc.CallOption) (*DropClaimResponse, error)
 }
 
 type failoverServiceClient struct {
@@ -560,6 +569,26 @@ func (c *failoverServiceClient) ClaimJob(ctx context.Context, in *ClaimJobReques
 	return out, nil
 }
 
+func (c *failoverServiceClient) ReleaseJob(ctx context.Context, in *ReleaseJobRequest, opts ...grpc.CallOption) (*ReleaseJobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseJobResponse)
+	err := c.cc.Invoke(ctx, FailoverService_ReleaseJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *failoverServiceClient) DropClaim(ctx context.Context, in *DropClaimRequest, opts ...grpc.CallOption) (*DropClaimResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DropClaimResponse)
+	err := c.cc.Invoke(ctx, FailoverService_DropClaim_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FailoverServiceServer is the server API for FailoverService service.
 // All implementations must embed UnimplementedFailoverServiceServer
 // for forward compatibility.
@@ -580,6 +609,13 @@ type FailoverServiceServer interface {
 	// A later standby asks an earlier one to give up a job before it
 	// activates it (exactly one standby activates a job).
 	ClaimJob(context.Context, *ClaimJobRequest) (*ClaimJobResponse, error)
+	// A home region that is back asks the standby that claimed one of its
+	// jobs, and did not activate it, to give the job up (the claim was left
+	// behind: the claimer died before activating, or never heard the grant).
+	ReleaseJob(context.Context, *ReleaseJobRequest) (*ReleaseJobResponse, error)
+	// Then it asks each other standby to drop the claim it granted, so the
+	// job runs at home again.
+	DropClaim(context.Context, *DropClaimRequest) (*DropClaimResponse, error)
 	mustEmbedUnimplementedFailoverServiceServer()
 }
 
@@ -601,6 +637,12 @@ func (UnimplementedFailoverServiceServer) MovedJobs(context.Context, *MovedJobsR
 }
 func (UnimplementedFailoverServiceServer) ClaimJob(context.Context, *ClaimJobRequest) (*ClaimJobResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClaimJob not implemented")
+}
+func (UnimplementedFailoverServiceServer) ReleaseJob(context.Context, *ReleaseJobRequest) (*ReleaseJobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseJob not implemented")
+}
+func (UnimplementedFailoverServiceServer) DropClaim(context.Context, *DropClaimRequest) (*DropClaimResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DropClaim not implemented")
 }
 func (UnimplementedFailoverServiceServer) mustEmbedUnimplementedFailoverServiceServer() {}
 func (UnimplementedFailoverServiceServer) testEmbeddedByValue()                         {}
@@ -695,6 +737,42 @@ func _FailoverService_ClaimJob_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FailoverService_ReleaseJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FailoverServiceServer).ReleaseJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FailoverService_ReleaseJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FailoverServiceServer).ReleaseJob(ctx, req.(*ReleaseJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FailoverService_DropClaim_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DropClaimRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FailoverServiceServer).DropClaim(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FailoverService_DropClaim_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FailoverServiceServer).DropClaim(ctx, req.(*DropClaimRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // FailoverService_ServiceDesc is the grpc.ServiceDesc for FailoverService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -717,6 +795,14 @@ var FailoverService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClaimJob",
 			Handler:    _FailoverService_ClaimJob_Handler,
+		},
+		{
+			MethodName: "ReleaseJob",
+			Handler:    _FailoverService_ReleaseJob_Handler,
+		},
+		{
+			MethodName: "DropClaim",
+			Handler:    _FailoverService_DropClaim_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
