@@ -13,9 +13,13 @@
 //     push of completed tasks to the standbys (the progress loop), and, on
 //     the way back, learning which jobs moved (the moved loop), and the
 //     home's lease on its failover jobs: a job is dispatched only while some
-//     standby saw the home up within after/2 (Hold).
+//     standby saw the home up within after/2 (Hold); the pending record
+//     of a submission between its standby writes and its commit, abandoned
+//     and delivered to the standbys when the job never commits (Begin,
+//     Abandon, the pending loop); and the release of a claim left behind
+//     by a standby that never activated the job (release).
 //   - The standby side: FailoverService (PutStandby, PushProgress,
-//     MovedJobs, ClaimJob) over the /apiary/failover/ keys of
+//     MovedJobs, ClaimJob, ReleaseJob, DropClaim) over the /apiary/failover/ keys of
 //     regional/store; the observation that a home region is down (the WAN
 //     pool and direct gRPC health probes, written by every coordinator
 //     under its session lease, so that no single observer decides); and the
