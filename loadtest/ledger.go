@@ -105,3 +105,22 @@ func LedgerTask(path string, work time.Duration, done bool, getenv func(string) 
 	}
 	return nil
 }
+
+// newLedger creates an empty ledger file that every task can append to:
+// an agent running as root runs each attempt as a user of its own
+// (agent/taskusers.go), which may not create files in the work dir.
+func newLedger(path string) error {
+	_ = os.Remove(path)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o666)
+	if err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	// The umask took the write bits of group and others.
+	if err := os.Chmod(path, 0o666); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	return nil
+}

@@ -327,7 +327,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	ledgerPath := filepath.Join(o.WorkDir, "ledger.csv")
-	_ = os.Remove(ledgerPath)
+	if err := newLedger(ledgerPath); err != nil {
+		return nil, err
+	}
 	var agents []devcluster.AgentSpec
 	probe := &agentProbe{faults: map[string]string{}, metrics: map[string]string{}}
 	for i := 0; i < o.Agents; i++ {

@@ -21,8 +21,12 @@ import (
 
 // activateLoop, on the region's failover leader, activates the standby jobs
 // whose home region has been down for their failover.after.
-func (m *Manager) activateLoop(ctx context.Context) {
-	t := time.NewTicker(activateEvery)
+func (m *Manager) activateLoop(ctx context.Context) { m.leaderLoop(ctx, activateEvery, m.activateDue) }
+
+// leaderLoop runs fn every period while this coordinator is the region's
+// failover leader, until ctx ends.
+func (m *Manager) leaderLoop(ctx context.Context, every time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -31,7 +35,7 @@ func (m *Manager) activateLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		if m.leader(ctx) {
-			m.activateDue(ctx)
+			fn(ctx)
 		}
 	}
 }

@@ -174,6 +174,29 @@ func (f *fed) activeStandby(id string, limit time.Duration) string {
 	return ""
 }
 
+// startWave submits, through the router, a job of three tasks of secs
+// seconds each that run one at a time at eu-west (4,000 millicores, 3,000
+// each), standing by in eu-central then eu-north (after: 4s), and waits
+// for its first task to run. It returns the job id.
+func (f *fed) startWave(t *testing.T, name string, secs int) string {
+	t.Helper()
+	r := f.submit(t, parse(t, fmt.Sprintf(`
+name: %s
+jurisdiction: eu
+region: {prefer: [eu-west]}
+failover: {after: 4s, regions: [eu-central, eu-north]}
+tasks:
+  - {name: wave, count: 3, command: /bin/sleep, args: ["%d"], resources: {cpu_millis: 3000}}
+`, name, secs)))
+	if r.GetRegion() != "eu-west" {
+		t.Fatalf("routed to %s; want eu-west", r.GetRegion())
+	}
+	f.waitJob(t, "eu-west", r.GetJobId(), 20*time.Second, "a task running", func(j *apiaryv1.Job) bool {
+		return j.GetCounts().GetRunning() > 0 && strings.Join(j.GetFailover().GetStandbys(), ",") == "eu-central,eu-north"
+	})
+	return r.GetJobId()
+}
+
 // etcd is a client of region's etcd (as its coordinators reach it), for
 // reading and planting failover records.
 func (f *fed) etcd(t *testing.T, region string) *clientv3.Client {
@@ -307,21 +330,7 @@ tasks:
 		// the job in flight. The home keeps dispatching it on
 		// eu-central's answers alone (eu-north could activate it only
 		// with eu-central's grant), well past after/2 (2 s).
-		r := f.submit(t, parse(t, `
-name: one-standby-lost
-jurisdiction: eu
-region: {prefer: [eu-west]}
-failover: {after: 4s, regions: [eu-central, eu-north]}
-tasks:
-  - {name: wave, count: 3, command: /bin/sleep, args: ["2"], resources: {cpu_millis: 3000}}
-`))
-		id := r.GetJobId()
-		if r.GetRegion() != "eu-west" {
-			t.Fatalf("routed to %s; want eu-west", r.GetRegion())
-		}
-		f.waitJob(t, "eu-west", id, 20*time.Second, "a task running", func(j *apiaryv1.Job) bool {
-			return j.GetCounts().GetRunning() > 0 && strings.Join(j.GetFailover().GetStandbys(), ",") == "eu-central,eu-north"
-		})
+		id := f.startWave(t, "one-standby-lost", 2)
 		north := f.region["eu-north"]
 		killRegion(t, north)
 		killedAt := time.Now()
@@ -500,24 +509,14 @@ tasks:
 			return j.GetState() == apiaryv1.JobState_JOB_STATE_MOVED && j.GetFailover().GetActiveRegion() == active
 		})
 	})
+
 	t.Run("a claim left behind is released when the home is back", func(t *testing.T) {
 		// eu-north claimed the job from eu-central (the grant dropped
 		// eu-central's record and left a claim), then died before
 		// activating it, or never heard the grant. The home, up all
 		// along, holds the job while the claim stands; it must end the
 		// claim and run the job, not hold it forever.
-		r := f.submit(t, parse(t, `
-name: claim-left-behind
-jurisdiction: eu
-region: {prefer: [eu-west]}
-failover: {after: 4s, regions: [eu-central, eu-north]}
-tasks:
-  - {name: wave, count: 3, command: /bin/sleep, args: ["3"], resources: {cpu_millis: 3000}}
-`))
-		id := r.GetJobId()
-		f.waitJob(t, "eu-west", id, 20*time.Second, "a task running", func(j *apiaryv1.Job) bool {
-			return j.GetCounts().GetRunning() > 0 && strings.Join(j.GetFailover().GetStandbys(), ",") == "eu-central,eu-north"
-		})
+		id := f.startWave(t, "claim-left-behind", 3)
 		central, north := f.etcd(t, "eu-central"), f.etcd(t, "eu-north")
 		waitKeys(t, central, store.KeyStandby(id), 10*time.Second, "the standby record", func(k []string) bool { return len(k) == 1 })
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -144,20 +144,7 @@ func (m *Manager) markAbandoned(ctx context.Context, id string, p *store.Pending
 // pendingLoop, on the region's failover leader, abandons pending
 // submissions older than pendingGrace and tells the standbys of abandoned
 // ones to drop their records, until every one of them has.
-func (m *Manager) pendingLoop(ctx context.Context) {
-	t := time.NewTicker(pendingEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if m.leader(ctx) {
-			m.sweepPending(ctx)
-		}
-	}
-}
+func (m *Manager) pendingLoop(ctx context.Context) { m.leaderLoop(ctx, pendingEvery, m.sweepPending) }
 
 func (m *Manager) sweepPending(ctx context.Context) {
 	cctx, cancel := store.EtcdCtx(ctx)
