@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -250,6 +251,84 @@ func writeTemp(path string, b []byte) error {
 // set).
 func (c EtcdConfig) ClientOnly() bool { return len(c.Endpoints) > 0 }
 
+// CheckEtcdURL refuses an etcd URL (of flag) that is not
+// scheme://host:port: the scheme http or https, a host, a numeric port
+// 1..65535 and nothing more (no path, query, fragment or user), which
+// etcd would otherwise refuse only when the member starts. bind: the URL is
+// listened on, and etcd binds an IP address (or localhost), never another
+// host name. Whether the scheme matches TLS is checkSchemes' (Config
+// validation).
+func CheckEtcdURL(flag, raw string, bind bool) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("%s: %q must be an http:// or https:// URL, scheme://host:port (%v)", flag, raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%s: %q must be an http:// or https:// URL (scheme://host:port)", flag, raw)
+	}
+	if u.Hostname() == "" || u.Opaque != "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%s: %q must be scheme://host:port, with nothing after the port", flag, raw)
+	}
+	port := u.Port()
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		if port == "" {
+			return fmt.Errorf("%s: %q has no port: etcd needs scheme://host:port (client URLs usually :2379, peer URLs :2380)", flag, raw)
+		}
+		return fmt.Errorf("%s: port of %q must be a number 1..65535, got %q", flag, raw, port)
+	}
+	if bind && u.Hostname() != "localhost" && net.ParseIP(u.Hostname()) == nil {
+		return fmt.Errorf("%s: %q must name an IP address to bind (etcd binds no host name), e.g. %s://0.0.0.0:%s", flag, raw, u.Scheme, port)
+	}
+	return nil
+}
+
+// CheckURLs checks every etcd URL of c with CheckEtcdURL, naming its flag:
+// with Endpoints, each endpoint; else the member's client and peer URLs
+// (bound too unless ListenClientURL or ListenPeerURL are set, which are
+// then bound), and each URL of InitialCluster (name=peerURL,...).
+func (c EtcdConfig) CheckURLs() error {
+	if c.ClientOnly() {
+		for _, ep := range c.Endpoints {
+			if strings.TrimSpace(ep) == "" {
+				continue // checkClientOnly names it
+			}
+			if err := CheckEtcdURL("--etcd-endpoints", ep, false); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, u := range []struct {
+		flag, url string
+		bind      bool
+	}{
+		{"--etcd-client-url", c.ClientURL, c.ListenClientURL == ""},
+		{"--etcd-peer-url", c.PeerURL, c.ListenPeerURL == ""},
+		{"--etcd-listen-client-url", c.ListenClientURL, true},
+		{"--etcd-listen-peer-url", c.ListenPeerURL, true},
+	} {
+		if u.url == "" {
+			continue
+		}
+		if err := CheckEtcdURL(u.flag, u.url, u.bind); err != nil {
+			return err
+		}
+	}
+	if c.InitialCluster == "" {
+		return nil
+	}
+	for _, m := range strings.Split(c.InitialCluster, ",") {
+		name, u, ok := strings.Cut(m, "=")
+		if !ok || name == "" {
+			return fmt.Errorf("--initial-cluster: %q must be name=peerURL", m)
+		}
+		if err := CheckEtcdURL("--initial-cluster", u, false); err != nil {
+			return fmt.Errorf("%w (member %s)", err, name)
+		}
+	}
+	return nil
+}
+
 // checkSchemes refuses an etcd URL (client, peer, or one of the initial
 // cluster; with Endpoints, each endpoint) whose scheme is not scheme
 // (https with TLS, http without), naming the flag. With Endpoints it also
@@ -270,12 +349,18 @@ func (c EtcdConfig) checkSchemes(scheme string) error {
 		if err := c.checkClientOnly(); err != nil {
 			return err
 		}
+		if err := c.CheckURLs(); err != nil {
+			return err
+		}
 		for _, ep := range c.Endpoints {
 			if err := check("--etcd-endpoints", ep); err != nil {
 				return err
 			}
 		}
 		return nil
+	}
+	if err := c.CheckURLs(); err != nil {
+		return err
 	}
 	if err := check("--etcd-client-url", c.ClientURL); err != nil {
 		return err
@@ -289,10 +374,6 @@ func (c EtcdConfig) checkSchemes(scheme string) error {
 		}
 		if err := check(l.flag, l.url); err != nil {
 			return err
-		}
-		u, _ := url.Parse(l.url)
-		if net.ParseIP(u.Hostname()) == nil {
-			return fmt.Errorf("%s: %q must name an IP address to bind (etcd binds no host name), e.g. %s://0.0.0.0:%s", l.flag, l.url, u.Scheme, u.Port())
 		}
 	}
 	if c.InitialCluster == "" {

@@ -127,6 +127,9 @@ so.`,
 			if err != nil {
 				return withCode(exitInvalid, err)
 			}
+			if err := checkAgentAddrs(addr, lanAddr, tel.metricsAddr); err != nil {
+				return err
+			}
 			exe, err := agent.ParseExecutor(executor)
 			if err != nil {
 				return withCode(exitInvalid, fmt.Errorf("--%w", err))

@@ -66,6 +66,14 @@ start unless --insecure-dev says so.`,
 			if err != nil {
 				return withCode(exitInvalid, err)
 			}
+			// Every address flag, before anything binds or dials one.
+			if err := checkAddrFlags(addrFlag{"listen", listen, listenPort}, addrFlag{"wan-bind", wanBind, listenPort},
+				addrFlag{"wan-advertise", wanAdvertise, dialPort}, addrFlag{"metrics-addr", tel.metricsAddr, listenPort}); err != nil {
+				return err
+			}
+			if err := checkJoinList("wan-join", wanJoin); err != nil {
+				return withCode(exitInvalid, err)
+			}
 			tlsR, err := tlsf.load("global", pki.RoleRouter, pki.GlobalRegion, log, fmt.Sprintf(
 				"any process that can reach the API (%s) can submit, read and cancel every job of every region", listen))
 			if err != nil {
@@ -85,7 +93,9 @@ start unless --insecure-dev says so.`,
 			}
 			lis, err := net.Listen("tcp", listen)
 			if err != nil {
-				return withCode(exitInvalid, fmt.Errorf("--listen: %w", err))
+				// The address is well formed (checked above): taken, or
+				// not this host's, which a restart may cure (exit 3).
+				return withCode(exitUnavailable, fmt.Errorf("--listen: %w", err))
 			}
 			if name == "" {
 				host, _ := os.Hostname()

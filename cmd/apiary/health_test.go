@@ -110,7 +110,10 @@ func TestCheckAdvertise(t *testing.T) {
 		{"[::]:7070", "", "give --advertise"},
 		{"0.0.0.0:7070", "0.0.0.0:7070", "unspecified"},
 		{"0.0.0.0:7070", "eu-west-1", "not a host:port"},
-		{"0.0.0.0:7070", "eu-west-1:0", "not a host:port"},
+		{"0.0.0.0:7070", "eu-west-1:0", "port of \"eu-west-1:0\" must be a number 1..65535"},
+		{"0.0.0.0:7070", "eu-west-1:abc", "port of \"eu-west-1:abc\" must be a number 1..65535"},
+		{"0.0.0.0:7070", "eu-west-1:70000", "must be a number 1..65535, got \"70000\""},
+		{"0.0.0.0:7070", ":7070", "not a host:port"},
 	} {
 		err := checkAdvertise(tc.listen, tc.advertise)
 		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {

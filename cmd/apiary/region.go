@@ -140,9 +140,6 @@ with apiary acl bootstrap.`,
 			if a := cfg.FailoverAfter; a != 0 && (a < jobspec.MinFailoverAfter || a > jobspec.MaxFailoverAfter) {
 				return withCode(exitInvalid, fmt.Errorf("--failover-after: must be between 1s and 24h, or 0 (off unless a job asks), got %s", a))
 			}
-			if err := checkAdvertise(cfg.APIAddr, cfg.AdvertiseAddr); err != nil {
-				return withCode(exitInvalid, err)
-			}
 			for _, p := range cfg.FailoverPeers {
 				if p == "" || p == cfg.Region {
 					return withCode(exitInvalid, fmt.Errorf("--failover-peers: %q is not another region's name", p))
@@ -178,16 +175,20 @@ with apiary acl bootstrap.`,
 				}
 				cfg.Logger.Info("GPU task mix for the fragmentation policy", "file", workloadPath, "classes", len(cfg.Workload))
 			}
-			if debugAddr != "" {
-				if err := serveDebug(debugAddr); err != nil {
-					return withCode(exitInvalid, err)
-				}
-			}
 			if cfg.ID == "" {
 				cfg.ID = cfg.Region + "-1"
 			}
 			if err := regionEtcdEndpoints(cmd, &cfg); err != nil {
 				return err
+			}
+			// Every address flag, before anything binds or dials one.
+			if err := checkRegionAddrs(&cfg, tel.metricsAddr, debugAddr); err != nil {
+				return err
+			}
+			if debugAddr != "" {
+				if err := serveDebug(debugAddr); err != nil {
+					return withCode(exitInvalid, err)
+				}
 			}
 			if err := etcdOps.apply(&cfg.Etcd); err != nil {
 				return err
@@ -421,8 +422,11 @@ func newLogger(format string) (*slog.Logger, error) {
 func checkAdvertise(listen, advertise string) error {
 	if advertise != "" {
 		host, port, err := net.SplitHostPort(advertise)
-		if err != nil || host == "" || port == "" || port == "0" {
+		if err != nil || host == "" {
 			return fmt.Errorf("--advertise: %q is not a host:port others can dial (got host %q, port %q)", advertise, host, port)
+		}
+		if err := checkPort("advertise", advertise, port, dialPort); err != nil {
+			return err
 		}
 		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 			return fmt.Errorf("--advertise: %s is the unspecified address; give the name or address others reach this coordinator at", advertise)
