@@ -69,6 +69,16 @@ func TestHealthCommand(t *testing.T) {
 		{"agent: not 200", []string{"health", "--http", "http://" + metrics + "/no-such-page"}, exitJobFailed, "404"},
 		{"not a URL", []string{"health", "--http", "127.0.0.1:1/healthz"}, exitInvalid, "--http"},
 		{"both", []string{"health", "--http", "http://" + metrics + "/healthz", "--addr", region.APIAddrs[0]}, exitInvalid, "give one"},
+		// A list passes only when every address serves: one that does not
+		// answer fails it (exit 3), naming that address.
+		{"a list with one address down", append([]string{"health", "--addr", region.APIAddrs[0] + "," + closedAddr(t), "--timeout", "1s",
+			"--tls-server-name", "region.eu-west.apiary"}, tlsArgs(coordCert)...), exitUnavailable, "1 of 2 addresses not serving"},
+		{"a list, every address serving", append([]string{"health", "--addr", region.APIAddrs[0] + "," + region.APIAddrs[0],
+			"--tls-server-name", "region.eu-west.apiary"}, tlsArgs(coordCert)...), 0, region.APIAddrs[0] + ": SERVING\n" + region.APIAddrs[0] + ": SERVING"},
+		{"a malformed list", []string{"health", "--addr", region.APIAddrs[0] + ",eu-west-2"}, exitInvalid, "--addr"},
+		{"TLS flags with an http:// URL", []string{"health", "--http", "http://" + metrics + "/healthz", "--tls-ca", coordCert.CA}, exitInvalid,
+			"--tls-ca: given with --http http://"},
+		{"--service with --http", []string{"health", "--http", "http://" + metrics + "/healthz", "--service", "x"}, exitInvalid, "not with --http"},
 	} {
 		r := runCLI(t, nil, tc.args...)
 		if r.code != tc.code || !strings.Contains(r.stdout+r.stderr, tc.out) {
