@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -39,7 +40,9 @@ func GenerateGossipKey() (string, error) {
 
 // DecodeGossipKey decodes a key in standard base64 (surrounding spaces are
 // ignored) and checks its length: 16, 24 or 32 bytes (AES-128, -192, -256).
-// The error does not repeat the key.
+// A key whose bytes are all the same ("AAAAAAAAAAAAAAAAAAAAAA==", 16 zero
+// bytes) is a placeholder copied from an example, not a key, and is
+// refused too. The error does not repeat the key.
 func DecodeGossipKey(s string) ([]byte, error) {
 	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
 	if err != nil {
@@ -47,6 +50,9 @@ func DecodeGossipKey(s string) ([]byte, error) {
 	}
 	if err := memberlist.ValidateKey(b); err != nil {
 		return nil, fmt.Errorf("a key must be 16, 24 or 32 bytes, this one is %d (make one with `apiary keygen`)", len(b))
+	}
+	if bytes.Count(b, b[:1]) == len(b) {
+		return nil, fmt.Errorf("every byte of the key is 0x%02x: a placeholder, not a key (make one with `apiary keygen`)", b[0])
 	}
 	return b, nil
 }

@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"bytes"
 	"encoding/base64"
 	"os"
 	"path/filepath"
@@ -20,14 +21,23 @@ func TestGossipKeys(t *testing.T) {
 	if k, err := DecodeGossipKey(" " + a + "\n"); err != nil || len(k) != GossipKeyLen {
 		t.Fatalf("decode: %d bytes, %v", len(k), err)
 	}
-	for _, bad := range []string{"", "not base64!", base64.StdEncoding.EncodeToString(make([]byte, 20))} {
-		if _, err := DecodeGossipKey(bad); err == nil {
-			t.Errorf("%q decoded", bad)
+	for _, bad := range []string{"", "not base64!", base64.StdEncoding.EncodeToString(make([]byte, 20)), "REPLACE-with-apiary-keygen"} {
+		if _, err := DecodeGossipKey(bad); err == nil || !strings.Contains(err.Error(), "apiary keygen") {
+			t.Errorf("%q: %v; want an error saying how to make a key", bad, err)
 		}
 	}
 	for _, n := range []int{16, 24, 32} {
-		if _, err := DecodeGossipKey(base64.StdEncoding.EncodeToString(make([]byte, n))); err != nil {
+		k := make([]byte, n)
+		k[n-1] = 1
+		if _, err := DecodeGossipKey(base64.StdEncoding.EncodeToString(k)); err != nil {
 			t.Errorf("%d bytes: %v", n, err)
+		}
+		// A placeholder: every byte the same (the zero key of an example).
+		for _, fill := range []byte{0, 'x'} {
+			_, err := DecodeGossipKey(base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{fill}, n)))
+			if err == nil || !strings.Contains(err.Error(), "placeholder") || !strings.Contains(err.Error(), "apiary keygen") {
+				t.Errorf("%d bytes of 0x%02x: %v; want the placeholder refused", n, fill, err)
+			}
 		}
 	}
 }
