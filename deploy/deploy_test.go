@@ -476,6 +476,52 @@ func checkWorkload(t *testing.T, s *manifestSet, w workload, sawRole map[string]
 				}
 			}
 		}
+		checkProbeRoles(t, cw, c, flags)
+	}
+}
+
+// checkProbeRoles: a probe whose failure makes kubelet restart the
+// container (liveness, and startup, which gates it and restarts too) may
+// only ask whether the process runs: apiary health
+// --http=http://127.0.0.1:<metrics port>/healthz, which answers while the
+// process serves HTTP. The gRPC health check (apiary health --addr) says
+// NOT_SERVING while a coordinator's reads of its region's etcd fail; as a
+// liveness probe it would restart every healthy member of a region that
+// lost its quorum, making the outage worse. That check is readiness: a
+// container serving an API (a port named api) needs a readiness probe
+// running it on that port, so that its Services send only to members that
+// serve.
+func checkProbeRoles(t *testing.T, cw string, c corev1.Container, flags map[string][]string) {
+	metrics := containerPort(c, "metrics")
+	for kind, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "startup": c.StartupProbe} {
+		if p == nil || p.Exec == nil || len(p.Exec.Command) < 2 {
+			continue // reported above
+		}
+		pf, _ := parseArgs(p.Exec.Command[2:])
+		want := fmt.Sprintf("http://127.0.0.1:%d/healthz", metrics)
+		if len(pf["addr"]) > 0 || len(pf["service"]) > 0 {
+			t.Errorf("%s %s probe: %v runs the gRPC serving check, which fails while the process is alive (a coordinator cut off from its "+
+				"etcd quorum says NOT_SERVING): kubelet would restart healthy members of a region that lost its quorum; "+
+				"a %s probe must ask only whether the process runs: --http=%s", cw, kind, p.Exec.Command, kind, want)
+			continue
+		}
+		if h := pf["http"]; len(h) != 1 || h[0] != want || metrics == 0 {
+			t.Errorf("%s %s probe: %v; want apiary health --http=%s (the process's /healthz on its metrics port)", cw, kind, p.Exec.Command, want)
+		}
+		if m := flags["metrics-addr"]; len(m) != 1 || !slices.Contains([]string{"0.0.0.0", "127.0.0.1", ""}, strings.Split(m[0], ":")[0]) {
+			t.Errorf("%s %s probe: /healthz needs --metrics-addr on 0.0.0.0 or 127.0.0.1, got %v", cw, kind, m)
+		}
+	}
+	if api := containerPort(c, "api"); api != 0 {
+		p := c.ReadinessProbe
+		var pf map[string][]string
+		if p != nil && p.Exec != nil && len(p.Exec.Command) >= 2 {
+			pf, _ = parseArgs(p.Exec.Command[2:])
+		}
+		if a := pf["addr"]; len(a) != 1 || a[0] != fmt.Sprintf("127.0.0.1:%d", api) || len(pf["http"]) > 0 {
+			t.Errorf("%s: serves an API on port %d; want a readiness probe running apiary health --addr=127.0.0.1:%d (gRPC health: "+
+				"its Services then send only to serving members)", cw, api, api)
+		}
 	}
 }
 
@@ -616,7 +662,9 @@ func TestComposeFile(t *testing.T) {
 			Healthcheck struct {
 				Test []string `json:"test"`
 			} `json:"healthcheck"`
-			Ports []string `json:"ports"`
+			Ports  []string `json:"ports"`
+			Deploy any      `json:"deploy"`
+			Labels any      `json:"labels"`
 		} `json:"services"`
 	}
 	if err := yaml.Unmarshal(b, &f); err != nil {
@@ -668,6 +716,14 @@ func TestComposeFile(t *testing.T) {
 					t.Errorf("%s: %s is made by no line of certs.sh", where, src)
 				}
 			}
+		}
+		// The health checks are readiness (the gRPC serving check, which a
+		// coordinator without its quorum fails): nothing may restart a
+		// container on them. Docker does not; swarm (deploy:) and
+		// autoheal would.
+		if svc.Deploy != nil || strings.Contains(strings.ToLower(fmt.Sprint(svc.Labels)), "autoheal") {
+			t.Errorf("%s: deploy: %v, labels %v: would restart containers whose health check fails, i.e. healthy coordinators of a region "+
+				"that lost its quorum; the health checks here are readiness only", where, svc.Deploy, svc.Labels)
 		}
 		for _, p := range svc.Ports {
 			if !strings.HasPrefix(p, "127.0.0.1:") {
