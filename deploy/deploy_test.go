@@ -11,7 +11,9 @@ package deploy_test
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -144,7 +146,33 @@ type manifestSet struct {
 	deps       []*appsv1.Deployment
 	dss        []*appsv1.DaemonSet
 	pdbs       []*policyv1.PodDisruptionBudget
+	issuers    []*certManagerIssuer
 }
+
+// certManagerIssuer is the part of cert-manager's Issuer
+// (cert-manager.io/v1; its types are not in k8s.io/api) that these
+// manifests use: a CA issuer signing with the key pair of a Secret. It is
+// decoded strictly like the rest, so a field that is not here is an error:
+// add it (as cert-manager's API reference spells it) before using it.
+type certManagerIssuer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		CA *struct {
+			SecretName string `json:"secretName"`
+		} `json:"ca"`
+	} `json:"spec"`
+}
+
+// The CSI driver's volume attributes that name the issuer
+// (cert-manager's csi-driver; kind and group default to Issuer and
+// cert-manager.io).
+const (
+	csiDriver      = "csi.cert-manager.io"
+	csiIssuerName  = "csi.cert-manager.io/issuer-name"
+	csiIssuerKind  = "csi.cert-manager.io/issuer-kind"
+	csiIssuerGroup = "csi.cert-manager.io/issuer-group"
+)
 
 // workload is a pod template with where it came from.
 type workload struct {
@@ -228,6 +256,9 @@ func loadManifests(t *testing.T, dir string) *manifestSet {
 			case "policy/v1 PodDisruptionBudget":
 				o := &policyv1.PodDisruptionBudget{}
 				s.pdbs, obj = append(s.pdbs, o), o
+			case "cert-manager.io/v1 Issuer":
+				o := &certManagerIssuer{}
+				s.issuers, obj = append(s.issuers, o), o
 			default:
 				t.Errorf("%s: %s %s is no kind this test knows; add it", where, tm.APIVersion, tm.Kind)
 				continue
@@ -265,6 +296,10 @@ func TestKubernetesManifests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	readme, err := os.ReadFile("k8s/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
 	sawRole := map[string]bool{}
 	for _, k := range dirs {
 		s := loadManifests(t, filepath.Dir(k))
@@ -278,6 +313,7 @@ func TestKubernetesManifests(t *testing.T) {
 		for _, w := range wls {
 			checkWorkload(t, s, w, sawRole)
 		}
+		checkIssuers(t, s, wls, string(readme))
 		for _, svc := range s.services {
 			var target *workload
 			for i := range wls {
@@ -326,6 +362,45 @@ func TestKubernetesManifests(t *testing.T) {
 	for _, r := range roles {
 		if !sawRole[r] {
 			t.Errorf("no manifest runs apiary %s", r)
+		}
+	}
+}
+
+// checkIssuers: every cert-manager issuer a workload refers to (a
+// csi.cert-manager.io volume's issuer-name, -kind and -group) is an Issuer
+// of the same kustomization (an Issuer is namespaced: the pod's namespace);
+// every Issuer provided is a CA issuer whose Secret the README tells the
+// operator to create in that namespace (nothing here can hold the CA key).
+func checkIssuers(t *testing.T, s *manifestSet, wls []workload, readme string) {
+	provided := map[string]*certManagerIssuer{}
+	for _, is := range s.issuers {
+		provided[is.Name] = is
+		where := s.dir + ": Issuer " + is.Name
+		if is.Spec.CA == nil || is.Spec.CA.SecretName == "" {
+			t.Errorf("%s: want a CA issuer (spec.ca.secretName): Apiary's certificates are signed by Apiary's CA", where)
+			continue
+		}
+		if want := "create secret tls " + is.Spec.CA.SecretName; !strings.Contains(readme, want) {
+			t.Errorf("%s: its Secret %s is made by nothing: k8s/README.md must tell the operator to run kubectl -n %s %s",
+				where, is.Spec.CA.SecretName, s.k.Namespace, want)
+		}
+	}
+	for _, w := range wls {
+		for _, v := range w.tmpl.Spec.Volumes {
+			if v.CSI == nil || v.CSI.Driver != csiDriver {
+				continue
+			}
+			where := fmt.Sprintf("%s: %s volume %s", s.dir, w.name, v.Name)
+			a := v.CSI.VolumeAttributes
+			name, kind, group := a[csiIssuerName], cmp.Or(a[csiIssuerKind], "Issuer"), cmp.Or(a[csiIssuerGroup], "cert-manager.io")
+			switch {
+			case name == "":
+				t.Errorf("%s: no %s", where, csiIssuerName)
+			case kind != "Issuer" || group != "cert-manager.io":
+				t.Errorf("%s: issuer %s of kind %s (group %s); this kustomization provides Issuers (cert-manager.io) only", where, name, kind, group)
+			case provided[name] == nil:
+				t.Errorf("%s: names the Issuer %s, which the kustomization does not provide (it has %v)", where, name, slices.Sorted(maps.Keys(provided)))
+			}
 		}
 	}
 }
