@@ -117,8 +117,11 @@ lint:
 	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # A two-region federation with mutual TLS in containers (README, "Docker
-# Compose"): the image, the certificates (deploy/compose/tls/, made on the
-# host), then up and healthy.
+# Compose"): the image, the certificates (made on the host, in
+# deploy/compose/tls/$APIARY_NET_PREFIX/: the coordinators' IPs are the
+# prefix's, and the compose file mounts that directory), then up and
+# healthy. COMPOSE_PROJECT=NAME APIARY_NET_PREFIX=10.96 APIARY_PORT_PREFIX=71
+# runs a second copy beside the first.
 compose-up: image build
 	./deploy/compose/certs.sh $(BIN) $${APIARY_NET_PREFIX:-10.97}
 	$(COMPOSE) up -d

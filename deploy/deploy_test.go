@@ -12,6 +12,8 @@ package deploy_test
 import (
 	"bytes"
 	"cmp"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"maps"
 	"net"
@@ -742,6 +744,15 @@ func TestComposeFile(t *testing.T) {
 			Labels any      `json:"labels"`
 		} `json:"services"`
 	}
+	// Every host file under tls/ comes from the directory of the network
+	// prefix, the one certs.sh makes for it (TestComposeCertsKeyedByPrefix).
+	keyed := "tls/${APIARY_NET_PREFIX:-10.97}/"
+	for _, m := range regexp.MustCompile(`(?m)^\s*(?:- |env_file: )(\./)?tls/.*$`).FindAllString(string(b), -1) {
+		if !strings.Contains(m, keyed) {
+			t.Errorf("compose file: %q: want every certificate and key from %s (their IPs are the prefix's)", strings.TrimSpace(m), keyed)
+		}
+	}
+	b = bytes.ReplaceAll(b, []byte("${APIARY_NET_PREFIX:-10.97}"), []byte("10.97"))
 	if err := yaml.Unmarshal(b, &f); err != nil {
 		t.Fatal(err)
 	}
@@ -826,9 +837,176 @@ func TestComposeFile(t *testing.T) {
 		}
 	}
 	cp("compose/docker-compose.yml", filepath.Join(dir, "docker-compose.yml"))
-	os.MkdirAll(filepath.Join(dir, "tls"), 0o700)
-	os.WriteFile(filepath.Join(dir, "tls", "gossip.env"), []byte("APIARY_GOSSIP_KEY=x\n"), 0o600)
+	os.MkdirAll(filepath.Join(dir, "tls", "10.97"), 0o700)
+	os.WriteFile(filepath.Join(dir, "tls", "10.97", "gossip.env"), []byte("APIARY_GOSSIP_KEY=x\n"), 0o600)
 	if out, err := exec.Command(dc, "-f", filepath.Join(dir, "docker-compose.yml"), "config", "-q").CombinedOutput(); err != nil {
 		t.Errorf("docker-compose config: %v\n%s", err, out)
+	}
+}
+
+// composeFile is the part of docker-compose.yml the certificate test reads.
+type composeFile struct {
+	Services map[string]struct {
+		Command  []string `json:"command"`
+		Volumes  []string `json:"volumes"`
+		EnvFile  any      `json:"env_file"`
+		Networks map[string]struct {
+			IPv4 string `json:"ipv4_address"`
+		} `json:"networks"`
+	} `json:"services"`
+}
+
+// readCompose reads the compose file at path with ${APIARY_NET_PREFIX...}
+// set to prefix, as docker-compose interpolates it (the other variables are
+// left as written).
+func readCompose(t *testing.T, path, prefix string) composeFile {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = regexp.MustCompile(`\$\{APIARY_NET_PREFIX(:-[0-9.]+)?\}`).ReplaceAll(b, []byte(prefix))
+	var f composeFile
+	// Agents list their networks (no fixed address): decode those apart.
+	b = regexp.MustCompile(`(?m)^    networks:\n      - (\S+)$`).ReplaceAll(b, []byte("    networks:\n      $1: {}"))
+	if err := yaml.Unmarshal(b, &f); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return f
+}
+
+// TestComposeCertsKeyedByPrefix runs certs.sh (with the built binary) for
+// two APIARY_NET_PREFIX values, as two copies of the federation would, and
+// checks what each copy would mount: every TLS file and the gossip key the
+// compose file names under that prefix exist, and each coordinator's
+// certificate carries exactly the IPs the compose file gives that
+// coordinator under that prefix (a copy that mounted another prefix's
+// certificates fails its peers' TLS checks). A rerun keeps every file; a
+// certificate whose recorded arguments differ from the script's is made
+// again; a malformed prefix is refused.
+func TestComposeCertsKeyedByPrefix(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"certs.sh", "docker-compose.yml"} {
+		b, err := os.ReadFile(filepath.Join("compose", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	certs := func(prefix string) (string, error) {
+		out, err := exec.Command(filepath.Join(dir, "certs.sh"), testutil.Binary(t), prefix).CombinedOutput()
+		return string(out), err
+	}
+	snapshot := func() map[string]string {
+		m := map[string]string{}
+		filepath.WalkDir(filepath.Join(dir, "tls"), func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				b, _ := os.ReadFile(p)
+				m[p] = string(b)
+			}
+			return nil
+		})
+		return m
+	}
+	prefixes := []string{"10.97", "10.96"}
+	for _, p := range prefixes {
+		if out, err := certs(p); err != nil {
+			t.Fatalf("certs.sh %s: %v\n%s", p, err, out)
+		}
+	}
+	for _, p := range prefixes {
+		f := readCompose(t, filepath.Join(dir, "docker-compose.yml"), p)
+		coordinators := 0
+		for name, svc := range f.Services {
+			where := fmt.Sprintf("prefix %s, service %s", p, name)
+			var files []string
+			if s, ok := svc.EnvFile.(string); ok {
+				files = append(files, s)
+			}
+			certOf := map[string]string{}
+			for _, v := range svc.Volumes {
+				src, dst, _ := strings.Cut(v, ":")
+				dst, _, _ = strings.Cut(dst, ":")
+				if strings.HasPrefix(src, "./tls/") {
+					files = append(files, src)
+					certOf[dst] = src
+				}
+			}
+			for _, fl := range files {
+				if _, err := os.Stat(filepath.Join(dir, fl)); err != nil {
+					t.Errorf("%s: mounts %s, which certs.sh %s did not make", where, fl, p)
+				}
+			}
+			flags, _ := parseArgs(svc.Command[1:])
+			if svc.Command[0] != "region" {
+				continue
+			}
+			coordinators++
+			var wantIPs []string
+			for _, n := range svc.Networks {
+				wantIPs = append(wantIPs, n.IPv4)
+			}
+			src := certOf[strings.Join(flags["tls-cert"], "")]
+			b, err := os.ReadFile(filepath.Join(dir, src))
+			if err != nil {
+				t.Errorf("%s: --tls-cert %v: %v", where, flags["tls-cert"], err)
+				continue
+			}
+			blk, _ := pem.Decode(b)
+			if blk == nil {
+				t.Errorf("%s: %s holds no PEM block", where, src)
+				continue
+			}
+			c, err := x509.ParseCertificate(blk.Bytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, ip := range c.IPAddresses {
+				if !ip.IsLoopback() { // apiary tls adds 127.0.0.1 and ::1
+					got = append(got, ip.String())
+				}
+			}
+			slices.Sort(got)
+			slices.Sort(wantIPs)
+			if !slices.Equal(got, wantIPs) {
+				t.Errorf("%s: certificate %s carries IPs %v (and loopback); the compose file gives this coordinator %v", where, src, got, wantIPs)
+			}
+		}
+		if coordinators != 6 {
+			t.Errorf("prefix %s: %d coordinators checked; want 6", p, coordinators)
+		}
+	}
+
+	before := snapshot()
+	if out, err := certs("10.97"); err != nil {
+		t.Fatalf("certs.sh again: %v\n%s", err, out)
+	}
+	if after := snapshot(); !maps.Equal(before, after) {
+		t.Errorf("certs.sh run again changed files; want every file kept")
+	}
+	// The script's arguments for a certificate changed (as by an edit of
+	// certs.sh): that certificate is made again, the others are kept.
+	rec := filepath.Join(dir, "tls", "10.97", ".args", "eu-west-region-c1")
+	if err := os.WriteFile(rec, []byte("--role region --region eu-west --id c1 --ip 10.1.1.1\n"), 0o600); err != nil { // rewritten by the rerun
+		t.Fatal(err)
+	}
+	if out, err := certs("10.97"); err != nil {
+		t.Fatalf("certs.sh after the change: %v\n%s", err, out)
+	}
+	after := snapshot()
+	for path, content := range before {
+		changed := after[path] != content
+		if want := strings.Contains(path, "10.97/eu-west-region-c1"); changed != want {
+			t.Errorf("%s: changed %v; want %v", path, changed, want)
+		}
+	}
+	for _, bad := range []string{"10.97.1", "10", "10.256", "a.b", "10..1", ".10"} {
+		out, err := certs(bad)
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(out, "NET_PREFIX") {
+			t.Errorf("certs.sh %q: %v\n%s; want exit 2 naming NET_PREFIX", bad, err, out)
+		}
 	}
 }

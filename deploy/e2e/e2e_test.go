@@ -143,16 +143,23 @@ func startFed(t *testing.T) *fed {
 	}
 	os.Chmod(filepath.Join(f.ledger, "ledger.csv"), 0o666)
 	f.env = []string{"APIARY_NET_PREFIX=" + netPrefix, "APIARY_PORT_PREFIX=" + portPrefix, "APIARY_E2E_LEDGER=" + f.ledger, "APIARY_IMAGE=apiary:latest"}
-	if out, err := run(context.Background(), 60*time.Second, nil, filepath.Join(f.dir, "certs.sh"), testutil.Binary(t), netPrefix); err != nil {
+	out, err := run(context.Background(), 60*time.Second, nil, filepath.Join(f.dir, "certs.sh"), testutil.Binary(t), netPrefix)
+	if err != nil {
 		t.Fatalf("certs.sh: %v\n%s", err, out)
+	}
+	// certs.sh keys its directory by the prefix (the coordinators' IPs),
+	// as the compose file mounts it.
+	tlsDir := filepath.Join(f.dir, "tls", netPrefix)
+	if got := strings.TrimSpace(out); filepath.Clean(got) != tlsDir {
+		t.Fatalf("certs.sh made %q; want %s", got, tlsDir)
 	}
 	t.Cleanup(f.teardown)
 	if out, err := f.compose(180*time.Second, "up", "-d"); err != nil {
 		t.Fatalf("compose up: %v\n%s", err, out)
 	}
 	f.waitHealthy(240 * time.Second)
-	files := cliconn.TLSFiles{CA: filepath.Join(f.dir, "tls", "apiary-ca.pem"), Cert: filepath.Join(f.dir, "tls", "global-client-cli.pem"),
-		Key: filepath.Join(f.dir, "tls", "global-client-cli-key.pem")}
+	files := cliconn.TLSFiles{CA: filepath.Join(tlsDir, "apiary-ca.pem"), Cert: filepath.Join(tlsDir, "global-client-cli.pem"),
+		Key: filepath.Join(tlsDir, "global-client-cli-key.pem")}
 	r, err := files.Load()
 	if err != nil {
 		t.Fatal(err)
