@@ -27,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -683,6 +684,10 @@ func TestSystemdUnits(t *testing.T) {
 				i++
 			}
 		}
+		if !strings.Contains(string(unit), "\nRestartPreventExitStatus=2\n") {
+			t.Errorf("%s: want RestartPreventExitStatus=2: exit 2 is a configuration error, which restarting every 2 s cannot fix", u.unit)
+		}
+		checkShippedGossipKey(t, u.env, u.role, string(env))
 		if u.role == "agent" {
 			for _, want := range []string{"KillMode=process\n", "Delegate=yes\n"} {
 				if !strings.Contains(string(unit), want) {
@@ -718,6 +723,58 @@ func TestSystemdUnits(t *testing.T) {
 	out, err := exec.Command(analyze, append([]string{"verify"}, paths...)...).CombinedOutput()
 	if err != nil || len(bytes.TrimSpace(out)) > 0 {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// checkShippedGossipKey: the example env file ships no usable gossip key
+// (every federation needs its own), and what it ships, or a placeholder an
+// operator might leave in, stops the process at start with exit 2 and a
+// message naming the variable and how to make a key, before anything
+// starts (run with the role's defaults, --insecure-dev and an empty data
+// dir, which must stay absent).
+func checkShippedGossipKey(t *testing.T, file, role, env string) {
+	t.Helper()
+	shipped, ok := "", false
+	for _, l := range strings.Split(env, "\n") {
+		if v, found := strings.CutPrefix(l, "APIARY_GOSSIP_KEY="); found {
+			shipped, ok = v, true
+		}
+	}
+	if !ok {
+		t.Errorf("%s: no APIARY_GOSSIP_KEY= line (the unit's gossip key)", file)
+		return
+	}
+	for _, key := range []string{shipped, "AAAAAAAAAAAAAAAAAAAAAA==", "REPLACE-ME"} {
+		data := filepath.Join(t.TempDir(), "data")
+		args := []string{role, "--insecure-dev"}
+		if role != "global" {
+			args = append(args, "--data-dir", data)
+		}
+		cmd := exec.Command(testutil.Binary(t), args...)
+		cmd.Env = append(os.Environ(), "APIARY_GOSSIP_KEY="+key)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Errorf("%s: apiary %s with APIARY_GOSSIP_KEY=%q still runs after 20 s; want exit 2 at start", file, role, key)
+			continue
+		}
+		ee, isExit := err.(*exec.ExitError)
+		if !isExit || ee.ExitCode() != 2 || !strings.Contains(out.String(), "$APIARY_GOSSIP_KEY") || !strings.Contains(out.String(), "apiary keygen") {
+			t.Errorf("%s: apiary %s with APIARY_GOSSIP_KEY=%q: %v\n%s\nwant exit 2 naming $APIARY_GOSSIP_KEY and apiary keygen", file, role, key, err, out.String())
+		}
+		if _, err := os.Stat(data); err == nil {
+			t.Errorf("%s: apiary %s with APIARY_GOSSIP_KEY=%q made its data dir; nothing may start before the key is checked", file, role, key)
+		}
 	}
 }
 
