@@ -3,6 +3,7 @@ package regional
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"apiary.dev/apiary/internal/federation"
 	"apiary.dev/apiary/internal/ids"
 	"apiary.dev/apiary/regional/store"
+	"apiary.dev/apiary/shards"
 )
 
 // Idempotency across regions (docs/architecture.md, "Idempotency across
@@ -55,7 +57,28 @@ func (c *Coordinator) readDedup(ctx context.Context, clientID, requestID string)
 	if err := json.Unmarshal(resp.Kvs[0].Value, &d); err != nil {
 		return nil, status.Error(codes.Internal, "dedup record unreadable")
 	}
-	return &d, nil
+	return c.standbyDedup(ctx, &d)
+}
+
+// standbyDedup turns the dedup record of a job held here only on standby
+// (written by its standby record, before the job committed at its home)
+// into a forward to the job's home region: only the home knows whether the
+// job exists (it may never have committed), so the repeat goes there. Once
+// the job is activated here, the record answers as any other.
+func (c *Coordinator) standbyDedup(ctx context.Context, d *store.DedupRecord) (*store.DedupRecord, error) {
+	if !d.Standby || d.JobID == "" {
+		return d, nil
+	}
+	gctx, cancel := context.WithTimeout(ctx, commitAttemptTimeout)
+	defer cancel()
+	resp, err := c.cli.Get(gctx, store.KeyJob(shards.Of(d.JobID, c.meta.ShardCount), d.JobID), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "read job of a dedup key: %v", err)
+	}
+	if len(resp.Kvs) > 0 {
+		return d, nil
+	}
+	return &store.DedupRecord{Hash: d.Hash, Forward: ids.RegionOf(d.JobID), Standby: true}, nil
 }
 
 // lookupRequest reads the dedup key of an idempotent submission before any
@@ -88,6 +111,10 @@ func (c *Coordinator) dedupAnswer(d store.DedupRecord, clientID, requestID, hash
 		return submitResult{err: status.Errorf(codes.AlreadyExists,
 			"request_id: %q of client %q was already used for %s with a different payload", requestID, clientID, what)}
 	}
+	if d.JobID == "" && d.Forward != "" && d.Standby {
+		return submitResult{err: requestError(d.Forward,
+			fmt.Sprintf("request_id: %q belongs to a job of region %s that region %s holds only on standby; submit it there", requestID, d.Forward, c.meta.Region))}
+	}
 	if d.JobID == "" && d.Forward != "" {
 		return submitResult{err: forwardedError(c.meta.Region, requestID, d.Forward)}
 	}
@@ -97,7 +124,13 @@ func (c *Coordinator) dedupAnswer(d store.DedupRecord, clientID, requestID, hash
 // forwardedError is the refusal that sends a router on to the region that
 // holds the request.
 func forwardedError(home, requestID, to string) error {
-	st := status.Newf(codes.FailedPrecondition, "request_id: %q was forwarded by its home region %s to region %s; submit it there", requestID, home, to)
+	return requestError(to, fmt.Sprintf("request_id: %q was forwarded by its home region %s to region %s; submit it there", requestID, home, to))
+}
+
+// requestError is FAILED_PRECONDITION with msg, marked (ids.ReasonRequestForwarded)
+// so that a router submits the request to region to.
+func requestError(to, msg string) error {
+	st := status.New(codes.FailedPrecondition, msg)
 	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ids.ReasonRequestForwarded, Domain: ids.ErrorDomain,
 		Metadata: map[string]string{"region": to}}); err == nil {
 		return d.Err()

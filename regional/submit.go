@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -119,6 +120,9 @@ func (c *Coordinator) submit(ctx context.Context, req *apiaryv1.SubmitJobRequest
 			// acknowledged failover job cannot be lost with this region.
 			// The pending record, written first, makes sure their records
 			// go if the job never commits (regional/failover/pending.go).
+			if err := c.fo.Supersede(ctx, rec.ClientID, rec.RequestID); err != nil {
+				return nil, status.Errorf(codes.Unavailable, "commit job: abandon an earlier attempt at this request: %v", err)
+			}
 			if pendingRev, err = c.fo.Begin(ctx, rec); err != nil {
 				return nil, status.Errorf(codes.Unavailable, "commit job: record the pending failover submission: %v", err)
 			}
@@ -336,22 +340,30 @@ func (c *Coordinator) submitOne(it *submitItem) submitResult {
 	if kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs; len(kvs) > 0 {
 		return submitResult{jobID: it.job.ID}
 	}
-	if it.pendingRev != 0 {
-		if kvs := resp.Responses[len(resp.Responses)-2].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].ModRevision != it.pendingRev {
-			// The failover leader abandoned the submission (it took longer
-			// than the pending grace): its standby records are dropped.
-			return submitResult{err: status.Error(codes.Unavailable, "commit job: the submission took too long and was abandoned (its standby records are dropped); retry")}
+	var kvs []*mvccpb.KeyValue
+	if it.dedupKey() != "" {
+		kvs = resp.Responses[0].GetResponseRange().Kvs
+	}
+	if it.pendingRev != 0 && len(kvs) == 0 {
+		if pkv := resp.Responses[len(resp.Responses)-2].GetResponseRange().Kvs; len(pkv) == 0 || pkv[0].ModRevision != it.pendingRev {
+			// Abandoned: by the failover leader (it took longer than the
+			// pending grace) or by a later attempt at the same request;
+			// its standby records are dropped.
+			return submitResult{err: status.Error(codes.Unavailable, "commit job: this attempt was abandoned (it took too long, or a later attempt at the same request superseded it) and its standby records are dropped; retry with the same request id")}
 		}
 	}
 	var d store.DedupRecord
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if it.dedupKey() == "" || len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &d) != nil {
+	if len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &d) != nil {
 		return submitResult{err: status.Error(codes.Internal, "dedup record unreadable")}
 	}
-	r := c.dedupAnswer(d, it.job.ClientID, it.job.RequestID, it.job.PayloadHash)
+	ctx, cancel := context.WithTimeout(context.Background(), commitAttempts*commitAttemptTimeout)
+	defer cancel()
+	dd, err := c.standbyDedup(ctx, &d)
+	if err != nil {
+		return submitResult{err: err}
+	}
+	r := c.dedupAnswer(*dd, it.job.ClientID, it.job.RequestID, it.job.PayloadHash)
 	if r.err == nil && r.jobID != "" && jobspec.HasSecrets(it.plain) {
-		ctx, cancel := context.WithTimeout(context.Background(), commitAttempts*commitAttemptTimeout)
-		defer cancel()
 		r.err = c.checkRepeatSecrets(ctx, r.jobID, it.job.ClientID, it.job.RequestID, it.plain)
 	}
 	return r

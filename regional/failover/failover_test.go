@@ -571,12 +571,22 @@ tasks: [{name: t, command: /bin/sleep, args: ["1"]}]
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-				defer cancel()
-				if resp, err := f.direct["eu-west"].SubmitJob(ctx, req); err == nil {
-					got[i] = resp.GetJobId()
-				} else {
-					t.Errorf("repeat %d: %v", i, err)
+				// An attempt that a later one superseded answers
+				// UNAVAILABLE; a client retries with the same request id.
+				deadline := time.Now().Add(20 * time.Second)
+				for {
+					ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+					resp, err := f.direct["eu-west"].SubmitJob(ctx, req)
+					cancel()
+					if err == nil {
+						got[i] = resp.GetJobId()
+						return
+					}
+					if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+						t.Errorf("repeat %d: %v", i, err)
+						return
+					}
+					time.Sleep(100 * time.Millisecond)
 				}
 			}()
 		}
@@ -592,28 +602,64 @@ tasks: [{name: t, command: /bin/sleep, args: ["1"]}]
 		})
 		home, central, north := f.etcd(t, "eu-west"), f.etcd(t, "eu-central"), f.etcd(t, "eu-north")
 
-		// (2) planted: a standby record at both standbys, pending at home
-		// since well before the grace.
-		orphan := ids.NewJobID("eu-west", time.Now())
+		// (2) planted: a coordinator died after its standby writes, twice:
+		// once for a request nobody retries (pending since well before the
+		// grace: the leader abandons it), once for a request whose client
+		// retries at once (pending just now: the retry supersedes it,
+		// long before the grace, and its own job runs).
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		sr := store.StandbyRecord{ID: orphan, Home: "eu-west", Spec: spec, AfterMs: 4000, Standbys: []string{"eu-central", "eu-north"},
-			StoredMs: time.Now().UnixMilli(), SubmitMs: time.Now().UnixMilli()}
-		for _, c := range []*clientv3.Client{central, north} {
-			if _, err := c.Put(ctx, store.KeyStandby(orphan), store.MustJSON(sr)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if _, err := home.Put(ctx, store.KeyFailoverPending(orphan), store.MustJSON(store.PendingRecord{Standbys: sr.Standbys,
-			CreatedMs: time.Now().Add(-time.Minute).UnixMilli()})); err != nil {
+		retried := &apiaryv1.SubmitJobRequest{Spec: spec, ClientId: "fotest", RequestId: fmt.Sprintf("retried-%d", time.Now().UnixNano())}
+		prepared, err := jobspec.Prepare(spec) // as the home and a standby hash it
+		if err != nil {
 			t.Fatal(err)
 		}
+		plant := func(created time.Time, req *apiaryv1.SubmitJobRequest) string {
+			t.Helper()
+			orphan := ids.NewJobID("eu-west", time.Now())
+			sr := store.StandbyRecord{ID: orphan, Home: "eu-west", Spec: spec, AfterMs: 4000, Standbys: []string{"eu-central", "eu-north"},
+				StoredMs: time.Now().UnixMilli(), SubmitMs: time.Now().UnixMilli(), ClientID: req.GetClientId(), RequestID: req.GetRequestId()}
+			for _, c := range []*clientv3.Client{central, north} {
+				if _, err := c.Put(ctx, store.KeyStandby(orphan), store.MustJSON(sr)); err != nil {
+					t.Fatal(err)
+				}
+				if req.GetRequestId() == "" {
+					continue
+				}
+				// The standbys' dedup key of the request, as PutStandby
+				// writes it: it must not answer the retry with a job
+				// that never committed (the retry goes to the home).
+				if _, err := c.Put(ctx, store.KeyDedup(req.GetClientId(), req.GetRequestId()),
+					store.MustJSON(store.DedupRecord{JobID: orphan, Hash: jobspec.PayloadHash(prepared), Standby: true})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := home.Put(ctx, store.KeyFailoverPending(orphan), store.MustJSON(store.PendingRecord{Standbys: sr.Standbys,
+				CreatedMs: created.UnixMilli(), ClientID: req.GetClientId(), RequestID: req.GetRequestId()})); err != nil {
+				t.Fatal(err)
+			}
+			return orphan
+		}
+		stale := plant(time.Now().Add(-time.Minute), &apiaryv1.SubmitJobRequest{})
+		fresh := plant(time.Now(), retried)
+		// Through the router, which asks the other regions first: the
+		// standbys send it on to the home, which makes the job.
+		w, err := f.router.SubmitJob(ctx, retried)
+		if err != nil || w.GetJobId() == fresh || w.GetRegion() != "eu-west" {
+			t.Fatalf("the retry: %v (err %v); want a new job in eu-west, not the attempt that never committed (%s)", w, err, fresh)
+		}
+		for name, c := range map[string]*clientv3.Client{"eu-central": central, "eu-north": north} {
+			waitKeys(t, c, store.KeyEnded(fresh), 5*time.Second, "a tombstone of the superseded attempt at "+name, func(k []string) bool { return len(k) == 1 })
+		}
+		f.waitJob(t, "eu-west", w.GetJobId(), 30*time.Second, "COMPLETE", func(j *apiaryv1.Job) bool {
+			return j.GetState() == apiaryv1.JobState_JOB_STATE_COMPLETE
+		})
 		// Neither standby keeps a record of eu-west's once all is done:
-		// not the losers', not the planted one's, not the winner's (it
+		// not the losers', not the planted ones, not the winners' (they
 		// ended); every pending record at home is gone.
 		for name, c := range map[string]*clientv3.Client{"eu-central": central, "eu-north": north} {
 			waitKeys(t, c, store.PrefStandby+"eu-west-", 20*time.Second, "empty at "+name, func(k []string) bool { return len(k) == 0 })
-			waitKeys(t, c, store.KeyEnded(orphan), 5*time.Second, "a tombstone of the abandoned job at "+name, func(k []string) bool { return len(k) == 1 })
+			waitKeys(t, c, store.KeyEnded(stale), 5*time.Second, "a tombstone of the abandoned job at "+name, func(k []string) bool { return len(k) == 1 })
 		}
 		waitKeys(t, home, store.PrefFailoverPending, 10*time.Second, "no pending record", func(k []string) bool { return len(k) == 0 })
 	})

@@ -160,16 +160,17 @@ func (m *Manager) releaseLater(ctx context.Context, id, claimer, granter string)
 // down, but did not activate it before this region came back (it died, or
 // never heard the grant), so the job is held here (Hold) and the claimer,
 // seeing this region up, will never activate it. In order:
-//  1. the claimer drops its standby record in a Txn that requires the job
-//     not activated there (ReleaseJob; if it was activated, the job is
-//     marked MOVED here instead);
-//  2. the claimer gets its standby record again, with the job's progress;
-//  3. every other standby drops the claim (DropClaim) and gets its record
-//     again.
+//  1. the claimer writes its standby record again, with a new stored time,
+//     in a Txn that requires the job not activated there (ReleaseJob; if it
+//     was activated, the job is marked MOVED here instead);
+//  2. every other standby drops the claim (DropClaim) and gets its record
+//     again, with the job's progress.
 //
-// After 1 no region can activate the job on the old claim; between the
-// steps the job is only less protected (a standby without a record), never
-// run twice. Once no answer lists the claim, Hold lets the job run here.
+// After 1 the claimer's activation in flight fails, and it is due again
+// only after a new outage of after, for which the others grant only by the
+// witness rule. Should this region die between the steps, the claimer
+// still holds the record. Once no answer lists the claim, Hold lets the
+// job run here.
 func (m *Manager) release(ctx context.Context, id, claimer, granter string) error {
 	rec, err := m.homeJob(ctx, id)
 	if err != nil || rec == nil || rec.Failover == nil || rec.Failover.Epoch != 0 || rec.Moved() {
@@ -192,7 +193,6 @@ func (m *Manager) release(ctx context.Context, id, claimer, granter string) erro
 		}
 		return fmt.Errorf("claimer %s neither released nor activated the job", claimer)
 	}
-	m.restore(ctx, rec, claimer)
 	others := append([]string{granter}, rec.Failover.Standbys...)
 	done := map[string]bool{claimer: true}
 	for _, g := range others {

@@ -37,7 +37,8 @@ var (
 // pending record's revision: the job's commit requires it unchanged
 // (PendingGuard) and deletes it (PendingDelete). Call it before Replicate.
 func (m *Manager) Begin(ctx context.Context, rec *store.JobRecord) (int64, error) {
-	p := store.PendingRecord{Shard: rec.Shard, Standbys: slices.Clone(rec.Failover.Standbys), CreatedMs: m.cfg.Now().UnixMilli()}
+	p := store.PendingRecord{Shard: rec.Shard, Standbys: slices.Clone(rec.Failover.Standbys), CreatedMs: m.cfg.Now().UnixMilli(),
+		ClientID: rec.ClientID, RequestID: rec.RequestID}
 	resp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(store.KeyFailoverPending(rec.ID)), "=", 0)).
 			Then(clientv3.OpPut(store.KeyFailoverPending(rec.ID), store.MustJSON(p))).Commit()
@@ -49,6 +50,39 @@ func (m *Manager) Begin(ctx context.Context, rec *store.JobRecord) (int64, error
 		return 0, errPendingExists
 	}
 	return resp.Header.Revision, nil
+}
+
+// Supersede abandons every pending submission of the same idempotency key
+// (client, request) whose job has not committed, and tells their standbys
+// at once, before a new attempt at that request writes standby records of
+// its own: a coordinator that died between its standby writes and its
+// commit, or a concurrent repeat, leaves no second job on standby (should
+// the home be lost before the pending loop's grace, the standbys would
+// otherwise hold two jobs of one request). An earlier attempt still in
+// flight then fails its commit (its guard) and answers UNAVAILABLE; its
+// client's retry finds this attempt's job. A request without a key is a
+// no-op.
+func (m *Manager) Supersede(ctx context.Context, clientID, requestID string) error {
+	if requestID == "" {
+		return nil
+	}
+	cctx, cancel := store.EtcdCtx(ctx)
+	resp, err := m.cfg.Client.Get(cctx, store.PrefFailoverPending, clientv3.WithPrefix())
+	cancel()
+	if err != nil {
+		return err
+	}
+	for _, kv := range resp.Kvs {
+		var p store.PendingRecord
+		if json.Unmarshal(kv.Value, &p) != nil || p.Abandoned || p.ClientID != clientID || p.RequestID != requestID {
+			continue
+		}
+		id := string(kv.Key[len(store.PrefFailoverPending):])
+		if _, err := m.Abandon(ctx, id, p.Shard, kv.ModRevision, "superseded by a later attempt at the same request"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 type pendingErr string

@@ -146,8 +146,8 @@ func errWatch(wr clientv3.WatchResponse) error {
 	return watchErr{"watch closed"}
 }
 
-// endTo are the standbys told of the job's end: those that took its
-// record and those whose write failed.
+// endTo are the standbys told of the job's progress and end: those that
+// took its record and those whose write failed (it may have committed).
 func (j *hjob) endTo() []string {
 	out := slices.Clone(j.idx.Standbys)
 	for _, s := range j.idx.Unacked {
@@ -185,7 +185,10 @@ func (m *Manager) taskEvent(jobs map[string]*hjob, key, value []byte) {
 		j.sent[index] = true
 		d := &apiaryv1.TaskDone{JobId: id, TaskIndex: index, Attempt: t.Attempt, FencingToken: t.FencingToken, DoneTimeMs: t.FinishedMs,
 			NodeId: t.NodeID, StartTimeMs: t.StartedMs}
-		m.enqueue(j.idx.Standbys, func(b *batch) { b.done = append(b.done, d) })
+		// To the standbys whose write timed out too: one that committed it
+		// late holds a record, and must not rerun this task if it takes
+		// the job over.
+		m.enqueue(j.endTo(), func(b *batch) { b.done = append(b.done, d) })
 	}
 	if taskstate.Terminal(t.State) {
 		j.terminal[index] = true
@@ -271,9 +274,9 @@ func (m *Manager) flushRegion(ctx context.Context, region string) []string {
 		return nil
 	}
 	if u := resp.GetUnknown(); len(u) > 0 {
-		// The standby holds no record of these jobs (dropped or claimed
-		// away): they are not protected there any more.
-		m.cfg.Log.Warn("failover: a standby no longer holds jobs of this region", "standby", region, "jobs", u)
+		// The standby holds no record of these jobs (dropped, claimed
+		// away, or its write timed out and never committed).
+		m.cfg.Log.Info("failover: a standby holds no record of jobs of this region", "standby", region, "jobs", len(u), "first", u[0])
 	}
 	m.mu.Lock()
 	b.done = b.done[nd:]

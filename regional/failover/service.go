@@ -90,7 +90,7 @@ func (s *Server) PutStandby(ctx context.Context, req *apiaryv1.PutStandbyRequest
 		// the one of record; this one is deleted with the standby record).
 		dk := store.KeyDedup(rec.ClientID, rec.RequestID)
 		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(dk), "=", 0)},
-			[]clientv3.Op{clientv3.OpPut(dk, store.MustJSON(store.DedupRecord{JobID: rec.ID, Hash: jobspec.PayloadHash(rec.Spec)}))}, nil))
+			[]clientv3.Op{clientv3.OpPut(dk, store.MustJSON(store.DedupRecord{JobID: rec.ID, Hash: jobspec.PayloadHash(rec.Spec), Standby: true}))}, nil))
 	}
 	presp, err := m.cfg.Retry(ctx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return m.cfg.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(rec.ID)), "=", 0),
@@ -248,7 +248,7 @@ func (m *Manager) dropOps(rec *store.StandbyRecord) []clientv3.Op {
 	ops := []clientv3.Op{clientv3.OpDelete(store.KeyStandby(rec.ID)), clientv3.OpDelete(store.PrefStandbyTasks(rec.ID), clientv3.WithPrefix())}
 	if rec.RequestID != "" {
 		dk := store.KeyDedup(rec.ClientID, rec.RequestID)
-		val := store.MustJSON(store.DedupRecord{JobID: rec.ID, Hash: jobspec.PayloadHash(rec.Spec)})
+		val := store.MustJSON(store.DedupRecord{JobID: rec.ID, Hash: jobspec.PayloadHash(rec.Spec), Standby: true})
 		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(dk), "=", val)}, []clientv3.Op{clientv3.OpDelete(dk)}, nil))
 	}
 	return ops
@@ -374,16 +374,26 @@ func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "claim: read observations: %v", err)
 	}
+	afterMs := req.GetAfterMs()
 	if ckv := cur.Responses[2].GetResponseRange().Kvs; len(ckv) == 1 {
 		// Claimed before: by the same region (a retry after a failed
-		// activation), granted again; by another, not this caller's.
+		// activation), granted again, by the witness rule as the first
+		// time (a claim left behind, which its home is releasing, must not
+		// let the claimer activate while this region sees the home up);
+		// by another, not this caller's.
 		var c store.ClaimRecord
-		if json.Unmarshal(ckv[0].Value, &c) == nil && c.By == by {
-			return &apiaryv1.ClaimJobResponse{Granted: true}, nil
+		if json.Unmarshal(ckv[0].Value, &c) != nil || c.By != by {
+			return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: fmt.Sprintf("claimed by %s", c.By)}, nil
 		}
-		return &apiaryv1.ClaimJobResponse{Granted: false, ActiveRegion: fmt.Sprintf("claimed by %s", c.By)}, nil
+		if afterMs < jobspec.MinFailoverAfter.Milliseconds() || afterMs > jobspec.MaxFailoverAfter.Milliseconds() {
+			return nil, status.Errorf(codes.InvalidArgument, "after_ms: must be between 1s and 24h (got %dms)", afterMs)
+		}
+		if after := time.Duration(afterMs) * time.Millisecond; downFor < after {
+			return nil, status.Errorf(codes.Aborted, "claim: a majority of region %s's coordinators have seen home region %s down for %v, not yet the job's after (%v); ask again",
+				m.cfg.Meta.Region, home, downFor.Round(time.Millisecond), after)
+		}
+		return &apiaryv1.ClaimJobResponse{Granted: true}, nil
 	}
-	afterMs := req.GetAfterMs()
 	grant := []clientv3.Op{clientv3.OpPut(ck, store.MustJSON(store.ClaimRecord{By: by, AtMs: m.cfg.Now().UnixMilli()}))}
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(store.KeyMoved(id)), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)}
@@ -436,10 +446,12 @@ func (s *Server) ClaimJob(ctx context.Context, req *apiaryv1.ClaimJobRequest) (*
 // ReleaseJob gives up a job this region claimed from the other standbys
 // but did not activate, at its home region's request: the home is back and
 // the claim left behind holds the job there (the claimer died before
-// activating, or never heard the grant). The standby record is dropped in a
-// Txn that requires the job not activated here (no moved key, no job key),
-// so this region can never activate the job on the old claim; the home
-// then writes the record again and has the claim dropped (DropClaim).
+// activating, or never heard the grant). The standby record is written
+// again, with a new stored time, in a Txn that requires the job not
+// activated here (no moved key, no job key): an activation in flight fails,
+// and the job is due again only after a new outage of its after, for
+// which the other standbys grant again only by the witness rule. The home
+// then has the claim dropped (DropClaim).
 // ABORTED while a majority of this region's coordinators see the home down
 // (it may be activating the job: the home asks again once they see it up).
 func (s *Server) ReleaseJob(ctx context.Context, req *apiaryv1.ReleaseJobRequest) (*apiaryv1.ReleaseJobResponse, error) {
@@ -488,8 +500,13 @@ func (s *Server) ReleaseJob(ctx context.Context, req *apiaryv1.ReleaseJobRequest
 		if json.Unmarshal(skv[0].Value, &rec) != nil {
 			return nil, status.Errorf(codes.Internal, "standby record of job %s does not decode", id)
 		}
+		// Written again, not dropped: its new revision fails an activation
+		// in flight (activate compares it), and its new stored time makes
+		// the job due only after a new outage of after; the record, with
+		// its progress, still protects the job should the home die now.
+		rec.StoredMs = m.cfg.Now().UnixMilli()
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(sk), "=", skv[0].ModRevision))
-		ops = m.dropOps(&rec)
+		ops = []clientv3.Op{clientv3.OpPut(sk, store.MustJSON(rec))}
 	} else {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sk), "=", 0))
 	}
@@ -503,9 +520,7 @@ func (s *Server) ReleaseJob(ctx context.Context, req *apiaryv1.ReleaseJobRequest
 		return nil, status.Errorf(codes.Aborted, "release: job %s changed here meanwhile; ask again", id)
 	}
 	m.sawAlive(home)
-	if len(ops) > 0 {
-		m.cfg.Log.Info("failover: released a claimed job to its home region, which is back", "job", id, "home", home)
-	}
+	m.cfg.Log.Info("failover: released a claimed job to its home region, which is back", "job", id, "home", home, "record_kept", len(ops) > 0)
 	return &apiaryv1.ReleaseJobResponse{Released: true}, nil
 }
 

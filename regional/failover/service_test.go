@@ -261,16 +261,28 @@ func TestReleaseAndDropClaim(t *testing.T) {
 	if _, err := cli.Delete(ctx, store.PrefObserve("eu-west"), clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
+	before, err := cli.Get(ctx, store.KeyStandby(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.m.cfg.Now = func() time.Time { return time.Now().Add(time.Minute) }
 	r, err := srv.ReleaseJob(ctx, &apiaryv1.ReleaseJobRequest{HomeRegion: "eu-west", JobId: id})
+	srv.m.cfg.Now = time.Now
 	if err != nil || !r.GetReleased() {
 		t.Fatalf("release: %v %v; want released", r, err)
 	}
-	if resp, _ := cli.Get(ctx, store.KeyStandby(id)); len(resp.Kvs) != 0 {
-		t.Error("released, but the standby record is still here")
+	// Kept (it still protects the job), at a new revision (an activation
+	// in flight fails) and a new stored time (due only after a new outage).
+	after, err := cli.Get(ctx, store.KeyStandby(id))
+	if err != nil || len(after.Kvs) != 1 {
+		t.Fatalf("released: the standby record is gone (%v)", err)
 	}
-	// The home writes the record again: accepted (no claim, no moved key).
-	if _, err := srv.PutStandby(ctx, &apiaryv1.PutStandbyRequest{Job: standbyJob(id)}); err != nil {
-		t.Errorf("the record written again after a release: %v", err)
+	var was, now store.StandbyRecord
+	_ = json.Unmarshal(before.Kvs[0].Value, &was)
+	_ = json.Unmarshal(after.Kvs[0].Value, &now)
+	if after.Kvs[0].ModRevision == before.Kvs[0].ModRevision || now.StoredMs < was.StoredMs+50_000 {
+		t.Errorf("released: record at revision %d stored %d, was %d stored %d; want a new revision and stored time",
+			after.Kvs[0].ModRevision, now.StoredMs, before.Kvs[0].ModRevision, was.StoredMs)
 	}
 	// Activated here: never released; the answer says where it runs.
 	moved := ids.NewJobID("eu-west", time.Now())
@@ -306,6 +318,11 @@ func TestReleaseAndDropClaim(t *testing.T) {
 	}
 	if got := len(mustMoved(t, srv).GetClaimed()); got != 1 {
 		t.Fatalf("MovedJobs lists %d claims; want 1 before the drop", got)
+	}
+	// The claimer asks again while this region sees the home up: the claim
+	// left behind is no grant (the witness rule holds for a repeat too).
+	if g, err := srv.ClaimJob(ctx, &apiaryv1.ClaimJobRequest{JobId: claimed, StandbyRegion: "eu-north", AfterMs: 5000}); status.Code(err) != codes.Aborted {
+		t.Errorf("a repeated claim while the home is seen up: %v %v; want Aborted", g, err)
 	}
 	for i := 0; i < 2; i++ {
 		if r, err := srv.DropClaim(ctx, &apiaryv1.DropClaimRequest{HomeRegion: "eu-west", JobId: claimed, ClaimedBy: "eu-north"}); err != nil || !r.GetDropped() {

@@ -128,6 +128,10 @@ type PendingRecord struct {
 	// Standbys: every region the standby record was sent to.
 	Standbys  []string `json:"standbys"`
 	CreatedMs int64    `json:"created_ms"`
+	// ClientID and RequestID: the submission's idempotency key, if any (a
+	// repeat of it supersedes this one, failover.Supersede).
+	ClientID  string `json:"client_id,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
 	// Abandoned: the job will never commit; AbandonedMs is when that was
 	// decided, Reason why.
 	Abandoned   bool   `json:"abandoned,omitempty"`
@@ -270,6 +274,12 @@ type DedupRecord struct {
 	Forward string `json:"forward,omitempty"`
 	// AtMs is when a forward was recorded (Unix ms).
 	AtMs int64 `json:"at_ms,omitempty"`
+	// Standby: written with a standby record of another region's job
+	// (regional/failover PutStandby), before that job committed at its
+	// home. It answers a repeat only once the job is activated here; until
+	// then it sends the repeat to the job's home region, which alone knows
+	// whether the job exists.
+	Standby bool `json:"standby,omitempty"`
 }
 
 // MetaRecord is /apiary/meta, written once at region creation.
