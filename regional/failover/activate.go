@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -77,13 +76,6 @@ func due(afterMs, nowMs, storedMs int64, since []int64, members int64) bool {
 	return members > 0 && n > members/2
 }
 
-// downRegions are the regions this coordinator sees down.
-func (m *Manager) downRegions() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return slices.Collect(maps.Keys(m.downSince))
-}
-
 // majorityDownFor is how long (ms) a majority of a region's members have
 // seen a home down, given each observer's down-since (ms, unordered) and
 // the live member count (0: fewer than a majority see it down). due's
@@ -110,38 +102,45 @@ func (m *Manager) witnessDownFor(ctx context.Context, home string) (time.Duratio
 }
 
 func (m *Manager) activateDue(ctx context.Context) {
-	// Only the records of homes this coordinator sees down can be due.
+	// Only the records of homes that a majority of this region's
+	// coordinators see down can be due (by their observations, not by the
+	// leader's own view alone: a leader that still reaches the home while
+	// the others do not must not stall the job, which this region would
+	// also refuse to give up to a later standby, ClaimJob).
+	homes, err := m.standbyHomes(ctx)
+	if err != nil {
+		return
+	}
+	type conf struct {
+		since   []int64
+		members int64
+	}
+	byHome := map[string]*conf{}
+	nowMs := m.cfg.Now().UnixMilli()
 	var recs []standbyKV
-	for _, home := range m.downRegions() {
+	for home := range homes {
+		since, members, err := m.confirmations(ctx, home)
+		if err != nil {
+			return
+		}
+		if majorityDownFor(nowMs, since, members) <= 0 {
+			continue
+		}
+		byHome[home] = &conf{since, members}
 		rs, err := m.standbys(ctx, home)
 		if err != nil {
 			return
 		}
 		recs = append(recs, rs...)
 	}
-	type conf struct {
-		since   []int64
-		members int64
-		err     error
-	}
-	byHome := map[string]*conf{}
-	nowMs := m.cfg.Now().UnixMilli()
 	for _, r := range recs {
 		// The k-th standby in the job's order waits k × claimStagger more,
 		// so the preferred standby normally activates the job; the claim
 		// makes it exactly one either way.
 		k := max(slices.Index(r.rec.Standbys, m.cfg.Meta.Region), 0)
 		after := time.Duration(r.rec.AfterMs)*time.Millisecond + time.Duration(k)*claimStagger
-		if m.DownFor(r.rec.Home) < after || !m.downSinceAfter(r.rec.Home, r.rec.StoredMs) {
-			continue
-		}
 		c := byHome[r.rec.Home]
-		if c == nil {
-			c = &conf{}
-			c.since, c.members, c.err = m.confirmations(ctx, r.rec.Home)
-			byHome[r.rec.Home] = c
-		}
-		if c.err != nil || !due(after.Milliseconds(), nowMs, r.rec.StoredMs, c.since, c.members) {
+		if c == nil || !due(after.Milliseconds(), nowMs, r.rec.StoredMs, c.since, c.members) {
 			continue
 		}
 		if !m.claimOthers(ctx, r) {

@@ -121,6 +121,9 @@ type Manager struct {
 	moved map[string]movedMark
 	// releasing: jobs with a release of a claim left behind in flight.
 	releasing map[string]bool
+	// tomb: the lease of the tombstones written now, granted at tombAt.
+	tomb   clientv3.LeaseID
+	tombAt time.Time
 }
 
 type batch struct {
@@ -526,15 +529,6 @@ func (m *Manager) DownFor(region string) time.Duration {
 		return 0
 	}
 	return m.cfg.Now().Sub(since)
-}
-
-// downSinceAfter reports whether this coordinator has seen region down
-// since a time after ms (a record stored at ms predates the outage).
-func (m *Manager) downSinceAfter(region string, ms int64) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	since := m.downSince[region]
-	return !since.IsZero() && since.UnixMilli() > ms
 }
 
 // sawAlive records that region just called this coordinator (a standby

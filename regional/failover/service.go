@@ -168,6 +168,7 @@ func (s *Server) PushProgress(ctx context.Context, req *apiaryv1.PushProgressReq
 		})
 		cmps, ops, guarded = nil, nil, map[string]bool{}
 		if err != nil {
+			m.dropTombstoneLease() // it may be gone (revoked, expired): a new one next time
 			return status.Errorf(codes.Unavailable, "record progress: %v", err)
 		}
 		if !resp.Succeeded {
@@ -213,13 +214,10 @@ func (s *Server) PushProgress(ctx context.Context, req *apiaryv1.PushProgressReq
 	// this region's grant to run a finished job (ClaimJob).
 	var tomb clientv3.LeaseID
 	if len(req.GetEnded()) > 0 {
-		lctx, cancel := store.EtcdCtx(ctx)
-		l, err := m.cfg.Client.Grant(lctx, int64(EndedTTL.Seconds()))
-		cancel()
-		if err != nil {
+		var err error
+		if tomb, err = m.tombstoneLease(ctx); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "record progress: %v", err)
 		}
-		tomb = l.ID
 	}
 	for _, id := range req.GetEnded() {
 		ops = append(ops, clientv3.OpPut(store.KeyEnded(id), req.GetHomeRegion(), clientv3.WithLease(tomb)))
@@ -240,8 +238,40 @@ func (s *Server) PushProgress(ctx context.Context, req *apiaryv1.PushProgressReq
 }
 
 // EndedTTL is how long a standby region keeps the tombstone of a job that
-// ended at its home (store.KeyEnded).
+// ended at its home (store.KeyEnded), at least; tombstones share one lease
+// per tombstoneShare, so each lives up to that much longer.
 var EndedTTL = 7 * 24 * time.Hour
+
+const tombstoneShare = time.Hour
+
+// tombstoneLease is the lease the tombstones written now go under: one per
+// tombstoneShare (granted for EndedTTL + tombstoneShare), not one per call,
+// which would leave etcd millions of leases a week.
+func (m *Manager) tombstoneLease(ctx context.Context) (clientv3.LeaseID, error) {
+	now := m.cfg.Now()
+	m.mu.Lock()
+	id, at := m.tomb, m.tombAt
+	m.mu.Unlock()
+	if id != clientv3.NoLease && now.Sub(at) < tombstoneShare {
+		return id, nil
+	}
+	lctx, cancel := store.EtcdCtx(ctx)
+	defer cancel()
+	l, err := m.cfg.Client.Grant(lctx, int64((EndedTTL + tombstoneShare).Seconds()))
+	if err != nil {
+		return clientv3.NoLease, err
+	}
+	m.mu.Lock()
+	m.tomb, m.tombAt = l.ID, now
+	m.mu.Unlock()
+	return l.ID, nil
+}
+
+func (m *Manager) dropTombstoneLease() {
+	m.mu.Lock()
+	m.tomb = clientv3.NoLease
+	m.mu.Unlock()
+}
 
 // dropOps delete a standby record, its progress and its dedup key.
 func (m *Manager) dropOps(rec *store.StandbyRecord) []clientv3.Op {

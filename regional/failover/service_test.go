@@ -345,3 +345,70 @@ func mustMoved(t *testing.T, srv *Server) *apiaryv1.MovedJobsResponse {
 	}
 	return r
 }
+
+// TestActivationFollowsTheMajorityNotTheLeader: the region's failover leader
+// still reaches the home, but a majority of its coordinators see it down for
+// after: the job is activated (the breaker's stall: the leader's own view
+// kept it from activating while the region, by the majority, refused to
+// give it up to a later standby).
+func TestActivationFollowsTheMajorityNotTheLeader(t *testing.T) {
+	srv, cli := standbyServer(t)
+	m := srv.m
+	ctx := context.Background()
+	stored := time.Now().Add(-2 * time.Minute)
+	m.cfg.Now = func() time.Time { return stored }
+	id := ids.NewJobID("eu-west", stored)
+	j := standbyJob(id)
+	j.Standbys = []string{"eu-central"}
+	if _, err := srv.PutStandby(ctx, &apiaryv1.PutStandbyRequest{Job: j}); err != nil {
+		t.Fatal(err)
+	}
+	m.cfg.Now = time.Now
+	for _, c := range []string{"c1", "c2", "c3"} {
+		if _, err := cli.Put(ctx, store.KeyMember(c), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m.DownFor("eu-west") != 0 {
+		t.Fatal("the leader sees the home down; want up")
+	}
+	// One of three sees it down: not due.
+	if _, err := cli.Put(ctx, store.KeyObserve("eu-west", "c2"), store.MustJSON(store.ObserveRecord{DownSinceMs: time.Now().Add(-time.Minute).UnixMilli()})); err != nil {
+		t.Fatal(err)
+	}
+	m.activateDue(ctx)
+	if r, _ := cli.Get(ctx, store.KeyMoved(id)); len(r.Kvs) != 0 {
+		t.Fatal("activated with one observer of three")
+	}
+	// Two of three: due, whatever the leader itself sees.
+	if _, err := cli.Put(ctx, store.KeyObserve("eu-west", "c3"), store.MustJSON(store.ObserveRecord{DownSinceMs: time.Now().Add(-time.Minute).UnixMilli()})); err != nil {
+		t.Fatal(err)
+	}
+	m.activateDue(ctx)
+	if r, _ := cli.Get(ctx, store.KeyMoved(id)); len(r.Kvs) != 1 {
+		t.Error("not activated although a majority has seen the home down for after")
+	}
+}
+
+// TestTombstonesShareALease: many ends, one lease (the breaker counted one
+// lease per PushProgress call, millions a week).
+func TestTombstonesShareALease(t *testing.T) {
+	srv, cli := standbyServer(t)
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		if _, err := srv.PushProgress(ctx, &apiaryv1.PushProgressRequest{HomeRegion: "eu-west", Ended: []string{ids.NewJobID("eu-west", time.Now())}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ls, err := cli.Leases(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ls.Leases) != 1 {
+		t.Errorf("%d leases after 20 calls with one end each; want 1", len(ls.Leases))
+	}
+	resp, err := cli.Get(ctx, store.PrefEnded, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || resp.Count != 20 {
+		t.Errorf("%d tombstones (err %v); want 20", resp.Count, err)
+	}
+}
