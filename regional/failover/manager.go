@@ -119,8 +119,10 @@ type Manager struct {
 	joinedAt time.Time
 	// moved: jobs of this region that a standby activated (markMoved).
 	moved map[string]movedMark
-	// releasing: jobs with a release of a claim left behind in flight.
+	// releasing: jobs with a release of a claim left behind in flight;
+	// released: jobs whose claimer released them (job id -> claimer).
 	releasing map[string]bool
+	released  map[string]string
 	// tomb: the lease of the tombstones written now, granted at tombAt.
 	tomb   clientv3.LeaseID
 	tombAt time.Time
@@ -386,7 +388,7 @@ func (m *Manager) Close() {
 //     (ClaimJob), so no other standby can either: S would have to grant.
 //
 // A job another standby has claimed (ClaimJob granted) is held until the
-// claimer says it moved. A home that was paused, partitioned or dead for
+// claimer says it moved, or released it (release). A home that was paused, partitioned or dead for
 // longer than after/2, or whose standbys see it down, holds the job: its
 // tasks are not placed and reports on it wait. The price: while no standby
 // of a job answers, the job waits (one standby answering suffices).
@@ -399,7 +401,7 @@ func (m *Manager) Hold(rec *store.JobRecord) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, cl := range m.claimed {
-		if _, ok := cl[rec.ID]; ok {
+		if by, ok := cl[rec.ID]; ok && m.released[rec.ID] != by {
 			return true
 		}
 	}

@@ -173,8 +173,14 @@ func (m *Manager) releaseLater(ctx context.Context, id, claimer, granter string)
 // job run here.
 func (m *Manager) release(ctx context.Context, id, claimer, granter string) error {
 	rec, err := m.homeJob(ctx, id)
-	if err != nil || rec == nil || rec.Failover == nil || rec.Failover.Epoch != 0 || rec.Moved() {
-		return err // gone, moved, or not a failover job of this region: nothing held
+	if err == nil && rec.Moved() {
+		// Marked before this coordinator started: the note lets askMoved
+		// acknowledge the claim, which the granter then drops.
+		m.noteMoved(id, rec.Failover.MovedTo, rec.Failover.MovedEpoch)
+		return nil
+	}
+	if err != nil || rec == nil || rec.Failover == nil || rec.Failover.Epoch != 0 {
+		return err // gone, or not a failover job of this region: nothing held
 	}
 	var rel *apiaryv1.ReleaseJobResponse
 	cctx, cancel := context.WithTimeout(ctx, putTimeout)
@@ -193,6 +199,15 @@ func (m *Manager) release(ctx context.Context, id, claimer, granter string) erro
 		}
 		return fmt.Errorf("claimer %s neither released nor activated the job", claimer)
 	}
+	// From here the claim cannot make the claimer activate (its record is
+	// new; a new grant needs the witness rule): it no longer holds the job,
+	// even while a granter that still lists it is unreachable (Hold).
+	m.mu.Lock()
+	if m.released == nil {
+		m.released = map[string]string{}
+	}
+	m.released[id] = claimer
+	m.mu.Unlock()
 	others := append([]string{granter}, rec.Failover.Standbys...)
 	done := map[string]bool{claimer: true}
 	for _, g := range others {

@@ -163,6 +163,18 @@ func TestHoldWhileNoStandbySeesTheHomeUpWithinHalfAfter(t *testing.T) {
 	if !m.Hold(rec) {
 		t.Fatal("claimed by eu-north; want held")
 	}
+	// Released at eu-north (its record rewritten: the claim can no longer
+	// make it activate): not held, though eu-central still lists the claim
+	// (it may be unreachable for good); a claim by another region still
+	// holds.
+	m.released = map[string]string{rec.ID: "eu-north"}
+	if m.Hold(rec) {
+		t.Fatal("the claimer released the job; want dispatched")
+	}
+	m.recordAnswer("eu-central", now, &apiaryv1.MovedJobsResponse{Claimed: []*apiaryv1.ClaimedJob{{JobId: rec.ID, ClaimedBy: "eu-south"}}})
+	if !m.Hold(rec) {
+		t.Fatal("claimed by a region that did not release it; want held")
+	}
 	m.recordAnswer("eu-central", now, up)
 	if m.Hold(rec) {
 		t.Fatal("eu-central sees the home up and holds no claim; want dispatched")
