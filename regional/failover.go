@@ -63,6 +63,15 @@ func (c *Coordinator) holdJob(rec *store.JobRecord) bool {
 	return c.fo != nil && c.fo.Hold(rec)
 }
 
+// explainHeld says in a job's failover status why the region holds it
+// (failover.held), for a job not ended nor cancelled.
+func (c *Coordinator) explainHeld(j *apiaryv1.Job, rec *store.JobRecord) {
+	if c.fo == nil || j.GetFailover() == nil || rec.CancelRequested || terminalJob(j.GetState()) {
+		return
+	}
+	j.Failover.Held = c.fo.HoldReason(rec)
+}
+
 // abandonStandby abandons a failover submission that was not committed
 // here (its pending record, revision pendingRev, from failover.Begin): in
 // the background, the pending record is marked abandoned unless the job

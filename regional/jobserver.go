@@ -197,6 +197,7 @@ func (s *jobServer) GetJob(ctx context.Context, req *apiaryv1.GetJobRequest) (*a
 	}
 	j := v.toProto(true, false, s.c.cfg.SchedulerPolicy)
 	s.c.explainNoNodes(j)
+	s.c.explainHeld(j, &v.rec)
 	return &apiaryv1.GetJobResponse{Job: j}, nil
 }
 
@@ -409,6 +410,7 @@ func (s *jobServer) WatchJob(req *apiaryv1.WatchJobRequest, stream apiaryv1.JobS
 		rev = v.rev
 		j := v.toProto(true, false, s.c.cfg.SchedulerPolicy)
 		s.c.explainNoNodes(j)
+		s.c.explainHeld(j, &v.rec)
 		if last == nil || !proto.Equal(j, last) {
 			if err := stream.Send(&apiaryv1.WatchJobResponse{Job: j}); err != nil {
 				return false, err

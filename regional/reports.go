@@ -262,7 +262,8 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 			answers[i] = &apiaryv1.ReportTaskStatusResponse{Reason: "job record not found"}
 			continue
 		}
-		if c.holdJob(st.job) {
+		held := c.holdJob(st.job)
+		if held && !st.job.CancelRequested {
 			it.err = errReportHeld // answered UNAVAILABLE (reportStatus); nothing written
 			continue
 		}
@@ -318,6 +319,17 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 			res.Outcome = taskstate.OutcomeCancelled
 			res.Task.State = apiaryv1.TaskState_TASK_STATE_CANCELLED
 			res.Task.Error = fmt.Sprintf("job moved to region %s (failover epoch %d): the completion of this attempt is discarded", to, epoch)
+			if n := len(st.results); n > 0 {
+				st.results[n-1].Outcome, st.results[n-1].Error = res.Outcome, res.Task.Error
+			}
+		}
+		if held && res.Outcome == taskstate.OutcomeComplete {
+			// Cancelled while held: its attempts end here and free their
+			// nodes, but a completion cannot count (the job may have moved
+			// meanwhile; the standby's copy, if any, is the one of record).
+			res.Outcome = taskstate.OutcomeCancelled
+			res.Task.State = apiaryv1.TaskState_TASK_STATE_CANCELLED
+			res.Task.Error = "job cancelled while held (a standby may have taken it over): the completion of this attempt is discarded"
 			if n := len(st.results); n > 0 {
 				st.results[n-1].Outcome, st.results[n-1].Error = res.Outcome, res.Task.Error
 			}

@@ -528,6 +528,8 @@ func failoverLine(job *apiaryv1.Job) string {
 			fmtTime(fo.GetMovedTimeMs()), after)
 	case fo.GetNotEligible() != "":
 		return "cannot fail over: " + fo.GetNotEligible()
+	case fo.GetHeld() != "":
+		return "HELD: nothing of it is placed and its reports wait: " + fo.GetHeld()
 	}
 	return fmt.Sprintf("to %s if region %s is down for %s", strings.Join(fo.GetStandbys(), " or "), fo.GetHomeRegion(), after)
 }

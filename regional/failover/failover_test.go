@@ -331,6 +331,17 @@ tasks:
 		// eu-central's answers alone (eu-north could activate it only
 		// with eu-central's grant), well past after/2 (2 s).
 		id := f.startWave(t, "one-standby-lost", 2)
+		// A job whose only standby is eu-north: held once eu-north is
+		// lost (it may be taking the job over), which its status says;
+		// cancelled, its attempt ends and frees the node at once.
+		only := f.submit(t, parse(t, `
+name: only-north
+jurisdiction: eu
+region: {prefer: [eu-west]}
+failover: {after: 4s, regions: [eu-north]}
+tasks: [{name: long, command: /bin/sleep, args: ["60"], resources: {cpu_millis: 500}}]
+`)).GetJobId()
+		f.waitJob(t, "eu-west", only, 20*time.Second, "running", func(j *apiaryv1.Job) bool { return j.GetCounts().GetRunning() == 1 })
 		north := f.region["eu-north"]
 		killRegion(t, north)
 		killedAt := time.Now()
@@ -354,6 +365,19 @@ tasks:
 		if _, err := get(f.direct["eu-central"], id); status.Code(err) != codes.NotFound {
 			t.Errorf("eu-central has the job (%v); want NotFound: its home never went down", err)
 		}
+		held := f.waitJob(t, "eu-west", only, 20*time.Second, "held", func(j *apiaryv1.Job) bool { return j.GetFailover().GetHeld() != "" })
+		if h := held.GetFailover().GetHeld(); !strings.Contains(h, "eu-north") {
+			t.Errorf("held: %q; want the reason to name eu-north", h)
+		}
+		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := f.direct["eu-west"].CancelJob(cctx, &apiaryv1.CancelJobRequest{JobId: only})
+		ccancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.waitJob(t, "eu-west", only, 20*time.Second, "CANCELLED, its attempt ended", func(j *apiaryv1.Job) bool {
+			return j.GetState() == apiaryv1.JobState_JOB_STATE_CANCELLED && j.GetCounts().GetRunning()+j.GetCounts().GetAssigned() == 0
+		})
 		restartRegion(t, north)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

@@ -392,25 +392,39 @@ func (m *Manager) Close() {
 // longer than after/2, or whose standbys see it down, holds the job: its
 // tasks are not placed and reports on it wait. The price: while no standby
 // of a job answers, the job waits (one standby answering suffices).
-func (m *Manager) Hold(rec *store.JobRecord) bool {
+func (m *Manager) Hold(rec *store.JobRecord) bool { return m.HoldReason(rec) != "" }
+
+// HoldReason is why Hold holds rec ("" when it does not): the claim, or
+// what each standby last answered.
+func (m *Manager) HoldReason(rec *store.JobRecord) string {
 	if rec == nil || rec.Failover == nil || rec.Failover.Epoch != 0 || rec.Failover.MovedTo != "" || len(rec.Failover.Standbys) == 0 {
-		return false
+		return ""
 	}
 	now := m.cfg.Now()
 	fresh := time.Duration(rec.Failover.AfterMs) * time.Millisecond / 2
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, cl := range m.claimed {
+	for granter, cl := range m.claimed {
 		if by, ok := cl[rec.ID]; ok && m.released[rec.ID] != by {
-			return true
+			return fmt.Sprintf("standby region %s claimed the job (granted by %s) to take it over; held until %s says whether it did, or gives it up", by, granter, by)
 		}
 	}
+	var why []string
 	for _, s := range rec.Failover.Standbys {
-		if at := m.answered[s]; !at.IsZero() && now.Sub(at) <= fresh {
-			return false
+		at := m.answered[s]
+		switch {
+		case at.IsZero():
+			why = append(why, s+": no answer yet")
+		case now.Sub(at) <= fresh:
+			return ""
+		case m.seenDown[s]:
+			why = append(why, s+": sees this region down")
+		default:
+			why = append(why, fmt.Sprintf("%s: last saw this region up %v ago", s, now.Sub(at).Round(time.Second)))
 		}
 	}
-	return true
+	return fmt.Sprintf("no standby saw this region up within after/2 (%v), so one may be taking the job over (%s); cancel it to give it up here",
+		fresh, strings.Join(why, "; "))
 }
 
 // Run runs the manager's loops until ctx ends: probing, observing, and,

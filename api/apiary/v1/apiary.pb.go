@@ -1694,7 +1694,11 @@ type FailoverStatus struct {
 	// After how long a down home region the job moves, in ms.
 	AfterMs int64 `protobuf:"varint,6,opt,name=after_ms,json=afterMs,proto3" json:"after_ms,omitempty"`
 	// When the job was activated in active_region (Unix ms), 0 if never.
-	MovedTimeMs   int64 `protobuf:"varint,7,opt,name=moved_time_ms,json=movedTimeMs,proto3" json:"moved_time_ms,omitempty"`
+	MovedTimeMs int64 `protobuf:"varint,7,opt,name=moved_time_ms,json=movedTimeMs,proto3" json:"moved_time_ms,omitempty"`
+	// Why the home region holds the job now (places none of its tasks and
+	// keeps its attempts' reports waiting) until a standby says whether it
+	// moved; empty when it does not. A cancelled job is not held.
+	Held          string `protobuf:"bytes,8,opt,name=held,proto3" json:"held,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1776,6 +1780,13 @@ func (x *FailoverStatus) GetMovedTimeMs() int64 {
 		return x.MovedTimeMs
 	}
 	return 0
+}
+
+func (x *FailoverStatus) GetHeld() string {
+	if x != nil {
+		return x.Held
+	}
+	return ""
 }
 
 type TaskCounts struct {
@@ -8936,7 +8947,7 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"request_id\x18\v \x01(\tR\trequestId\x12\x14\n" +
 	"\x05shard\x18\f \x01(\x05R\x05shard\x12\x1c\n" +
 	"\tscheduler\x18\r \x01(\tR\tscheduler\x125\n" +
-	"\bfailover\x18\x0e \x01(\v2\x19.apiary.v1.FailoverStatusR\bfailover\"\xea\x01\n" +
+	"\bfailover\x18\x0e \x01(\v2\x19.apiary.v1.FailoverStatusR\bfailover\"\xfe\x01\n" +
 	"\x0eFailoverStatus\x12\x1f\n" +
 	"\vhome_region\x18\x01 \x01(\tR\n" +
 	"homeRegion\x12#\n" +
@@ -8945,7 +8956,8 @@ const file_apiary_v1_apiary_proto_rawDesc = "" +
 	"\bstandbys\x18\x04 \x03(\tR\bstandbys\x12!\n" +
 	"\fnot_eligible\x18\x05 \x01(\tR\vnotEligible\x12\x19\n" +
 	"\bafter_ms\x18\x06 \x01(\x03R\aafterMs\x12\"\n" +
-	"\rmoved_time_ms\x18\a \x01(\x03R\vmovedTimeMs\"\xae\x01\n" +
+	"\rmoved_time_ms\x18\a \x01(\x03R\vmovedTimeMs\x12\x12\n" +
+	"\x04held\x18\b \x01(\tR\x04held\"\xae\x01\n" +
 	"\n" +
 	"TaskCounts\x12\x18\n" +
 	"\apending\x18\x01 \x01(\x05R\apending\x12\x1a\n" +
