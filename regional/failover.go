@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/serf/serf"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -49,12 +50,19 @@ func (c *Coordinator) newFailover() *failover.Manager {
 // dialRegion connects to a coordinator of another region (mTLS with this
 // coordinator's certificate when TLS is on, verifying the peer as a
 // coordinator of that region).
+//
+// Reconnects back off to at most 1 s, not gRPC's default 120 s: the
+// failover manager probes other regions through these connections, and a
+// region back from a long outage must be seen up within a probe round or
+// two, not after minutes (its failover jobs are held until it is).
 func (c *Coordinator) dialRegion(region, addr string) (*grpc.ClientConn, error) {
 	opt := grpc.WithTransportCredentials(insecure.NewCredentials())
 	if c.cfg.TLS != nil {
 		opt = pki.DialOption(c.cfg.TLS, pki.RegionServerName(region))
 	}
-	return grpc.NewClient(addr, opt)
+	return grpc.NewClient(addr, opt, grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+		MinConnectTimeout: time.Second}))
 }
 
 // holdJob is the scheduling loop's Hold: a failover job waits until its

@@ -405,8 +405,15 @@ func (d *decoder) failover(path string, v any) *apiaryv1.Failover {
 		f.Disabled = !b
 		return f
 	}
-	if s, ok := v.(string); ok && strings.EqualFold(strings.TrimSpace(s), "off") {
-		f.Disabled = true
+	if s, ok := v.(string); ok {
+		switch strings.ToLower(strings.TrimSpace(s)) {
+		case "off":
+			f.Disabled = true
+			return f
+		case "on":
+			return f
+		}
+		d.errs.add(path, "must be on, off or a mapping such as {after: 60s, regions: [eu-central]} (got %q)", s)
 		return f
 	}
 	d.object(path, v, map[string]handler{
@@ -419,6 +426,11 @@ func (d *decoder) failover(path string, v any) *apiaryv1.Failover {
 				return
 			}
 			d.strList(p, v, &f.Regions)
+			for i, r := range f.Regions {
+				if strings.EqualFold(strings.TrimSpace(r), "auto") {
+					d.errs.add(fmt.Sprintf("%s[%d]", p, i), "\"auto\" is not a region name: write regions: auto (not in a list) to let the home region choose")
+				}
+			}
 		},
 		"disabled": func(p string, v any) { d.boolean(p, v, &f.Disabled) },
 	})
