@@ -293,7 +293,12 @@ func Serve(addr string, g prometheus.Gatherer, withPprof bool) (*Server, error) 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	// /healthz: the process is up and serving this endpoint (apiary health
-	// --http; a container's liveness check).
+	// --http), whatever the state of its region or federation. It is the
+	// liveness check of every deployment (deploy/k8s livenessProbe and
+	// startupProbe), which restarts the container when it fails: it must
+	// never depend on etcd, a quorum or a peer, or kubelet would restart
+	// healthy members of a region that lost its quorum. Readiness is the
+	// gRPC health service.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
