@@ -450,11 +450,7 @@ func TestClientOnlyCoordinatorProcessTLS(t *testing.T) {
 		Name: "eu-west", Jurisdiction: "eu", Coordinators: 3, NoLAN: true,
 		ExtraArgs: []string{"--shards", fmt.Sprint(S)}, Agents: []devcluster.AgentSpec{{ID: "n1"}}}}})
 	r := cl.Regions[0]
-	etls, err := cl.EtcdTLS(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: r.EtcdEndpoints, TLS: etls, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := cl.EtcdClient(r)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -312,26 +312,25 @@ func (c *Coordinator) decideReports(batch []*reportItem, rd *reportRead, nowMs i
 				StartTimeMs: firstNonZero(r.GetStartTimeMs(), st.task.StartedMs), EndTimeMs: firstNonZero(r.GetEndTimeMs(), nowMs),
 				Fault: res.Fault})
 		}
-		if to, epoch := c.movedTo(st.job); res.Outcome == taskstate.OutcomeComplete && to != "" {
-			// The job failed over to another region: this region's late
-			// completion is discarded (the task ends CANCELLED here), and
-			// the agent is told so.
-			res.Outcome = taskstate.OutcomeCancelled
-			res.Task.State = apiaryv1.TaskState_TASK_STATE_CANCELLED
-			res.Task.Error = fmt.Sprintf("job moved to region %s (failover epoch %d): the completion of this attempt is discarded", to, epoch)
-			if n := len(st.results); n > 0 {
-				st.results[n-1].Outcome, st.results[n-1].Error = res.Outcome, res.Task.Error
+		if res.Outcome == taskstate.OutcomeComplete {
+			// A completion that cannot count here is discarded (the task
+			// ends CANCELLED), and the agent is told why: the job failed
+			// over to another region, or it was cancelled while held (it
+			// may have moved meanwhile; the standby's copy, if any, is the
+			// one of record), its attempts ending here to free their nodes.
+			discard := ""
+			if to, epoch := c.movedTo(st.job); to != "" {
+				discard = fmt.Sprintf("job moved to region %s (failover epoch %d): the completion of this attempt is discarded", to, epoch)
+			} else if held {
+				discard = "job cancelled while held (a standby may have taken it over): the completion of this attempt is discarded"
 			}
-		}
-		if held && res.Outcome == taskstate.OutcomeComplete {
-			// Cancelled while held: its attempts end here and free their
-			// nodes, but a completion cannot count (the job may have moved
-			// meanwhile; the standby's copy, if any, is the one of record).
-			res.Outcome = taskstate.OutcomeCancelled
-			res.Task.State = apiaryv1.TaskState_TASK_STATE_CANCELLED
-			res.Task.Error = "job cancelled while held (a standby may have taken it over): the completion of this attempt is discarded"
-			if n := len(st.results); n > 0 {
-				st.results[n-1].Outcome, st.results[n-1].Error = res.Outcome, res.Task.Error
+			if discard != "" {
+				res.Outcome = taskstate.OutcomeCancelled
+				res.Task.State = apiaryv1.TaskState_TASK_STATE_CANCELLED
+				res.Task.Error = discard
+				if n := len(st.results); n > 0 {
+					st.results[n-1].Outcome, st.results[n-1].Error = res.Outcome, res.Task.Error
+				}
 			}
 		}
 		if res.Outcome == taskstate.OutcomeComplete {

@@ -103,11 +103,7 @@ func caPool(t *testing.T, path string) *x509.CertPool {
 // first coordinator (only region certificates of the region get in).
 func etcdOf(t *testing.T, cl *devcluster.Cluster, r *devcluster.Region) *clientv3.Client {
 	t.Helper()
-	cfg, err := cl.EtcdTLS(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: r.EtcdEndpoints, TLS: cfg, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := cl.EtcdClient(r)
 	if err != nil {
 		t.Fatal(err)
 	}

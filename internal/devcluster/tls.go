@@ -12,7 +12,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	"apiary.dev/apiary/internal/acl"
@@ -206,6 +209,16 @@ func (c *Cluster) ClientEnv() []string {
 // every call carries the management token (once Start has made it).
 func (c *Cluster) Dial(addr string) (*grpc.ClientConn, error) {
 	return cliconn.DialTLS(addr, c.client, "", cliconn.WithToken(c.mgmt))
+}
+
+// EtcdClient is a client of region r's etcd (EtcdEndpoints), as r's first
+// coordinator reaches it (EtcdTLS with Options.TLS); the caller closes it.
+func (c *Cluster) EtcdClient(r *Region) (*clientv3.Client, error) {
+	tc, err := c.EtcdTLS(r)
+	if err != nil {
+		return nil, err
+	}
+	return clientv3.New(clientv3.Config{Endpoints: r.EtcdEndpoints, TLS: tc, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 }
 
 // EtcdTLS is a client configuration for the etcd of region r (its client

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -201,12 +200,7 @@ tasks:
 // reading and planting failover records.
 func (f *fed) etcd(t *testing.T, region string) *clientv3.Client {
 	t.Helper()
-	r := f.region[region]
-	tc, err := f.cl.EtcdTLS(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: r.EtcdEndpoints, TLS: tc, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := f.cl.EtcdClient(f.region[region])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,24 +211,22 @@ func (f *fed) etcd(t *testing.T, region string) *clientv3.Client {
 // waitKeys polls cli until cond holds for the keys under prefix (limit d).
 func waitKeys(t *testing.T, cli *clientv3.Client, prefix string, d time.Duration, what string, cond func(keys []string) bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	var last []string
-	for time.Now().Before(deadline) {
+	testutil.Eventually(t, d, "keys under "+prefix+": "+what, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-		cancel()
-		if err == nil {
-			last = last[:0]
-			for _, kv := range resp.Kvs {
-				last = append(last, string(kv.Key))
-			}
-			if cond(last) {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("keys under %s: not %s within %s; last %v", prefix, what, d, last)
+		var keys []string
+		for _, kv := range resp.Kvs {
+			keys = append(keys, string(kv.Key))
+		}
+		if !cond(keys) {
+			return fmt.Errorf("keys %v", keys)
+		}
+		return nil
+	})
 }
 
 func killRegion(t *testing.T, r *devcluster.Region) {

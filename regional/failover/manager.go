@@ -392,31 +392,29 @@ func (m *Manager) Close() {
 // longer than after/2, or whose standbys see it down, holds the job: its
 // tasks are not placed and reports on it wait. The price: while no standby
 // of a job answers, the job waits (one standby answering suffices).
-func (m *Manager) Hold(rec *store.JobRecord) bool { return m.HoldReason(rec) != "" }
+func (m *Manager) Hold(rec *store.JobRecord) bool {
+	held, _, _ := m.hold(rec)
+	return held
+}
 
 // HoldReason is why Hold holds rec ("" when it does not): the claim, or
 // what each standby last answered.
 func (m *Manager) HoldReason(rec *store.JobRecord) string {
-	if rec == nil || rec.Failover == nil || rec.Failover.Epoch != 0 || rec.Failover.MovedTo != "" || len(rec.Failover.Standbys) == 0 {
+	held, claimer, granter := m.hold(rec)
+	switch {
+	case !held:
 		return ""
+	case claimer != "":
+		return fmt.Sprintf("standby region %s claimed the job (granted by %s) to take it over; held until %s says whether it did, or gives it up", claimer, granter, claimer)
 	}
 	now := m.cfg.Now()
-	fresh := time.Duration(rec.Failover.AfterMs) * time.Millisecond / 2
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for granter, cl := range m.claimed {
-		if by, ok := cl[rec.ID]; ok && m.released[rec.ID] != by {
-			return fmt.Sprintf("standby region %s claimed the job (granted by %s) to take it over; held until %s says whether it did, or gives it up", by, granter, by)
-		}
-	}
 	var why []string
 	for _, s := range rec.Failover.Standbys {
-		at := m.answered[s]
-		switch {
+		switch at := m.answered[s]; {
 		case at.IsZero():
 			why = append(why, s+": no answer yet")
-		case now.Sub(at) <= fresh:
-			return ""
 		case m.seenDown[s]:
 			why = append(why, s+": sees this region down")
 		default:
@@ -424,7 +422,31 @@ func (m *Manager) HoldReason(rec *store.JobRecord) string {
 		}
 	}
 	return fmt.Sprintf("no standby saw this region up within after/2 (%v), so one may be taking the job over (%s); cancel it to give it up here",
-		fresh, strings.Join(why, "; "))
+		time.Duration(rec.Failover.AfterMs)*time.Millisecond/2, strings.Join(why, "; "))
+}
+
+// hold is Hold's decision, without words (the scheduling loop and every
+// report ask it): whether rec is held, and, when by a claim, the claimer
+// and the region that granted it.
+func (m *Manager) hold(rec *store.JobRecord) (held bool, claimer, granter string) {
+	if rec == nil || rec.Failover == nil || rec.Failover.Epoch != 0 || rec.Failover.MovedTo != "" || len(rec.Failover.Standbys) == 0 {
+		return false, "", ""
+	}
+	now := m.cfg.Now()
+	fresh := time.Duration(rec.Failover.AfterMs) * time.Millisecond / 2
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for granter, cl := range m.claimed {
+		if by, ok := cl[rec.ID]; ok && m.released[rec.ID] != by {
+			return true, by, granter
+		}
+	}
+	for _, s := range rec.Failover.Standbys {
+		if at := m.answered[s]; !at.IsZero() && now.Sub(at) <= fresh {
+			return false, "", ""
+		}
+	}
+	return true, "", ""
 }
 
 // Run runs the manager's loops until ctx ends: probing, observing, and,

@@ -3,6 +3,7 @@ package failover
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"sort"
 	"time"
@@ -85,11 +86,7 @@ func (m *Manager) Supersede(ctx context.Context, clientID, requestID string) err
 	return nil
 }
 
-type pendingErr string
-
-func (e pendingErr) Error() string { return string(e) }
-
-const errPendingExists = pendingErr("failover: a pending record of this job id exists already")
+var errPendingExists = errors.New("failover: a pending record of this job id exists already")
 
 // PendingGuard is the compare a pending submission's commit Txn carries:
 // its pending record is still the one Begin wrote (not abandoned).
